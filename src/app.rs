@@ -1,0 +1,141 @@
+//! Building and running the service. The caller hands in the listener, the
+//! store, the provider, the clock and a shutdown signal: no global state, so
+//! tests run several instances in one process.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::delivery::{Deliverer, Purger, Scheduler};
+use crate::http::{self, AppState};
+use crate::provider::Provider;
+use crate::store::{Store, StoreError};
+
+/// A built, not yet running, instance.
+pub struct App {
+    listener: TcpListener,
+    state: Arc<AppState>,
+    scheduler: Arc<Scheduler>,
+    settings: Settings,
+    clock: Clock,
+}
+
+/// What tests and operators can reach in a running instance.
+#[derive(Clone)]
+pub struct Handle {
+    pub addr: SocketAddr,
+    pub deliverer: Arc<Deliverer>,
+    pub scheduler: Arc<Scheduler>,
+    pub store: Arc<dyn Store>,
+}
+
+impl App {
+    pub fn build(
+        settings: Settings,
+        store: Arc<dyn Store>,
+        provider: Arc<dyn Provider>,
+        clock: Clock,
+        listener: TcpListener,
+    ) -> std::io::Result<App> {
+        let owner = instance_id();
+        let deliverer = Deliverer::new(
+            Arc::clone(&store),
+            provider,
+            clock.clone(),
+            settings.delivery.clone(),
+            owner,
+        );
+        let scheduler = Arc::new(Scheduler::new(
+            Arc::clone(&store),
+            Arc::clone(&deliverer),
+            settings.poll_interval,
+        ));
+        let state = Arc::new(AppState {
+            store,
+            deliverer,
+            wait: settings.wait.clone(),
+        });
+        Ok(App {
+            listener,
+            state,
+            scheduler,
+            settings,
+            clock,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn handle(&self) -> std::io::Result<Handle> {
+        Ok(Handle {
+            addr: self.local_addr()?,
+            deliverer: Arc::clone(&self.state.deliverer),
+            scheduler: Arc::clone(&self.scheduler),
+            store: Arc::clone(&self.state.store),
+        })
+    }
+
+    /// Serves until `shutdown` resolves, then drains: stops accepting, lets
+    /// in-flight sends finish within the grace period, releases the leases
+    /// of the rest, and returns.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let stop = CancellationToken::new();
+        let deliverer = Arc::clone(&self.state.deliverer);
+        let scheduler = Arc::clone(&self.scheduler);
+        let scheduler_stop = stop.clone();
+        let scheduler_task = tokio::spawn(async move { scheduler.run(scheduler_stop).await });
+        let purger = Purger::new(
+            Arc::clone(&self.state.store),
+            self.clock.clone(),
+            self.settings.retention,
+            self.settings.purge_interval,
+        );
+        let purge_task = tokio::spawn(purger.run(stop.clone()));
+
+        let router = http::router(Arc::clone(&self.state));
+        let signalled = stop.clone();
+        let server = axum::serve(self.listener, router).with_graceful_shutdown(async move {
+            shutdown.await;
+            signalled.cancel();
+        });
+        // Requests still waiting for an outcome get the grace period too,
+        // then the server is dropped (their sends go on regardless).
+        let grace = self.settings.shutdown_grace;
+        let drained = stop.clone();
+        tokio::select! {
+            r = server => if let Err(e) = r {
+                tracing::error!(error = %e, "HTTP server failed");
+            },
+            () = async move {
+                drained.cancelled().await;
+                tokio::time::sleep(grace).await;
+            } => tracing::warn!("grace period over with requests still open"),
+        }
+        stop.cancel();
+        let _ = scheduler_task.await;
+        let _ = purge_task.await;
+        let released = deliverer.shutdown(self.settings.shutdown_grace).await?;
+        if released > 0 {
+            tracing::info!(released, "released leases for another instance to resume");
+        }
+        Ok(())
+    }
+}
+
+/// Names this process in leases: host, pid and a random part, so a restarted
+/// process is never mistaken for its predecessor.
+pub fn instance_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "sendonce".into());
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}/{}/{}", std::process::id(), &random[..8])
+}

@@ -1,0 +1,96 @@
+//! The wall clock the service reads for timestamps, leases and due times.
+//!
+//! Every comparison of "now" with a lease expiry or a retry's due time is made
+//! with a time this clock produced and passed to the store as a parameter, so a
+//! test can move time forward by hand (`Clock::manual`) and watch a
+//! `Retry-After: 120` or an expired lease take effect without waiting for it.
+//! Instances compare each other's lease expiries, so their clocks must agree to
+//! well within a lease (NTP does); see docs/architecture.md.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// A source of the current time. Cheap to clone; clones share a manual offset.
+#[derive(Clone, Debug, Default)]
+pub struct Clock {
+    manual: Option<Arc<ManualTime>>,
+}
+
+#[derive(Debug)]
+struct ManualTime {
+    /// Nanoseconds since the Unix epoch.
+    now_nanos: AtomicI64,
+}
+
+impl Clock {
+    /// The system clock.
+    pub fn system() -> Self {
+        Self { manual: None }
+    }
+
+    /// A clock that stands still at `start` until [`Clock::advance`] moves it.
+    pub fn manual(start: OffsetDateTime) -> Self {
+        let nanos = i64::try_from(start.unix_timestamp_nanos()).unwrap_or(i64::MAX);
+        Self {
+            manual: Some(Arc::new(ManualTime {
+                now_nanos: AtomicI64::new(nanos),
+            })),
+        }
+    }
+
+    /// Whether this is a hand-moved clock (tests).
+    pub fn is_manual(&self) -> bool {
+        self.manual.is_some()
+    }
+
+    /// The current time, truncated to microseconds (what Postgres stores), so a
+    /// value read back compares equal to the one written.
+    pub fn now(&self) -> OffsetDateTime {
+        let now = match &self.manual {
+            None => OffsetDateTime::now_utc(),
+            Some(m) => OffsetDateTime::from_unix_timestamp_nanos(i128::from(
+                m.now_nanos.load(Ordering::SeqCst),
+            ))
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH),
+        };
+        truncate_to_micros(now)
+    }
+
+    /// Moves a manual clock forward. A no-op on the system clock.
+    pub fn advance(&self, by: Duration) {
+        if let Some(m) = &self.manual {
+            let by = i64::try_from(by.as_nanos()).unwrap_or(i64::MAX);
+            m.now_nanos.fetch_add(by, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Drops sub-microsecond precision.
+pub fn truncate_to_micros(t: OffsetDateTime) -> OffsetDateTime {
+    let micros = t.nanosecond() / 1_000 * 1_000;
+    t.replace_nanosecond(micros).unwrap_or(t)
+}
+
+/// `std::time::Duration` as `time::Duration`, saturating.
+pub fn to_time(d: Duration) -> time::Duration {
+    time::Duration::try_from(d).unwrap_or(time::Duration::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_moves_only_when_advanced() {
+        let start = time::macros::datetime!(2026-01-01 00:00:00 UTC);
+        let clock = Clock::manual(start);
+        assert_eq!(clock.now(), start);
+        clock.advance(Duration::from_secs(120));
+        assert_eq!(clock.now(), start + time::Duration::seconds(120));
+        let shared = clock.clone();
+        shared.advance(Duration::from_millis(1));
+        assert_eq!(clock.now(), start + time::Duration::milliseconds(120_001));
+    }
+}

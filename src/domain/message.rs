@@ -1,0 +1,134 @@
+//! The message resource and its states.
+//!
+//! ```text
+//!              insert (unique (tenant, key))
+//!                         |
+//!                         v
+//!   +------------------ processing ------------------+
+//!   | provider accepted   |  rejected / expired /    | ambiguous and nobody
+//!   v                     |  retries exhausted       | can tell (reconcile failed)
+//!  sent ---receipt--->    v                          v
+//!   |   delivered       failed                    unknown
+//!   +--receipt--> undelivered
+//! ```
+//! `sent`, `failed` and `unknown` are final for idempotency: the response
+//! stored with them is what every replay gets. Receipts may later move `sent`
+//! forward to `delivered` or `undelivered` (visible in GET, never in a replay).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::segments::Encoding;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Processing,
+    Sent,
+    Failed,
+    Unknown,
+    Delivered,
+    Undelivered,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Processing => "processing",
+            Status::Sent => "sent",
+            Status::Failed => "failed",
+            Status::Unknown => "unknown",
+            Status::Delivered => "delivered",
+            Status::Undelivered => "undelivered",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "processing" => Status::Processing,
+            "sent" => Status::Sent,
+            "failed" => Status::Failed,
+            "unknown" => Status::Unknown,
+            "delivered" => Status::Delivered,
+            "undelivered" => Status::Undelivered,
+            _ => return None,
+        })
+    }
+
+    /// Final for idempotency: the stored response will never change.
+    pub fn is_final(self) -> bool {
+        !matches!(self, Status::Processing)
+    }
+}
+
+/// A message id: a UUIDv7 (time-ordered, so the primary key index stays
+/// append-mostly), shown as `msg_<uuid>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MessageId(pub Uuid);
+
+impl MessageId {
+    pub fn new() -> Self {
+        Self(Uuid::now_v7())
+    }
+}
+
+impl Default for MessageId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Display for MessageId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "msg_{}", self.0.as_simple())
+    }
+}
+
+/// Why a message failed or ended unknown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageError {
+    /// Our code: `provider_rejected`, `retries_exhausted`, `validity_expired`,
+    /// `outcome_unknown`.
+    pub code: String,
+    pub message: String,
+    /// The provider's own error code, when it gave one.
+    pub provider_code: Option<String>,
+}
+
+/// The message resource as the API shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MessageOut {
+    pub id: String,
+    pub idempotency_key: String,
+    pub status: Status,
+    pub to: String,
+    pub from: Option<String>,
+    pub body: String,
+    pub segments: u32,
+    pub encoding: Encoding,
+    pub metadata: BTreeMap<String, String>,
+    pub provider: String,
+    pub provider_message_id: Option<String>,
+    pub attempts: u32,
+    pub error: Option<MessageError>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub sent_at: Option<OffsetDateTime>,
+    /// When the next attempt is due, while a retry waits.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub next_attempt_at: Option<OffsetDateTime>,
+}
+
+impl MessageOut {
+    /// The JSON bytes of this resource.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing plain strings, numbers and maps cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}

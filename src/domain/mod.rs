@@ -1,0 +1,13 @@
+//! What a message is, without I/O: validated newtypes (parse, don't validate),
+//! SMS segment counting, the canonical request and its fingerprint, and the
+//! message's states.
+
+pub mod idempotency_key;
+pub mod message;
+pub mod request;
+pub mod segments;
+
+pub use idempotency_key::IdempotencyKey;
+pub use message::{MessageError, MessageId, MessageOut, Status};
+pub use request::{FieldError, SendRequest};
+pub use segments::{Encoding, SegmentCount};

@@ -1,0 +1,437 @@
+//! The body of `POST /messages`, parsed into a [`SendRequest`] that is valid by
+//! construction, and its fingerprint.
+//!
+//! Parsing goes JSON text -> `serde_json::Value` -> typed fields -> domain
+//! checks, so every problem is reported per field with our own wording:
+//! messages never echo the rejected value back (it may be a phone number or a
+//! one-time code).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use validator::Validate;
+
+use super::segments::{self, SegmentCount};
+
+pub const BODY_MAX_CHARS: u64 = 1600;
+pub const VALIDITY_MIN: i64 = 1;
+pub const VALIDITY_MAX: i64 = 36_000;
+pub const METADATA_MAX_ENTRIES: u64 = 16;
+pub const METADATA_KEY_MAX: usize = 40;
+pub const METADATA_VALUE_MAX: usize = 500;
+pub const SENDER_ID_MAX: usize = 11;
+
+const FIELDS: &[&str] = &["to", "body", "from", "validity_seconds", "metadata"];
+
+/// One field's problem, as returned in the `errors` array of a 400.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Why a body is not a send request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RequestError {
+    /// Not JSON at all.
+    Malformed,
+    /// JSON, but fields are missing or wrong.
+    Invalid(Vec<FieldError>),
+}
+
+/// A validated request to send one SMS.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SendRequest {
+    /// E.164, e.g. `+14155550100`.
+    pub to: String,
+    /// E.164 number or alphanumeric sender id; `None` lets the provider choose.
+    pub from: Option<String>,
+    pub body: String,
+    pub validity_seconds: Option<i32>,
+    pub metadata: BTreeMap<String, String>,
+    #[serde(skip)]
+    pub segments: SegmentCount,
+}
+
+/// The typed shape, before domain checks; `validator` checks lengths and ranges.
+#[derive(Debug, Default, Validate)]
+struct Input {
+    to: Option<String>,
+    #[validate(length(min = 1, max = 1600))]
+    body: Option<String>,
+    from: Option<String>,
+    #[validate(range(min = 1, max = 36000))]
+    validity_seconds: Option<i64>,
+    #[validate(length(max = 16))]
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+impl SendRequest {
+    /// Parses and validates a JSON body.
+    pub fn parse(bytes: &[u8]) -> Result<Self, RequestError> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|_| RequestError::Malformed)?;
+        let Value::Object(map) = value else {
+            return Err(RequestError::Invalid(vec![FieldError::new(
+                "",
+                "the request body must be a JSON object",
+            )]));
+        };
+        let mut errors = Vec::new();
+        for name in map.keys() {
+            if !FIELDS.contains(&name.as_str()) {
+                errors.push(FieldError::new(name.clone(), "unknown field"));
+            }
+        }
+        let mut input = Input::default();
+        let string = |name: &str, errors: &mut Vec<FieldError>| match map.get(name) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                errors.push(FieldError::new(name, "must be a string"));
+                None
+            }
+        };
+        input.to = string("to", &mut errors);
+        input.body = string("body", &mut errors);
+        input.from = string("from", &mut errors);
+        match map.get("validity_seconds") {
+            None | Some(Value::Null) => {}
+            Some(Value::Number(n)) => match n.as_i64() {
+                Some(v) => input.validity_seconds = Some(v),
+                None => errors.push(FieldError::new(
+                    "validity_seconds",
+                    "must be a whole number of seconds from 1 to 36000",
+                )),
+            },
+            Some(_) => errors.push(FieldError::new(
+                "validity_seconds",
+                "must be a whole number of seconds from 1 to 36000",
+            )),
+        }
+        match map.get("metadata") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                let mut out = BTreeMap::new();
+                for (k, v) in m {
+                    match v {
+                        Value::String(s) => {
+                            out.insert(k.clone(), s.clone());
+                        }
+                        _ => errors.push(FieldError::new(
+                            format!("metadata.{}", field_label(k)),
+                            "metadata values must be strings",
+                        )),
+                    }
+                }
+                input.metadata = Some(out);
+            }
+            Some(_) => errors.push(FieldError::new(
+                "metadata",
+                "must be an object of string keys to string values",
+            )),
+        }
+
+        if let Err(e) = input.validate() {
+            for field in e.field_errors().keys() {
+                let message = match field.as_ref() {
+                    "body" => "must be 1 to 1600 characters",
+                    "validity_seconds" => "must be a whole number of seconds from 1 to 36000",
+                    "metadata" => "may have at most 16 entries",
+                    _ => "is invalid",
+                };
+                errors.push(FieldError::new(field.to_string(), message));
+            }
+        }
+
+        let missing = |name: &str| matches!(map.get(name), None | Some(Value::Null));
+        let to = match input.to {
+            None => {
+                if missing("to") {
+                    errors.push(FieldError::new("to", "is required"));
+                }
+                None
+            }
+            Some(to) => match parse_e164(&to) {
+                Some(to) => Some(to),
+                None => {
+                    errors.push(FieldError::new(
+                        "to",
+                        "must be a phone number in E.164 form, e.g. +14155550100",
+                    ));
+                    None
+                }
+            },
+        };
+        let from = match input.from {
+            None => None,
+            Some(from) => match parse_sender(&from) {
+                Some(from) => Some(from),
+                None => {
+                    errors.push(FieldError::new(
+                        "from",
+                        "must be an E.164 phone number or an alphanumeric sender id of at most 11 letters, digits and spaces",
+                    ));
+                    None
+                }
+            },
+        };
+        let body = match input.body {
+            None => {
+                if missing("body") {
+                    errors.push(FieldError::new("body", "is required"));
+                }
+                None
+            }
+            Some(body) => {
+                if body.trim().is_empty() && !body.is_empty() {
+                    errors.push(FieldError::new("body", "must not be only whitespace"));
+                    None
+                } else if body
+                    .chars()
+                    .any(|c| c.is_control() && c != '\n' && c != '\t')
+                {
+                    errors.push(FieldError::new(
+                        "body",
+                        "must not contain control characters other than newline and tab",
+                    ));
+                    None
+                } else {
+                    Some(body)
+                }
+            }
+        };
+        let metadata = input.metadata.unwrap_or_default();
+        for (k, v) in &metadata {
+            if k.is_empty() || k.chars().count() > METADATA_KEY_MAX {
+                errors.push(FieldError::new(
+                    "metadata",
+                    "metadata keys must be 1 to 40 characters",
+                ));
+            }
+            if v.chars().count() > METADATA_VALUE_MAX {
+                errors.push(FieldError::new(
+                    format!("metadata.{}", field_label(k)),
+                    "metadata values must be at most 500 characters",
+                ));
+            }
+        }
+
+        if !errors.is_empty() {
+            errors.sort_by(|a, b| a.field.cmp(&b.field));
+            errors.dedup();
+            return Err(RequestError::Invalid(errors));
+        }
+        let (Some(to), Some(body)) = (to, body) else {
+            return Err(RequestError::Invalid(vec![FieldError::new(
+                "",
+                "is invalid",
+            )]));
+        };
+        let validity_seconds = input.validity_seconds.and_then(|v| i32::try_from(v).ok());
+        let segments = segments::count(&body);
+        Ok(SendRequest {
+            to,
+            from,
+            body,
+            validity_seconds,
+            metadata,
+            segments,
+        })
+    }
+
+    /// SHA-256 of the canonical request: the parsed fields in a fixed order,
+    /// metadata sorted by key. Two bodies that mean the same send (other key
+    /// order, other whitespace, a quoted `null` left out) have one fingerprint.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        // Serializing a struct with a BTreeMap cannot fail.
+        let canonical = serde_json::to_vec(self).unwrap_or_default();
+        let mut h = Sha256::new();
+        h.update(b"sendonce.request.v1\n");
+        h.update(&canonical);
+        h.finalize().into()
+    }
+}
+
+/// A metadata key as shown in an error's `field`, cut short so a huge key is
+/// not echoed back.
+fn field_label(k: &str) -> String {
+    k.chars().take(METADATA_KEY_MAX).collect()
+}
+
+/// E.164: `+`, a first digit 1-9, at most 15 digits in all.
+pub fn parse_e164(s: &str) -> Option<String> {
+    let digits = s.strip_prefix('+')?;
+    let ok = (2..=15).contains(&digits.len())
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && !digits.starts_with('0');
+    ok.then(|| s.to_string())
+}
+
+/// A sender: an E.164 number, or an alphanumeric sender id (1 to 11 of
+/// A-Z, a-z, 0-9 and space, with at least one letter, not starting or ending
+/// with a space).
+pub fn parse_sender(s: &str) -> Option<String> {
+    if s.starts_with('+') {
+        return parse_e164(s);
+    }
+    let ok = !s.is_empty()
+        && s.len() <= SENDER_ID_MAX
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b' ')
+        && s.bytes().any(|b| b.is_ascii_alphabetic())
+        && !s.starts_with(' ')
+        && !s.ends_with(' ');
+    ok.then(|| s.to_string())
+}
+
+impl Default for SegmentCount {
+    fn default() -> Self {
+        segments::count("")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(body: &str) -> Vec<String> {
+        match SendRequest::parse(body.as_bytes()) {
+            Err(RequestError::Invalid(e)) => e.into_iter().map(|e| e.field).collect(),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_a_full_request() {
+        let r = SendRequest::parse(
+            br#"{"to":"+14155550100","body":"Your code is 123456","from":"ACME","validity_seconds":300,"metadata":{"order":"92831"}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.to, "+14155550100");
+        assert_eq!(r.from.as_deref(), Some("ACME"));
+        assert_eq!(r.validity_seconds, Some(300));
+        assert_eq!(r.metadata.get("order").map(String::as_str), Some("92831"));
+        assert_eq!(r.segments.segments, 1);
+    }
+
+    #[test]
+    fn malformed_json_is_malformed() {
+        assert_eq!(
+            SendRequest::parse(b"{\"to\":"),
+            Err(RequestError::Malformed)
+        );
+    }
+
+    #[test]
+    fn reports_each_bad_field() {
+        assert_eq!(fields(r#"{}"#), vec!["body", "to"]);
+        assert_eq!(fields(r#"{"to":"+1415","body":"hi","x":1}"#), vec!["x"]);
+        assert_eq!(fields(r#"{"to":"14155550100","body":"hi"}"#), vec!["to"]);
+        assert_eq!(fields(r#"{"to":5,"body":"hi"}"#), vec!["to"]);
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"   "}"#),
+            vec!["body"]
+        );
+        assert_eq!(fields(r#"{"to":"+14155550100","body":""}"#), vec!["body"]);
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"a\u0000b"}"#),
+            vec!["body"]
+        );
+        let long = "a".repeat(1601);
+        assert_eq!(
+            fields(&format!(r#"{{"to":"+14155550100","body":"{long}"}}"#)),
+            vec!["body"]
+        );
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","from":"TWELVECHARSX"}"#),
+            vec!["from"]
+        );
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","from":"12345"}"#),
+            vec!["from"]
+        );
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","validity_seconds":0}"#),
+            vec!["validity_seconds"]
+        );
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","validity_seconds":36001}"#),
+            vec!["validity_seconds"]
+        );
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","validity_seconds":1.5}"#),
+            vec!["validity_seconds"]
+        );
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","metadata":{"a":1}}"#),
+            vec!["metadata.a"]
+        );
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","metadata":[]}"#),
+            vec!["metadata"]
+        );
+        assert_eq!(fields(r#"[1]"#), vec![""]);
+    }
+
+    #[test]
+    fn metadata_limits() {
+        let many: Vec<String> = (0..17).map(|i| format!(r#""k{i}":"v""#)).collect();
+        let body = format!(
+            r#"{{"to":"+14155550100","body":"hi","metadata":{{{}}}}}"#,
+            many.join(",")
+        );
+        assert_eq!(fields(&body), vec!["metadata"]);
+        let key = "k".repeat(41);
+        assert_eq!(
+            fields(&format!(
+                r#"{{"to":"+14155550100","body":"hi","metadata":{{"{key}":"v"}}}}"#
+            )),
+            vec!["metadata"]
+        );
+        let val = "v".repeat(501);
+        assert_eq!(
+            fields(&format!(
+                r#"{{"to":"+14155550100","body":"hi","metadata":{{"k":"{val}"}}}}"#
+            )),
+            vec!["metadata.k"]
+        );
+    }
+
+    #[test]
+    fn messages_do_not_echo_the_value() {
+        let Err(RequestError::Invalid(errors)) =
+            SendRequest::parse(br#"{"to":"SECRET-123456","body":"hi"}"#)
+        else {
+            panic!("expected invalid");
+        };
+        assert!(errors.iter().all(|e| !e.message.contains("SECRET")));
+    }
+
+    #[test]
+    fn fingerprint_ignores_key_order_and_formatting() {
+        let a = SendRequest::parse(
+            br#"{"to":"+14155550100","body":"hi","metadata":{"a":"1","b":"2"}}"#,
+        )
+        .unwrap();
+        let b = SendRequest::parse(
+            br#"{ "metadata": {"b":"2","a":"1"}, "body": "hi", "to": "+14155550100" }"#,
+        )
+        .unwrap();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        let c = SendRequest::parse(
+            br#"{"to":"+14155550101","body":"hi","metadata":{"a":"1","b":"2"}}"#,
+        )
+        .unwrap();
+        assert_ne!(a.fingerprint(), c.fingerprint());
+    }
+}

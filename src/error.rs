@@ -1,0 +1,196 @@
+//! Every error the API answers with, as RFC 9457 `application/problem+json`.
+//!
+//! `type` is `urn:sendonce:problem:<slug>`; the slug is the stable part
+//! clients match on. Database and internal errors are logged with their
+//! detail and answered without it: no SQL or stack trace leaves the service.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::domain::FieldError;
+use crate::domain::idempotency_key::KeyError;
+use crate::store::StoreError;
+
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:sendonce:problem:";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("missing or invalid API key")]
+    Unauthorized,
+    #[error("missing Idempotency-Key")]
+    MissingIdempotencyKey,
+    #[error("invalid Idempotency-Key: {0}")]
+    InvalidIdempotencyKey(KeyError),
+    #[error("invalid request")]
+    Validation(Vec<FieldError>),
+    #[error("malformed JSON")]
+    MalformedJson,
+    #[error("unsupported media type")]
+    UnsupportedMediaType,
+    #[error("payload too large")]
+    PayloadTooLarge,
+    #[error("Idempotency-Key reused with another request")]
+    KeyReused,
+    #[error("Idempotency-Key in use")]
+    KeyInUse,
+    #[error("not found")]
+    NotFound,
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("service unavailable: {0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(m) => ApiError::Unavailable(m),
+            StoreError::Conflict(m) | StoreError::Other(m) => ApiError::Internal(m),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    errors: Option<&'a [FieldError]>,
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::MissingIdempotencyKey
+            | ApiError::InvalidIdempotencyKey(_)
+            | ApiError::Validation(_)
+            | ApiError::MalformedJson => StatusCode::BAD_REQUEST,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::KeyInUse => StatusCode::CONFLICT,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable problem slug.
+    pub fn slug(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::MissingIdempotencyKey => "missing-idempotency-key",
+            ApiError::InvalidIdempotencyKey(_) => "invalid-idempotency-key",
+            ApiError::Validation(_) => "validation",
+            ApiError::MalformedJson => "malformed-json",
+            ApiError::UnsupportedMediaType => "unsupported-media-type",
+            ApiError::PayloadTooLarge => "payload-too-large",
+            ApiError::KeyReused => "idempotency-key-reused",
+            ApiError::KeyInUse => "idempotency-key-in-use",
+            ApiError::NotFound => "not-found",
+            ApiError::MethodNotAllowed => "method-not-allowed",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized => "Unauthorized",
+            ApiError::MissingIdempotencyKey => "Missing Idempotency-Key",
+            ApiError::InvalidIdempotencyKey(_) => "Invalid Idempotency-Key",
+            ApiError::Validation(_) => "Invalid request",
+            ApiError::MalformedJson => "Malformed JSON",
+            ApiError::UnsupportedMediaType => "Unsupported media type",
+            ApiError::PayloadTooLarge => "Payload too large",
+            ApiError::KeyReused => "Idempotency-Key reused",
+            ApiError::KeyInUse => "Idempotency-Key in use",
+            ApiError::NotFound => "Not found",
+            ApiError::MethodNotAllowed => "Method not allowed",
+            ApiError::Unavailable(_) => "Service unavailable",
+            ApiError::Internal(_) => "Internal error",
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            ApiError::Unauthorized => {
+                "send a valid API key as `Authorization: Bearer <key>`".into()
+            }
+            ApiError::MissingIdempotencyKey => {
+                "POST /messages requires an Idempotency-Key header naming this send".into()
+            }
+            ApiError::InvalidIdempotencyKey(e) => format!("{e}"),
+            ApiError::Validation(_) => "one or more fields are invalid; see `errors`".into(),
+            ApiError::MalformedJson => "the request body is not valid JSON".into(),
+            ApiError::UnsupportedMediaType => "send the request body as application/json".into(),
+            ApiError::PayloadTooLarge => "the request body is larger than 64 KiB".into(),
+            ApiError::KeyReused => {
+                "this Idempotency-Key was already used with a different request; \
+                use a new key for a different message"
+                    .into()
+            }
+            ApiError::KeyInUse => "a request with this Idempotency-Key is still being processed; \
+                retry after the time in Retry-After to get its result"
+                .into(),
+            ApiError::NotFound => "no such resource".into(),
+            ApiError::MethodNotAllowed => "this method is not allowed on this resource".into(),
+            ApiError::Unavailable(_) => {
+                "the service cannot reach its database right now; nothing was stored, retry later"
+                    .into()
+            }
+            ApiError::Internal(_) => "an internal error occurred; it has been logged".into(),
+        }
+    }
+}
+
+/// A problem+json response for `e`, with the headers its status calls for.
+pub fn problem_response(e: &ApiError) -> Response {
+    let status = e.status();
+    let problem = Problem {
+        kind: format!("{PROBLEM_TYPE_PREFIX}{}", e.slug()),
+        title: e.title(),
+        status: status.as_u16(),
+        detail: e.detail(),
+        errors: match e {
+            ApiError::Validation(errors) => Some(errors),
+            _ => None,
+        },
+    };
+    let body = serde_json::to_vec(&problem).unwrap_or_default();
+    let mut resp = (status, body).into_response();
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    match e {
+        ApiError::Unauthorized => {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        ApiError::KeyInUse | ApiError::Unavailable(_) => {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        _ => {}
+    }
+    resp
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match &self {
+            ApiError::Internal(m) => tracing::error!(error = %m, "internal error"),
+            ApiError::Unavailable(m) => tracing::warn!(error = %m, "database unavailable"),
+            _ => {}
+        }
+        problem_response(&self)
+    }
+}

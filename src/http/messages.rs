@@ -1,0 +1,224 @@
+//! `POST /messages`, `GET /messages/{key}`, `GET /messages/{key}/attempts`.
+//!
+//! The idempotency protocol, in order:
+//! 1. authenticate; parse the `Idempotency-Key` and the body (a rejected
+//!    request stores nothing);
+//! 2. insert the message as `processing` under the unique (tenant, key)
+//!    constraint, its first attempt started and the lease held: the insert
+//!    alone decides which of several racing requests owns the send;
+//! 3. the owner spawns the delivery task and waits for its outcome; any other
+//!    request with the same key compares fingerprints (422 on mismatch),
+//!    replays a final response byte for byte, or waits for it (409 when the
+//!    wait runs out).
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+use super::{SharedState, Tenant, preferred_wait};
+use crate::clock::to_time;
+use crate::domain::request::RequestError;
+use crate::domain::{IdempotencyKey, MessageId, SendRequest};
+use crate::error::ApiError;
+use crate::store::{Claim, NewMessage, StoredResponse};
+
+pub fn router() -> Router<SharedState> {
+    Router::new()
+        .route("/messages", post(create_message))
+        .route("/messages/{key}", get(get_message))
+        .route("/messages/{key}/attempts", get(list_attempts))
+}
+
+/// Unreserved characters (RFC 3986) stay as they are in `Location`.
+const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+fn location(key: &str) -> HeaderValue {
+    let path = format!("/messages/{}", utf8_percent_encode(key, PATH_SEGMENT));
+    // Percent-encoded ASCII is always a valid header value.
+    HeaderValue::from_str(&path).unwrap_or_else(|_| HeaderValue::from_static("/messages"))
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let mime = ct.split(';').next().unwrap_or("").trim();
+    mime.eq_ignore_ascii_case("application/json")
+        || mime
+            .get(mime.len().saturating_sub(5)..)
+            .is_some_and(|s| s.eq_ignore_ascii_case("+json"))
+            && mime.to_ascii_lowercase().starts_with("application/")
+}
+
+/// A response carrying a message body.
+fn message_response(status: StatusCode, body: Vec<u8>, key: &str, replayed: bool) -> Response {
+    let mut resp = (status, body).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::LOCATION, location(key));
+    if replayed {
+        h.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+fn stored(response: StoredResponse, key: &str, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(response.status_code).unwrap_or(StatusCode::CREATED);
+    message_response(status, response.body, key, replayed)
+}
+
+async fn create_message(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = match headers.get("idempotency-key") {
+        None => return Err(ApiError::MissingIdempotencyKey),
+        Some(v) => {
+            IdempotencyKey::parse_header(v.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?
+        }
+    };
+    if !is_json(&headers) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge
+        } else {
+            ApiError::MalformedJson
+        }
+    })?;
+    let request = SendRequest::parse(&body).map_err(|e| match e {
+        RequestError::Malformed => ApiError::MalformedJson,
+        RequestError::Invalid(errors) => ApiError::Validation(errors),
+    })?;
+    let budget = preferred_wait(&headers, &state.wait);
+    let fingerprint = request.fingerprint();
+
+    let deliverer = &state.deliverer;
+    let now = deliverer.clock().now();
+    let new = NewMessage {
+        id: MessageId::new(),
+        tenant_id,
+        idempotency_key: key.as_str().to_string(),
+        fingerprint: fingerprint.to_vec(),
+        to: request.to,
+        from: request.from,
+        body: request.body,
+        segments: request.segments.segments,
+        encoding: request.segments.encoding,
+        metadata: request.metadata,
+        validity_seconds: request.validity_seconds,
+        provider: deliverer.provider_name().to_string(),
+        created_at: now,
+        expires_at: request
+            .validity_seconds
+            .map(|s| now + time::Duration::seconds(i64::from(s))),
+        deadline_at: now + to_time(deliverer.settings().retry.deadline),
+    };
+    let lease = deliverer.new_lease();
+
+    match state.store.insert_message(&new, &lease).await? {
+        Claim::Created(record) => {
+            let id = record.id;
+            deliverer.spawn(*record, lease, true);
+            respond_when_final(&state, id, key.as_str(), budget).await
+        }
+        Claim::Existing(existing) => {
+            if existing.fingerprint != fingerprint {
+                return Err(ApiError::KeyReused);
+            }
+            if let Some(response) = existing.response {
+                return Ok(stored(response, key.as_str(), true));
+            }
+            match deliverer.await_final(existing.id, budget).await? {
+                Some(response) => Ok(stored(response, key.as_str(), true)),
+                None => Err(ApiError::KeyInUse),
+            }
+        }
+    }
+}
+
+/// The owner's answer: 201 with the final message, or 202 with the message
+/// as it stands when the wait runs out.
+async fn respond_when_final(
+    state: &SharedState,
+    id: MessageId,
+    key: &str,
+    budget: Duration,
+) -> Result<Response, ApiError> {
+    if let Some(response) = state.deliverer.await_final(id, budget).await? {
+        return Ok(stored(response, key, false));
+    }
+    let record =
+        state.store.message_by_id(id).await?.ok_or_else(|| {
+            ApiError::Internal("a message vanished right after its insert".into())
+        })?;
+    if let Some(response) = record.response.clone() {
+        return Ok(stored(response, key, false));
+    }
+    Ok(message_response(
+        StatusCode::ACCEPTED,
+        record.to_out().to_json(),
+        key,
+        false,
+    ))
+}
+
+/// The key in a path; one that cannot be a key names no message.
+fn path_key(key: Result<Path<String>, PathRejection>) -> Result<IdempotencyKey, ApiError> {
+    let Path(key) = key.map_err(|_| ApiError::NotFound)?;
+    IdempotencyKey::parse(&key).map_err(|_| ApiError::NotFound)
+}
+
+async fn get_message(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let key = path_key(key)?;
+    let record = state
+        .store
+        .message(tenant_id, key.as_str())
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(message_response(
+        StatusCode::OK,
+        record.to_out().to_json(),
+        key.as_str(),
+        false,
+    ))
+}
+
+async fn list_attempts(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let key = path_key(key)?;
+    let record = state
+        .store
+        .message(tenant_id, key.as_str())
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let attempts = state.store.attempts(record.id).await?;
+    Ok(Json(serde_json::json!({ "data": attempts })).into_response())
+}

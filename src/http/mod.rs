@@ -1,0 +1,160 @@
+//! The HTTP API: router, shared state and extractors. Each resource module
+//! owns its routes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, header};
+use uuid::Uuid;
+
+use crate::apikey;
+use crate::delivery::Deliverer;
+use crate::error::ApiError;
+use crate::store::Store;
+
+pub mod health;
+pub mod messages;
+
+/// Largest request body accepted.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// How long a request may wait for a send's outcome.
+#[derive(Clone, Debug)]
+pub struct WaitSettings {
+    /// Default wait when the client states no preference.
+    pub default: Duration,
+    /// Largest wait a client may ask for with `Prefer: wait=N`.
+    pub max: Duration,
+}
+
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub deliverer: Arc<Deliverer>,
+    pub wait: WaitSettings,
+}
+
+pub type SharedState = Arc<AppState>;
+
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .merge(messages::router())
+        .merge(health::router())
+        .fallback(|| async { ApiError::NotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+/// The tenant an API key belongs to.
+#[derive(Clone, Copy, Debug)]
+pub struct Tenant(pub Uuid);
+
+impl FromRequestParts<SharedState> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &SharedState,
+    ) -> Result<Self, Self::Rejection> {
+        let key = bearer_token(&parts.headers).ok_or(ApiError::Unauthorized)?;
+        if !key.starts_with(apikey::PREFIX) || key.len() > 200 {
+            return Err(ApiError::Unauthorized);
+        }
+        match state.store.tenant_for_key(&apikey::hash(key)).await? {
+            Some(id) => Ok(Tenant(id)),
+            None => Err(ApiError::Unauthorized),
+        }
+    }
+}
+
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// What `Prefer` asks of the wait (RFC 7240: `respond-async`, `wait=N`).
+pub fn preferred_wait(headers: &HeaderMap, settings: &WaitSettings) -> Duration {
+    let mut wait = None;
+    for value in headers.get_all("prefer") {
+        let Ok(value) = value.to_str() else { continue };
+        for pref in value.split(',') {
+            let token = pref.split(';').next().unwrap_or("").trim();
+            let (name, val) = match token.split_once('=') {
+                Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"'))),
+                None => (token, None),
+            };
+            if name.eq_ignore_ascii_case("respond-async") {
+                return Duration::ZERO;
+            }
+            if name.eq_ignore_ascii_case("wait")
+                && let Some(secs) = val.and_then(|v| v.parse::<u64>().ok())
+            {
+                wait = Some(Duration::from_secs(secs));
+            }
+        }
+    }
+    wait.map_or(settings.default, |w| w.min(settings.max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn wait(prefer: &[&str]) -> Duration {
+        let mut h = HeaderMap::new();
+        for p in prefer {
+            h.append("prefer", HeaderValue::from_str(p).unwrap());
+        }
+        preferred_wait(
+            &h,
+            &WaitSettings {
+                default: Duration::from_secs(10),
+                max: Duration::from_secs(30),
+            },
+        )
+    }
+
+    #[test]
+    fn prefer_header() {
+        assert_eq!(wait(&[]), Duration::from_secs(10));
+        assert_eq!(wait(&["wait=3"]), Duration::from_secs(3));
+        assert_eq!(wait(&["wait=300"]), Duration::from_secs(30));
+        assert_eq!(wait(&["respond-async"]), Duration::ZERO);
+        assert_eq!(wait(&["wait=5, respond-async"]), Duration::ZERO);
+        assert_eq!(
+            wait(&["handling=lenient", "wait=2"]),
+            Duration::from_secs(2)
+        );
+        assert_eq!(wait(&["wait=abc"]), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn bearer_parsing() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer so_abc"),
+        );
+        assert_eq!(bearer_token(&h), Some("so_abc"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer  so_abc "),
+        );
+        assert_eq!(bearer_token(&h), Some("so_abc"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic eDp5"),
+        );
+        assert_eq!(bearer_token(&h), None);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer "));
+        assert_eq!(bearer_token(&h), None);
+    }
+}

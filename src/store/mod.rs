@@ -1,0 +1,297 @@
+//! Storage: one interface, one implementation per database.
+//!
+//! Every method is a single short statement or transaction; none holds a
+//! transaction open across a provider call. Writes that finish or reschedule a
+//! message are fenced on the lease token: they change nothing, and say so,
+//! when the caller no longer owns the message.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::domain::{Encoding, MessageError, MessageId, MessageOut, Status};
+
+pub mod postgres;
+
+pub use postgres::PgStore;
+
+/// What went wrong talking to the database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached (down, restarting, pool exhausted):
+    /// the request may be retried later.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// A uniqueness rule refused the write.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// Anything else: a bug or a schema mismatch.
+    #[error("database error: {0}")]
+    Other(String),
+}
+
+/// A new API key, as stored.
+#[derive(Clone, Debug)]
+pub struct NewApiKey {
+    pub id: Uuid,
+    pub hash: Vec<u8>,
+    pub prefix: String,
+}
+
+/// An API key as listed to operators (never the key itself).
+#[derive(Clone, Debug)]
+pub struct ApiKeyInfo {
+    pub id: Uuid,
+    pub tenant_name: String,
+    pub prefix: String,
+    pub created_at: OffsetDateTime,
+    pub revoked_at: Option<OffsetDateTime>,
+}
+
+/// A message to insert as `processing`, its first attempt started.
+#[derive(Clone, Debug)]
+pub struct NewMessage {
+    pub id: MessageId,
+    pub tenant_id: Uuid,
+    pub idempotency_key: String,
+    pub fingerprint: Vec<u8>,
+    pub to: String,
+    pub from: Option<String>,
+    pub body: String,
+    pub segments: u32,
+    pub encoding: Encoding,
+    pub metadata: BTreeMap<String, String>,
+    pub validity_seconds: Option<i32>,
+    pub provider: String,
+    pub created_at: OffsetDateTime,
+    pub expires_at: Option<OffsetDateTime>,
+    pub deadline_at: OffsetDateTime,
+}
+
+/// The right to act on a message until `expires_at`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// New for every claim; every finishing write is fenced on it.
+    pub token: Uuid,
+    /// The instance holding it (for operators and for releasing on shutdown).
+    pub owner: String,
+    pub expires_at: OffsetDateTime,
+}
+
+/// A message row.
+#[derive(Clone, Debug)]
+pub struct MessageRecord {
+    pub id: MessageId,
+    pub tenant_id: Uuid,
+    pub idempotency_key: String,
+    pub fingerprint: Vec<u8>,
+    pub status: Status,
+    pub to: String,
+    pub from: Option<String>,
+    pub body: String,
+    pub segments: u32,
+    pub encoding: Encoding,
+    pub metadata: BTreeMap<String, String>,
+    pub validity_seconds: Option<i32>,
+    pub provider: String,
+    pub provider_message_id: Option<String>,
+    pub attempts: u32,
+    /// Some attempt ended without a clear answer: the provider may have sent.
+    pub maybe_sent: bool,
+    pub error: Option<MessageError>,
+    pub response: Option<StoredResponse>,
+    pub lease: Option<Lease>,
+    pub next_attempt_at: Option<OffsetDateTime>,
+    pub created_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+    pub sent_at: Option<OffsetDateTime>,
+    pub expires_at: Option<OffsetDateTime>,
+    pub deadline_at: OffsetDateTime,
+    /// The latest attempt started and has no recorded answer: the provider
+    /// may or may not have acted on it.
+    pub last_attempt_open: bool,
+    /// When the latest attempt started.
+    pub last_attempt_started_at: Option<OffsetDateTime>,
+}
+
+impl MessageRecord {
+    /// The resource as the API shows it now.
+    pub fn to_out(&self) -> MessageOut {
+        MessageOut {
+            id: self.id.to_string(),
+            idempotency_key: self.idempotency_key.clone(),
+            status: self.status,
+            to: self.to.clone(),
+            from: self.from.clone(),
+            body: self.body.clone(),
+            segments: self.segments,
+            encoding: self.encoding,
+            metadata: self.metadata.clone(),
+            provider: self.provider.clone(),
+            provider_message_id: self.provider_message_id.clone(),
+            attempts: self.attempts,
+            error: self.error.clone(),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            sent_at: self.sent_at,
+            next_attempt_at: self.next_attempt_at,
+        }
+    }
+}
+
+/// A frozen final response: replayed byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status_code: u16,
+    pub body: Vec<u8>,
+}
+
+/// What a replay or a waiting duplicate needs: one narrow indexed read.
+#[derive(Clone, Debug)]
+pub struct KeyState {
+    pub id: MessageId,
+    pub fingerprint: Vec<u8>,
+    pub status: Status,
+    pub response: Option<StoredResponse>,
+}
+
+/// The result of inserting a message under its key.
+#[derive(Debug)]
+pub enum Claim {
+    /// The key was free: this request owns the message (lease included).
+    Created(Box<MessageRecord>),
+    /// The key is taken: the existing message's state.
+    Existing(KeyState),
+}
+
+/// How an attempt ended, as recorded in its row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptResult {
+    pub number: u32,
+    /// `sent`, `rejected`, `retryable`, `ambiguous`, `expired`, `reconciled`.
+    pub outcome: &'static str,
+    pub http_status: Option<u16>,
+    pub provider_code: Option<String>,
+    pub error: Option<String>,
+    pub provider_message_id: Option<String>,
+    pub finished_at: OffsetDateTime,
+}
+
+/// A fenced write that makes a message final.
+#[derive(Clone, Debug)]
+pub struct Finish {
+    pub id: MessageId,
+    pub lease_token: Uuid,
+    pub status: Status,
+    pub provider_message_id: Option<String>,
+    pub error: Option<MessageError>,
+    pub sent_at: Option<OffsetDateTime>,
+    pub updated_at: OffsetDateTime,
+    pub response: StoredResponse,
+    /// The attempt this closes, if one is open.
+    pub attempt: Option<AttemptResult>,
+}
+
+/// A fenced write that records an attempt and waits for the next one without
+/// holding a lease.
+#[derive(Clone, Debug)]
+pub struct Reschedule {
+    pub id: MessageId,
+    pub lease_token: Uuid,
+    pub next_attempt_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+    pub error: Option<MessageError>,
+    pub attempt: AttemptResult,
+}
+
+/// One row of a message's attempt history.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AttemptRow {
+    pub number: u32,
+    pub lease_owner: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub finished_at: Option<OffsetDateTime>,
+    pub outcome: Option<String>,
+    pub http_status: Option<u16>,
+    pub provider_code: Option<String>,
+    pub error: Option<String>,
+    pub provider_message_id: Option<String>,
+}
+
+/// The storage interface the service runs on.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Applies pending migrations.
+    async fn migrate(&self) -> Result<(), StoreError>;
+    /// Whether the database answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    // Tenants and keys.
+    async fn tenant_count(&self) -> Result<i64, StoreError>;
+    /// Creates a tenant with one key. `Conflict` if the name is taken.
+    async fn create_tenant(&self, name: &str, key: &NewApiKey) -> Result<Uuid, StoreError>;
+    /// Makes sure tenant `name` exists and accepts `key` (idempotent).
+    async fn ensure_tenant_key(&self, name: &str, key: &NewApiKey) -> Result<(), StoreError>;
+    /// The tenant a key hash belongs to, if the key exists and is not revoked.
+    async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<Uuid>, StoreError>;
+    async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError>;
+    /// Adds a key to a tenant by name; `None` if there is no such tenant.
+    async fn add_key(&self, tenant_name: &str, key: &NewApiKey)
+    -> Result<Option<Uuid>, StoreError>;
+    /// Revokes a key by id; false if there is no such key.
+    async fn revoke_key(&self, key_id: Uuid, at: OffsetDateTime) -> Result<bool, StoreError>;
+    async fn list_keys(&self) -> Result<Vec<ApiKeyInfo>, StoreError>;
+
+    // Messages.
+    /// Inserts a message as `processing` with its first attempt started and
+    /// the lease held, or reports the message that already holds the key.
+    async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError>;
+    /// The state of a key, for replays and waiting duplicates.
+    async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError>;
+    /// The state of a message by id.
+    async fn state_by_id(&self, id: MessageId) -> Result<Option<KeyState>, StoreError>;
+    async fn message(
+        &self,
+        tenant_id: Uuid,
+        key: &str,
+    ) -> Result<Option<MessageRecord>, StoreError>;
+    async fn message_by_id(&self, id: MessageId) -> Result<Option<MessageRecord>, StoreError>;
+    async fn attempts(&self, id: MessageId) -> Result<Vec<AttemptRow>, StoreError>;
+
+    /// Starts attempt `attempts + 1` under the lease (fenced), extending it to
+    /// `lease_expires_at`; an attempt still open is closed as `lost` (its
+    /// owner died before recording an answer). Returns the attempt number, or
+    /// `None` when the lease is no longer ours.
+    async fn start_attempt(
+        &self,
+        id: MessageId,
+        lease: &Lease,
+        now: OffsetDateTime,
+    ) -> Result<Option<u32>, StoreError>;
+    /// Extends the lease (fenced). False when it is no longer ours.
+    async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError>;
+    /// Makes the message final (fenced). False when the lease is no longer ours.
+    async fn finish(&self, f: &Finish) -> Result<bool, StoreError>;
+    /// Records the attempt and a due time, releasing the lease (fenced).
+    async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError>;
+    /// Claims up to `limit` messages that are due or whose lease expired,
+    /// never handing one row to two claimers.
+    async fn claim_due(
+        &self,
+        owner: &str,
+        now: OffsetDateTime,
+        lease_expires_at: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<(MessageRecord, Lease)>, StoreError>;
+    /// Releases every lease `owner` holds so another instance resumes those
+    /// messages at once (graceful shutdown). Returns how many.
+    async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError>;
+    /// Deletes up to `batch` final messages created before `cutoff`.
+    async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError>;
+    /// The creation time of the oldest message still `processing`.
+    async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError>;
+}

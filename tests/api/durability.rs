@@ -1,0 +1,268 @@
+//! Many instances on one database, crashes, stale owners, shutdown, outages
+//! and retention.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sendonce::clock::Clock;
+use sendonce::mock_provider::Behaviour;
+use tokio::sync::Notify;
+
+use crate::delivery::futures_join_all;
+use crate::helpers::*;
+
+/// Options for another instance sharing `first`'s database, mock and clock.
+fn sibling(first: &TestApp, settings: sendonce::config::Settings) -> TestOptions {
+    TestOptions {
+        settings,
+        clock: first.clock.clone(),
+        database: Some(first.database.clone()),
+        mock: Some((first.mock.clone(), first.mock_url.clone())),
+        api_key: Some(first.api_key.clone()),
+        ..TestOptions::default()
+    }
+}
+
+fn manual_clock() -> Clock {
+    Clock::manual(time::macros::datetime!(2026-11-29 12:00:00 UTC))
+}
+
+/// Test settings with the background scan effectively off, so the test
+/// decides when a scheduler runs.
+fn quiet_settings() -> sendonce::config::Settings {
+    let mut s = test_settings();
+    s.poll_interval = Duration::from_secs(3600);
+    s
+}
+
+#[tokio::test]
+async fn three_instances_two_hundred_posts_one_send() {
+    let a = spawn_app().await;
+    let b = spawn_with(sibling(&a, test_settings())).await;
+    let c = spawn_with(sibling(&a, test_settings())).await;
+    let instances = [&a, &b, &c];
+    let gate = Arc::new(Notify::new());
+    a.mock.push([Behaviour::Gate(gate.clone())]);
+    let body = sms("+14155550100", "Your order 1 shipped");
+    let requests = (0..200).map(|i| {
+        let target = instances[i % 3];
+        target.post("ORDER-1-SHIPPED", &body)
+    });
+    let release = async {
+        eventually("the provider call", || async {
+            (a.mock.call_count() == 1).then_some(())
+        })
+        .await;
+        gate.notify_one();
+    };
+    let (answers, ()) = tokio::join!(futures_join_all(requests), release);
+    assert_eq!(
+        a.mock.call_count(),
+        1,
+        "one provider call across three instances"
+    );
+    let finals: Vec<&Answer> = answers.iter().filter(|x| x.status == 201).collect();
+    assert!(answers.iter().all(|x| x.status == 201 || x.status == 409));
+    assert!(
+        finals.len() > 190,
+        "waiting duplicates see the result: {} of 200",
+        finals.len()
+    );
+    assert!(
+        finals.iter().all(|x| x.bytes == finals[0].bytes),
+        "all final responses identical"
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_instance_is_taken_over_and_the_message_sent_once() {
+    let clock = manual_clock();
+    let mut a = spawn_with(TestOptions {
+        clock: clock.clone(),
+        settings: quiet_settings(),
+        ..TestOptions::default()
+    })
+    .await;
+    let b = spawn_with(sibling(&a, quiet_settings())).await;
+    a.mock.push([Behaviour::Hang]);
+    let first = a
+        .post_with(
+            Some("CRASH"),
+            &sms("+14155550100", "hi"),
+            &[("prefer", "respond-async")],
+        )
+        .await;
+    assert_eq!(first.status, 202);
+    eventually("a's call to reach the provider", || async {
+        (a.mock.call_count() == 1).then_some(())
+    })
+    .await;
+    a.crash().await;
+
+    // Before the lease runs out nobody may take it.
+    clock.advance(Duration::from_secs(9));
+    assert_eq!(b.handle.scheduler.tick().await.unwrap(), 0);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(b.handle.scheduler.tick().await.unwrap(), 1);
+
+    let m = eventually("b to finish it", || async {
+        let got = b.get("/messages/CRASH").await.json();
+        (got["status"] == "sent").then_some(got)
+    })
+    .await;
+    let id = m["id"].as_str().unwrap();
+    assert_eq!(m["attempts"], 2);
+    assert_eq!(a.mock.call_count(), 2, "resent after the crash");
+    assert_eq!(a.mock.deliveries_for(id), 1, "under the same key: one SMS");
+    let calls = a.mock.calls();
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.idempotency_key.as_deref() == Some(id))
+    );
+    let history = b.get("/messages/CRASH/attempts").await.json();
+    assert_eq!(history["data"][0]["outcome"], "lost");
+    assert_eq!(history["data"][1]["outcome"], "sent");
+    assert_ne!(
+        history["data"][0]["lease_owner"],
+        history["data"][1]["lease_owner"]
+    );
+}
+
+#[tokio::test]
+async fn a_stale_owner_cannot_overwrite_the_new_owners_result() {
+    let clock = manual_clock();
+    let a = spawn_with(TestOptions {
+        clock: clock.clone(),
+        settings: quiet_settings(),
+        ..TestOptions::default()
+    })
+    .await;
+    let b = spawn_with(sibling(&a, quiet_settings())).await;
+    let slow = Arc::new(Notify::new());
+    // a's call hangs until released; b's call is rejected outright.
+    a.mock.push([
+        Behaviour::Gate(slow.clone()),
+        Behaviour::Fail {
+            status: 400,
+            body: serde_json::json!({"message": "invalid number"}),
+            retry_after: None,
+        },
+    ]);
+    let first = a
+        .post_with(
+            Some("STALE"),
+            &sms("+14155550100", "hi"),
+            &[("prefer", "respond-async")],
+        )
+        .await;
+    assert_eq!(first.status, 202);
+    eventually("a's call", || async {
+        (a.mock.call_count() == 1).then_some(())
+    })
+    .await;
+
+    // a is alive but slow: its lease runs out and b takes over.
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(b.handle.scheduler.tick().await.unwrap(), 1);
+    let m = a.wait_for_status("STALE", "failed").await;
+    let final_bytes = a.get("/messages/STALE").await.bytes;
+
+    // a's provider call now succeeds; its write is fenced off.
+    slow.notify_one();
+    eventually("a's task to end", || async {
+        (a.handle.deliverer.in_flight() == 0).then_some(())
+    })
+    .await;
+    let after = a.get("/messages/STALE").await;
+    assert_eq!(after.json()["status"], "failed");
+    assert_eq!(after.bytes, final_bytes, "the new owner's result stands");
+    assert_eq!(m["error"]["message"], "invalid number");
+    let replay = a.post("STALE", &sms("+14155550100", "hi")).await;
+    assert_eq!(replay.json()["status"], "failed");
+}
+
+#[tokio::test]
+async fn shutdown_releases_unfinished_sends_for_another_instance() {
+    let mut settings = test_settings();
+    settings.shutdown_grace = Duration::from_millis(200);
+    let mut a = spawn_with(TestOptions {
+        settings,
+        ..TestOptions::default()
+    })
+    .await;
+    a.mock
+        .push([Behaviour::Hang, Behaviour::Hang, Behaviour::Hang]);
+    for i in 0..3 {
+        let r = a
+            .post_with(
+                Some(&format!("DRAIN-{i}")),
+                &sms("+14155550100", "hi"),
+                &[("prefer", "respond-async")],
+            )
+            .await;
+        assert_eq!(r.status, 202);
+    }
+    eventually("three calls in flight", || async {
+        (a.mock.call_count() == 3).then_some(())
+    })
+    .await;
+    a.stop().await;
+
+    // Nothing is left processing with a lease; every row is due now.
+    let rows: Vec<(Option<String>, Option<time::OffsetDateTime>)> = sqlx::query_as(
+        "SELECT lease_owner, next_attempt_at FROM messages WHERE status = 'processing'",
+    )
+    .fetch_all(&a.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(
+        rows.iter()
+            .all(|(owner, due)| owner.is_none() && due.is_some())
+    );
+
+    // Another instance resumes them at once, under the same keys.
+    let b = spawn_with(sibling(&a, test_settings())).await;
+    for i in 0..3 {
+        b.wait_for_status(&format!("DRAIN-{i}"), "sent").await;
+    }
+    let stats = a.mock.stats();
+    assert_eq!(stats.keys_delivered, 3);
+    assert_eq!(stats.max_deliveries_per_key, 1);
+}
+
+#[tokio::test]
+async fn purged_keys_can_be_used_again() {
+    let clock = manual_clock();
+    let mut settings = quiet_settings();
+    settings.retention = Duration::from_secs(86_400);
+    let app = spawn_with(TestOptions {
+        clock: clock.clone(),
+        settings: settings.clone(),
+        ..TestOptions::default()
+    })
+    .await;
+    let first = app.post("DAILY", &sms("+14155550100", "day one")).await;
+    assert_eq!(first.status, 201);
+    let purger = sendonce::delivery::Purger::new(
+        app.handle.store.clone(),
+        clock.clone(),
+        settings.retention,
+        Duration::from_secs(3600),
+    );
+    clock.advance(Duration::from_secs(86_399));
+    assert_eq!(purger.purge_now().await.unwrap(), 0, "inside retention");
+    assert_eq!(
+        app.post("DAILY", &sms("+14155550100", "day two"))
+            .await
+            .status,
+        422
+    );
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(purger.purge_now().await.unwrap(), 1);
+    assert_eq!(app.get("/messages/DAILY").await.status, 404);
+    let second = app.post("DAILY", &sms("+14155550100", "day two")).await;
+    assert_eq!(second.status, 201);
+    assert_ne!(second.json()["id"], first.json()["id"]);
+}

@@ -1,0 +1,323 @@
+//! Test harness: a fresh Postgres database per test, instances bound to port
+//! 0, the mock provider as the only fake, and helpers that wait on conditions
+//! with a deadline instead of sleeping.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use sendonce::app::{App, Handle};
+use sendonce::clock::Clock;
+use sendonce::config::Settings;
+use sendonce::mock_provider::MockProvider;
+use sendonce::provider::{HttpProvider, Provider};
+use sendonce::store::postgres::PoolSettings;
+use sendonce::store::{PgStore, Store};
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// The server that hosts test databases: `TEST_DATABASE_URL`, else the local
+/// Postgres the README's test command finds or starts.
+pub fn admin_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// Creates an empty database with the schema applied; returns its URL.
+pub async fn fresh_database() -> String {
+    let admin = admin_url();
+    let mut conn = PgConnection::connect(&admin)
+        .await
+        .expect("connect to the test Postgres (set TEST_DATABASE_URL)");
+    let name = format!("sendonce_t_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("create test database");
+    let mut url = reqwest::Url::parse(&admin).expect("admin URL");
+    url.set_path(&name);
+    let url = url.to_string();
+    let store = store_for(&url);
+    store.migrate().await.expect("migrate");
+    url
+}
+
+pub fn store_for(url: &str) -> PgStore {
+    PgStore::connect_lazy(
+        url,
+        &PoolSettings {
+            max_connections: 4,
+            acquire_timeout: Duration::from_secs(2),
+        },
+    )
+    .expect("store")
+}
+
+/// Settings for tests: fast retries and scans, short provider timeouts.
+pub fn test_settings() -> Settings {
+    let mut s = Settings::default();
+    s.delivery.retry.base = Duration::from_millis(10);
+    s.delivery.retry.cap = Duration::from_millis(50);
+    s.delivery.retry.max_attempts = 5;
+    s.delivery.provider_timeout = Duration::from_secs(2);
+    s.delivery.lease = Duration::from_secs(10);
+    s.poll_interval = Duration::from_millis(50);
+    s.shutdown_grace = Duration::from_secs(2);
+    s
+}
+
+pub struct TestOptions {
+    pub settings: Settings,
+    pub clock: Clock,
+    /// Share a database with other instances.
+    pub database: Option<String>,
+    /// Use this mock (shared with other instances) instead of a new one.
+    pub mock: Option<(MockProvider, String)>,
+    pub provider_timeout: Duration,
+    /// Act as this existing tenant instead of creating a new one.
+    pub api_key: Option<String>,
+}
+
+impl Default for TestOptions {
+    fn default() -> Self {
+        Self {
+            settings: test_settings(),
+            clock: Clock::system(),
+            database: None,
+            mock: None,
+            provider_timeout: Duration::from_secs(2),
+            api_key: None,
+        }
+    }
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub api_key: String,
+    pub database: String,
+    pub pool: PgPool,
+    pub handle: Handle,
+    pub mock: MockProvider,
+    pub mock_url: String,
+    pub clock: Clock,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_with(TestOptions::default()).await
+}
+
+pub async fn spawn_with(opts: TestOptions) -> TestApp {
+    sendonce::install_crypto_provider();
+    if std::env::var("TEST_LOG").is_ok() {
+        sendonce::telemetry::init(sendonce::config::LogFormat::Text);
+    }
+    let database = match opts.database {
+        Some(d) => d,
+        None => fresh_database().await,
+    };
+    let (mock, mock_url) = match opts.mock {
+        Some(m) => m,
+        None => {
+            let (mock, url, _) = MockProvider::start().await.expect("mock provider");
+            (mock, url)
+        }
+    };
+    let store = store_for(&database);
+    let pool = store.pool().clone();
+    let store: Arc<dyn Store> = Arc::new(store);
+    let provider: Arc<dyn Provider> = Arc::new(
+        HttpProvider::new(
+            &mock_url,
+            Some("provider-token".into()),
+            opts.provider_timeout,
+            Duration::from_secs(1),
+        )
+        .expect("provider"),
+    );
+    let api_key = match opts.api_key {
+        Some(k) => k,
+        None => {
+            let key = sendonce::apikey::generate();
+            store
+                .create_tenant(&format!("t-{}", uuid::Uuid::new_v4().simple()), &key.stored)
+                .await
+                .expect("tenant");
+            key.secret
+        }
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let app =
+        App::build(opts.settings, store, provider, opts.clock.clone(), listener).expect("app");
+    let handle = app.handle().expect("handle");
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        app.run(async {
+            let _ = rx.await;
+        })
+        .await
+        .expect("app run");
+    });
+    TestApp {
+        base: format!("http://{}", handle.addr),
+        client: reqwest::Client::new(),
+        api_key,
+        database,
+        pool,
+        handle,
+        mock,
+        mock_url,
+        clock: opts.clock,
+        shutdown: Some(tx),
+        task: Some(task),
+    }
+}
+
+/// A request body for `to` with `body`.
+pub fn sms(to: &str, body: &str) -> serde_json::Value {
+    serde_json::json!({ "to": to, "body": body })
+}
+
+pub struct Answer {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub bytes: Vec<u8>,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.bytes).expect("JSON body")
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The problem slug of an error answer, after checking its media type.
+    pub fn slug(&self) -> String {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "status {}",
+            self.status
+        );
+        let body = self.json();
+        assert_eq!(body["status"].as_u64(), Some(u64::from(self.status)));
+        assert!(body["title"].is_string() && body["detail"].is_string());
+        body["type"]
+            .as_str()
+            .and_then(|t| t.strip_prefix("urn:sendonce:problem:"))
+            .expect("problem type")
+            .to_string()
+    }
+}
+
+impl TestApp {
+    pub async fn post_with(
+        &self,
+        key: Option<&str>,
+        body: &serde_json::Value,
+        extra: &[(&str, &str)],
+    ) -> Answer {
+        let mut req = self
+            .client
+            .post(format!("{}/messages", self.base))
+            .bearer_auth(&self.api_key)
+            .json(body);
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
+        for (name, value) in extra {
+            req = req.header(*name, *value);
+        }
+        answer(req.send().await.expect("POST /messages")).await
+    }
+
+    pub async fn post(&self, key: &str, body: &serde_json::Value) -> Answer {
+        self.post_with(Some(key), body, &[]).await
+    }
+
+    pub async fn get(&self, path: &str) -> Answer {
+        let req = self
+            .client
+            .get(format!("{}{}", self.base, path))
+            .bearer_auth(&self.api_key);
+        answer(req.send().await.expect("GET")).await
+    }
+
+    /// Raw request builder for odd requests.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, format!("{}{}", self.base, path))
+    }
+
+    /// Rows in `messages`.
+    pub async fn message_count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM messages")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count")
+    }
+
+    /// Waits until GET shows the message in `status`.
+    pub async fn wait_for_status(&self, key: &str, status: &str) -> serde_json::Value {
+        let path = format!("/messages/{key}");
+        eventually(&format!("{key} to be {status}"), || async {
+            let a = self.get(&path).await;
+            (a.status == 200 && a.json()["status"] == status).then(|| a.json())
+        })
+        .await
+    }
+
+    /// Stops the instance gracefully and waits for it.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("app task");
+        }
+    }
+
+    /// Stops every task of the instance at once, releasing nothing, as a
+    /// crash would (the process's database connections stay as they were).
+    pub async fn crash(&mut self) {
+        self.handle.deliverer.halt().await;
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        self.shutdown.take();
+    }
+}
+
+pub async fn answer(resp: reqwest::Response) -> Answer {
+    Answer {
+        status: resp.status().as_u16(),
+        headers: resp.headers().clone(),
+        bytes: resp.bytes().await.expect("body").to_vec(),
+    }
+}
+
+/// Polls `check` until it yields a value, failing after 10 seconds.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -41,6 +41,7 @@ impl HttpProvider {
         if !matches!(url.scheme(), "http" | "https") {
             return Err("the provider URL must be http or https".into());
         }
+        crate::install_crypto_provider();
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(connect_timeout)

@@ -71,6 +71,8 @@ fn map_err(e: sqlx::Error) -> StoreError {
         | sqlx::Error::PoolClosed
         | sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
+        // A connection cut mid-conversation surfaces as a protocol error.
+        | sqlx::Error::Protocol(_)
         | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e.to_string()),
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();

@@ -45,11 +45,15 @@ pub async fn fresh_database() -> String {
 }
 
 pub fn store_for(url: &str) -> PgStore {
+    store_with_timeout(url, Duration::from_secs(2))
+}
+
+pub fn store_with_timeout(url: &str, acquire_timeout: Duration) -> PgStore {
     PgStore::connect_lazy(
         url,
         &PoolSettings {
             max_connections: 4,
-            acquire_timeout: Duration::from_secs(2),
+            acquire_timeout,
         },
     )
     .expect("store")
@@ -78,6 +82,7 @@ pub struct TestOptions {
     pub provider_timeout: Duration,
     /// Act as this existing tenant instead of creating a new one.
     pub api_key: Option<String>,
+    pub db_acquire_timeout: Option<Duration>,
 }
 
 impl Default for TestOptions {
@@ -89,6 +94,7 @@ impl Default for TestOptions {
             mock: None,
             provider_timeout: Duration::from_secs(2),
             api_key: None,
+            db_acquire_timeout: None,
         }
     }
 }
@@ -127,7 +133,10 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
             (mock, url)
         }
     };
-    let store = store_for(&database);
+    let store = store_with_timeout(
+        &database,
+        opts.db_acquire_timeout.unwrap_or(Duration::from_secs(2)),
+    );
     let pool = store.pool().clone();
     let store: Arc<dyn Store> = Arc::new(store);
     let provider: Arc<dyn Provider> = Arc::new(

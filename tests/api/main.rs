@@ -5,3 +5,5 @@ mod contract;
 mod delivery;
 mod durability;
 mod helpers;
+mod outage;
+mod process;

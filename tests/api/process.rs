@@ -1,0 +1,250 @@
+//! The binary as operators run it: configuration errors, the tenant command,
+//! the first-run key, and SIGTERM with sends in flight.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use sendonce::mock_provider::{Behaviour, MockProvider};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::helpers::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sendonce");
+
+fn sendonce(database: &str) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", database)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn free_port() -> u16 {
+    sendonce::install_crypto_provider();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn invalid_configuration_fails_with_one_line() {
+    let out = sendonce("postgres://x@127.0.0.1:1/db")
+        .env("SENDONCE_LISTEN", "not-an-address")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("SENDONCE_LISTEN"), "{stderr}");
+    assert!(!stderr.contains("panicked"));
+
+    // An unreachable database is a one-line reason too, without the password.
+    let out = sendonce("postgres://x:hunter2@127.0.0.1:1/db")
+        .arg("migrate")
+        .env("SENDONCE_DB_ACQUIRE_TIMEOUT_MS", "500")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("cannot reach the database"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+#[tokio::test]
+async fn tenant_create_prints_only_the_key_and_it_works() {
+    let database = fresh_database().await;
+    let out = sendonce(&database)
+        .args(["tenant", "create", "acme"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let key = lines[0];
+    assert!(key.starts_with("so_") && key.len() >= 3 + 22, "{key}");
+    // Stored only as a hash.
+    let store = store_for(&database);
+    let raw: i64 = sqlx::query_scalar("SELECT count(*) FROM api_keys WHERE key_prefix = $1 AND key_hash <> convert_to($2, 'UTF8')")
+        .bind(&key[..9])
+        .bind(key)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(raw, 1);
+    let dup = sendonce(&database)
+        .args(["tenant", "create", "acme"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!dup.status.success());
+    assert!(String::from_utf8_lossy(&dup.stderr).contains("already exists"));
+
+    // The key authenticates against a running instance.
+    let app = spawn_with(TestOptions {
+        database: Some(database.clone()),
+        api_key: Some(key.to_string()),
+        ..TestOptions::default()
+    })
+    .await;
+    assert_eq!(
+        app.post("CLI-KEY", &sms("+14155550100", "hi")).await.status,
+        201
+    );
+}
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+async fn start_server(database: &str, mock_url: &str, extra: &[(&str, &str)]) -> (Server, String) {
+    let port = free_port().await;
+    let mut cmd = sendonce(database);
+    cmd.env("SENDONCE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("SENDONCE_PROVIDER", "http")
+        .env("SENDONCE_HTTP_PROVIDER_URL", mock_url)
+        .env("SENDONCE_PROVIDER_TIMEOUT_MS", "5000")
+        .env("SENDONCE_LEASE_SECS", "30");
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    eventually("the server to answer /healthz", || async {
+        client
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status() == 200)
+            .map(|_| ())
+    })
+    .await;
+    // On an empty store, the first line on stdout is the bootstrap key.
+    let first_line = tokio::time::timeout(Duration::from_millis(200), stdout.next_line())
+        .await
+        .ok()
+        .and_then(|l| l.ok().flatten())
+        .unwrap_or_default();
+    (Server { child, base }, first_line)
+}
+
+#[tokio::test]
+async fn a_first_run_prints_a_usable_key_once() {
+    let database = fresh_database().await;
+    let (_mock, mock_url, _) = MockProvider::start().await.unwrap();
+    let (mut server, line) = start_server(&database, &mock_url, &[]).await;
+    let key = line.rsplit(' ').next().unwrap_or_default().to_string();
+    assert!(
+        line.contains("default") && key.starts_with("so_"),
+        "{line:?}"
+    );
+    let a = answer(
+        reqwest::Client::new()
+            .post(format!("{}/messages", server.base))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", "FIRST-RUN")
+            .json(&sms("+14155550100", "hi"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 201);
+    server.child.kill().await.unwrap();
+    // A second start finds the tenant and prints nothing.
+    let (mut again, line) = start_server(&database, &mock_url, &[]).await;
+    assert_eq!(line, "");
+    again.child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_with_sends_in_flight_exits_0_and_strands_nothing() {
+    let database = fresh_database().await;
+    let (mock, mock_url, _) = MockProvider::start().await.unwrap();
+    let key = "so_sigterm-test-key-aaaaaaaaaaaaaaaaaa";
+    let (mut server, _) = start_server(
+        &database,
+        &mock_url,
+        &[
+            ("SENDONCE_BOOTSTRAP_API_KEY", key),
+            ("SENDONCE_SHUTDOWN_GRACE_SECS", "1"),
+        ],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let post = |k: String, prefer: &'static str| {
+        client
+            .post(format!("{}/messages", server.base))
+            .bearer_auth(key)
+            .header("Idempotency-Key", k)
+            .header("Prefer", prefer)
+            .json(&sms("+14155550100", "hi"))
+            .send()
+    };
+    assert_eq!(post("DONE".into(), "wait=10").await.unwrap().status(), 201);
+    mock.push((0..5).map(|_| Behaviour::Hang));
+    for i in 0..5 {
+        let r = post(format!("INFLIGHT-{i}"), "respond-async")
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    eventually("five calls in flight", || async {
+        (mock.call_count() == 6).then_some(())
+    })
+    .await;
+
+    let pid = server.child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), server.child.wait())
+        .await
+        .expect("the server exits within its grace period")
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+
+    let store = store_for(&database);
+    let stranded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM messages WHERE status = 'processing' \
+         AND NOT (next_attempt_at IS NOT NULL AND lease_token IS NULL)",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        stranded, 0,
+        "every unfinished message is due for any instance"
+    );
+    let waiting: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM messages WHERE status = 'processing'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(waiting, 5);
+    let done: String =
+        sqlx::query_scalar("SELECT status FROM messages WHERE idempotency_key = 'DONE'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(done, "sent");
+}

@@ -1,0 +1,28 @@
+//! `mock-provider`: the scriptable stand-in SMS provider as a process, for
+//! demos (docker-compose) and the chaos run. It speaks the `http` provider
+//! protocol on `POST /messages`, de-duplicates on `Idempotency-Key`, and
+//! reports deliveries per key on `GET /stats`.
+//!
+//! `MOCK_LISTEN` (default 127.0.0.1:9090) sets the address.
+
+use sendonce::mock_provider::MockProvider;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    sendonce::telemetry::init(sendonce::config::LogFormat::Text);
+    let listen = std::env::var("MOCK_LISTEN").unwrap_or_else(|_| "127.0.0.1:9090".into());
+    let listener = match tokio::net::TcpListener::bind(&listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("mock-provider: cannot listen on {listen}: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(%listen, "mock provider listening");
+    let task = MockProvider::default().serve(listener);
+    tokio::select! {
+        _ = task => {}
+        () = sendonce::shutdown::signal() => {}
+    }
+    std::process::ExitCode::SUCCESS
+}

@@ -5,7 +5,12 @@
 //! it already accepted is answered with the same id and not delivered again.
 //! It counts calls per key and deliveries (distinct keys accepted), so a test
 //! can assert "one message on the phone". Behaviours can be queued: each call
-//! takes the next one, and accepts once the queue is empty.
+//! takes the next one; once the queue is empty, each call draws one at
+//! random from the configured [`Faults`] (none by default: accept).
+//!
+//! It serves HTTP/1.1 connection by connection (hyper directly rather than
+//! `axum::serve`) so that it can drop a connection after accepting a message
+//! and before answering: the most dangerous thing a provider can do.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -41,6 +46,112 @@ pub enum Behaviour {
     Hang,
     /// Wait, then accept.
     Delay(Duration),
+    /// Deliver, then close the connection without answering.
+    AcceptThenDrop,
+}
+
+/// Random misbehaviour for calls that have no queued behaviour. Rates are
+/// probabilities in [0, 1], drawn in this order for each call.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Latency added to every answer, drawn uniformly from this range.
+    pub latency: (Duration, Duration),
+    /// 500 without delivering.
+    pub error_500: f64,
+    /// 429 with `Retry-After: retry_after_secs`.
+    pub rate_limited: f64,
+    pub retry_after_secs: u64,
+    /// Never answer.
+    pub hang: f64,
+    /// Deliver, then drop the connection.
+    pub accept_then_drop: f64,
+    /// Deliver, then answer 500.
+    pub accept_then_500: f64,
+}
+
+impl Faults {
+    /// Reads `MOCK_LATENCY_MS` (`min-max` or `n`), `MOCK_FAIL_500`,
+    /// `MOCK_RATE_LIMIT`, `MOCK_RETRY_AFTER_SECS`, `MOCK_HANG`,
+    /// `MOCK_ACCEPT_THEN_DROP`, `MOCK_ACCEPT_THEN_500`.
+    pub fn from_env() -> Result<Faults, String> {
+        let rate = |name: &str| -> Result<f64, String> {
+            match std::env::var(name) {
+                Err(_) => Ok(0.0),
+                Ok(v) => match v.parse::<f64>() {
+                    Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+                    _ => Err(format!("{name} must be a probability between 0 and 1")),
+                },
+            }
+        };
+        let latency = match std::env::var("MOCK_LATENCY_MS") {
+            Err(_) => (Duration::ZERO, Duration::ZERO),
+            Ok(v) => {
+                let (lo, hi) = v.split_once('-').unwrap_or((&v, &v));
+                let ms = |s: &str| {
+                    s.trim()
+                        .parse::<u64>()
+                        .map(Duration::from_millis)
+                        .map_err(|_| {
+                            "MOCK_LATENCY_MS must be N or MIN-MAX milliseconds".to_string()
+                        })
+                };
+                let (lo, hi) = (ms(lo)?, ms(hi)?);
+                if hi < lo {
+                    return Err("MOCK_LATENCY_MS: MAX must not be below MIN".into());
+                }
+                (lo, hi)
+            }
+        };
+        Ok(Faults {
+            latency,
+            error_500: rate("MOCK_FAIL_500")?,
+            rate_limited: rate("MOCK_RATE_LIMIT")?,
+            retry_after_secs: std::env::var("MOCK_RETRY_AFTER_SECS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1),
+            hang: rate("MOCK_HANG")?,
+            accept_then_drop: rate("MOCK_ACCEPT_THEN_DROP")?,
+            accept_then_500: rate("MOCK_ACCEPT_THEN_500")?,
+        })
+    }
+
+    fn draw(&self) -> Behaviour {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        let mut roll = |p: f64| p > 0.0 && rng.random_bool(p.min(1.0));
+        if roll(self.error_500) {
+            Behaviour::Fail {
+                status: 500,
+                body: serde_json::json!({"message": "injected failure"}),
+                retry_after: None,
+            }
+        } else if roll(self.rate_limited) {
+            Behaviour::Fail {
+                status: 429,
+                body: serde_json::json!({"message": "injected rate limit"}),
+                retry_after: Some(self.retry_after_secs),
+            }
+        } else if roll(self.hang) {
+            Behaviour::Hang
+        } else if roll(self.accept_then_drop) {
+            Behaviour::AcceptThenDrop
+        } else if roll(self.accept_then_500) {
+            Behaviour::AcceptThenFail { status: 500 }
+        } else {
+            Behaviour::Accept
+        }
+    }
+
+    fn latency(&self) -> Duration {
+        use rand::Rng;
+        let (lo, hi) = self.latency;
+        if hi <= lo {
+            return lo;
+        }
+        let span = u64::try_from((hi - lo).as_micros()).unwrap_or(u64::MAX);
+        lo + Duration::from_micros(rand::rng().random_range(0..=span))
+    }
 }
 
 /// One recorded call.
@@ -53,6 +164,7 @@ pub struct Call {
 
 #[derive(Default)]
 struct Inner {
+    faults: Faults,
     script: VecDeque<Behaviour>,
     calls: Vec<Call>,
     /// Idempotency key -> the id it was accepted under.
@@ -76,14 +188,27 @@ pub struct Stats {
 }
 
 impl MockProvider {
-    /// Serves on `listener` until the returned task is dropped or aborted.
+    /// A mock that misbehaves at random as `faults` says.
+    pub fn with_faults(faults: Faults) -> Self {
+        let mock = MockProvider::default();
+        mock.lock().faults = faults;
+        mock
+    }
+
+    /// Serves on `listener` until the returned task is aborted.
     pub fn serve(&self, listener: TcpListener) -> tokio::task::JoinHandle<()> {
         let app = Router::new()
             .route("/messages", post(send))
             .route("/stats", get(stats))
             .with_state(self.clone());
         tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let app = app.clone();
+                tokio::spawn(serve_connection(stream, app));
+            }
         })
     }
 
@@ -143,6 +268,30 @@ impl MockProvider {
     }
 }
 
+/// A handler's way to close its own connection without answering.
+#[derive(Clone)]
+struct DropSwitch(Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>);
+
+async fn serve_connection(stream: tokio::net::TcpStream, app: Router) {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    use tower::ServiceExt;
+
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let switch = DropSwitch(Arc::new(Mutex::new(Some(tx))));
+    let service = tower::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(switch.clone());
+        app.clone().oneshot(req.map(axum::body::Body::new))
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+    tokio::select! {
+        _ = conn => {}
+        // Dropping the connection future closes the socket mid-request.
+        _ = rx => {}
+    }
+}
+
 fn accepted(id: String) -> Response {
     (
         StatusCode::OK,
@@ -152,12 +301,17 @@ fn accepted(id: String) -> Response {
         .into_response()
 }
 
-async fn send(State(mock): State<MockProvider>, headers: HeaderMap, body: Bytes) -> Response {
+async fn send(
+    State(mock): State<MockProvider>,
+    switch: Option<axum::Extension<DropSwitch>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let behaviour = {
+    let (behaviour, latency) = {
         let mut inner = mock.lock();
         inner.calls.push(Call {
             idempotency_key: key.clone(),
@@ -167,8 +321,15 @@ async fn send(State(mock): State<MockProvider>, headers: HeaderMap, body: Bytes)
                 .map(str::to_string),
             body: serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
         });
-        inner.script.pop_front().unwrap_or(Behaviour::Accept)
+        let behaviour = match inner.script.pop_front() {
+            Some(b) => b,
+            None => inner.faults.draw(),
+        };
+        (behaviour, inner.faults.latency())
     };
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
     match behaviour {
         Behaviour::Accept => accepted(mock.deliver(key.as_deref())),
         Behaviour::Fail {
@@ -203,6 +364,15 @@ async fn send(State(mock): State<MockProvider>, headers: HeaderMap, body: Bytes)
         Behaviour::Delay(d) => {
             tokio::time::sleep(d).await;
             accepted(mock.deliver(key.as_deref()))
+        }
+        Behaviour::AcceptThenDrop => {
+            mock.deliver(key.as_deref());
+            if let Some(axum::Extension(DropSwitch(switch))) = switch
+                && let Some(tx) = switch.lock().unwrap_or_else(PoisonError::into_inner).take()
+            {
+                let _ = tx.send(());
+            }
+            std::future::pending().await
         }
     }
 }

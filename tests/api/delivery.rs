@@ -318,3 +318,22 @@ async fn provider_calls_are_capped_per_instance() {
     }
     assert_eq!(app.mock.call_count(), 5);
 }
+
+#[tokio::test]
+async fn accept_then_drop_is_ambiguous_and_the_resend_does_not_send_twice() {
+    let app = spawn_app().await;
+    app.mock.push([Behaviour::AcceptThenDrop]);
+    let m = app.post("DROPPED", &sms("+14155550100", "hi")).await.json();
+    assert_eq!(m["status"], "sent");
+    assert_eq!(m["attempts"], 2);
+    let id = m["id"].as_str().unwrap();
+    assert_eq!(app.mock.call_count(), 2);
+    assert_eq!(
+        app.mock.deliveries_for(id),
+        1,
+        "the provider de-duplicated the resend"
+    );
+    let attempts = app.get("/messages/DROPPED/attempts").await.json();
+    assert_eq!(attempts["data"][0]["outcome"], "ambiguous");
+    assert_eq!(attempts["data"][1]["provider_message_id"], "prov_1");
+}

@@ -185,6 +185,8 @@ pub struct Stats {
     pub deliveries: u32,
     pub keys_delivered: usize,
     pub max_deliveries_per_key: u32,
+    /// Keys delivered more than once: SMS a phone got twice.
+    pub duplicate_keys: usize,
 }
 
 impl MockProvider {
@@ -250,6 +252,7 @@ impl MockProvider {
             deliveries: inner.deliveries.values().sum(),
             keys_delivered: inner.deliveries.len(),
             max_deliveries_per_key: inner.deliveries.values().copied().max().unwrap_or(0),
+            duplicate_keys: inner.deliveries.values().filter(|n| **n > 1).count(),
         }
     }
 

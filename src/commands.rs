@@ -6,25 +6,38 @@ use tokio::net::TcpListener;
 
 use crate::app::App;
 use crate::clock::Clock;
-use crate::config::{Config, KeyCommand, ProviderConfig, TenantCommand, redact_url};
+use crate::config::{Backend, Config, KeyCommand, ProviderConfig, TenantCommand, redact_url};
 use crate::provider::{HttpProvider, Provider, SimulatedProvider};
 use crate::store::postgres::PoolSettings;
-use crate::store::{PgStore, Store, StoreError};
+use crate::store::{PgStore, SqliteStore, Store, StoreError};
 use crate::{apikey, shutdown};
 
 /// A failure to report as one line.
 pub type CommandError = String;
 
-fn store(config: &Config) -> Result<Arc<dyn Store>, CommandError> {
-    let store = PgStore::connect_lazy(
-        &config.database_url,
-        &PoolSettings {
-            max_connections: config.db_max_connections,
-            acquire_timeout: config.db_acquire_timeout,
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    Ok(Arc::new(store))
+/// The store `DATABASE_URL` names.
+pub fn store(config: &Config) -> Result<Arc<dyn Store>, CommandError> {
+    Ok(match Backend::of(&config.database_url) {
+        Some(Backend::Postgres) => Arc::new(
+            PgStore::connect_lazy(
+                &config.database_url,
+                &PoolSettings {
+                    max_connections: config.db_max_connections,
+                    acquire_timeout: config.db_acquire_timeout,
+                },
+            )
+            .map_err(|e| e.to_string())?,
+        ),
+        Some(Backend::Sqlite) => Arc::new(
+            SqliteStore::connect_lazy(
+                &config.database_url,
+                config.db_max_connections,
+                config.db_acquire_timeout,
+            )
+            .map_err(|e| e.to_string())?,
+        ),
+        None => return Err("DATABASE_URL must be a postgres:// or sqlite:// URL".into()),
+    })
 }
 
 async fn migrated_store(config: &Config) -> Result<Arc<dyn Store>, CommandError> {

@@ -73,7 +73,8 @@ pub enum LogFormat {
 
 #[derive(Clone, Debug, Args)]
 pub struct ConfigArgs {
-    /// Postgres URL, e.g. postgres://user@localhost/sendonce.
+    /// postgres://user:password@host/db, or sqlite://path (default: sqlite://sendonce.db,
+    /// created if missing, in the working directory).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
     /// Address to listen on.
@@ -254,6 +255,28 @@ pub struct ConfigArgs {
     pub log_format: LogFormat,
 }
 
+/// Where messages are kept when `DATABASE_URL` is not set.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://sendonce.db";
+
+/// Which database a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    pub fn of(url: &str) -> Option<Backend> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Backend::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Some(Backend::Sqlite)
+        } else {
+            None
+        }
+    }
+}
+
 /// Validated configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -316,9 +339,9 @@ impl ConfigArgs {
             .database_url
             .clone()
             .filter(|u| !u.trim().is_empty())
-            .ok_or("DATABASE_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/sendonce)")?;
-        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
-            return Err("DATABASE_URL must be a postgres:// URL".into());
+            .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_string());
+        if Backend::of(&database_url).is_none() {
+            return Err("DATABASE_URL must be a postgres:// or sqlite:// URL".into());
         }
         let listen: SocketAddr = self.listen.parse().map_err(|_| {
             "SENDONCE_LISTEN is not a socket address like 127.0.0.1:8080".to_string()
@@ -455,6 +478,20 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_database_is_an_sqlite_file() {
+        let c = Cli::try_parse_from(["sendonce"]).unwrap().config;
+        let c = ConfigArgs {
+            database_url: None,
+            ..c
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(c.database_url, "sqlite://sendonce.db");
+        assert_eq!(Backend::of(&c.database_url), Some(Backend::Sqlite));
+        assert_eq!(Backend::of("mysql://x"), None);
+    }
 
     fn args(extra: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["sendonce", "--database-url", "postgres://u:secret@h/db"];

@@ -14,8 +14,10 @@ use uuid::Uuid;
 use crate::domain::{Encoding, MessageError, MessageId, MessageOut, Status};
 
 pub mod postgres;
+pub mod sqlite;
 
 pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
 
 /// What went wrong talking to the database.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +119,40 @@ pub struct MessageRecord {
 }
 
 impl MessageRecord {
+    /// The row `insert_message` just created: `processing`, attempt 1
+    /// started, the lease held.
+    pub fn claimed(m: &NewMessage, lease: &Lease) -> Self {
+        MessageRecord {
+            id: m.id,
+            tenant_id: m.tenant_id,
+            idempotency_key: m.idempotency_key.clone(),
+            fingerprint: m.fingerprint.clone(),
+            status: Status::Processing,
+            to: m.to.clone(),
+            from: m.from.clone(),
+            body: m.body.clone(),
+            segments: m.segments,
+            encoding: m.encoding,
+            metadata: m.metadata.clone(),
+            validity_seconds: m.validity_seconds,
+            provider: m.provider.clone(),
+            provider_message_id: None,
+            attempts: 1,
+            maybe_sent: false,
+            error: None,
+            response: None,
+            lease: Some(lease.clone()),
+            next_attempt_at: None,
+            created_at: m.created_at,
+            updated_at: m.created_at,
+            sent_at: None,
+            expires_at: m.expires_at,
+            deadline_at: m.deadline_at,
+            last_attempt_open: true,
+            last_attempt_started_at: Some(m.created_at),
+        }
+    }
+
     /// The resource as the API shows it now.
     pub fn to_out(&self) -> MessageOut {
         MessageOut {

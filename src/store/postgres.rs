@@ -376,35 +376,7 @@ impl Store for PgStore {
             .await
             .map_err(map_err)?;
             if inserted.is_some() {
-                return Ok(Claim::Created(Box::new(MessageRecord {
-                    id: m.id,
-                    tenant_id: m.tenant_id,
-                    idempotency_key: m.idempotency_key.clone(),
-                    fingerprint: m.fingerprint.clone(),
-                    status: Status::Processing,
-                    to: m.to.clone(),
-                    from: m.from.clone(),
-                    body: m.body.clone(),
-                    segments: m.segments,
-                    encoding: m.encoding,
-                    metadata: m.metadata.clone(),
-                    validity_seconds: m.validity_seconds,
-                    provider: m.provider.clone(),
-                    provider_message_id: None,
-                    attempts: 1,
-                    maybe_sent: false,
-                    error: None,
-                    response: None,
-                    lease: Some(lease.clone()),
-                    next_attempt_at: None,
-                    created_at: m.created_at,
-                    updated_at: m.created_at,
-                    sent_at: None,
-                    expires_at: m.expires_at,
-                    deadline_at: m.deadline_at,
-                    last_attempt_open: true,
-                    last_attempt_started_at: Some(m.created_at),
-                })));
+                return Ok(Claim::Created(Box::new(MessageRecord::claimed(m, lease))));
             }
             if let Some(state) = self.key_state(m.tenant_id, &m.idempotency_key).await? {
                 return Ok(Claim::Existing(state));

@@ -7,9 +7,8 @@ use tokio::sync::Notify;
 
 use crate::helpers::*;
 
-#[tokio::test]
-async fn first_post_sends_and_answers_201_with_the_message() {
-    let app = spawn_app().await;
+async fn first_post_sends_and_answers_201_with_the_message(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let body = json!({
         "to": "+14155550100",
         "body": "Your order 92831 is confirmed",
@@ -59,9 +58,8 @@ async fn first_post_sends_and_answers_201_with_the_message() {
     );
 }
 
-#[tokio::test]
-async fn replay_is_byte_for_byte_and_never_calls_the_provider() {
-    let app = spawn_app().await;
+async fn replay_is_byte_for_byte_and_never_calls_the_provider(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let body = sms("+14155550100", "Your code is 123456");
     let first = app.post("OTP-1", &body).await;
     assert_eq!(first.status, 201);
@@ -83,9 +81,8 @@ async fn replay_is_byte_for_byte_and_never_calls_the_provider() {
     assert_eq!(app.message_count().await, 1);
 }
 
-#[tokio::test]
-async fn same_key_with_another_request_is_422_and_sends_nothing() {
-    let app = spawn_app().await;
+async fn same_key_with_another_request_is_422_and_sends_nothing(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     assert_eq!(
         app.post("K", &sms("+14155550100", "hello")).await.status,
         201
@@ -100,9 +97,8 @@ async fn same_key_with_another_request_is_422_and_sends_nothing() {
     assert_eq!(m["to"], "+14155550100");
 }
 
-#[tokio::test]
-async fn same_key_with_another_request_is_422_while_the_first_still_runs() {
-    let app = spawn_app().await;
+async fn same_key_with_another_request_is_422_while_the_first_still_runs(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let gate = Arc::new(Notify::new());
     app.mock.push([Behaviour::Gate(gate.clone())]);
     let first = app
@@ -120,9 +116,8 @@ async fn same_key_with_another_request_is_422_while_the_first_still_runs() {
     assert_eq!(app.mock.call_count(), 1);
 }
 
-#[tokio::test]
-async fn authentication_is_required() {
-    let app = spawn_app().await;
+async fn authentication_is_required(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let body = sms("+14155550100", "hi");
     let none = app
         .request(reqwest::Method::POST, "/messages")
@@ -159,9 +154,8 @@ async fn authentication_is_required() {
     assert_eq!(app.mock.call_count(), 0);
 }
 
-#[tokio::test]
-async fn idempotency_key_is_required_and_checked() {
-    let app = spawn_app().await;
+async fn idempotency_key_is_required_and_checked(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let body = sms("+14155550100", "hi");
     let missing = app.post_with(None, &body, &[]).await;
     assert_eq!(missing.status, 400);
@@ -176,9 +170,8 @@ async fn idempotency_key_is_required_and_checked() {
     assert_eq!(app.message_count().await, 1);
 }
 
-#[tokio::test]
-async fn bad_bodies_are_rejected_and_store_nothing() {
-    let app = spawn_app().await;
+async fn bad_bodies_are_rejected_and_store_nothing(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let cases = [
         (json!({"body": "hi"}), vec!["to"]),
         (json!({"to": "+14155550100"}), vec!["body"]),
@@ -259,9 +252,8 @@ async fn bad_bodies_are_rejected_and_store_nothing() {
     assert_eq!(app.mock.call_count(), 0);
 }
 
-#[tokio::test]
-async fn get_by_key_is_tenant_scoped_and_percent_decoded() {
-    let app = spawn_app().await;
+async fn get_by_key_is_tenant_scoped_and_percent_decoded(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let key = "ORDER/92831 CONFIRMATION";
     // Spaces are not allowed in keys; slashes and other visible ASCII are.
     assert_eq!(app.post(key, &sms("+14155550100", "hi")).await.status, 400);
@@ -282,6 +274,7 @@ async fn get_by_key_is_tenant_scoped_and_percent_decoded() {
     // Another tenant on the same database cannot see it, and may use the
     // same key for its own message.
     let other = spawn_with(TestOptions {
+        backend,
         database: Some(app.database.clone()),
         mock: Some((app.mock.clone(), app.mock_url.clone())),
         ..TestOptions::default()
@@ -299,9 +292,8 @@ async fn get_by_key_is_tenant_scoped_and_percent_decoded() {
     assert_eq!(app.mock.call_count(), 2);
 }
 
-#[tokio::test]
-async fn respond_async_answers_202_then_the_message_completes() {
-    let app = spawn_app().await;
+async fn respond_async_answers_202_then_the_message_completes(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let gate = Arc::new(Notify::new());
     app.mock.push([Behaviour::Gate(gate.clone())]);
     let a = app
@@ -348,9 +340,8 @@ async fn respond_async_answers_202_then_the_message_completes() {
     assert_eq!(app.mock.call_count(), 1);
 }
 
-#[tokio::test]
-async fn a_waiting_duplicate_gets_the_result_when_it_arrives() {
-    let app = spawn_app().await;
+async fn a_waiting_duplicate_gets_the_result_when_it_arrives(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let gate = Arc::new(Notify::new());
     app.mock.push([Behaviour::Gate(gate.clone())]);
     let first = app
@@ -378,9 +369,8 @@ async fn a_waiting_duplicate_gets_the_result_when_it_arrives() {
     assert_eq!(dup.json()["status"], "sent");
 }
 
-#[tokio::test]
-async fn segments_and_encoding_are_computed() {
-    let app = spawn_app().await;
+async fn segments_and_encoding_are_computed(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let m = app
         .post("S1", &sms("+14155550100", &"a".repeat(161)))
         .await
@@ -399,9 +389,8 @@ async fn segments_and_encoding_are_computed() {
     );
 }
 
-#[tokio::test]
-async fn health_and_readiness() {
-    let app = spawn_app().await;
+async fn health_and_readiness(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let h = answer(
         app.request(reqwest::Method::GET, "/healthz")
             .send()
@@ -437,9 +426,8 @@ async fn health_and_readiness() {
     assert_eq!(wrong.slug(), "method-not-allowed");
 }
 
-#[tokio::test]
-async fn attempts_are_recorded_and_listed() {
-    let app = spawn_app().await;
+async fn attempts_are_recorded_and_listed(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     app.mock.push([Behaviour::Fail {
         status: 500,
         body: json!({}),
@@ -461,3 +449,19 @@ async fn attempts_are_recorded_and_listed() {
     assert!(list.iter().all(|x| x["finished_at"].is_string()));
     assert_eq!(app.get("/messages/NOPE/attempts").await.status, 404);
 }
+
+on_both_backends!(
+    first_post_sends_and_answers_201_with_the_message,
+    replay_is_byte_for_byte_and_never_calls_the_provider,
+    same_key_with_another_request_is_422_and_sends_nothing,
+    same_key_with_another_request_is_422_while_the_first_still_runs,
+    authentication_is_required,
+    idempotency_key_is_required_and_checked,
+    bad_bodies_are_rejected_and_store_nothing,
+    get_by_key_is_tenant_scoped_and_percent_decoded,
+    respond_async_answers_202_then_the_message_completes,
+    a_waiting_duplicate_gets_the_result_when_it_arrives,
+    segments_and_encoding_are_computed,
+    health_and_readiness,
+    attempts_are_recorded_and_listed,
+);

@@ -18,9 +18,8 @@ fn fail(status: u16) -> Behaviour {
     }
 }
 
-#[tokio::test]
-async fn a_hundred_concurrent_identical_posts_send_once() {
-    let app = spawn_app().await;
+async fn a_hundred_concurrent_identical_posts_send_once(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     // Hold the provider call so that every request arrives while it runs.
     let gate = Arc::new(Notify::new());
     app.mock.push([Behaviour::Gate(gate.clone())]);
@@ -92,9 +91,8 @@ pub async fn futures_join_all<F: std::future::Future>(
         .collect()
 }
 
-#[tokio::test]
-async fn a_client_that_disconnects_does_not_cancel_the_send() {
-    let app = spawn_app().await;
+async fn a_client_that_disconnects_does_not_cancel_the_send(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     let gate = Arc::new(Notify::new());
     app.mock.push([Behaviour::Gate(gate.clone())]);
     let impatient = reqwest::Client::builder()
@@ -126,9 +124,8 @@ async fn a_client_that_disconnects_does_not_cancel_the_send() {
     assert_eq!(retry.json()["status"], "sent");
 }
 
-#[tokio::test]
-async fn two_500s_then_success_is_one_message_with_three_attempts_under_one_key() {
-    let app = spawn_app().await;
+async fn two_500s_then_success_is_one_message_with_three_attempts_under_one_key(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     app.mock.push([fail(500), fail(500)]);
     let a = app.post("RETRY", &sms("+14155550100", "hi")).await;
     assert_eq!(a.status, 201);
@@ -146,9 +143,8 @@ async fn two_500s_then_success_is_one_message_with_three_attempts_under_one_key(
     assert_eq!(app.mock.deliveries_for(id), 1);
 }
 
-#[tokio::test]
-async fn a_permanent_rejection_fails_after_one_call() {
-    let app = spawn_app().await;
+async fn a_permanent_rejection_fails_after_one_call(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     app.mock.push([fail(400)]);
     let a = app.post("REJECT", &sms("+14155550100", "hi")).await;
     assert_eq!(a.status, 201);
@@ -166,9 +162,8 @@ async fn a_permanent_rejection_fails_after_one_call() {
     assert_eq!(app.mock.call_count(), 1);
 }
 
-#[tokio::test]
-async fn retryable_answers_are_retried_until_the_attempts_run_out() {
-    let app = spawn_app().await;
+async fn retryable_answers_are_retried_until_the_attempts_run_out(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     app.mock.push((0..5).map(|_| fail(429)));
     let m = app.post("BUSY", &sms("+14155550100", "hi")).await.json();
     assert_eq!(m["status"], "failed", "429 means the provider did not act");
@@ -177,9 +172,8 @@ async fn retryable_answers_are_retried_until_the_attempts_run_out() {
     assert_eq!(app.mock.call_count(), 5);
 }
 
-#[tokio::test]
-async fn ambiguous_answers_exhausting_the_attempts_end_unknown() {
-    let app = spawn_app().await;
+async fn ambiguous_answers_exhausting_the_attempts_end_unknown(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     app.mock
         .push((0..5).map(|_| Behaviour::AcceptThenFail { status: 502 }));
     let m = app.post("MAYBE", &sms("+14155550100", "hi")).await.json();
@@ -196,9 +190,9 @@ async fn ambiguous_answers_exhausting_the_attempts_end_unknown() {
     );
 }
 
-#[tokio::test]
-async fn a_provider_timeout_is_ambiguous_and_resent_under_the_same_key() {
+async fn a_provider_timeout_is_ambiguous_and_resent_under_the_same_key(backend: Backend) {
     let app = spawn_with(TestOptions {
+        backend,
         provider_timeout: Duration::from_millis(300),
         ..TestOptions::default()
     })
@@ -213,12 +207,12 @@ async fn a_provider_timeout_is_ambiguous_and_resent_under_the_same_key() {
     assert_eq!(attempts["data"][0]["outcome"], "ambiguous");
 }
 
-#[tokio::test]
-async fn retry_after_is_honoured_to_the_second() {
+async fn retry_after_is_honoured_to_the_second(backend: Backend) {
     let clock = Clock::manual(time::macros::datetime!(2026-11-29 12:00:00 UTC));
     let mut settings = test_settings();
     settings.poll_interval = Duration::from_secs(3600);
     let app = spawn_with(TestOptions {
+        backend,
         clock: clock.clone(),
         settings,
         ..TestOptions::default()
@@ -242,11 +236,11 @@ async fn retry_after_is_honoured_to_the_second() {
     assert_eq!(m["next_attempt_at"], "2026-11-29T12:02:00Z");
     assert_eq!(m["error"]["code"], "provider_unavailable");
     // No lease is held while the retry waits.
-    let leased: Option<String> = sqlx::query_scalar("SELECT lease_owner FROM messages")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
-    assert_eq!(leased, None);
+    let leased = app
+        .db
+        .count("SELECT count(*) FROM messages WHERE lease_owner IS NOT NULL")
+        .await;
+    assert_eq!(leased, 0);
 
     clock.advance(Duration::from_secs(119));
     assert_eq!(app.handle.scheduler.tick().await.unwrap(), 0, "not due yet");
@@ -259,12 +253,12 @@ async fn retry_after_is_honoured_to_the_second() {
     assert_eq!(app.mock.call_count(), 2);
 }
 
-#[tokio::test]
-async fn nothing_is_handed_to_the_provider_after_the_validity_period() {
+async fn nothing_is_handed_to_the_provider_after_the_validity_period(backend: Backend) {
     let clock = Clock::manual(time::macros::datetime!(2026-11-29 12:00:00 UTC));
     let mut settings = test_settings();
     settings.poll_interval = Duration::from_secs(3600);
     let app = spawn_with(TestOptions {
+        backend,
         clock: clock.clone(),
         settings,
         ..TestOptions::default()
@@ -282,11 +276,11 @@ async fn nothing_is_handed_to_the_provider_after_the_validity_period() {
     assert_eq!(app.mock.call_count(), 1);
 }
 
-#[tokio::test]
-async fn provider_calls_are_capped_per_instance() {
+async fn provider_calls_are_capped_per_instance(backend: Backend) {
     let mut settings = test_settings();
     settings.delivery.max_concurrent_sends = 2;
     let app = spawn_with(TestOptions {
+        backend,
         settings,
         ..TestOptions::default()
     })
@@ -319,9 +313,8 @@ async fn provider_calls_are_capped_per_instance() {
     assert_eq!(app.mock.call_count(), 5);
 }
 
-#[tokio::test]
-async fn accept_then_drop_is_ambiguous_and_the_resend_does_not_send_twice() {
-    let app = spawn_app().await;
+async fn accept_then_drop_is_ambiguous_and_the_resend_does_not_send_twice(backend: Backend) {
+    let app = spawn_app_on(backend).await;
     app.mock.push([Behaviour::AcceptThenDrop]);
     let m = app.post("DROPPED", &sms("+14155550100", "hi")).await.json();
     assert_eq!(m["status"], "sent");
@@ -337,3 +330,17 @@ async fn accept_then_drop_is_ambiguous_and_the_resend_does_not_send_twice() {
     assert_eq!(attempts["data"][0]["outcome"], "ambiguous");
     assert_eq!(attempts["data"][1]["provider_message_id"], "prov_1");
 }
+
+on_both_backends!(
+    a_hundred_concurrent_identical_posts_send_once,
+    a_client_that_disconnects_does_not_cancel_the_send,
+    two_500s_then_success_is_one_message_with_three_attempts_under_one_key,
+    a_permanent_rejection_fails_after_one_call,
+    retryable_answers_are_retried_until_the_attempts_run_out,
+    ambiguous_answers_exhausting_the_attempts_end_unknown,
+    a_provider_timeout_is_ambiguous_and_resent_under_the_same_key,
+    retry_after_is_honoured_to_the_second,
+    nothing_is_handed_to_the_provider_after_the_validity_period,
+    provider_calls_are_capped_per_instance,
+    accept_then_drop_is_ambiguous_and_the_resend_does_not_send_twice,
+);

@@ -35,9 +35,8 @@ fn quiet_settings() -> sendonce::config::Settings {
     s
 }
 
-#[tokio::test]
-async fn three_instances_two_hundred_posts_one_send() {
-    let a = spawn_app().await;
+async fn three_instances_two_hundred_posts_one_send(backend: Backend) {
+    let a = spawn_app_on(backend).await;
     let b = spawn_with(sibling(&a, test_settings())).await;
     let c = spawn_with(sibling(&a, test_settings())).await;
     let instances = [&a, &b, &c];
@@ -74,10 +73,10 @@ async fn three_instances_two_hundred_posts_one_send() {
     );
 }
 
-#[tokio::test]
-async fn a_crashed_instance_is_taken_over_and_the_message_sent_once() {
+async fn a_crashed_instance_is_taken_over_and_the_message_sent_once(backend: Backend) {
     let clock = manual_clock();
     let mut a = spawn_with(TestOptions {
+        backend,
         clock: clock.clone(),
         settings: quiet_settings(),
         ..TestOptions::default()
@@ -129,10 +128,10 @@ async fn a_crashed_instance_is_taken_over_and_the_message_sent_once() {
     );
 }
 
-#[tokio::test]
-async fn a_stale_owner_cannot_overwrite_the_new_owners_result() {
+async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) {
     let clock = manual_clock();
     let a = spawn_with(TestOptions {
+        backend,
         clock: clock.clone(),
         settings: quiet_settings(),
         ..TestOptions::default()
@@ -182,11 +181,11 @@ async fn a_stale_owner_cannot_overwrite_the_new_owners_result() {
     assert_eq!(replay.json()["status"], "failed");
 }
 
-#[tokio::test]
-async fn shutdown_releases_unfinished_sends_for_another_instance() {
+async fn shutdown_releases_unfinished_sends_for_another_instance(backend: Backend) {
     let mut settings = test_settings();
     settings.shutdown_grace = Duration::from_millis(200);
     let mut a = spawn_with(TestOptions {
+        backend,
         settings,
         ..TestOptions::default()
     })
@@ -210,17 +209,17 @@ async fn shutdown_releases_unfinished_sends_for_another_instance() {
     a.stop().await;
 
     // Nothing is left processing with a lease; every row is due now.
-    let rows: Vec<(Option<String>, Option<time::OffsetDateTime>)> = sqlx::query_as(
-        "SELECT lease_owner, next_attempt_at FROM messages WHERE status = 'processing'",
-    )
-    .fetch_all(&a.pool)
-    .await
-    .unwrap();
-    assert_eq!(rows.len(), 3);
-    assert!(
-        rows.iter()
-            .all(|(owner, due)| owner.is_none() && due.is_some())
-    );
+    let processing =
+        a.db.count("SELECT count(*) FROM messages WHERE status = 'processing'")
+            .await;
+    assert_eq!(processing, 3);
+    let released =
+        a.db.count(
+            "SELECT count(*) FROM messages WHERE status = 'processing' \
+             AND lease_owner IS NULL AND lease_token IS NULL AND next_attempt_at IS NOT NULL",
+        )
+        .await;
+    assert_eq!(released, 3);
 
     // Another instance resumes them at once, under the same keys.
     let b = spawn_with(sibling(&a, test_settings())).await;
@@ -232,12 +231,12 @@ async fn shutdown_releases_unfinished_sends_for_another_instance() {
     assert_eq!(stats.max_deliveries_per_key, 1);
 }
 
-#[tokio::test]
-async fn purged_keys_can_be_used_again() {
+async fn purged_keys_can_be_used_again(backend: Backend) {
     let clock = manual_clock();
     let mut settings = quiet_settings();
     settings.retention = Duration::from_secs(86_400);
     let app = spawn_with(TestOptions {
+        backend,
         clock: clock.clone(),
         settings: settings.clone(),
         ..TestOptions::default()
@@ -266,3 +265,11 @@ async fn purged_keys_can_be_used_again() {
     assert_eq!(second.status, 201);
     assert_ne!(second.json()["id"], first.json()["id"]);
 }
+
+on_both_backends!(
+    three_instances_two_hundred_posts_one_send,
+    a_crashed_instance_is_taken_over_and_the_message_sent_once,
+    a_stale_owner_cannot_overwrite_the_new_owners_result,
+    shutdown_releases_unfinished_sends_for_another_instance,
+    purged_keys_can_be_used_again,
+);

@@ -9,12 +9,13 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use sendonce::app::{App, Handle};
 use sendonce::clock::Clock;
+pub use sendonce::config::Backend;
 use sendonce::config::Settings;
 use sendonce::mock_provider::MockProvider;
 use sendonce::provider::{HttpProvider, Provider};
 use sendonce::store::postgres::PoolSettings;
-use sendonce::store::{PgStore, Store};
-use sqlx::{Connection, PgConnection, PgPool};
+use sendonce::store::{PgStore, SqliteStore, Store};
+use sqlx::{Connection, PgConnection, PgPool, SqlitePool};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -25,8 +26,24 @@ pub fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
 }
 
-/// Creates an empty database with the schema applied; returns its URL.
+/// Creates an empty Postgres database with the schema applied; returns its URL.
 pub async fn fresh_database() -> String {
+    fresh_database_on(Backend::Postgres).await
+}
+
+/// Creates an empty database of either kind, schema applied; returns its URL.
+pub async fn fresh_database_on(backend: Backend) -> String {
+    if backend == Backend::Sqlite {
+        let path =
+            std::env::temp_dir().join(format!("sendonce-t-{}.db", uuid::Uuid::new_v4().simple()));
+        let url = format!("sqlite://{}", path.display());
+        open_store(&url, Duration::from_secs(5))
+            .0
+            .migrate()
+            .await
+            .expect("migrate");
+        return url;
+    }
     let admin = admin_url();
     let mut conn = PgConnection::connect(&admin)
         .await
@@ -45,10 +62,10 @@ pub async fn fresh_database() -> String {
 }
 
 pub fn store_for(url: &str) -> PgStore {
-    store_with_timeout(url, Duration::from_secs(2))
+    pg_store(url, Duration::from_secs(2))
 }
 
-pub fn store_with_timeout(url: &str, acquire_timeout: Duration) -> PgStore {
+fn pg_store(url: &str, acquire_timeout: Duration) -> PgStore {
     PgStore::connect_lazy(
         url,
         &PoolSettings {
@@ -57,6 +74,39 @@ pub fn store_with_timeout(url: &str, acquire_timeout: Duration) -> PgStore {
         },
     )
     .expect("store")
+}
+
+/// A direct handle on a test database, for checks the API cannot make.
+#[derive(Clone)]
+pub enum Db {
+    Pg(PgPool),
+    Sqlite(SqlitePool),
+}
+
+impl Db {
+    /// Runs a query returning one integer (written in SQL both databases speak).
+    pub async fn count(&self, sql: &'static str) -> i64 {
+        match self {
+            Db::Pg(p) => sqlx::query_scalar(sql).fetch_one(p).await.expect(sql),
+            Db::Sqlite(p) => sqlx::query_scalar(sql).fetch_one(p).await.expect(sql),
+        }
+    }
+}
+
+/// Opens the store a URL names, with a direct handle on its database.
+pub fn open_store(url: &str, acquire_timeout: Duration) -> (Arc<dyn Store>, Db) {
+    match Backend::of(url) {
+        Some(Backend::Sqlite) => {
+            let s = SqliteStore::connect_lazy(url, 4, acquire_timeout).expect("store");
+            let db = Db::Sqlite(s.pool().clone());
+            (Arc::new(s), db)
+        }
+        _ => {
+            let s = pg_store(url, acquire_timeout);
+            let db = Db::Pg(s.pool().clone());
+            (Arc::new(s), db)
+        }
+    }
 }
 
 /// Settings for tests: fast retries and scans, short provider timeouts.
@@ -73,6 +123,7 @@ pub fn test_settings() -> Settings {
 }
 
 pub struct TestOptions {
+    pub backend: Backend,
     pub settings: Settings,
     pub clock: Clock,
     /// Share a database with other instances.
@@ -88,6 +139,7 @@ pub struct TestOptions {
 impl Default for TestOptions {
     fn default() -> Self {
         Self {
+            backend: Backend::Postgres,
             settings: test_settings(),
             clock: Clock::system(),
             database: None,
@@ -104,7 +156,7 @@ pub struct TestApp {
     pub client: reqwest::Client,
     pub api_key: String,
     pub database: String,
-    pub pool: PgPool,
+    pub db: Db,
     pub handle: Handle,
     pub mock: MockProvider,
     pub mock_url: String,
@@ -117,6 +169,14 @@ pub async fn spawn_app() -> TestApp {
     spawn_with(TestOptions::default()).await
 }
 
+pub async fn spawn_app_on(backend: Backend) -> TestApp {
+    spawn_with(TestOptions {
+        backend,
+        ..TestOptions::default()
+    })
+    .await
+}
+
 pub async fn spawn_with(opts: TestOptions) -> TestApp {
     sendonce::install_crypto_provider();
     if std::env::var("TEST_LOG").is_ok() {
@@ -124,7 +184,7 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
     }
     let database = match opts.database {
         Some(d) => d,
-        None => fresh_database().await,
+        None => fresh_database_on(opts.backend).await,
     };
     let (mock, mock_url) = match opts.mock {
         Some(m) => m,
@@ -133,12 +193,10 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
             (mock, url)
         }
     };
-    let store = store_with_timeout(
+    let (store, db) = open_store(
         &database,
         opts.db_acquire_timeout.unwrap_or(Duration::from_secs(2)),
     );
-    let pool = store.pool().clone();
-    let store: Arc<dyn Store> = Arc::new(store);
     let provider: Arc<dyn Provider> = Arc::new(
         HttpProvider::new(
             &mock_url,
@@ -176,7 +234,7 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
         client: reqwest::Client::new(),
         api_key,
         database,
-        pool,
+        db,
         handle,
         mock,
         mock_url,
@@ -266,10 +324,7 @@ impl TestApp {
 
     /// Rows in `messages`.
     pub async fn message_count(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM messages")
-            .fetch_one(&self.pool)
-            .await
-            .expect("count")
+        self.db.count("SELECT count(*) FROM messages").await
     }
 
     /// Waits until GET shows the message in `status`.

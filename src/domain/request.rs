@@ -107,7 +107,13 @@ impl SendRequest {
         input.from = string("from", &mut errors);
         match map.get("validity_seconds") {
             None | Some(Value::Null) => {}
-            Some(Value::Number(n)) => match n.as_i64() {
+            // JSON Schema's `integer` is any number without a fractional
+            // part, so 300.0 is 300.
+            Some(Value::Number(n)) => match n.as_i64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 1e15)
+                    .map(|f| f as i64)
+            }) {
                 Some(v) => input.validity_seconds = Some(v),
                 None => errors.push(FieldError::new(
                     "validity_seconds",
@@ -381,6 +387,18 @@ mod tests {
             vec!["metadata"]
         );
         assert_eq!(fields(r#"[1]"#), vec![""]);
+    }
+
+    #[test]
+    fn whole_numbers_written_as_floats_are_whole_numbers() {
+        let whole =
+            SendRequest::parse(br#"{"to":"+14155550100","body":"hi","validity_seconds":300.0}"#)
+                .unwrap();
+        assert_eq!(whole.validity_seconds, Some(300));
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","validity_seconds":1e20}"#),
+            vec!["validity_seconds"]
+        );
     }
 
     #[test]

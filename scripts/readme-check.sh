@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Runs the README's commands exactly as written and checks their answers:
+#  1. the Quick start's first command (`cargo run --release`), in the
+#     background, reading the API key it prints;
+#  2. every command of the walk-through block, checking each HTTP status;
+#  3. the release binary again with no environment at all, in an empty
+#     directory: it must create its SQLite database, print a key, send a
+#     message with it and replay it.
+# The Quick start's second command (scripts/test.sh) is CI's main step and is
+# not run a second time here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+work=$(mktemp -d /tmp/sendonce-readme.XXXXXX)
+server_pid=""
+
+fail() { printf 'readme-check: FAIL: %s\n' "$*" >&2; exit 1; }
+say() { printf 'readme-check: %s\n' "$*"; }
+
+cleanup() {
+    [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null || true
+    wait 2>/dev/null || true
+    for f in sendonce.db sendonce.db-wal sendonce.db-shm; do
+        if [ -e "$work/aside-$f" ]; then mv -f "$work/aside-$f" "$root/$f"; else rm -f "$root/$f"; fi
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+# Keep a developer's own database out of the way.
+for f in sendonce.db sendonce.db-wal sendonce.db-shm; do
+    [ -e "$f" ] && mv "$f" "$work/aside-$f"
+done
+
+# The fenced ```sh block following a line that matches $1.
+block_after() {
+    awk -v marker="$1" '
+        index($0, marker) { found = 1; next }
+        found && /^```sh/ { inside = 1; next }
+        inside && /^```/ { exit }
+        inside { print }
+    ' README.md
+}
+
+quick=$(block_after "## Quick start")
+serve_cmd=$(printf '%s\n' "$quick" | sed -n 1p)
+test_cmd=$(printf '%s\n' "$quick" | sed -n 2p)
+[ "$serve_cmd" = "cargo run --release" ] || fail "Quick start's first command is '$serve_cmd'"
+[ "$test_cmd" = "scripts/test.sh" ] || fail "Quick start's second command is '$test_cmd'"
+
+wait_for_key() { # log file, pid
+    local deadline=$((SECONDS + 900))
+    while [ $SECONDS -lt $deadline ]; do
+        if grep -q '^API key for tenant' "$1"; then
+            grep -m1 '^API key for tenant' "$1" | awk '{print $NF}'
+            return 0
+        fi
+        kill -0 "$2" 2>/dev/null || { cat "$1" >&2; return 1; }
+        sleep 1
+    done
+    return 1
+}
+
+wait_listening() {
+    local deadline=$((SECONDS + 30))
+    until curl -fs http://127.0.0.1:8080/healthz >/dev/null; do
+        [ $SECONDS -lt $deadline ] || return 1
+        sleep 0.2
+    done
+}
+
+if curl -fs http://127.0.0.1:8080/healthz >/dev/null 2>&1; then
+    fail "something already answers on 127.0.0.1:8080; stop it first"
+fi
+say "running: $serve_cmd"
+bash -c "$serve_cmd" >"$work/serve.out" 2>"$work/serve.err" &
+server_pid=$!
+KEY=$(wait_for_key "$work/serve.out" "$server_pid") || { cat "$work/serve.err" >&2; fail "no API key printed"; }
+wait_listening || fail "the server did not answer on 127.0.0.1:8080"
+say "the first run printed a key: ${KEY:0:9}..."
+
+walk=$(block_after "<!-- readme-check: walkthrough -->")
+expect=("201" "201" "422" "200" "200")
+n=0
+while IFS= read -r line; do
+    case "$line" in ''|'#'*) continue ;; esac
+    if [[ "$line" == export\ KEY=* ]]; then export KEY; continue; fi
+    out=$(bash -c "$line") || fail "command failed: $line"
+    status=$(printf '%s\n' "$out" | head -1 | awk '{print $2}')
+    [ "$status" = "${expect[$n]}" ] || fail "expected ${expect[$n]}, got $status from: $line"
+    case $n in
+        0) printf '%s' "$out" | grep -qi '^idempotent-replayed' && fail "a first send is not a replay" ;;
+        1) printf '%s' "$out" | grep -qi '^idempotent-replayed: true' || fail "the retry was not a replay" ;;
+        2) printf '%s' "$out" | grep -q 'idempotency-key-reused' || fail "422 without its slug" ;;
+        3) printf '%s' "$out" | grep -q '"status":"sent"' || fail "GET did not show the message sent" ;;
+    esac
+    say "ok ($status): ${line:0:70}..."
+    n=$((n + 1))
+done <<<"$walk"
+[ $n -eq ${#expect[@]} ] || fail "ran $n walk-through commands, expected ${#expect[@]}"
+
+kill -TERM "$server_pid"
+wait "$server_pid" || fail "'$serve_cmd' did not exit 0 on SIGTERM"
+server_pid=""
+if curl -fs http://127.0.0.1:8080/healthz >/dev/null 2>&1; then fail "port 8080 still answers"; fi
+
+say "the release binary with no environment, in an empty directory"
+mkdir "$work/empty"
+(cd "$work/empty" && exec env -i "$root/target/release/sendonce" >"$work/bare.out" 2>"$work/bare.err") &
+server_pid=$!
+KEY=$(wait_for_key "$work/bare.out" "$server_pid") || { cat "$work/bare.err" >&2; fail "no key from a bare start"; }
+wait_listening || fail "the bare server did not answer"
+send() {
+    curl -si http://127.0.0.1:8080/messages -H "Authorization: Bearer $KEY" \
+        -H 'Idempotency-Key: OTP-LOGIN-7731' -H 'Content-Type: application/json' \
+        -d '{"to":"+14155550100","body":"Your code is 424242"}'
+}
+first=$(send); again=$(send)
+[ "$(printf '%s\n' "$first" | head -1 | awk '{print $2}')" = 201 ] || fail "bare send: $first"
+printf '%s' "$again" | grep -qi '^idempotent-replayed: true' || fail "bare replay: $again"
+[ "$(printf '%s' "$first" | tail -1)" = "$(printf '%s' "$again" | tail -1)" ] || fail "the replay's body differs"
+[ -f "$work/empty/sendonce.db" ] || fail "no sendonce.db was created in the working directory"
+kill -TERM "$server_pid"
+wait "$server_pid" || fail "the bare server did not exit 0 on SIGTERM"
+server_pid=""
+say "PASS"

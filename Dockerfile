@@ -4,6 +4,7 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY bench ./bench
 COPY migrations ./migrations
 RUN cargo build --release --locked --bin sendonce --bin mock-provider
 

@@ -14,6 +14,7 @@ use crate::config::Settings;
 use crate::delivery::{Deliverer, Purger, Scheduler};
 use crate::http::{self, AppState};
 use crate::provider::Provider;
+use crate::ratelimit::RateLimiter;
 use crate::store::{Store, StoreError};
 
 /// A built, not yet running, instance.
@@ -55,10 +56,15 @@ impl App {
             Arc::clone(&deliverer),
             settings.poll_interval,
         ));
+        crate::domain::phone::warm();
         let state = Arc::new(AppState {
             store,
             deliverer,
             wait: settings.wait.clone(),
+            limiter: RateLimiter::new(settings.limits, clock.clone()),
+            max_segments: settings.max_segments,
+            body_read_timeout: settings.body_read_timeout,
+            receipts: settings.receipts.clone(),
         });
         Ok(App {
             listener,
@@ -99,23 +105,30 @@ impl App {
             self.clock.clone(),
             self.settings.retention,
             self.settings.purge_interval,
-        );
+        )
+        .with_metrics(Arc::clone(self.state.deliverer.metrics()));
         let purge_task = tokio::spawn(purger.run(stop.clone()));
+        let upkeep = Arc::clone(self.state.deliverer.metrics()).run_upkeep(stop.clone());
+        let upkeep_task = tokio::spawn(upkeep);
 
         let router = http::router(Arc::clone(&self.state));
         let signalled = stop.clone();
-        let server = axum::serve(self.listener, router).with_graceful_shutdown(async move {
+        tokio::spawn(async move {
             shutdown.await;
             signalled.cancel();
         });
+        let server = http::server::serve(
+            self.listener,
+            router,
+            self.settings.connection,
+            stop.clone(),
+        );
         // Requests still waiting for an outcome get the grace period too,
         // then the server is dropped (their sends go on regardless).
         let grace = self.settings.shutdown_grace;
         let drained = stop.clone();
         tokio::select! {
-            r = server => if let Err(e) = r {
-                tracing::error!(error = %e, "HTTP server failed");
-            },
+            () = server => {},
             () = async move {
                 drained.cancelled().await;
                 tokio::time::sleep(grace).await;
@@ -124,6 +137,7 @@ impl App {
         stop.cancel();
         let _ = scheduler_task.await;
         let _ = purge_task.await;
+        let _ = upkeep_task.await;
         let released = deliverer.shutdown(self.settings.shutdown_grace).await?;
         if released > 0 {
             tracing::info!(released, "released leases for another instance to resume");

@@ -52,9 +52,12 @@ async fn migrated_store(config: &Config) -> Result<Arc<dyn Store>, CommandError>
     Ok(store)
 }
 
-pub fn provider(config: &ProviderConfig) -> Result<Arc<dyn Provider>, CommandError> {
+pub fn provider(
+    config: &ProviderConfig,
+    log_bodies: bool,
+) -> Result<Arc<dyn Provider>, CommandError> {
     Ok(match config {
-        ProviderConfig::Simulated => Arc::new(SimulatedProvider),
+        ProviderConfig::Simulated => Arc::new(SimulatedProvider { log_bodies }),
         ProviderConfig::Http {
             url,
             token,
@@ -66,6 +69,9 @@ pub fn provider(config: &ProviderConfig) -> Result<Arc<dyn Provider>, CommandErr
             *timeout,
             *connect_timeout,
         )?),
+        ProviderConfig::Twilio(settings) => {
+            Arc::new(crate::provider::TwilioProvider::new(settings.clone())?)
+        }
     })
 }
 
@@ -76,7 +82,7 @@ pub async fn migrate(config: &Config) -> Result<(), CommandError> {
 }
 
 pub async fn serve(config: Config) -> Result<(), CommandError> {
-    let provider = provider(&config.provider)?;
+    let provider = provider(&config.provider, config.settings.log_bodies)?;
     let store = migrated_store(&config).await?;
     bootstrap(&config, store.as_ref()).await?;
     let listener = TcpListener::bind(config.listen)
@@ -150,6 +156,30 @@ pub async fn tenant(config: &Config, command: &TenantCommand) -> Result<(), Comm
                 Err(e) => Err(e.to_string()),
             }
         }
+        TenantCommand::AllowCountries { name, countries } => {
+            let codes: Vec<String> = countries
+                .iter()
+                .flat_map(|c| c.split(','))
+                .map(|c| c.trim().to_ascii_uppercase())
+                .filter(|c| !c.is_empty())
+                .collect();
+            if let Some(bad) = codes
+                .iter()
+                .find(|c| c.len() != 2 || !c.bytes().all(|b| b.is_ascii_uppercase()))
+            {
+                return Err(format!("{bad:?} is not an ISO 3166-1 alpha-2 country code"));
+            }
+            let countries = (!codes.is_empty()).then_some(codes.as_slice());
+            if store
+                .set_allowed_countries(name, countries)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                Ok(())
+            } else {
+                Err(format!("no tenant named {name:?}"))
+            }
+        }
         TenantCommand::List => {
             for (id, name, created) in store.list_tenants().await.map_err(|e| e.to_string())? {
                 println!("{id}\t{name}\t{created}");
@@ -196,6 +226,28 @@ pub async fn key(config: &Config, command: &KeyCommand) -> Result<(), CommandErr
                     "active"
                 };
                 println!("{}\t{}\t{}…\t{}", k.id, k.tenant_name, k.prefix, state);
+            }
+            Ok(())
+        }
+    }
+}
+
+pub async fn receipts(
+    config: &Config,
+    command: &crate::config::ReceiptsCommand,
+) -> Result<(), CommandError> {
+    let store = migrated_store(config).await?;
+    match command {
+        crate::config::ReceiptsCommand::Unmatched { limit } => {
+            for r in store
+                .unmatched_receipts(*limit)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    r.received_at, r.provider, r.provider_message_id, r.provider_status, r.event_id
+                );
             }
             Ok(())
         }

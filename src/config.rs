@@ -9,6 +9,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::apikey;
 use crate::delivery::{DeliverySettings, RetryPolicy};
 use crate::http::WaitSettings;
+use crate::http::server::ConnectionLimits;
+use crate::ratelimit::{Limits, Rate};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,6 +41,21 @@ pub enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// Inspect delivery receipts.
+    Receipts {
+        #[command(subcommand)]
+        command: ReceiptsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReceiptsCommand {
+    /// List receipts that matched no message, newest first: received at,
+    /// provider, provider message id, provider status, event id.
+    Unmatched {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -47,6 +64,12 @@ pub enum TenantCommand {
     Create { name: String },
     /// List tenants.
     List,
+    /// Limit a tenant's destinations to these countries (ISO 3166-1 codes,
+    /// e.g. `US CA`); with none, allow every country again.
+    AllowCountries {
+        name: String,
+        countries: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,6 +86,7 @@ pub enum KeyCommand {
 pub enum ProviderKind {
     Simulated,
     Http,
+    Twilio,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -105,6 +129,38 @@ pub struct ConfigArgs {
         hide_env_values = true
     )]
     pub http_provider_token: Option<String>,
+    /// Twilio's API address (tests point it at a stand-in).
+    #[arg(
+        long,
+        env = "TWILIO_BASE_URL",
+        default_value = crate::provider::twilio::DEFAULT_BASE_URL,
+        global = true
+    )]
+    pub twilio_base_url: String,
+    /// Twilio account SID (AC...), the Basic auth user.
+    #[arg(long, env = "TWILIO_ACCOUNT_SID", global = true)]
+    pub twilio_account_sid: Option<String>,
+    /// Twilio auth token: Basic auth password, and the key of X-Twilio-Signature.
+    #[arg(long, env = "TWILIO_AUTH_TOKEN", global = true, hide_env_values = true)]
+    pub twilio_auth_token: Option<String>,
+    /// Default Twilio sender when a request names none.
+    #[arg(long, env = "TWILIO_FROM", global = true)]
+    pub twilio_from: Option<String>,
+    /// Twilio Messaging Service SID (MG...), sent with every message.
+    #[arg(long, env = "TWILIO_MESSAGING_SERVICE_SID", global = true)]
+    pub twilio_messaging_service_sid: Option<String>,
+    /// This service's public base URL (https://sms.example.com): receipt
+    /// callbacks are built from it and Twilio signatures are checked against it.
+    #[arg(long, env = "SENDONCE_PUBLIC_URL", global = true)]
+    pub public_url: Option<String>,
+    /// Shared secret the `http` provider sends in `X-Receipt-Secret` with receipts.
+    #[arg(
+        long,
+        env = "SENDONCE_RECEIPT_SECRET",
+        global = true,
+        hide_env_values = true
+    )]
+    pub receipt_secret: Option<String>,
     /// Ensures tenant `default` exists with exactly this API key.
     #[arg(
         long,
@@ -253,6 +309,155 @@ pub struct ConfigArgs {
         global = true
     )]
     pub log_format: LogFormat,
+    /// Log message bodies (off: bodies may hold one-time codes).
+    #[arg(
+        long,
+        env = "SENDONCE_LOG_BODIES",
+        default_value_t = false,
+        global = true
+    )]
+    pub log_bodies: bool,
+    /// Most SMS segments one message may take.
+    #[arg(
+        long,
+        env = "SENDONCE_MAX_SEGMENTS",
+        default_value_t = 10,
+        global = true
+    )]
+    pub max_segments: u32,
+    /// POST /messages per tenant per second, steady rate (0: no limit).
+    #[arg(
+        long,
+        env = "SENDONCE_RATE_TENANT_RPS",
+        default_value_t = 100,
+        global = true
+    )]
+    pub rate_tenant_rps: u32,
+    /// POST /messages per tenant in a burst.
+    #[arg(
+        long,
+        env = "SENDONCE_RATE_TENANT_BURST",
+        default_value_t = 200,
+        global = true
+    )]
+    pub rate_tenant_burst: u32,
+    /// New messages per destination number per hour, per tenant (0: no limit).
+    #[arg(
+        long,
+        env = "SENDONCE_RATE_NUMBER_PER_HOUR",
+        default_value_t = 10,
+        global = true
+    )]
+    pub rate_number_per_hour: u32,
+    /// New messages per destination prefix (number less its last 4 digits) per hour, per tenant (0: no limit).
+    #[arg(
+        long,
+        env = "SENDONCE_RATE_PREFIX_PER_HOUR",
+        default_value_t = 100,
+        global = true
+    )]
+    pub rate_prefix_per_hour: u32,
+    /// The whole request head must arrive within this, in ms (slow clients are cut off).
+    #[arg(
+        long,
+        env = "SENDONCE_HEADER_READ_TIMEOUT_MS",
+        default_value_t = 10_000,
+        global = true
+    )]
+    pub header_read_timeout_ms: u64,
+    /// The whole request body must arrive within this, in ms.
+    #[arg(
+        long,
+        env = "SENDONCE_BODY_READ_TIMEOUT_MS",
+        default_value_t = 10_000,
+        global = true
+    )]
+    pub body_read_timeout_ms: u64,
+}
+
+/// `prefix` and 32 hex digits (Twilio SIDs).
+fn is_sid(value: &str, prefix: &str) -> bool {
+    value.len() == 34
+        && value.starts_with(prefix)
+        && value[2..].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The Twilio provider and receipt settings.
+impl ConfigArgs {
+    /// `SENDONCE_PUBLIC_URL` without a trailing slash.
+    fn public_url(&self) -> Result<Option<String>, String> {
+        let Some(url) = self.public_url.as_deref().filter(|u| !u.is_empty()) else {
+            return Ok(None);
+        };
+        match reqwest::Url::parse(url) {
+            Ok(u)
+                if matches!(u.scheme(), "http" | "https")
+                    && u.host().is_some()
+                    && u.query().is_none() =>
+            {
+                Ok(Some(url.trim_end_matches('/').to_string()))
+            }
+            _ => {
+                Err("SENDONCE_PUBLIC_URL is not an http(s) URL like https://sms.example.com".into())
+            }
+        }
+    }
+
+    fn twilio(
+        &self,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<crate::provider::TwilioSettings, String> {
+        let nonempty = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
+        let account_sid = nonempty(&self.twilio_account_sid)
+            .ok_or("SENDONCE_PROVIDER=twilio needs TWILIO_ACCOUNT_SID")?;
+        if !is_sid(&account_sid, "AC") {
+            return Err("TWILIO_ACCOUNT_SID must be AC followed by 32 hex digits".into());
+        }
+        let auth_token = nonempty(&self.twilio_auth_token)
+            .ok_or("SENDONCE_PROVIDER=twilio needs TWILIO_AUTH_TOKEN")?;
+        let messaging_service_sid = nonempty(&self.twilio_messaging_service_sid);
+        if messaging_service_sid
+            .as_deref()
+            .is_some_and(|s| !is_sid(s, "MG"))
+        {
+            return Err("TWILIO_MESSAGING_SERVICE_SID must be MG followed by 32 hex digits".into());
+        }
+        let from = nonempty(&self.twilio_from);
+        if from.is_none() && messaging_service_sid.is_none() {
+            return Err(
+                "SENDONCE_PROVIDER=twilio needs TWILIO_FROM or TWILIO_MESSAGING_SERVICE_SID".into(),
+            );
+        }
+        match reqwest::Url::parse(&self.twilio_base_url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            _ => return Err("TWILIO_BASE_URL is not an http(s) URL".into()),
+        }
+        Ok(crate::provider::TwilioSettings {
+            base_url: self.twilio_base_url.clone(),
+            account_sid,
+            auth_token,
+            from,
+            messaging_service_sid,
+            status_callback: self
+                .public_url()?
+                .map(|base| format!("{base}{}", crate::http::receipts::TWILIO_STATUS_PATH)),
+            timeout,
+            connect_timeout,
+        })
+    }
+
+    fn receipts(&self) -> Result<crate::http::receipts::ReceiptSettings, String> {
+        let secret = self.receipt_secret.clone().filter(|s| !s.is_empty());
+        if secret.as_deref().is_some_and(|s| s.len() < 16) {
+            return Err("SENDONCE_RECEIPT_SECRET must be at least 16 characters".into());
+        }
+        Ok(crate::http::receipts::ReceiptSettings {
+            public_url: self.public_url()?,
+            twilio_auth_token: self.twilio_auth_token.clone().filter(|t| !t.is_empty()),
+            http_secret: secret,
+        })
+    }
 }
 
 /// Where messages are kept when `DATABASE_URL` is not set.
@@ -298,6 +503,7 @@ pub enum ProviderConfig {
         timeout: Duration,
         connect_timeout: Duration,
     },
+    Twilio(crate::provider::TwilioSettings),
 }
 
 /// What a running app needs besides its store, provider and listener.
@@ -309,6 +515,13 @@ pub struct Settings {
     pub retention: Duration,
     pub purge_interval: Duration,
     pub shutdown_grace: Duration,
+    /// How delivery receipts are authenticated.
+    pub receipts: crate::http::receipts::ReceiptSettings,
+    pub connection: ConnectionLimits,
+    pub limits: Limits,
+    pub max_segments: u32,
+    pub log_bodies: bool,
+    pub body_read_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -328,6 +541,25 @@ impl Default for Settings {
             retention: Duration::from_secs(30 * 86_400),
             purge_interval: Duration::from_secs(3_600),
             shutdown_grace: Duration::from_secs(20),
+            receipts: crate::http::receipts::ReceiptSettings::default(),
+            connection: ConnectionLimits::default(),
+            limits: Limits {
+                tenant: Rate {
+                    capacity: 200,
+                    per: Duration::from_secs(2),
+                },
+                number: Rate {
+                    capacity: 10,
+                    per: Duration::from_secs(3600),
+                },
+                prefix: Rate {
+                    capacity: 100,
+                    per: Duration::from_secs(3600),
+                },
+            },
+            max_segments: 10,
+            log_bodies: false,
+            body_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -380,7 +612,11 @@ impl ConfigArgs {
                     connect_timeout,
                 }
             }
+            ProviderKind::Twilio => {
+                ProviderConfig::Twilio(self.twilio(provider_timeout, connect_timeout)?)
+            }
         };
+        let receipts = self.receipts()?;
         if let Some(key) = &self.bootstrap_api_key
             && !apikey::well_formed(key)
         {
@@ -452,6 +688,29 @@ impl ConfigArgs {
                     self.purge_interval_secs,
                 )?),
                 shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+                receipts,
+                connection: ConnectionLimits {
+                    header_read_timeout: Duration::from_millis(positive(
+                        "SENDONCE_HEADER_READ_TIMEOUT_MS",
+                        self.header_read_timeout_ms,
+                    )?),
+                    ..ConnectionLimits::default()
+                },
+                limits: Limits {
+                    tenant: tenant_rate(self.rate_tenant_rps, self.rate_tenant_burst)?,
+                    number: hourly(self.rate_number_per_hour),
+                    prefix: hourly(self.rate_prefix_per_hour),
+                },
+                max_segments: if self.max_segments == 0 {
+                    return Err("SENDONCE_MAX_SEGMENTS must be at least 1".into());
+                } else {
+                    self.max_segments
+                },
+                log_bodies: self.log_bodies,
+                body_read_timeout: Duration::from_millis(positive(
+                    "SENDONCE_BODY_READ_TIMEOUT_MS",
+                    self.body_read_timeout_ms,
+                )?),
             },
             db_max_connections: self.db_max_connections,
             db_acquire_timeout: Duration::from_millis(positive(
@@ -460,6 +719,32 @@ impl ConfigArgs {
             )?),
         })
     }
+}
+
+/// A per-hour limit (0: none).
+fn hourly(n: u32) -> Rate {
+    if n == 0 {
+        Rate::UNLIMITED
+    } else {
+        Rate {
+            capacity: n,
+            per: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// A steady rate with a burst: the bucket holds `burst` and refills at `rps`.
+fn tenant_rate(rps: u32, burst: u32) -> Result<Rate, String> {
+    if rps == 0 {
+        return Ok(Rate::UNLIMITED);
+    }
+    if burst < rps {
+        return Err("SENDONCE_RATE_TENANT_BURST must not be below SENDONCE_RATE_TENANT_RPS".into());
+    }
+    Ok(Rate {
+        capacity: burst,
+        per: Duration::from_secs_f64(f64::from(burst) / f64::from(rps)),
+    })
 }
 
 /// The database URL with any password replaced, for logs.
@@ -544,5 +829,84 @@ mod tests {
             "postgres://u:***@h/db"
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn twilio_and_receipt_settings() {
+        let sid = "AC0123456789abcdef0123456789abcdef";
+        let twilio = ["--provider", "twilio", "--twilio-account-sid", sid];
+        let mut ok = twilio.to_vec();
+        ok.extend([
+            "--twilio-auth-token",
+            "tok",
+            "--twilio-from",
+            "+14155550000",
+            "--public-url",
+            "https://sms.example.com/",
+            "--receipt-secret",
+            "0123456789abcdef",
+        ]);
+        let c = args(&ok).unwrap();
+        let ProviderConfig::Twilio(t) = &c.provider else {
+            panic!("{:?}", c.provider);
+        };
+        assert_eq!(t.base_url, "https://api.twilio.com");
+        assert_eq!(
+            t.status_callback.as_deref(),
+            Some("https://sms.example.com/providers/twilio/status")
+        );
+        assert!(!format!("{:?}", c.provider).contains("tok\""));
+        let r = &c.settings.receipts;
+        assert_eq!(r.public_url.as_deref(), Some("https://sms.example.com"));
+        assert_eq!(r.twilio_auth_token.as_deref(), Some("tok"));
+        assert_eq!(r.http_secret.as_deref(), Some("0123456789abcdef"));
+
+        let with = |extra: &[&'static str]| {
+            let mut v = twilio.to_vec();
+            v.extend_from_slice(extra);
+            args(&v)
+        };
+        for (extra, want) in [
+            (&["--twilio-from", "+1"][..], "TWILIO_AUTH_TOKEN"),
+            (&["--twilio-auth-token", "t"][..], "TWILIO_FROM"),
+            (
+                &[
+                    "--twilio-auth-token",
+                    "t",
+                    "--twilio-messaging-service-sid",
+                    "MG1",
+                ][..],
+                "TWILIO_MESSAGING_SERVICE_SID",
+            ),
+            (
+                &[
+                    "--twilio-auth-token",
+                    "t",
+                    "--twilio-from",
+                    "+1",
+                    "--twilio-base-url",
+                    "ftp://x",
+                ][..],
+                "TWILIO_BASE_URL",
+            ),
+            (
+                &[
+                    "--twilio-auth-token",
+                    "t",
+                    "--twilio-from",
+                    "+1",
+                    "--public-url",
+                    "nope",
+                ][..],
+                "SENDONCE_PUBLIC_URL",
+            ),
+        ] {
+            let err = with(extra).unwrap_err();
+            assert!(err.contains(want), "{extra:?}: {err}");
+        }
+        let err = args(&["--provider", "twilio", "--twilio-account-sid", "AC12"]).unwrap_err();
+        assert!(err.contains("TWILIO_ACCOUNT_SID"), "{err}");
+        let err = args(&["--receipt-secret", "short"]).unwrap_err();
+        assert!(err.contains("SENDONCE_RECEIPT_SECRET"), "{err}");
     }
 }

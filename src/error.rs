@@ -18,6 +18,9 @@ pub const PROBLEM_TYPE_PREFIX: &str = "urn:sendonce:problem:";
 pub enum ApiError {
     #[error("missing or invalid API key")]
     Unauthorized,
+    /// A receipt whose signature or shared secret is missing or wrong.
+    #[error("receipt not authenticated")]
+    Forbidden,
     #[error("missing Idempotency-Key")]
     MissingIdempotencyKey,
     #[error("invalid Idempotency-Key: {0}")]
@@ -34,6 +37,15 @@ pub enum ApiError {
     KeyReused,
     #[error("Idempotency-Key in use")]
     KeyInUse,
+    #[error("rate limited: {limit}")]
+    RateLimited {
+        limit: &'static str,
+        retry_after: std::time::Duration,
+    },
+    #[error("request timeout")]
+    RequestTimeout,
+    #[error("URI too long")]
+    UriTooLong,
     #[error("not found")]
     NotFound,
     #[error("method not allowed")]
@@ -68,6 +80,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::MissingIdempotencyKey
             | ApiError::InvalidIdempotencyKey(_)
             | ApiError::Validation(_)
@@ -76,6 +89,9 @@ impl ApiError {
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::KeyInUse => StatusCode::CONFLICT,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -87,6 +103,7 @@ impl ApiError {
     pub fn slug(&self) -> &'static str {
         match self {
             ApiError::Unauthorized => "unauthorized",
+            ApiError::Forbidden => "forbidden",
             ApiError::MissingIdempotencyKey => "missing-idempotency-key",
             ApiError::InvalidIdempotencyKey(_) => "invalid-idempotency-key",
             ApiError::Validation(_) => "validation",
@@ -95,6 +112,9 @@ impl ApiError {
             ApiError::PayloadTooLarge => "payload-too-large",
             ApiError::KeyReused => "idempotency-key-reused",
             ApiError::KeyInUse => "idempotency-key-in-use",
+            ApiError::RateLimited { .. } => "rate-limited",
+            ApiError::RequestTimeout => "request-timeout",
+            ApiError::UriTooLong => "uri-too-long",
             ApiError::NotFound => "not-found",
             ApiError::MethodNotAllowed => "method-not-allowed",
             ApiError::Unavailable(_) => "unavailable",
@@ -105,6 +125,7 @@ impl ApiError {
     fn title(&self) -> &'static str {
         match self {
             ApiError::Unauthorized => "Unauthorized",
+            ApiError::Forbidden => "Forbidden",
             ApiError::MissingIdempotencyKey => "Missing Idempotency-Key",
             ApiError::InvalidIdempotencyKey(_) => "Invalid Idempotency-Key",
             ApiError::Validation(_) => "Invalid request",
@@ -113,6 +134,9 @@ impl ApiError {
             ApiError::PayloadTooLarge => "Payload too large",
             ApiError::KeyReused => "Idempotency-Key reused",
             ApiError::KeyInUse => "Idempotency-Key in use",
+            ApiError::RateLimited { .. } => "Too many requests",
+            ApiError::RequestTimeout => "Request timeout",
+            ApiError::UriTooLong => "URI too long",
             ApiError::NotFound => "Not found",
             ApiError::MethodNotAllowed => "Method not allowed",
             ApiError::Unavailable(_) => "Service unavailable",
@@ -124,6 +148,10 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => {
                 "send a valid API key as `Authorization: Bearer <key>`".into()
+            }
+            ApiError::Forbidden => {
+                "the request's signature or receipt secret is missing or wrong; nothing was changed"
+                    .into()
             }
             ApiError::MissingIdempotencyKey => {
                 "POST /messages requires an Idempotency-Key header naming this send".into()
@@ -141,6 +169,11 @@ impl ApiError {
             ApiError::KeyInUse => "a request with this Idempotency-Key is still being processed; \
                 retry after the time in Retry-After to get its result"
                 .into(),
+            ApiError::RateLimited { limit, .. } => format!(
+                "the limit on {limit} is reached; retry after the time in Retry-After (nothing was stored)"
+            ),
+            ApiError::RequestTimeout => "the request body did not arrive in time".into(),
+            ApiError::UriTooLong => "the request URI is longer than 2048 bytes".into(),
             ApiError::NotFound => "no such resource".into(),
             ApiError::MethodNotAllowed => "this method is not allowed on this resource".into(),
             ApiError::Unavailable(_) => {
@@ -178,6 +211,11 @@ pub fn problem_response(e: &ApiError) -> Response {
         }
         ApiError::KeyInUse | ApiError::Unavailable(_) => {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        ApiError::RateLimited { retry_after, .. } => {
+            // Whole seconds, rounded up: never invite a retry that is too early.
+            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
         _ => {}
     }

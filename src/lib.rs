@@ -15,10 +15,12 @@
 //! - [`error`]: every API error as RFC 9457 problem+json.
 //! - [`domain`]: validated newtypes, segment counting, fingerprints, states.
 //! - [`store`]: the storage interface and its Postgres implementation.
-//! - [`provider`]: the provider trait, outcome classes, `simulated` and `http`.
+//! - [`provider`]: the provider trait, outcome classes, `simulated`, `http`
+//!   and `twilio` (with Twilio's request signatures).
 //! - [`delivery`]: the delivery task, retry policy, scheduler/rescuer, purge.
 //! - [`clock`]: the time source (hand-moved in tests).
-//! - [`mock_provider`]: a scriptable provider server for tests and demos.
+//! - [`mock_provider`]: a scriptable provider server (the `http` protocol and
+//!   Twilio's Messages endpoint, faults, receipts) for tests and demos.
 //!
 //! See `docs/architecture.md` for the state machine and the failure model.
 
@@ -31,8 +33,10 @@ pub mod delivery;
 pub mod domain;
 pub mod error;
 pub mod http;
+pub mod metrics;
 pub mod mock_provider;
 pub mod provider;
+pub mod ratelimit;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

@@ -33,6 +33,7 @@ fn main() -> ExitCode {
             Command::Migrate => commands::migrate(&config).await,
             Command::Tenant { command } => commands::tenant(&config, &command).await,
             Command::Key { command } => commands::key(&config, &command).await,
+            Command::Receipts { command } => commands::receipts(&config, &command).await,
         }
     });
     match result {

@@ -1,5 +1,14 @@
 //! A scriptable stand-in for an SMS provider that speaks the `http`
-//! provider protocol, for tests, the chaos run and demos.
+//! provider protocol and Twilio's Messages endpoint, for tests, the chaos run
+//! and demos.
+//!
+//! Twilio: `POST /2010-04-01/Accounts/{sid}/Messages.json` (form-encoded;
+//! every accepted call creates a message, as Twilio does: no de-duplication)
+//! and `GET` on the same path (the list, filtered by `To` and `DateSent>`,
+//! newest first, paged), with Twilio's error bodies. Both protocols can send
+//! delivery receipts back ([`ReceiptConfig`]): in order, out of order, or
+//! duplicated; Twilio's signed with the auth token the request was
+//! authenticated with.
 //!
 //! It behaves like a provider that de-duplicates on `Idempotency-Key`: a key
 //! it already accepted is answered with the same id and not delivered again.
@@ -48,6 +57,8 @@ pub enum Behaviour {
     Delay(Duration),
     /// Deliver, then close the connection without answering.
     AcceptThenDrop,
+    /// Deliver, then never answer (the caller times out after the send).
+    AcceptThenHang,
 }
 
 /// Random misbehaviour for calls that have no queued behaviour. Rates are
@@ -157,6 +168,8 @@ impl Faults {
 /// One recorded call.
 #[derive(Clone, Debug, Serialize)]
 pub struct Call {
+    /// `http` or `twilio`.
+    pub endpoint: String,
     pub idempotency_key: Option<String>,
     pub authorization: Option<String>,
     pub body: serde_json::Value,
@@ -172,6 +185,97 @@ struct Inner {
     /// Deliveries per key (more than one would be a duplicate on a phone).
     deliveries: HashMap<String, u32>,
     next_id: u64,
+    /// Deliveries per (To, Body), over both protocols.
+    by_recipient_body: HashMap<(String, String), u32>,
+    /// Messages created through the Twilio endpoint, oldest first.
+    twilio_messages: Vec<TwilioRecord>,
+    /// Message list lookups made, and how many of the next ones fail.
+    lookups: usize,
+    failing_lookups: usize,
+    receipts: ReceiptConfig,
+}
+
+/// A message created through the Twilio endpoint.
+#[derive(Clone, Debug)]
+struct TwilioRecord {
+    sid: String,
+    account_sid: String,
+    to: String,
+    from: Option<String>,
+    messaging_service_sid: Option<String>,
+    body: String,
+    created_at: time::OffsetDateTime,
+}
+
+/// Which receipts the mock sends back for each message it delivers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReceiptOrder {
+    /// None (the default).
+    #[default]
+    None,
+    /// `sent`, then the final status.
+    InOrder,
+    /// The final status, then `sent`.
+    OutOfOrder,
+    /// `sent`, the final status, and the final status again (same event).
+    Duplicated,
+}
+
+/// Receipts the mock sends back.
+#[derive(Clone, Debug, Default)]
+pub struct ReceiptConfig {
+    pub order: ReceiptOrder,
+    /// The final status reported: `delivered` (default) or e.g. `undelivered`.
+    pub final_status: Option<String>,
+    /// `ErrorCode` / `error_code` sent with the final status.
+    pub error_code: Option<String>,
+    /// Where receipts of the `http` protocol go (`.../providers/http/status`);
+    /// Twilio receipts go to each message's `StatusCallback`.
+    pub http_url: Option<String>,
+    /// Sent as `X-Receipt-Secret` with `http` receipts.
+    pub http_secret: Option<String>,
+}
+
+impl ReceiptConfig {
+    /// Reads `MOCK_RECEIPTS` (`none`, `in-order`, `out-of-order`,
+    /// `duplicated`), `MOCK_RECEIPT_STATUS`, `MOCK_RECEIPT_ERROR_CODE`,
+    /// `MOCK_HTTP_RECEIPT_URL` and `MOCK_RECEIPT_SECRET`.
+    pub fn from_env() -> Result<ReceiptConfig, String> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let order = match var("MOCK_RECEIPTS").as_deref() {
+            None | Some("none") => ReceiptOrder::None,
+            Some("in-order") => ReceiptOrder::InOrder,
+            Some("out-of-order") => ReceiptOrder::OutOfOrder,
+            Some("duplicated") => ReceiptOrder::Duplicated,
+            Some(_) => {
+                return Err(
+                    "MOCK_RECEIPTS must be none, in-order, out-of-order or duplicated".into(),
+                );
+            }
+        };
+        Ok(ReceiptConfig {
+            order,
+            final_status: var("MOCK_RECEIPT_STATUS"),
+            error_code: var("MOCK_RECEIPT_ERROR_CODE"),
+            http_url: var("MOCK_HTTP_RECEIPT_URL"),
+            http_secret: var("MOCK_RECEIPT_SECRET"),
+        })
+    }
+
+    /// The (status, event number) pairs to send, in order; a repeated event
+    /// number is a redelivery of the same event.
+    fn plan(&self) -> Vec<(String, usize)> {
+        let done = self
+            .final_status
+            .clone()
+            .unwrap_or_else(|| "delivered".into());
+        match self.order {
+            ReceiptOrder::None => Vec::new(),
+            ReceiptOrder::InOrder => vec![("sent".into(), 0), (done, 1)],
+            ReceiptOrder::OutOfOrder => vec![(done, 1), ("sent".into(), 0)],
+            ReceiptOrder::Duplicated => vec![("sent".into(), 0), (done.clone(), 1), (done, 1)],
+        }
+    }
 }
 
 #[derive(Clone, Default)]
@@ -187,6 +291,14 @@ pub struct Stats {
     pub max_deliveries_per_key: u32,
     /// Keys delivered more than once: SMS a phone got twice.
     pub duplicate_keys: usize,
+    /// Distinct (To, Body) pairs delivered, over both protocols.
+    pub recipient_bodies_delivered: usize,
+    pub max_deliveries_per_recipient_body: u32,
+    /// (To, Body) pairs delivered more than once (Twilio has no idempotency
+    /// key, so this is how its duplicates show).
+    pub duplicate_recipient_bodies: usize,
+    /// Twilio message list lookups (reconciliations).
+    pub lookups: usize,
 }
 
 impl MockProvider {
@@ -201,6 +313,10 @@ impl MockProvider {
     pub fn serve(&self, listener: TcpListener) -> tokio::task::JoinHandle<()> {
         let app = Router::new()
             .route("/messages", post(send))
+            .route(
+                "/2010-04-01/Accounts/{account_sid}/Messages.json",
+                post(twilio_send).get(twilio_list),
+            )
             .route("/stats", get(stats))
             .with_state(self.clone());
         tokio::spawn(async move {
@@ -253,11 +369,64 @@ impl MockProvider {
             keys_delivered: inner.deliveries.len(),
             max_deliveries_per_key: inner.deliveries.values().copied().max().unwrap_or(0),
             duplicate_keys: inner.deliveries.values().filter(|n| **n > 1).count(),
+            recipient_bodies_delivered: inner.by_recipient_body.len(),
+            max_deliveries_per_recipient_body: inner
+                .by_recipient_body
+                .values()
+                .copied()
+                .max()
+                .unwrap_or(0),
+            duplicate_recipient_bodies: inner
+                .by_recipient_body
+                .values()
+                .filter(|n| **n > 1)
+                .count(),
+            lookups: inner.lookups,
         }
     }
 
-    /// Delivers (once per key) and returns the id.
-    fn deliver(&self, key: Option<&str>) -> String {
+    /// Deliveries made to `to` with `body`, over both protocols.
+    pub fn deliveries_to(&self, to: &str, body: &str) -> u32 {
+        self.lock()
+            .by_recipient_body
+            .get(&(to.to_string(), body.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Makes the next `n` Twilio message list lookups answer 500.
+    pub fn fail_lookups(&self, n: usize) {
+        self.lock().failing_lookups = n;
+    }
+
+    /// Sends these receipts for every message delivered from now on.
+    pub fn set_receipts(&self, receipts: ReceiptConfig) {
+        self.lock().receipts = receipts;
+    }
+
+    /// Creates a Twilio message (a delivery) and returns its resource.
+    fn twilio_create(&self, account_sid: &str, form: &HashMap<String, String>) -> TwilioRecord {
+        let mut inner = self.lock();
+        let record = TwilioRecord {
+            sid: format!("SM{}", uuid::Uuid::new_v4().simple()),
+            account_sid: account_sid.to_string(),
+            to: form.get("To").cloned().unwrap_or_default(),
+            from: form.get("From").cloned(),
+            messaging_service_sid: form.get("MessagingServiceSid").cloned(),
+            body: form.get("Body").cloned().unwrap_or_default(),
+            created_at: crate::clock::truncate_to_micros(time::OffsetDateTime::now_utc()),
+        };
+        *inner
+            .by_recipient_body
+            .entry((record.to.clone(), record.body.clone()))
+            .or_default() += 1;
+        inner.twilio_messages.push(record.clone());
+        record
+    }
+
+    /// Delivers (once per key) and returns the id; sends the receipts for
+    /// a new delivery when configured.
+    fn deliver(&self, key: Option<&str>, sms: &serde_json::Value) -> String {
         let mut inner = self.lock();
         if let Some(id) = key.and_then(|k| inner.accepted.get(k)).cloned() {
             return id;
@@ -267,6 +436,18 @@ impl MockProvider {
         let key = key.map_or_else(|| id.clone(), str::to_string);
         inner.accepted.insert(key.clone(), id.clone());
         *inner.deliveries.entry(key).or_default() += 1;
+        let text = |name: &str| sms[name].as_str().unwrap_or_default().to_string();
+        *inner
+            .by_recipient_body
+            .entry((text("to"), text("body")))
+            .or_default() += 1;
+        let receipts = inner.receipts.clone();
+        drop(inner);
+        if let Some(url) = receipts.http_url.clone()
+            && receipts.order != ReceiptOrder::None
+        {
+            tokio::spawn(send_http_receipts(receipts, url, id.clone()));
+        }
         id
     }
 }
@@ -314,15 +495,17 @@ async fn send(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let sms: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     let (behaviour, latency) = {
         let mut inner = mock.lock();
         inner.calls.push(Call {
+            endpoint: "http".into(),
             idempotency_key: key.clone(),
             authorization: headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
-            body: serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
+            body: sms.clone(),
         });
         let behaviour = match inner.script.pop_front() {
             Some(b) => b,
@@ -334,7 +517,7 @@ async fn send(
         tokio::time::sleep(latency).await;
     }
     match behaviour {
-        Behaviour::Accept => accepted(mock.deliver(key.as_deref())),
+        Behaviour::Accept => accepted(mock.deliver(key.as_deref(), &sms)),
         Behaviour::Fail {
             status,
             body,
@@ -354,22 +537,26 @@ async fn send(
             resp
         }
         Behaviour::AcceptThenFail { status } => {
-            mock.deliver(key.as_deref());
+            mock.deliver(key.as_deref(), &sms);
             StatusCode::from_u16(status)
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
                 .into_response()
         }
         Behaviour::Gate(gate) => {
             gate.notified().await;
-            accepted(mock.deliver(key.as_deref()))
+            accepted(mock.deliver(key.as_deref(), &sms))
         }
         Behaviour::Hang => std::future::pending().await,
         Behaviour::Delay(d) => {
             tokio::time::sleep(d).await;
-            accepted(mock.deliver(key.as_deref()))
+            accepted(mock.deliver(key.as_deref(), &sms))
+        }
+        Behaviour::AcceptThenHang => {
+            mock.deliver(key.as_deref(), &sms);
+            std::future::pending().await
         }
         Behaviour::AcceptThenDrop => {
-            mock.deliver(key.as_deref());
+            mock.deliver(key.as_deref(), &sms);
             if let Some(axum::Extension(DropSwitch(switch))) = switch
                 && let Some(tx) = switch.lock().unwrap_or_else(PoisonError::into_inner).take()
             {
@@ -382,4 +569,367 @@ async fn send(
 
 async fn stats(State(mock): State<MockProvider>) -> Response {
     axum::Json(mock.stats()).into_response()
+}
+
+/// Twilio's error body.
+fn twilio_error(status: u16, code: i64, message: &str, retry_after: Option<u64>) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = serde_json::json!({
+        "code": code,
+        "message": message,
+        "more_info": format!("https://www.twilio.com/docs/errors/{code}"),
+        "status": status.as_u16(),
+    });
+    let mut resp = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response();
+    if let Some(secs) = retry_after {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
+}
+
+/// A scripted failure as Twilio would send it: the scripted body when it is
+/// already Twilio's shape, else wrapped in one.
+fn twilio_failure(status: u16, body: &serde_json::Value, retry_after: Option<u64>) -> Response {
+    if body.get("code").is_some() {
+        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (
+            code,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        return resp;
+    }
+    let code = match status {
+        429 => 20429,
+        500..=599 => 20500,
+        _ => 21000,
+    };
+    let message = body["message"].as_str().unwrap_or("injected failure");
+    twilio_error(status, code, message, retry_after)
+}
+
+/// The password of `Basic` credentials whose user is `account_sid`.
+fn basic_password(headers: &HeaderMap, account_sid: &str) -> Option<String> {
+    use base64::Engine;
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, encoded) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (user, password) = decoded.split_once(':')?;
+    (user == account_sid && !password.is_empty()).then(|| password.to_string())
+}
+
+fn rfc2822(t: time::OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc2822)
+        .unwrap_or_default()
+}
+
+/// A Message resource as Twilio shows it.
+fn twilio_resource(m: &TwilioRecord, status: &str) -> serde_json::Value {
+    let date = rfc2822(m.created_at);
+    serde_json::json!({
+        "account_sid": m.account_sid,
+        "api_version": "2010-04-01",
+        "body": m.body,
+        "date_created": date,
+        "date_sent": date,
+        "date_updated": date,
+        "direction": "outbound-api",
+        "error_code": null,
+        "error_message": null,
+        "from": m.from,
+        "messaging_service_sid": m.messaging_service_sid,
+        "num_media": "0",
+        "num_segments": "1",
+        "price": null,
+        "price_unit": "USD",
+        "sid": m.sid,
+        "status": status,
+        "subresource_uris": {
+            "media": format!("/2010-04-01/Accounts/{}/Messages/{}/Media.json", m.account_sid, m.sid),
+        },
+        "to": m.to,
+        "uri": format!("/2010-04-01/Accounts/{}/Messages/{}.json", m.account_sid, m.sid),
+    })
+}
+
+async fn twilio_send(
+    State(mock): State<MockProvider>,
+    axum::extract::Path(account_sid): axum::extract::Path<String>,
+    switch: Option<axum::Extension<DropSwitch>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let form: HashMap<String, String> = form_urlencoded::parse(&body).into_owned().collect();
+    let (behaviour, latency) = {
+        let mut inner = mock.lock();
+        inner.calls.push(Call {
+            endpoint: "twilio".into(),
+            idempotency_key: None,
+            authorization: headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            body: serde_json::to_value(&form).unwrap_or(serde_json::Value::Null),
+        });
+        let behaviour = match inner.script.pop_front() {
+            Some(b) => b,
+            None => inner.faults.draw(),
+        };
+        (behaviour, inner.faults.latency())
+    };
+    let Some(token) = basic_password(&headers, &account_sid) else {
+        return twilio_error(401, 20003, "Authenticate", None);
+    };
+    if form.get("To").is_none_or(String::is_empty) {
+        return twilio_error(400, 21604, "A 'To' phone number is required.", None);
+    }
+    if form.get("Body").is_none_or(String::is_empty) {
+        return twilio_error(400, 21602, "Message body is required.", None);
+    }
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let create = || {
+        let record = mock.twilio_create(&account_sid, &form);
+        let receipts = mock.lock().receipts.clone();
+        if let Some(callback) = form.get("StatusCallback").cloned()
+            && receipts.order != ReceiptOrder::None
+        {
+            tokio::spawn(send_twilio_receipts(
+                receipts,
+                callback,
+                token.clone(),
+                record.clone(),
+            ));
+        }
+        record
+    };
+    let created = |record: &TwilioRecord| {
+        (
+            StatusCode::CREATED,
+            [(header::CONTENT_TYPE, "application/json")],
+            twilio_resource(record, "queued").to_string(),
+        )
+            .into_response()
+    };
+    match behaviour {
+        Behaviour::Accept => created(&create()),
+        Behaviour::Fail {
+            status,
+            body,
+            retry_after,
+        } => twilio_failure(status, &body, retry_after),
+        Behaviour::AcceptThenFail { status } => {
+            create();
+            twilio_error(status, 20500, "Internal Server Error", None)
+        }
+        Behaviour::Gate(gate) => {
+            gate.notified().await;
+            created(&create())
+        }
+        Behaviour::Hang => std::future::pending().await,
+        Behaviour::Delay(d) => {
+            tokio::time::sleep(d).await;
+            created(&create())
+        }
+        Behaviour::AcceptThenHang => {
+            create();
+            std::future::pending().await
+        }
+        Behaviour::AcceptThenDrop => {
+            create();
+            if let Some(axum::Extension(DropSwitch(switch))) = switch
+                && let Some(tx) = switch.lock().unwrap_or_else(PoisonError::into_inner).take()
+            {
+                let _ = tx.send(());
+            }
+            std::future::pending().await
+        }
+    }
+}
+
+/// `DateSent>`'s value: an RFC 3339 time or a `YYYY-MM-DD` date (GMT).
+fn parse_date_filter(value: &str) -> Option<time::OffsetDateTime> {
+    use time::format_description::well_known::Rfc3339;
+    if let Ok(t) = time::OffsetDateTime::parse(value, &Rfc3339) {
+        return Some(t);
+    }
+    let format = time::macros::format_description!("[year]-[month]-[day]");
+    time::Date::parse(value, &format)
+        .ok()
+        .map(|d| d.midnight().assume_utc())
+}
+
+async fn twilio_list(
+    State(mock): State<MockProvider>,
+    axum::extract::Path(account_sid): axum::extract::Path<String>,
+    headers: HeaderMap,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let query: HashMap<String, String> =
+        form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect();
+    {
+        let mut inner = mock.lock();
+        inner.lookups += 1;
+        if inner.failing_lookups > 0 {
+            inner.failing_lookups -= 1;
+            return twilio_error(500, 20500, "injected lookup failure", None);
+        }
+    }
+    if basic_password(&headers, &account_sid).is_none() {
+        return twilio_error(401, 20003, "Authenticate", None);
+    }
+    let after = match query.get("DateSent>") {
+        None => None,
+        Some(v) => match parse_date_filter(v) {
+            Some(t) => Some(t),
+            None => return twilio_error(400, 20001, "Invalid DateSent", None),
+        },
+    };
+    let page_size = query
+        .get("PageSize")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(50)
+        .clamp(1, 1000);
+    let page = query
+        .get("Page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    let matching: Vec<TwilioRecord> = mock
+        .lock()
+        .twilio_messages
+        .iter()
+        .rev()
+        .filter(|m| m.account_sid == account_sid)
+        .filter(|m| query.get("To").is_none_or(|to| &m.to == to))
+        .filter(|m| after.is_none_or(|a| m.created_at >= a))
+        .cloned()
+        .collect();
+    let messages: Vec<serde_json::Value> = matching
+        .iter()
+        .skip(page * page_size)
+        .take(page_size)
+        .map(|m| twilio_resource(m, "sent"))
+        .collect();
+    let path = format!("/2010-04-01/Accounts/{account_sid}/Messages.json");
+    let page_uri = |n: usize| {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        if let Some(to) = query.get("To") {
+            q.append_pair("To", to);
+        }
+        if let Some(after) = query.get("DateSent>") {
+            q.append_pair("DateSent>", after);
+        }
+        q.append_pair("PageSize", &page_size.to_string());
+        q.append_pair("Page", &n.to_string());
+        format!("{path}?{}", q.finish())
+    };
+    let more = matching.len() > (page + 1) * page_size;
+    let body = serde_json::json!({
+        "messages": messages,
+        "first_page_uri": page_uri(0),
+        "next_page_uri": more.then(|| page_uri(page + 1)),
+        "previous_page_uri": (page > 0).then(|| page_uri(page - 1)),
+        "page": page,
+        "page_size": page_size,
+        "uri": page_uri(page),
+        "end": page * page_size + messages.len().saturating_sub(1),
+        "start": page * page_size,
+    });
+    axum::Json(body).into_response()
+}
+
+fn receipt_client() -> Option<reqwest::Client> {
+    crate::install_crypto_provider();
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .ok()
+}
+
+/// Posts Twilio status callbacks for `m`, one after the other, signed.
+async fn send_twilio_receipts(
+    config: ReceiptConfig,
+    callback: String,
+    auth_token: String,
+    m: TwilioRecord,
+) {
+    let Some(client) = receipt_client() else {
+        return;
+    };
+    for (status, event) in config.plan() {
+        let mut params = vec![
+            ("AccountSid".to_string(), m.account_sid.clone()),
+            ("ApiVersion".to_string(), "2010-04-01".to_string()),
+            ("MessageSid".to_string(), m.sid.clone()),
+            ("MessageStatus".to_string(), status.clone()),
+            ("SmsSid".to_string(), m.sid.clone()),
+            ("SmsStatus".to_string(), status.clone()),
+            ("To".to_string(), m.to.clone()),
+        ];
+        if let Some(from) = &m.from {
+            params.push(("From".to_string(), from.clone()));
+        }
+        if event == 1
+            && let Some(code) = &config.error_code
+        {
+            params.push(("ErrorCode".to_string(), code.clone()));
+        }
+        let signature = crate::provider::twilio::signature(&auth_token, &callback, &params);
+        let sent = client
+            .post(&callback)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header("X-Twilio-Signature", signature)
+            .header(
+                "I-Twilio-Idempotency-Token",
+                format!("mock-{}-{event}", m.sid),
+            )
+            .body(crate::provider::twilio::encode_form(&params))
+            .send()
+            .await;
+        if let Err(e) = sent {
+            tracing::warn!(error = %e, "mock provider: a status callback failed");
+        }
+    }
+}
+
+/// Posts `http` protocol receipts for the message accepted under `id`.
+async fn send_http_receipts(config: ReceiptConfig, url: String, id: String) {
+    let Some(client) = receipt_client() else {
+        return;
+    };
+    for (status, event) in config.plan() {
+        let error_code = (event == 1).then(|| config.error_code.clone()).flatten();
+        let mut req = client.post(&url).json(&serde_json::json!({
+            "id": id,
+            "status": status,
+            "event_id": format!("{id}-{event}"),
+            "error_code": error_code,
+        }));
+        if let Some(secret) = &config.http_secret {
+            req = req.header("X-Receipt-Secret", secret);
+        }
+        if let Err(e) = req.send().await {
+            tracing::warn!(error = %e, "mock provider: a receipt failed");
+        }
+    }
 }

@@ -1,12 +1,14 @@
 //! `mock-provider`: the scriptable stand-in SMS provider as a process, for
 //! demos (docker-compose) and the chaos run. It speaks the `http` provider
-//! protocol on `POST /messages`, de-duplicates on `Idempotency-Key`, and
-//! reports deliveries per key on `GET /stats`.
+//! protocol on `POST /messages` (de-duplicating on `Idempotency-Key`) and
+//! Twilio's Messages endpoint (`/2010-04-01/Accounts/{sid}/Messages.json`),
+//! and reports deliveries per key and per (To, Body) on `GET /stats`.
 //!
 //! `MOCK_LISTEN` (default 127.0.0.1:9090) sets the address; the fault
-//! variables of [`Faults::from_env`] make it misbehave at random.
+//! variables of [`Faults::from_env`] make it misbehave at random; those of
+//! [`ReceiptConfig::from_env`] make it send delivery receipts back.
 
-use sendonce::mock_provider::{Faults, MockProvider};
+use sendonce::mock_provider::{Faults, MockProvider, ReceiptConfig};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -14,6 +16,13 @@ async fn main() -> std::process::ExitCode {
     let listen = std::env::var("MOCK_LISTEN").unwrap_or_else(|_| "127.0.0.1:9090".into());
     let faults = match Faults::from_env() {
         Ok(f) => f,
+        Err(e) => {
+            eprintln!("mock-provider: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let receipts = match ReceiptConfig::from_env() {
+        Ok(r) => r,
         Err(e) => {
             eprintln!("mock-provider: {e}");
             return std::process::ExitCode::from(2);
@@ -27,7 +36,9 @@ async fn main() -> std::process::ExitCode {
         }
     };
     tracing::info!(%listen, ?faults, "mock provider listening");
-    let task = MockProvider::with_faults(faults).serve(listener);
+    let mock = MockProvider::with_faults(faults);
+    mock.set_receipts(receipts);
+    let task = mock.serve(listener);
     tokio::select! {
         _ = task => {}
         () = sendonce::shutdown::signal() => {}

@@ -62,6 +62,7 @@ pub struct Deliverer {
     stop: CancellationToken,
     /// Wakes the scheduler early (a retry is due soon).
     pub(crate) nudge: Arc<Notify>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// What the outcome of an attempt leads to.
@@ -99,6 +100,7 @@ impl Deliverer {
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
             nudge: Arc::new(Notify::new()),
+            metrics: Arc::default(),
         })
     }
 
@@ -112,6 +114,11 @@ impl Deliverer {
 
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// This instance's metrics.
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.metrics
     }
 
     pub fn settings(&self) -> &DeliverySettings {
@@ -142,9 +149,8 @@ impl Deliverer {
     pub fn spawn(self: &Arc<Self>, msg: MessageRecord, lease: Lease, fresh: bool) {
         let registration = self.hub.register(msg.id);
         let this = Arc::clone(self);
+        let span = tracing::info_span!("deliver", message_id = %msg.id, attempt = msg.attempts);
         self.tasks.spawn(async move {
-            let id = msg.id;
-            let span = tracing::info_span!("deliver", message_id = %id, attempt = msg.attempts);
             let _ = tracing::Instrument::instrument(
                 this.deliver(msg, lease, fresh, &registration),
                 span,
@@ -335,6 +341,37 @@ impl Deliverer {
                 .await;
         }
 
+        // A number that opted out never reaches the provider.
+        match self.store.is_opted_out(msg.tenant_id, &msg.to).await {
+            Ok(false) => {}
+            Ok(true) => {
+                let e = error(
+                    "recipient_opted_out",
+                    "the recipient opted out of messages from this account",
+                    None,
+                );
+                let result =
+                    self.attempt_result(&msg, attempt, "opted_out", Some(e.message.clone()));
+                let status = give_up_status(msg.maybe_sent);
+                return self
+                    .finish(
+                        &mut msg,
+                        &lease,
+                        registration,
+                        status,
+                        None,
+                        Some(e),
+                        Some(result),
+                    )
+                    .await;
+            }
+            Err(e) => {
+                // The lease runs out and the message is resumed from the row.
+                tracing::warn!(error = %e, "could not check the opt-out list");
+                return None;
+            }
+        }
+
         // The provider is called only under a lease that outlives the call,
         // so no other instance can take the message over while it runs.
         let needed = to_time(self.settings.provider_timeout + Duration::from_secs(2));
@@ -366,6 +403,9 @@ impl Deliverer {
             // resumes the message treats it as ambiguous.
             () = self.stop.cancelled() => return None,
         };
+        let class = crate::metrics::outcome_class(&outcome);
+        self.metrics
+            .provider_attempt(self.provider.name(), class, started.elapsed());
         tracing::debug!(
             elapsed_ms = started.elapsed().as_millis() as u64,
             ?outcome,
@@ -441,6 +481,7 @@ impl Deliverer {
                 };
                 if self.write(&lease, || self.store.reschedule(&r)).await? {
                     tracing::info!(next_attempt_at = %at, "retry scheduled");
+                    self.metrics.retry_scheduled();
                     self.nudge_at(at);
                 }
                 Some(())
@@ -505,7 +546,17 @@ impl Deliverer {
         };
         if self.write(lease, || self.store.finish(&f)).await? {
             tracing::info!(status = status.as_str(), "message final");
+            self.metrics.message_final(status.as_str());
             registration.complete(response);
+            // A fast provider's receipts can overtake our write of its id.
+            if let Some(pmid) = msg
+                .provider_message_id
+                .as_deref()
+                .filter(|_| status == Status::Sent)
+                && let Err(e) = self.store.attach_receipts(&msg.provider, pmid, now).await
+            {
+                tracing::warn!(error = %e, "could not attach receipts that arrived early");
+            }
             Some(())
         } else {
             tracing::warn!("lease lost: another instance finished or owns this message");

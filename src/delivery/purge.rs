@@ -16,6 +16,7 @@ pub struct Purger {
     retention: Duration,
     interval: Duration,
     batch: u32,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Purger {
@@ -31,7 +32,14 @@ impl Purger {
             retention,
             interval,
             batch: 500,
+            metrics: None,
         }
+    }
+
+    /// Counts what is purged in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Deletes everything past retention now. Returns how many messages.
@@ -41,7 +49,20 @@ impl Purger {
         loop {
             let n = self.store.purge(cutoff, self.batch).await?;
             total += n;
+            if let Some(m) = &self.metrics {
+                m.purged(n);
+            }
             if n < u64::from(self.batch) {
+                // Receipts that never found their message (the others go
+                // with it) are kept for the same window.
+                while self
+                    .store
+                    .purge_unmatched_receipts(cutoff, self.batch)
+                    .await?
+                    == u64::from(self.batch)
+                {
+                    tokio::task::yield_now().await;
+                }
                 return Ok(total);
             }
             tokio::task::yield_now().await;

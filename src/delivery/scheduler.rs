@@ -50,6 +50,7 @@ impl Scheduler {
         for (msg, lease) in claimed {
             if msg.next_attempt_at.is_none_or(|due| due > now) {
                 tracing::info!(message_id = %msg.id, attempts = msg.attempts, "rescuing a message whose lease expired");
+                self.deliverer.metrics().takeover();
             }
             self.deliverer.spawn(msg, lease, false);
         }

@@ -91,7 +91,7 @@ impl std::fmt::Display for MessageId {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MessageError {
     /// Our code: `provider_rejected`, `retries_exhausted`, `validity_expired`,
-    /// `outcome_unknown`.
+    /// `outcome_unknown`; `delivery_failed` when a receipt says `undelivered`.
     pub code: String,
     pub message: String,
     /// The provider's own error code, when it gave one.
@@ -120,6 +120,9 @@ pub struct MessageOut {
     pub updated_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339::option")]
     pub sent_at: Option<OffsetDateTime>,
+    /// When a delivery receipt moved the status to `delivered`/`undelivered`.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub delivery_status_at: Option<OffsetDateTime>,
     /// When the next attempt is due, while a retry waits.
     #[serde(with = "time::serde::rfc3339::option")]
     pub next_attempt_at: Option<OffsetDateTime>,

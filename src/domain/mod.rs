@@ -4,6 +4,9 @@
 
 pub mod idempotency_key;
 pub mod message;
+pub mod phone;
+#[cfg(test)]
+mod proptests;
 pub mod request;
 pub mod segments;
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use validator::Validate;
 
+use super::phone;
 use super::segments::{self, SegmentCount};
 
 pub const BODY_MAX_CHARS: u64 = 1600;
@@ -55,6 +56,9 @@ pub enum RequestError {
 pub struct SendRequest {
     /// E.164, e.g. `+14155550100`.
     pub to: String,
+    /// The destination's ISO 3166-1 region (for per-tenant allow-lists).
+    #[serde(skip)]
+    pub to_country: Option<String>,
     /// E.164 number or alphanumeric sender id; `None` lets the provider choose.
     pub from: Option<String>,
     pub body: String,
@@ -81,6 +85,12 @@ impl SendRequest {
     /// Parses and validates a JSON body.
     pub fn parse(bytes: &[u8]) -> Result<Self, RequestError> {
         let value: Value = serde_json::from_slice(bytes).map_err(|_| RequestError::Malformed)?;
+        if let Some(path) = duplicate_key(bytes) {
+            return Err(RequestError::Invalid(vec![FieldError::new(
+                path,
+                "appears more than once in the JSON object",
+            )]));
+        }
         let Value::Object(map) = value else {
             return Err(RequestError::Invalid(vec![FieldError::new(
                 "",
@@ -168,12 +178,12 @@ impl SendRequest {
                 }
                 None
             }
-            Some(to) => match parse_e164(&to) {
+            Some(to) => match phone::parse(&to) {
                 Some(to) => Some(to),
                 None => {
                     errors.push(FieldError::new(
                         "to",
-                        "must be a phone number in E.164 form, e.g. +14155550100",
+                        "must be a valid phone number in international form, e.g. +14155550100",
                     ));
                     None
                 }
@@ -238,7 +248,14 @@ impl SendRequest {
             errors.dedup();
             return Err(RequestError::Invalid(errors));
         }
-        let (Some(to), Some(body)) = (to, body) else {
+        let (
+            Some(phone::Phone {
+                e164: to,
+                country: to_country,
+            }),
+            Some(body),
+        ) = (to, body)
+        else {
             return Err(RequestError::Invalid(vec![FieldError::new(
                 "",
                 "is invalid",
@@ -248,6 +265,7 @@ impl SendRequest {
         let segments = segments::count(&body);
         Ok(SendRequest {
             to,
+            to_country,
             from,
             body,
             validity_seconds,
@@ -269,27 +287,97 @@ impl SendRequest {
     }
 }
 
+/// The path of the first key that appears twice in one JSON object, if any.
+/// JSON parsers disagree on which duplicate wins, so a request that has one
+/// means different things to different readers: it is refused.
+fn duplicate_key(bytes: &[u8]) -> Option<String> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    struct Scan<'a> {
+        path: &'a str,
+        found: &'a mut Option<String>,
+    }
+    impl<'de> DeserializeSeed<'de> for Scan<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Scan<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let path = if self.path.is_empty() {
+                    field_label(&key)
+                } else {
+                    format!("{}.{}", self.path, field_label(&key))
+                };
+                if !seen.insert(key) && self.found.is_none() {
+                    *self.found = Some(path.clone());
+                }
+                map.next_value_seed(Scan {
+                    path: &path,
+                    found: &mut *self.found,
+                })?;
+            }
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq
+                .next_element_seed(Scan {
+                    path: self.path,
+                    found: &mut *self.found,
+                })?
+                .is_some()
+            {}
+            Ok(())
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+    }
+    let _ = IgnoredAny;
+    let mut found = None;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let _ = Scan {
+        path: "",
+        found: &mut found,
+    }
+    .deserialize(&mut de);
+    found
+}
+
 /// A metadata key as shown in an error's `field`, cut short so a huge key is
 /// not echoed back.
 fn field_label(k: &str) -> String {
     k.chars().take(METADATA_KEY_MAX).collect()
 }
 
-/// E.164: `+`, a first digit 1-9, at most 15 digits in all.
-pub fn parse_e164(s: &str) -> Option<String> {
-    let digits = s.strip_prefix('+')?;
-    let ok = (2..=15).contains(&digits.len())
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && !digits.starts_with('0');
-    ok.then(|| s.to_string())
-}
-
-/// A sender: an E.164 number, or an alphanumeric sender id (1 to 11 of
-/// A-Z, a-z, 0-9 and space, with at least one letter, not starting or ending
-/// with a space).
+/// A sender: a valid phone number (returned in E.164), or an alphanumeric
+/// sender id (1 to 11 of A-Z, a-z, 0-9 and space, with at least one letter,
+/// not starting or ending with a space).
 pub fn parse_sender(s: &str) -> Option<String> {
-    if s.starts_with('+') {
-        return parse_e164(s);
+    if s.trim_start().starts_with('+') {
+        return phone::parse(s).map(|p| p.e164);
     }
     let ok = !s.is_empty()
         && s.len() <= SENDER_ID_MAX
@@ -331,6 +419,36 @@ mod tests {
     }
 
     #[test]
+    fn duplicate_keys_are_refused_wherever_they_are() {
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","to":"+14155550101","body":"hi"}"#),
+            vec!["to"]
+        );
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","metadata":{"a":"1","a":"2"}}"#),
+            vec!["metadata.a"]
+        );
+    }
+
+    #[test]
+    fn numbers_are_normalised_to_e164() {
+        let a = SendRequest::parse(
+            br#"{"to":"+1 (415) 555-2671","body":"hi","from":"+44 20 7946 0958"}"#,
+        )
+        .unwrap();
+        assert_eq!(a.to, "+14155552671");
+        assert_eq!(a.to_country.as_deref(), Some("US"));
+        assert_eq!(a.from.as_deref(), Some("+442079460958"));
+        let b = SendRequest::parse(br#"{"to":"+14155552671","body":"hi","from":"+442079460958"}"#)
+            .unwrap();
+        assert_eq!(
+            a.fingerprint(),
+            b.fingerprint(),
+            "same number, same request"
+        );
+    }
+
+    #[test]
     fn malformed_json_is_malformed() {
         assert_eq!(
             SendRequest::parse(b"{\"to\":"),
@@ -341,7 +459,11 @@ mod tests {
     #[test]
     fn reports_each_bad_field() {
         assert_eq!(fields(r#"{}"#), vec!["body", "to"]);
-        assert_eq!(fields(r#"{"to":"+1415","body":"hi","x":1}"#), vec!["x"]);
+        assert_eq!(
+            fields(r#"{"to":"+14155550100","body":"hi","x":1}"#),
+            vec!["x"]
+        );
+        assert_eq!(fields(r#"{"to":"+1415","body":"hi"}"#), vec!["to"]);
         assert_eq!(fields(r#"{"to":"14155550100","body":"hi"}"#), vec!["to"]);
         assert_eq!(fields(r#"{"to":5,"body":"hi"}"#), vec!["to"]);
         assert_eq!(

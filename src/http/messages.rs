@@ -13,21 +13,22 @@
 
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http_body_util::BodyExt;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
-use super::{SharedState, Tenant, preferred_wait};
+use super::{Authenticated, BODY_LIMIT, SharedState, Tenant, preferred_wait};
 use crate::clock::to_time;
 use crate::domain::request::RequestError;
-use crate::domain::{IdempotencyKey, MessageId, SendRequest};
+use crate::domain::{FieldError, IdempotencyKey, MessageId, SendRequest};
 use crate::error::ApiError;
-use crate::store::{Claim, NewMessage, StoredResponse};
+use crate::store::{Claim, NewMessage, StoredResponse, TenantAuth};
 
 pub fn router() -> Router<SharedState> {
     Router::new()
@@ -49,7 +50,7 @@ fn location(key: &str) -> HeaderValue {
     HeaderValue::from_str(&path).unwrap_or_else(|_| HeaderValue::from_static("/messages"))
 }
 
-fn is_json(headers: &HeaderMap) -> bool {
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     let Some(ct) = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -86,10 +87,19 @@ fn stored(response: StoredResponse, key: &str, replayed: bool) -> Response {
 
 async fn create_message(
     State(state): State<SharedState>,
-    Tenant(tenant_id): Tenant,
+    Authenticated(tenant): Authenticated,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
+    let tenant_id = tenant.id;
+    // The tenant's request rate covers every POST, replays included.
+    state
+        .limiter
+        .request(tenant_id)
+        .map_err(|r| ApiError::RateLimited {
+            limit: r.limit,
+            retry_after: r.retry_after,
+        })?;
     let key = match headers.get("idempotency-key") {
         None => return Err(ApiError::MissingIdempotencyKey),
         Some(v) => {
@@ -99,17 +109,12 @@ async fn create_message(
     if !is_json(&headers) {
         return Err(ApiError::UnsupportedMediaType);
     }
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge
-        } else {
-            ApiError::MalformedJson
-        }
-    })?;
+    let body = read_body(body, state.body_read_timeout).await?;
     let request = SendRequest::parse(&body).map_err(|e| match e {
         RequestError::Malformed => ApiError::MalformedJson,
         RequestError::Invalid(errors) => ApiError::Validation(errors),
     })?;
+    check_policy(&request, &tenant, state.max_segments)?;
     let budget = preferred_wait(&headers, &state.wait);
     let fingerprint = request.fingerprint();
 
@@ -136,7 +141,32 @@ async fn create_message(
     };
     let lease = deliverer.new_lease();
 
-    match state.store.insert_message(&new, &lease).await? {
+    // Destination limits count new sends only: a request over the limit
+    // whose key already exists is a replay (or a 422) and goes on.
+    let permit = match state.limiter.send(tenant_id, &new.to) {
+        Ok(permit) => Some(permit),
+        Err(refused) => {
+            if state
+                .store
+                .key_state(tenant_id, key.as_str())
+                .await?
+                .is_none()
+            {
+                return Err(ApiError::RateLimited {
+                    limit: refused.limit,
+                    retry_after: refused.retry_after,
+                });
+            }
+            None
+        }
+    };
+    let claim = state.store.insert_message(&new, &lease).await;
+    if !matches!(claim, Ok(Claim::Created(_)))
+        && let Some(permit) = permit
+    {
+        state.limiter.refund(permit);
+    }
+    match claim? {
         Claim::Created(record) => {
             let id = record.id;
             deliverer.spawn(*record, lease, true);
@@ -154,6 +184,55 @@ async fn create_message(
                 None => Err(ApiError::KeyInUse),
             }
         }
+    }
+}
+
+/// Reads the body within the size and time limits.
+pub(crate) async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
+    let limited = http_body_util::Limited::new(body, BODY_LIMIT);
+    match tokio::time::timeout(timeout, limited.collect()).await {
+        Err(_) => Err(ApiError::RequestTimeout),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::PayloadTooLarge),
+        Ok(Err(_)) => Err(ApiError::MalformedJson),
+    }
+}
+
+/// What the tenant and the service allow beyond a well-formed request.
+fn check_policy(
+    request: &SendRequest,
+    tenant: &TenantAuth,
+    max_segments: u32,
+) -> Result<(), ApiError> {
+    let mut errors = Vec::new();
+    if request.segments.segments > max_segments {
+        errors.push(FieldError {
+            field: "body".into(),
+            message: format!(
+                "takes {} SMS segments; at most {max_segments} are allowed",
+                request.segments.segments
+            ),
+        });
+    }
+    if let Some(allowed) = &tenant.allowed_countries {
+        let ok = request
+            .to_country
+            .as_ref()
+            .is_some_and(|c| allowed.iter().any(|a| a.eq_ignore_ascii_case(c)));
+        if !ok {
+            errors.push(FieldError {
+                field: "to".into(),
+                message: format!(
+                    "the destination country is not allowed for this account (allowed: {})",
+                    allowed.join(", ")
+                ),
+            });
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::Validation(errors))
     }
 }
 

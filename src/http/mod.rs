@@ -13,10 +13,14 @@ use uuid::Uuid;
 use crate::apikey;
 use crate::delivery::Deliverer;
 use crate::error::ApiError;
-use crate::store::Store;
+use crate::ratelimit::RateLimiter;
+use crate::store::{Store, TenantAuth};
 
 pub mod health;
 pub mod messages;
+pub mod opt_outs;
+pub mod receipts;
+pub mod server;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -34,6 +38,13 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub deliverer: Arc<Deliverer>,
     pub wait: WaitSettings,
+    pub limiter: RateLimiter,
+    /// Most SMS segments one message may take.
+    pub max_segments: u32,
+    /// The whole request body must arrive within this.
+    pub body_read_timeout: Duration,
+    /// How delivery receipts are authenticated.
+    pub receipts: receipts::ReceiptSettings,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -41,18 +52,65 @@ pub type SharedState = Arc<AppState>;
 pub fn router(state: SharedState) -> Router {
     Router::new()
         .merge(messages::router())
+        .merge(opt_outs::router())
+        .merge(receipts::router())
         .merge(health::router())
+        .route("/metrics", axum::routing::get(crate::metrics::scrape))
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(hygiene))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            crate::metrics::observe,
+        ))
         .with_state(state)
+}
+
+/// Longest request URI accepted (a 255-character key percent-encoded
+/// fits with room to spare).
+pub const MAX_URI_BYTES: usize = 2048;
+
+/// Refuses over-long URIs and adds the headers every answer should carry:
+/// they are JSON with personal data in them, never to be sniffed, framed or
+/// cached.
+async fn hygiene(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::HeaderValue;
+    use axum::response::IntoResponse;
+    let mut resp = if req.uri().to_string().len() > MAX_URI_BYTES {
+        ApiError::UriTooLong.into_response()
+    } else {
+        next.run(req).await
+    };
+    let h = resp.headers_mut();
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    h.insert(
+        "content-security-policy",
+        HeaderValue::from_static("default-src 'none'; frame-ancestors 'none'"),
+    );
+    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    if !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    resp
 }
 
 /// The tenant an API key belongs to.
 #[derive(Clone, Copy, Debug)]
 pub struct Tenant(pub Uuid);
 
-impl FromRequestParts<SharedState> for Tenant {
+/// The tenant an API key belongs to, with its settings.
+#[derive(Clone, Debug)]
+pub struct Authenticated(pub TenantAuth);
+
+impl FromRequestParts<SharedState> for Authenticated {
     type Rejection = ApiError;
 
     async fn from_request_parts(
@@ -64,9 +122,21 @@ impl FromRequestParts<SharedState> for Tenant {
             return Err(ApiError::Unauthorized);
         }
         match state.store.tenant_for_key(&apikey::hash(key)).await? {
-            Some(id) => Ok(Tenant(id)),
+            Some(auth) => Ok(Authenticated(auth)),
             None => Err(ApiError::Unauthorized),
         }
+    }
+}
+
+impl FromRequestParts<SharedState> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &SharedState,
+    ) -> Result<Self, Self::Rejection> {
+        let Authenticated(auth) = Authenticated::from_request_parts(parts, state).await?;
+        Ok(Tenant(auth.id))
     }
 }
 

@@ -21,9 +21,11 @@ use crate::domain::MessageId;
 
 pub mod http;
 pub mod simulated;
+pub mod twilio;
 
 pub use http::HttpProvider;
 pub use simulated::SimulatedProvider;
+pub use twilio::{TwilioProvider, TwilioSettings};
 
 /// One SMS as handed to a provider.
 #[derive(Clone, Debug)]

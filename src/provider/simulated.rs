@@ -7,7 +7,11 @@ use uuid::Uuid;
 use super::{OutgoingSms, Provider, SendOutcome};
 
 #[derive(Clone, Debug, Default)]
-pub struct SimulatedProvider;
+pub struct SimulatedProvider {
+    /// Log the message body too (`SENDONCE_LOG_BODIES`); off by default,
+    /// since a body may be a one-time code.
+    pub log_bodies: bool,
+}
 
 #[async_trait]
 impl Provider for SimulatedProvider {
@@ -21,7 +25,11 @@ impl Provider for SimulatedProvider {
     }
 
     async fn send(&self, sms: &OutgoingSms) -> SendOutcome {
-        tracing::info!(message_id = %sms.message_id, segments_to = %mask(&sms.to), "simulated send");
+        if self.log_bodies {
+            tracing::info!(message_id = %sms.message_id, to = %mask(&sms.to), body = %sms.body, "simulated send");
+        } else {
+            tracing::info!(message_id = %sms.message_id, to = %mask(&sms.to), "simulated send");
+        }
         SendOutcome::Accepted {
             provider_message_id: format!("sim_{}", Uuid::new_v4().as_simple()),
             http_status: None,

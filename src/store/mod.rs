@@ -42,6 +42,24 @@ pub struct NewApiKey {
     pub prefix: String,
 }
 
+/// What a request learns about its tenant from its API key: one lookup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantAuth {
+    pub id: Uuid,
+    /// ISO 3166-1 alpha-2 codes messages may go to; `None`: anywhere.
+    pub allowed_countries: Option<Vec<String>>,
+}
+
+/// A number that asked not to be messaged.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OptOut {
+    pub number: String,
+    /// `api` or `inbound` (a STOP message).
+    pub source: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
 /// An API key as listed to operators (never the key itself).
 #[derive(Clone, Debug)]
 pub struct ApiKeyInfo {
@@ -109,6 +127,8 @@ pub struct MessageRecord {
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
     pub sent_at: Option<OffsetDateTime>,
+    /// When a delivery receipt moved the status to `delivered`/`undelivered`.
+    pub delivery_status_at: Option<OffsetDateTime>,
     pub expires_at: Option<OffsetDateTime>,
     pub deadline_at: OffsetDateTime,
     /// The latest attempt started and has no recorded answer: the provider
@@ -146,6 +166,7 @@ impl MessageRecord {
             created_at: m.created_at,
             updated_at: m.created_at,
             sent_at: None,
+            delivery_status_at: None,
             expires_at: m.expires_at,
             deadline_at: m.deadline_at,
             last_attempt_open: true,
@@ -172,6 +193,7 @@ impl MessageRecord {
             created_at: self.created_at,
             updated_at: self.updated_at,
             sent_at: self.sent_at,
+            delivery_status_at: self.delivery_status_at,
             next_attempt_at: self.next_attempt_at,
         }
     }
@@ -258,6 +280,59 @@ pub struct AttemptRow {
     pub provider_message_id: Option<String>,
 }
 
+/// A delivery receipt as received, to record under its event identity.
+#[derive(Clone, Debug)]
+pub struct NewReceipt {
+    /// The endpoint that received it: `twilio` or `http` (the provider name
+    /// stored on messages, which is how a receipt finds its message).
+    pub provider: String,
+    /// The provider's identity of this event: a second receipt with the same
+    /// one is a duplicate and changes nothing.
+    pub event_id: String,
+    pub provider_message_id: String,
+    /// The status as the provider spelled it.
+    pub provider_status: String,
+    /// What it means for us: `Sent`, `Delivered`, `Undelivered`, or `None`.
+    pub status: Option<Status>,
+    pub error_code: Option<String>,
+    pub received_at: OffsetDateTime,
+}
+
+/// What recording a receipt did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReceiptOutcome {
+    /// Already recorded under the same event identity: nothing changed.
+    pub duplicate: bool,
+    /// The message it belongs to, if one is known.
+    pub message_id: Option<MessageId>,
+    /// The message's status moved forward because of it.
+    pub applied: bool,
+}
+
+/// A recorded receipt.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReceiptRow {
+    pub provider: String,
+    pub event_id: String,
+    pub provider_message_id: String,
+    pub message_id: Option<String>,
+    pub provider_status: String,
+    pub status: Option<Status>,
+    pub error_code: Option<String>,
+    pub applied: bool,
+    #[serde(with = "time::serde::rfc3339")]
+    pub received_at: OffsetDateTime,
+}
+
+/// What a receipt with a final delivery status makes of a `sent` message.
+pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> MessageError {
+    MessageError {
+        code: "delivery_failed".into(),
+        message: format!("the provider reported the message as not delivered ({provider_status})"),
+        provider_code: error_code.map(str::to_string),
+    }
+}
+
 /// The storage interface the service runs on.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -273,7 +348,7 @@ pub trait Store: Send + Sync + 'static {
     /// Makes sure tenant `name` exists and accepts `key` (idempotent).
     async fn ensure_tenant_key(&self, name: &str, key: &NewApiKey) -> Result<(), StoreError>;
     /// The tenant a key hash belongs to, if the key exists and is not revoked.
-    async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<Uuid>, StoreError>;
+    async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError>;
     async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError>;
     /// Adds a key to a tenant by name; `None` if there is no such tenant.
     async fn add_key(&self, tenant_name: &str, key: &NewApiKey)
@@ -330,4 +405,57 @@ pub trait Store: Send + Sync + 'static {
     async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError>;
     /// The creation time of the oldest message still `processing`.
     async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError>;
+
+    // Receipts and events.
+    /// Records a receipt once under (provider, event id) and applies it: the
+    /// message whose provider id it names moves from `sent` to the first
+    /// final delivery status any of its receipts reported, and never back.
+    /// A receipt for no known message is kept, unlinked, for inspection.
+    async fn record_receipt(&self, r: &NewReceipt) -> Result<ReceiptOutcome, StoreError>;
+    /// Links receipts that arrived before the message's provider id was
+    /// written (a fast provider overtaking our own write) and applies them.
+    /// Returns whether the status moved.
+    async fn attach_receipts(
+        &self,
+        provider: &str,
+        provider_message_id: &str,
+        now: OffsetDateTime,
+    ) -> Result<bool, StoreError>;
+    /// A message's receipts in arrival order.
+    async fn receipts(&self, id: MessageId) -> Result<Vec<ReceiptRow>, StoreError>;
+    /// Receipts that matched no message, newest first.
+    async fn unmatched_receipts(&self, limit: u32) -> Result<Vec<ReceiptRow>, StoreError>;
+    /// Deletes up to `batch` unmatched receipts received before `cutoff`.
+    async fn purge_unmatched_receipts(
+        &self,
+        cutoff: OffsetDateTime,
+        batch: u32,
+    ) -> Result<u64, StoreError>;
+
+    // Tenant settings and opt-outs.
+    /// Sets (or with `None` clears) a tenant's destination allow-list;
+    /// false if there is no such tenant.
+    async fn set_allowed_countries(
+        &self,
+        tenant_name: &str,
+        countries: Option<&[String]>,
+    ) -> Result<bool, StoreError>;
+    /// Adds an opt-out; false if the number was already opted out.
+    async fn add_opt_out(
+        &self,
+        tenant_id: Uuid,
+        number: &str,
+        source: &str,
+        at: OffsetDateTime,
+    ) -> Result<bool, StoreError>;
+    /// Removes an opt-out; false if there was none.
+    async fn remove_opt_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError>;
+    /// Opt-outs in number order, after `after`, at most `limit`.
+    async fn list_opt_outs(
+        &self,
+        tenant_id: Uuid,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<OptOut>, StoreError>;
+    async fn is_opted_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError>;
 }

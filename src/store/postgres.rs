@@ -17,7 +17,8 @@ use uuid::Uuid;
 
 use super::{
     ApiKeyInfo, AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, NewApiKey, NewMessage,
-    Reschedule, Store, StoreError, StoredResponse,
+    NewReceipt, OptOut, ReceiptOutcome, ReceiptRow, Reschedule, Store, StoreError, StoredResponse,
+    TenantAuth,
 };
 use crate::domain::{Encoding, MessageError, MessageId, Status};
 
@@ -97,7 +98,7 @@ macro_rules! message_columns {
     m.to_number, m.from_sender, m.body, m.segments, m.encoding, m.metadata, m.validity_seconds, \
     m.provider, m.provider_message_id, m.attempts, m.maybe_sent, m.error, m.response_code, m.response_body, \
     m.lease_token, m.lease_owner, m.lease_expires_at, m.next_attempt_at, m.created_at, \
-    m.updated_at, m.sent_at, m.expires_at, m.deadline_at, \
+    m.updated_at, m.sent_at, m.delivery_status_at, m.expires_at, m.deadline_at, \
     (SELECT a.started_at FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
         AS last_attempt_started_at, \
     COALESCE((SELECT a.finished_at IS NULL FROM attempts a \
@@ -152,6 +153,7 @@ fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<MessageRecord, StoreEr
         created_at: row.try_get("created_at").map_err(get_err)?,
         updated_at: row.try_get("updated_at").map_err(get_err)?,
         sent_at: row.try_get("sent_at").map_err(get_err)?,
+        delivery_status_at: row.try_get("delivery_status_at").map_err(get_err)?,
         expires_at: row.try_get("expires_at").map_err(get_err)?,
         deadline_at: row.try_get("deadline_at").map_err(get_err)?,
         last_attempt_open: row.try_get("last_attempt_open").map_err(get_err)?,
@@ -258,14 +260,20 @@ impl Store for PgStore {
         tx.commit().await.map_err(map_err)
     }
 
-    async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<Uuid>, StoreError> {
-        sqlx::query_scalar(
-            "SELECT tenant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+    async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError> {
+        let row: Option<(Uuid, Option<Vec<String>>)> = sqlx::query_as(
+            "SELECT k.tenant_id, t.allowed_countries FROM api_keys k \
+             JOIN tenants t ON t.id = k.tenant_id \
+             WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
         )
         .bind(key_hash)
         .fetch_optional(&self.pool)
         .await
-        .map_err(map_err)
+        .map_err(map_err)?;
+        Ok(row.map(|(id, allowed_countries)| TenantAuth {
+            id,
+            allowed_countries,
+        }))
     }
 
     async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError> {
@@ -666,4 +674,300 @@ impl Store for PgStore {
             .await
             .map_err(map_err)
     }
+
+    // Receipts and events.
+    async fn record_receipt(&self, r: &NewReceipt) -> Result<ReceiptOutcome, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        lock_receipts(&mut tx, &r.provider, &r.provider_message_id).await?;
+        let inserted: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO receipts (provider, event_id, provider_message_id, provider_status, \
+                status, error_code, received_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (provider, event_id) DO NOTHING RETURNING seq",
+        )
+        .bind(&r.provider)
+        .bind(&r.event_id)
+        .bind(&r.provider_message_id)
+        .bind(&r.provider_status)
+        .bind(r.status.map(Status::as_str))
+        .bind(&r.error_code)
+        .bind(r.received_at)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if inserted.is_none() {
+            let earlier: Option<Option<Uuid>> = sqlx::query_scalar(
+                "SELECT message_id FROM receipts WHERE provider = $1 AND event_id = $2",
+            )
+            .bind(&r.provider)
+            .bind(&r.event_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            tx.commit().await.map_err(map_err)?;
+            return Ok(ReceiptOutcome {
+                duplicate: true,
+                message_id: earlier.flatten().map(MessageId),
+                applied: false,
+            });
+        }
+        let (message_id, applied) =
+            link_and_apply_receipts(&mut tx, &r.provider, &r.provider_message_id, r.received_at)
+                .await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(ReceiptOutcome {
+            duplicate: false,
+            message_id,
+            applied,
+        })
+    }
+
+    async fn attach_receipts(
+        &self,
+        provider: &str,
+        provider_message_id: &str,
+        now: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        lock_receipts(&mut tx, provider, provider_message_id).await?;
+        let (_, applied) =
+            link_and_apply_receipts(&mut tx, provider, provider_message_id, now).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(applied)
+    }
+
+    async fn receipts(&self, id: MessageId) -> Result<Vec<ReceiptRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT provider, event_id, provider_message_id, message_id, provider_status, \
+                status, error_code, applied, received_at \
+             FROM receipts WHERE message_id = $1 ORDER BY seq",
+        )
+        .bind(id.0)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter().map(receipt_from_row).collect()
+    }
+
+    async fn unmatched_receipts(&self, limit: u32) -> Result<Vec<ReceiptRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT provider, event_id, provider_message_id, message_id, provider_status, \
+                status, error_code, applied, received_at \
+             FROM receipts WHERE message_id IS NULL ORDER BY seq DESC LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter().map(receipt_from_row).collect()
+    }
+
+    async fn purge_unmatched_receipts(
+        &self,
+        cutoff: OffsetDateTime,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM receipts WHERE seq IN ( \
+                SELECT seq FROM receipts WHERE message_id IS NULL AND received_at < $1 \
+                ORDER BY received_at LIMIT $2)",
+        )
+        .bind(cutoff)
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected())
+    }
+
+    // Tenant settings and opt-outs.
+    async fn set_allowed_countries(
+        &self,
+        tenant_name: &str,
+        countries: Option<&[String]>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE tenants SET allowed_countries = $2 WHERE name = $1")
+            .bind(tenant_name)
+            .bind(countries)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn add_opt_out(
+        &self,
+        tenant_id: Uuid,
+        number: &str,
+        source: &str,
+        at: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO opt_outs (tenant_id, number, source, created_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (tenant_id, number) DO NOTHING",
+        )
+        .bind(tenant_id)
+        .bind(number)
+        .bind(source)
+        .bind(at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn remove_opt_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM opt_outs WHERE tenant_id = $1 AND number = $2")
+            .bind(tenant_id)
+            .bind(number)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn list_opt_outs(
+        &self,
+        tenant_id: Uuid,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<OptOut>, StoreError> {
+        let rows: Vec<(String, String, OffsetDateTime)> = sqlx::query_as(
+            "SELECT number, source, created_at FROM opt_outs \
+             WHERE tenant_id = $1 AND ($2::text IS NULL OR number > $2) \
+             ORDER BY number LIMIT $3",
+        )
+        .bind(tenant_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|(number, source, created_at)| OptOut {
+                number,
+                source,
+                created_at,
+            })
+            .collect())
+    }
+
+    async fn is_opted_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = $1 AND number = $2)",
+        )
+        .bind(tenant_id)
+        .bind(number)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)
+    }
+}
+
+// Receipts and events: helpers.
+
+fn receipt_from_row(row: &sqlx::postgres::PgRow) -> Result<ReceiptRow, StoreError> {
+    let status: Option<String> = row.try_get("status").map_err(map_err)?;
+    let message_id: Option<Uuid> = row.try_get("message_id").map_err(map_err)?;
+    Ok(ReceiptRow {
+        provider: row.try_get("provider").map_err(map_err)?,
+        event_id: row.try_get("event_id").map_err(map_err)?,
+        provider_message_id: row.try_get("provider_message_id").map_err(map_err)?,
+        message_id: message_id.map(|id| MessageId(id).to_string()),
+        provider_status: row.try_get("provider_status").map_err(map_err)?,
+        status: status.as_deref().and_then(Status::parse),
+        error_code: row.try_get("error_code").map_err(map_err)?,
+        applied: row.try_get("applied").map_err(map_err)?,
+        received_at: row.try_get("received_at").map_err(map_err)?,
+    })
+}
+
+/// Serialises everything that links or applies receipts of one provider
+/// message id, until the transaction ends: a receipt and the delivery task's
+/// write of that id can then never miss each other.
+async fn lock_receipts(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    provider: &str,
+    provider_message_id: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!(
+            "sendonce.receipts:{provider}:{provider_message_id}"
+        ))
+        .execute(&mut **tx)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
+/// Links the unlinked receipts of a provider message id to its message and
+/// moves a `sent` message to the first final delivery status reported.
+/// Returns the message (if any) and whether its status moved.
+async fn link_and_apply_receipts(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    provider: &str,
+    provider_message_id: &str,
+    now: OffsetDateTime,
+) -> Result<(Option<MessageId>, bool), StoreError> {
+    let message: Option<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, status FROM messages WHERE provider = $1 AND provider_message_id = $2 \
+         ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(provider)
+    .bind(provider_message_id)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    let Some((id, status)) = message else {
+        return Ok((None, false));
+    };
+    sqlx::query(
+        "UPDATE receipts SET message_id = $3 \
+         WHERE provider = $1 AND provider_message_id = $2 AND message_id IS NULL",
+    )
+    .bind(provider)
+    .bind(provider_message_id)
+    .bind(id)
+    .execute(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    if status != Status::Sent.as_str() {
+        return Ok((Some(MessageId(id)), false));
+    }
+    let first: Option<(i64, String, String, Option<String>, OffsetDateTime)> = sqlx::query_as(
+        "SELECT seq, status, provider_status, error_code, received_at FROM receipts \
+         WHERE message_id = $1 AND status IN ('delivered', 'undelivered') \
+         ORDER BY seq LIMIT 1",
+    )
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    let Some((seq, new_status, provider_status, error_code, received_at)) = first else {
+        return Ok((Some(MessageId(id)), false));
+    };
+    let error = (new_status == Status::Undelivered.as_str())
+        .then(|| super::delivery_error(&provider_status, error_code.as_deref()));
+    let done = sqlx::query(
+        "UPDATE messages SET status = $2, delivery_status_at = $3, \
+            updated_at = GREATEST(updated_at, $4), error = COALESCE($5, error) \
+         WHERE id = $1 AND status = 'sent'",
+    )
+    .bind(id)
+    .bind(&new_status)
+    .bind(received_at)
+    .bind(now)
+    .bind(error.map(Json))
+    .execute(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    if done.rows_affected() == 1 {
+        sqlx::query("UPDATE receipts SET applied = true WHERE seq = $1")
+            .bind(seq)
+            .execute(&mut **tx)
+            .await
+            .map_err(map_err)?;
+    }
+    Ok((Some(MessageId(id)), done.rows_affected() == 1))
 }

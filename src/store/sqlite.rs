@@ -24,7 +24,8 @@ use uuid::Uuid;
 
 use super::{
     ApiKeyInfo, AttemptResult, AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord,
-    NewApiKey, NewMessage, Reschedule, Store, StoreError, StoredResponse,
+    NewApiKey, NewMessage, NewReceipt, OptOut, ReceiptOutcome, ReceiptRow, Reschedule, Store,
+    StoreError, StoredResponse, TenantAuth,
 };
 use crate::domain::{Encoding, MessageError, MessageId, Status};
 
@@ -128,7 +129,7 @@ macro_rules! message_columns {
         m.to_number, m.from_sender, m.body, m.segments, m.encoding, m.metadata, m.validity_seconds, \
         m.provider, m.provider_message_id, m.attempts, m.maybe_sent, m.error, m.response_code, \
         m.response_body, m.lease_token, m.lease_owner, m.lease_expires_at, m.next_attempt_at, \
-        m.created_at, m.updated_at, m.sent_at, m.expires_at, m.deadline_at, \
+        m.created_at, m.updated_at, m.sent_at, m.delivery_status_at, m.expires_at, m.deadline_at, \
         (SELECT a.started_at FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
             AS last_attempt_started_at, \
         COALESCE((SELECT a.finished_at IS NULL FROM attempts a \
@@ -183,6 +184,7 @@ fn record_from_row(row: &SqliteRow) -> Result<MessageRecord, StoreError> {
         created_at: time(row, "created_at")?,
         updated_at: time(row, "updated_at")?,
         sent_at: time_opt(row, "sent_at")?,
+        delivery_status_at: time_opt(row, "delivery_status_at")?,
         expires_at: time_opt(row, "expires_at")?,
         deadline_at: time(row, "deadline_at")?,
         last_attempt_open: get(row, "last_attempt_open")?,
@@ -310,14 +312,25 @@ impl Store for SqliteStore {
         tx.commit().await.map_err(map_err)
     }
 
-    async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<Uuid>, StoreError> {
-        sqlx::query_scalar(
-            "SELECT tenant_id FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL",
+    async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError> {
+        let row: Option<(Uuid, Option<String>)> = sqlx::query_as(
+            "SELECT k.tenant_id, t.allowed_countries FROM api_keys k \
+             JOIN tenants t ON t.id = k.tenant_id \
+             WHERE k.key_hash = ? AND k.revoked_at IS NULL",
         )
         .bind(key_hash)
         .fetch_optional(&self.pool)
         .await
-        .map_err(map_err)
+        .map_err(map_err)?;
+        Ok(row.map(|(id, countries)| TenantAuth {
+            id,
+            allowed_countries: countries.map(|c| {
+                c.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            }),
+        }))
     }
 
     async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError> {
@@ -730,4 +743,287 @@ impl Store for SqliteStore {
                 .map_err(map_err)?;
         Ok(v.map(from_us))
     }
+
+    // Receipts and events.
+    async fn record_receipt(&self, r: &NewReceipt) -> Result<ReceiptOutcome, StoreError> {
+        // BEGIN IMMEDIATE: the write lock serialises this with every other
+        // receipt and with the delivery task's attach_receipts.
+        let mut tx = self.begin().await?;
+        let inserted: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO receipts (provider, event_id, provider_message_id, provider_status, \
+                status, error_code, received_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (provider, event_id) DO NOTHING RETURNING seq",
+        )
+        .bind(&r.provider)
+        .bind(&r.event_id)
+        .bind(&r.provider_message_id)
+        .bind(&r.provider_status)
+        .bind(r.status.map(Status::as_str))
+        .bind(&r.error_code)
+        .bind(us(r.received_at))
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if inserted.is_none() {
+            let earlier: Option<Option<Uuid>> = sqlx::query_scalar(
+                "SELECT message_id FROM receipts WHERE provider = ? AND event_id = ?",
+            )
+            .bind(&r.provider)
+            .bind(&r.event_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            tx.commit().await.map_err(map_err)?;
+            return Ok(ReceiptOutcome {
+                duplicate: true,
+                message_id: earlier.flatten().map(MessageId),
+                applied: false,
+            });
+        }
+        let (message_id, applied) =
+            link_and_apply_receipts(&mut tx, &r.provider, &r.provider_message_id, r.received_at)
+                .await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(ReceiptOutcome {
+            duplicate: false,
+            message_id,
+            applied,
+        })
+    }
+
+    async fn attach_receipts(
+        &self,
+        provider: &str,
+        provider_message_id: &str,
+        now: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let (_, applied) =
+            link_and_apply_receipts(&mut tx, provider, provider_message_id, now).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(applied)
+    }
+
+    async fn receipts(&self, id: MessageId) -> Result<Vec<ReceiptRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT provider, event_id, provider_message_id, message_id, provider_status, \
+                status, error_code, applied, received_at \
+             FROM receipts WHERE message_id = ? ORDER BY seq",
+        )
+        .bind(id.0)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter().map(receipt_from_row).collect()
+    }
+
+    async fn unmatched_receipts(&self, limit: u32) -> Result<Vec<ReceiptRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT provider, event_id, provider_message_id, message_id, provider_status, \
+                status, error_code, applied, received_at \
+             FROM receipts WHERE message_id IS NULL ORDER BY seq DESC LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter().map(receipt_from_row).collect()
+    }
+
+    async fn purge_unmatched_receipts(
+        &self,
+        cutoff: OffsetDateTime,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM receipts WHERE seq IN ( \
+                SELECT seq FROM receipts WHERE message_id IS NULL AND received_at < ? \
+                ORDER BY received_at LIMIT ?)",
+        )
+        .bind(us(cutoff))
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected())
+    }
+
+    // Tenant settings and opt-outs.
+    async fn set_allowed_countries(
+        &self,
+        tenant_name: &str,
+        countries: Option<&[String]>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE tenants SET allowed_countries = ? WHERE name = ?")
+            .bind(countries.map(|c| c.join(",")))
+            .bind(tenant_name)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn add_opt_out(
+        &self,
+        tenant_id: Uuid,
+        number: &str,
+        source: &str,
+        at: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO opt_outs (tenant_id, number, source, created_at) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (tenant_id, number) DO NOTHING",
+        )
+        .bind(tenant_id)
+        .bind(number)
+        .bind(source)
+        .bind(us(at))
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn remove_opt_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM opt_outs WHERE tenant_id = ? AND number = ?")
+            .bind(tenant_id)
+            .bind(number)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn list_opt_outs(
+        &self,
+        tenant_id: Uuid,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<OptOut>, StoreError> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT number, source, created_at FROM opt_outs \
+             WHERE tenant_id = ? AND (? IS NULL OR number > ?) \
+             ORDER BY number LIMIT ?",
+        )
+        .bind(tenant_id)
+        .bind(after)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|(number, source, created_at)| OptOut {
+                number,
+                source,
+                created_at: from_us(created_at),
+            })
+            .collect())
+    }
+
+    async fn is_opted_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = ? AND number = ?)",
+        )
+        .bind(tenant_id)
+        .bind(number)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)
+    }
+}
+
+// Receipts and events: helpers.
+
+fn receipt_from_row(row: &SqliteRow) -> Result<ReceiptRow, StoreError> {
+    let status: Option<String> = get(row, "status")?;
+    let message_id: Option<Uuid> = get(row, "message_id")?;
+    Ok(ReceiptRow {
+        provider: get(row, "provider")?,
+        event_id: get(row, "event_id")?,
+        provider_message_id: get(row, "provider_message_id")?,
+        message_id: message_id.map(|id| MessageId(id).to_string()),
+        provider_status: get(row, "provider_status")?,
+        status: status.as_deref().and_then(Status::parse),
+        error_code: get(row, "error_code")?,
+        applied: get(row, "applied")?,
+        received_at: time(row, "received_at")?,
+    })
+}
+
+/// Links the unlinked receipts of a provider message id to its message and
+/// moves a `sent` message to the first final delivery status reported.
+/// Returns the message (if any) and whether its status moved.
+async fn link_and_apply_receipts(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    provider: &str,
+    provider_message_id: &str,
+    now: OffsetDateTime,
+) -> Result<(Option<MessageId>, bool), StoreError> {
+    let message: Option<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, status FROM messages WHERE provider = ? AND provider_message_id = ? \
+         ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(provider)
+    .bind(provider_message_id)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    let Some((id, status)) = message else {
+        return Ok((None, false));
+    };
+    sqlx::query(
+        "UPDATE receipts SET message_id = ? \
+         WHERE provider = ? AND provider_message_id = ? AND message_id IS NULL",
+    )
+    .bind(id)
+    .bind(provider)
+    .bind(provider_message_id)
+    .execute(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    if status != Status::Sent.as_str() {
+        return Ok((Some(MessageId(id)), false));
+    }
+    let first: Option<(i64, String, String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT seq, status, provider_status, error_code, received_at FROM receipts \
+         WHERE message_id = ? AND status IN ('delivered', 'undelivered') \
+         ORDER BY seq LIMIT 1",
+    )
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    let Some((seq, new_status, provider_status, error_code, received_at)) = first else {
+        return Ok((Some(MessageId(id)), false));
+    };
+    let error = (new_status == Status::Undelivered.as_str()).then(|| {
+        json(&super::delivery_error(
+            &provider_status,
+            error_code.as_deref(),
+        ))
+    });
+    let done = sqlx::query(
+        "UPDATE messages SET status = ?, delivery_status_at = ?, \
+            updated_at = max(updated_at, ?), error = COALESCE(?, error) \
+         WHERE id = ? AND status = 'sent'",
+    )
+    .bind(&new_status)
+    .bind(received_at)
+    .bind(us(now))
+    .bind(error)
+    .bind(id)
+    .execute(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    if done.rows_affected() == 1 {
+        sqlx::query("UPDATE receipts SET applied = 1 WHERE seq = ?")
+            .bind(seq)
+            .execute(&mut **tx)
+            .await
+            .map_err(map_err)?;
+    }
+    Ok((Some(MessageId(id)), done.rows_affected() == 1))
 }

@@ -119,6 +119,9 @@ pub fn test_settings() -> Settings {
     s.delivery.lease = Duration::from_secs(10);
     s.poll_interval = Duration::from_millis(50);
     s.shutdown_grace = Duration::from_secs(2);
+    // Abuse limits have tests of their own; elsewhere they would only get in
+    // the way of sending many messages to one test number.
+    s.limits = sendonce::ratelimit::Limits::NONE;
     s
 }
 
@@ -134,7 +137,13 @@ pub struct TestOptions {
     /// Act as this existing tenant instead of creating a new one.
     pub api_key: Option<String>,
     pub db_acquire_timeout: Option<Duration>,
+    /// Builds the provider instead of the `http` one aimed at the mock.
+    pub provider: Option<ProviderFactory>,
 }
+
+/// Builds a provider from the mock's base URL (`http://host:port`) and the
+/// instance's own, and may adjust the instance's settings.
+pub type ProviderFactory = Box<dyn FnOnce(&str, &str, &mut Settings) -> Arc<dyn Provider> + Send>;
 
 impl Default for TestOptions {
     fn default() -> Self {
@@ -147,6 +156,7 @@ impl Default for TestOptions {
             provider_timeout: Duration::from_secs(2),
             api_key: None,
             db_acquire_timeout: None,
+            provider: None,
         }
     }
 }
@@ -155,6 +165,8 @@ pub struct TestApp {
     pub base: String,
     pub client: reqwest::Client,
     pub api_key: String,
+    /// The tenant's name (when this instance created it).
+    pub tenant: String,
     pub database: String,
     pub db: Db,
     pub handle: Handle,
@@ -197,29 +209,37 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
         &database,
         opts.db_acquire_timeout.unwrap_or(Duration::from_secs(2)),
     );
-    let provider: Arc<dyn Provider> = Arc::new(
-        HttpProvider::new(
-            &mock_url,
-            Some("provider-token".into()),
-            opts.provider_timeout,
-            Duration::from_secs(1),
-        )
-        .expect("provider"),
-    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let mut settings = opts.settings;
+    let provider: Arc<dyn Provider> = match opts.provider {
+        Some(build) => build(
+            mock_url.trim_end_matches("/messages"),
+            &format!("http://{}", listener.local_addr().expect("address")),
+            &mut settings,
+        ),
+        None => Arc::new(
+            HttpProvider::new(
+                &mock_url,
+                Some("provider-token".into()),
+                opts.provider_timeout,
+                Duration::from_secs(1),
+            )
+            .expect("provider"),
+        ),
+    };
+    let tenant = format!("t-{}", uuid::Uuid::new_v4().simple());
     let api_key = match opts.api_key {
         Some(k) => k,
         None => {
             let key = sendonce::apikey::generate();
             store
-                .create_tenant(&format!("t-{}", uuid::Uuid::new_v4().simple()), &key.stored)
+                .create_tenant(&tenant, &key.stored)
                 .await
                 .expect("tenant");
             key.secret
         }
     };
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let app =
-        App::build(opts.settings, store, provider, opts.clock.clone(), listener).expect("app");
+    let app = App::build(settings, store, provider, opts.clock.clone(), listener).expect("app");
     let handle = app.handle().expect("handle");
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -233,6 +253,7 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
         base: format!("http://{}", handle.addr),
         client: reqwest::Client::new(),
         api_key,
+        tenant,
         database,
         db,
         handle,

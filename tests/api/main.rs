@@ -30,7 +30,11 @@ macro_rules! on_both_backends {
 mod contract;
 mod delivery;
 mod durability;
+mod hardening;
 mod helpers;
+mod observability;
 mod outage;
 mod process;
+mod receipts;
 mod store;
+mod twilio;

@@ -248,3 +248,84 @@ async fn sigterm_with_sends_in_flight_exits_0_and_strands_nothing() {
             .unwrap();
     assert_eq!(done, "sent");
 }
+
+#[tokio::test]
+async fn key_and_country_commands() {
+    let database = fresh_database().await;
+    let run = |args: &'static [&'static str]| {
+        let mut cmd = sendonce(&database);
+        cmd.args(args);
+        async move {
+            let out = cmd.output().await.unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        }
+    };
+    let (ok, first, _) = run(&["tenant", "create", "acme"]).await;
+    assert!(ok);
+    let (ok, second, _) = run(&["key", "create", "acme"]).await;
+    assert!(ok);
+    let (first, second) = (first.trim().to_string(), second.trim().to_string());
+    assert_ne!(first, second);
+    let (ok, list, _) = run(&["key", "list"]).await;
+    assert!(ok);
+    assert_eq!(list.lines().count(), 2);
+    assert!(
+        !list.contains(&first[3..]) && !list.contains(&second[3..]),
+        "keys are never listed"
+    );
+    let (ok, _, err) = run(&["key", "create", "nobody"]).await;
+    assert!(!ok && err.contains("no tenant"), "{err}");
+    let (ok, _, err) = run(&["tenant", "allow-countries", "acme", "USA"]).await;
+    assert!(!ok && err.contains("ISO 3166"), "{err}");
+    let (ok, _, _) = run(&["tenant", "allow-countries", "acme", "us", "CA"]).await;
+    assert!(ok);
+
+    let app = spawn_with(TestOptions {
+        database: Some(database.clone()),
+        api_key: Some(second.clone()),
+        ..TestOptions::default()
+    })
+    .await;
+    assert_eq!(app.post("US", &sms("+14155550100", "hi")).await.status, 201);
+    let gb = app.post("GB", &sms("+442079460958", "hi")).await;
+    assert_eq!(gb.status, 400);
+    assert!(
+        gb.json()["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("US, CA")
+    );
+
+    // Revoke the second key by its id: refused at once, the first still works.
+    let id = list
+        .lines()
+        .find(|l| l.contains(&second[..9]))
+        .and_then(|l| l.split('\t').next())
+        .unwrap()
+        .to_string();
+    let mut cmd = sendonce(&database);
+    let out = cmd.args(["key", "revoke", &id]).output().await.unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        app.post("AFTER", &sms("+14155550100", "hi")).await.status,
+        401
+    );
+    let first_app = spawn_with(TestOptions {
+        database: Some(database.clone()),
+        api_key: Some(first.clone()),
+        mock: Some((app.mock.clone(), app.mock_url.clone())),
+        ..TestOptions::default()
+    })
+    .await;
+    assert_eq!(
+        first_app
+            .post("FIRST", &sms("+14155550100", "hi"))
+            .await
+            .status,
+        201
+    );
+}

@@ -127,7 +127,7 @@ async fn finishing_writes_are_fenced_on_the_lease(backend: Backend) {
         attempt: None,
     };
     assert!(
-        !a.start_attempt(m.id, &old, later).await.unwrap().is_some(),
+        a.start_attempt(m.id, &old, later).await.unwrap().is_none(),
         "stale start"
     );
     assert!(!a.renew_lease(m.id, &old).await.unwrap(), "stale renewal");

@@ -1,0 +1,1309 @@
+//! The benchmark: one sendonce instance on Postgres with the mock provider
+//! answering at once, driven over HTTP/1.1 keep-alive at a fixed concurrency,
+//! next to the floor (Postgres alone running the statements one new send
+//! needs, with pgbench at the same concurrency).
+//!
+//! Mixes, each for a fixed time (or request count):
+//! - `unique`: every request a new key;
+//! - `replay`: 90% replays of keys already completed, 10% new keys; every
+//!   replay must be a 201 with `Idempotent-Replayed: true` and the very bytes
+//!   of the first answer;
+//! - `burst`: 50 concurrent requests with one new key at a time; exactly one
+//!   must create, the other 49 replay the same bytes;
+//! - `get`: `GET /messages/{key}` of completed keys.
+//!
+//! It reports throughput, p50/p90/p99/max latency (HDR histogram), errors,
+//! the service's CPU per request and peak RSS (VmHWM), and the ratio
+//! service/floor. Any error, mismatched replay, burst that did not create
+//! exactly once, key the mock provider delivered twice, or message left
+//! `processing` makes it exit non-zero; `--smoke` runs for a few seconds and
+//! checks only that. Everything it starts listens on 127.0.0.1 and is killed
+//! at the end; its databases are dropped.
+//!
+//! `scripts/bench.sh` builds the binaries and runs it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use rand::Rng;
+use sendonce::store::postgres::PoolSettings;
+use sendonce::store::{PgStore, Store};
+use sqlx::{Connection, PgConnection};
+use tokio::process::{Child, Command};
+use tokio::task::JoinSet;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mix {
+    Unique,
+    Replay,
+    Burst,
+    Get,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Load-test sendonce against the Postgres floor")]
+struct Args {
+    /// Requests in flight at once (and pgbench clients for the floor).
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Seconds per mix (and for the floor).
+    #[arg(long, default_value_t = 10)]
+    duration_secs: u64,
+    /// Requests per mix instead of a duration (still stops after 10 minutes).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Unique sends before measuring (not reported), to warm connections and caches.
+    #[arg(long, default_value_t = 3)]
+    warmup_secs: u64,
+    /// Concurrent duplicates per key in the burst mix.
+    #[arg(long, default_value_t = 50)]
+    burst: usize,
+    /// Mixes to run, in order.
+    #[arg(long, value_delimiter = ',', default_value = "unique,replay,burst,get")]
+    mixes: Vec<Mix>,
+    /// Share of replays in the replay mix.
+    #[arg(long, default_value_t = 0.9)]
+    replay_share: f64,
+    /// Skip the pgbench floor.
+    #[arg(long)]
+    no_floor: bool,
+    #[arg(long, default_value = "pgbench")]
+    pgbench: PathBuf,
+    /// Worker threads of the load generator's own runtime.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// A few seconds at low concurrency, checking correctness only (CI).
+    #[arg(long)]
+    smoke: bool,
+    /// Server for the run's own databases.
+    #[arg(
+        long,
+        env = "TEST_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    admin_url: String,
+    /// Where `sendonce` and `mock-provider` are (default: next to this binary).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Extra environment for the sendonce instance, NAME=VALUE (repeatable).
+    #[arg(long = "service-env")]
+    service_env: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let mut args = Args::parse();
+    if args.smoke {
+        args.concurrency = args.concurrency.min(8);
+        args.duration_secs = args.duration_secs.min(2);
+        args.warmup_secs = args.warmup_secs.min(1);
+        args.requests = None;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Measuring
+
+/// Latencies (microseconds) and errors of one kind of request.
+struct Tally {
+    hist: Histogram<u64>,
+    ok: u64,
+    errors: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            hist: Histogram::new_with_bounds(1, 120_000_000, 3).expect("histogram bounds"),
+            ok: 0,
+            errors: BTreeMap::new(),
+        }
+    }
+
+    fn record(&mut self, elapsed: Duration, result: Result<(), String>) {
+        let _ = self
+            .hist
+            .record((elapsed.as_micros() as u64).clamp(1, 120_000_000));
+        match result {
+            Ok(()) => self.ok += 1,
+            Err(e) => *self.errors.entry(e).or_default() += 1,
+        }
+    }
+
+    fn merge(&mut self, other: &Tally) {
+        let _ = self.hist.add(&other.hist);
+        self.ok += other.ok;
+        for (k, v) in &other.errors {
+            *self.errors.entry(k.clone()).or_default() += v;
+        }
+    }
+
+    fn errors(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    fn count(&self) -> u64 {
+        self.ok + self.errors()
+    }
+}
+
+/// CPU time of a process (utime + stime), from /proc.
+fn process_cpu(pid: u32) -> Duration {
+    stat_cpu(pid, false)
+}
+
+/// CPU time of a process (`children`: of its waited-for children instead).
+fn stat_cpu(pid: u32, children: bool) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    // The command name may contain spaces: fields start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the file (11 and 12 here),
+    // cutime and cstime 16 and 17; the kernel's USER_HZ is 100 on every
+    // Linux this runs on.
+    let first = if children { 13 } else { 11 };
+    Duration::from_millis((ticks(first) + ticks(first + 1)) * 10)
+}
+
+/// (busy, total) jiffies of the whole machine.
+fn machine_cpu() -> (u64, u64) {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return (0, 0);
+    };
+    let v: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// CPU time of every process named `postgres` (the server's backends and
+/// helpers; those that exit meanwhile are missed).
+fn postgres_cpu() -> Duration {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .map(process_cpu)
+        .sum()
+}
+
+/// The processes whose CPU a mix accounts for.
+#[derive(Clone, Copy)]
+struct Pids {
+    service: u32,
+    mock: u32,
+}
+
+/// CPU used during a mix, by process.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    service: Duration,
+    postgres: Duration,
+    mock: Duration,
+    loadgen: Duration,
+    /// Share of the whole machine's CPU that was busy.
+    machine_busy: f64,
+}
+
+struct CpuSnap {
+    service: Duration,
+    postgres: Duration,
+    mock: Duration,
+    loadgen: Duration,
+    busy: u64,
+    total: u64,
+}
+
+impl CpuSnap {
+    fn take(p: Pids) -> Self {
+        let (busy, total) = machine_cpu();
+        Self {
+            service: process_cpu(p.service),
+            postgres: postgres_cpu(),
+            mock: process_cpu(p.mock),
+            loadgen: process_cpu(std::process::id()),
+            busy,
+            total,
+        }
+    }
+
+    fn since(&self, start: &CpuSnap) -> Cpu {
+        Cpu {
+            service: self.service.saturating_sub(start.service),
+            postgres: self.postgres.saturating_sub(start.postgres),
+            mock: self.mock.saturating_sub(start.mock),
+            loadgen: self.loadgen.saturating_sub(start.loadgen),
+            machine_busy: (self.busy - start.busy) as f64
+                / (self.total - start.total).max(1) as f64,
+        }
+    }
+}
+
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// One measured mix.
+struct MixReport {
+    name: String,
+    tally: Tally,
+    /// Sub-tallies (the replay mix's replays and new sends).
+    parts: Vec<(String, Tally)>,
+    elapsed: Duration,
+    cpu: Cpu,
+}
+
+impl MixReport {
+    fn rps(&self) -> f64 {
+        self.tally.count() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+fn row(name: &str, t: &Tally, elapsed: Duration, cpu: Option<Cpu>) -> String {
+    let n = t.count();
+    let rps = n as f64 / elapsed.as_secs_f64().max(1e-9);
+    let per = |d: Duration| format!("{:.0}", d.as_micros() as f64 / n.max(1) as f64);
+    let cpu = match cpu {
+        Some(c) => format!(
+            "{} | {} | {} | {} | {:.0}%",
+            per(c.service),
+            per(c.postgres),
+            per(c.mock),
+            per(c.loadgen),
+            c.machine_busy * 100.0
+        ),
+        None => " | | | | ".into(),
+    };
+    format!(
+        "| {name} | {n} | {rps:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {cpu} |",
+        ms(t.hist.value_at_quantile(0.50)),
+        ms(t.hist.value_at_quantile(0.90)),
+        ms(t.hist.value_at_quantile(0.99)),
+        ms(t.hist.max()),
+        t.errors(),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// The service under test
+
+struct Target {
+    client: reqwest::Client,
+    base: String,
+    api_key: String,
+    /// Distinguishes this run's keys.
+    run: String,
+    next: AtomicU64,
+}
+
+/// A completed send: what a replay must send and get back.
+struct Sent {
+    key: String,
+    body: Vec<u8>,
+    response: Vec<u8>,
+}
+
+struct Answer {
+    status: u16,
+    replayed: bool,
+    bytes: Vec<u8>,
+}
+
+impl Target {
+    fn new_key(&self, kind: &str) -> (String, Vec<u8>) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let key = format!("BENCH-{}-{kind}-{n:08}", self.run);
+        let body = format!(
+            r#"{{"to":"+1415555{:04}","body":"Your sendonce code is {:06}"}}"#,
+            n % 10_000,
+            n % 1_000_000
+        );
+        (key, body.into_bytes())
+    }
+
+    async fn post(&self, key: &str, body: &[u8]) -> Result<Answer, String> {
+        let resp = self
+            .client
+            .post(format!("{}/messages", self.base))
+            .header("authorization", format!("Bearer {}", self.api_key))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(body.to_vec())
+            .send()
+            .await
+            .map_err(|e| format!("transport: {}", short_error(&e)))?;
+        let status = resp.status().as_u16();
+        let replayed = resp.headers().contains_key("idempotent-replayed");
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| format!("transport: {}", short_error(&e)))?;
+        Ok(Answer {
+            status,
+            replayed,
+            bytes: bytes.to_vec(),
+        })
+    }
+
+    async fn get(&self, key: &str) -> Result<u16, String> {
+        let resp = self
+            .client
+            .get(format!("{}/messages/{key}", self.base))
+            .header("authorization", format!("Bearer {}", self.api_key))
+            .send()
+            .await
+            .map_err(|e| format!("transport: {}", short_error(&e)))?;
+        let status = resp.status().as_u16();
+        resp.bytes()
+            .await
+            .map_err(|e| format!("transport: {}", short_error(&e)))?;
+        Ok(status)
+    }
+
+    /// A new send; `Ok` only for a fresh 201 whose message was sent.
+    async fn send_new(&self, tally: &mut Tally, sent: &mut Vec<Sent>) {
+        let (key, body) = self.new_key("u");
+        let started = Instant::now();
+        let result = self.post(&key, &body).await;
+        let elapsed = started.elapsed();
+        let result = match result {
+            Ok(a)
+                if a.status == 201 && !a.replayed && contains(&a.bytes, br#""status":"sent""#) =>
+            {
+                sent.push(Sent {
+                    key,
+                    body,
+                    response: a.bytes,
+                });
+                Ok(())
+            }
+            Ok(a) => Err(unexpected(&a, "a new 201 sent")),
+            Err(e) => Err(e),
+        };
+        tally.record(elapsed, result);
+    }
+
+    /// A replay of `s`: a 201 marked replayed with the first answer's bytes.
+    async fn replay(&self, s: &Sent, tally: &mut Tally) {
+        let started = Instant::now();
+        let result = self.post(&s.key, &s.body).await;
+        let elapsed = started.elapsed();
+        let result = match result {
+            Ok(a) if a.status == 201 && a.replayed && a.bytes == s.response => Ok(()),
+            Ok(a) if a.status == 201 && a.replayed => Err("replay: other bytes".to_string()),
+            Ok(a) => Err(unexpected(&a, "a replay")),
+            Err(e) => Err(e),
+        };
+        tally.record(elapsed, result);
+    }
+}
+
+fn short_error(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timeout".into()
+    } else if e.is_connect() {
+        "connect".into()
+    } else {
+        let mut s = e.to_string();
+        s.truncate(80);
+        s
+    }
+}
+
+fn unexpected(a: &Answer, wanted: &str) -> String {
+    format!(
+        "HTTP {}{} (wanted {wanted})",
+        a.status,
+        if a.replayed { " replayed" } else { "" }
+    )
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// When a mix stops: a deadline, and optionally a number of requests.
+struct Limit {
+    deadline: Instant,
+    remaining: Option<AtomicU64>,
+}
+
+impl Limit {
+    fn new(args: &Args) -> Arc<Self> {
+        let secs = if args.requests.is_some() {
+            600
+        } else {
+            args.duration_secs
+        };
+        Arc::new(Self {
+            deadline: Instant::now() + Duration::from_secs(secs),
+            remaining: args.requests.map(AtomicU64::new),
+        })
+    }
+
+    /// Takes `n` requests from the budget; false when the mix is over.
+    fn take(&self, n: u64) -> bool {
+        if Instant::now() >= self.deadline {
+            return false;
+        }
+        match &self.remaining {
+            None => true,
+            Some(r) => r
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                    left.checked_sub(n)
+                })
+                .is_ok(),
+        }
+    }
+}
+
+/// Runs `workers` copies of `work` until the limit, merging what they return.
+async fn run_workers<F, Fut>(workers: usize, work: F) -> (Vec<(Tally, Tally, Vec<Sent>)>, Duration)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = (Tally, Tally, Vec<Sent>)> + Send + 'static,
+{
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for _ in 0..workers {
+        set.spawn(work());
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        if let Ok(r) = r {
+            out.push(r);
+        }
+    }
+    (out, started.elapsed())
+}
+
+struct Measured {
+    main: Tally,
+    second: Tally,
+    sent: Vec<Sent>,
+    elapsed: Duration,
+    cpu: Cpu,
+}
+
+async fn measure<F, Fut>(pids: Pids, workers: usize, work: F) -> Measured
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = (Tally, Tally, Vec<Sent>)> + Send + 'static,
+{
+    let cpu0 = CpuSnap::take(pids);
+    let (outs, elapsed) = run_workers(workers, work).await;
+    let cpu = CpuSnap::take(pids).since(&cpu0);
+    let mut m = Measured {
+        main: Tally::new(),
+        second: Tally::new(),
+        sent: Vec::new(),
+        elapsed,
+        cpu,
+    };
+    for (a, b, s) in outs {
+        m.main.merge(&a);
+        m.second.merge(&b);
+        m.sent.extend(s);
+    }
+    m
+}
+
+async fn unique_mix(
+    target: &Arc<Target>,
+    limit: Arc<Limit>,
+    workers: usize,
+    pids: Pids,
+) -> Measured {
+    measure(pids, workers, || {
+        let target = Arc::clone(target);
+        let limit = Arc::clone(&limit);
+        async move {
+            let mut tally = Tally::new();
+            let mut sent = Vec::new();
+            while limit.take(1) {
+                target.send_new(&mut tally, &mut sent).await;
+            }
+            (tally, Tally::new(), sent)
+        }
+    })
+    .await
+}
+
+async fn replay_mix(
+    target: &Arc<Target>,
+    pool: &Arc<Vec<Sent>>,
+    share: f64,
+    limit: Arc<Limit>,
+    workers: usize,
+    pids: Pids,
+) -> Measured {
+    measure(pids, workers, || {
+        let target = Arc::clone(target);
+        let pool = Arc::clone(pool);
+        let limit = Arc::clone(&limit);
+        async move {
+            let mut replays = Tally::new();
+            let mut fresh = Tally::new();
+            let mut sent = Vec::new();
+            while limit.take(1) {
+                let pick = {
+                    let mut rng = rand::rng();
+                    (rng.random_bool(share)).then(|| rng.random_range(0..pool.len()))
+                };
+                match pick {
+                    Some(i) => target.replay(&pool[i], &mut replays).await,
+                    None => target.send_new(&mut fresh, &mut sent).await,
+                }
+            }
+            (replays, fresh, sent)
+        }
+    })
+    .await
+}
+
+async fn get_mix(
+    target: &Arc<Target>,
+    pool: &Arc<Vec<Sent>>,
+    limit: Arc<Limit>,
+    workers: usize,
+    pids: Pids,
+) -> Measured {
+    measure(pids, workers, || {
+        let target = Arc::clone(target);
+        let pool = Arc::clone(pool);
+        let limit = Arc::clone(&limit);
+        async move {
+            let mut tally = Tally::new();
+            while limit.take(1) {
+                let i = rand::rng().random_range(0..pool.len());
+                let started = Instant::now();
+                let result = match target.get(&pool[i].key).await {
+                    Ok(200) => Ok(()),
+                    Ok(s) => Err(format!("HTTP {s} (wanted 200)")),
+                    Err(e) => Err(e),
+                };
+                tally.record(started.elapsed(), result);
+            }
+            (tally, Tally::new(), Vec::new())
+        }
+    })
+    .await
+}
+
+/// Bursts of `burst` concurrent identical requests per new key. The second
+/// tally counts bursts: ok when exactly one request created and every other
+/// replayed the same bytes.
+async fn burst_mix(
+    target: &Arc<Target>,
+    burst: usize,
+    limit: Arc<Limit>,
+    bursts_at_once: usize,
+    pids: Pids,
+) -> Measured {
+    measure(pids, bursts_at_once, || {
+        let target = Arc::clone(target);
+        let limit = Arc::clone(&limit);
+        async move {
+            let mut tally = Tally::new();
+            let mut bursts = Tally::new();
+            let mut sent = Vec::new();
+            while limit.take(burst as u64) {
+                let (key, body) = target.new_key("b");
+                let body = Arc::new(body);
+                let started = Instant::now();
+                let mut set = JoinSet::new();
+                for _ in 0..burst {
+                    let target = Arc::clone(&target);
+                    let key = key.clone();
+                    let body = Arc::clone(&body);
+                    set.spawn(async move {
+                        let t = Instant::now();
+                        let r = target.post(&key, &body).await;
+                        (t.elapsed(), r)
+                    });
+                }
+                let mut created = 0;
+                let mut bodies: Vec<Vec<u8>> = Vec::new();
+                let mut bad = None;
+                while let Some(joined) = set.join_next().await {
+                    let Ok((elapsed, r)) = joined else { continue };
+                    let result = match r {
+                        Ok(a) if a.status == 201 => {
+                            if !a.replayed {
+                                created += 1;
+                            }
+                            if !bodies.contains(&a.bytes) {
+                                bodies.push(a.bytes);
+                            }
+                            Ok(())
+                        }
+                        Ok(a) => Err(unexpected(&a, "201")),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = &result {
+                        bad = Some(e.clone());
+                    }
+                    tally.record(elapsed, result);
+                }
+                let verdict = match (created, bodies.len(), bad) {
+                    (_, _, Some(e)) => Err(format!("burst with an error: {e}")),
+                    (1, 1, None) => Ok(()),
+                    (c, 1, None) => Err(format!("burst created {c} times")),
+                    (_, n, None) => Err(format!("burst answered {n} different bodies")),
+                };
+                if verdict.is_ok() {
+                    sent.push(Sent {
+                        key,
+                        body: body.to_vec(),
+                        response: bodies.pop().unwrap_or_default(),
+                    });
+                }
+                bursts.record(started.elapsed(), verdict);
+            }
+            (tally, bursts, sent)
+        }
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------
+// Processes and databases
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+struct Database {
+    name: String,
+    url: String,
+}
+
+async fn create_database(
+    admin: &mut PgConnection,
+    admin_url: &str,
+    prefix: &str,
+) -> Result<Database, String> {
+    let name = format!("sendonce_{prefix}_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut *admin)
+        .await
+        .map_err(|e| format!("create database: {e}"))?;
+    let mut url = reqwest::Url::parse(admin_url).map_err(|e| e.to_string())?;
+    url.set_path(&name);
+    Ok(Database {
+        name,
+        url: url.to_string(),
+    })
+}
+
+async fn drop_database(admin: &mut PgConnection, db: &Database) {
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        db.name
+    )))
+    .execute(&mut *admin)
+    .await;
+}
+
+async fn wait_ready(client: &reqwest::Client, base: &str, child: &mut Child) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited early with {status}"));
+        }
+        if let Ok(r) = client.get(format!("{base}/readyz")).send().await
+            && r.status().is_success()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err("not ready within 30 s".into())
+}
+
+/// `sendonce migrate` against `url`.
+async fn migrate(bin_dir: &Path, url: &str) -> Result<(), String> {
+    let out = Command::new(bin_dir.join("sendonce"))
+        .arg("migrate")
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .map_err(|e| format!("sendonce migrate: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "sendonce migrate: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The floor
+
+struct Floor {
+    /// CPU per transaction: Postgres (the machine's busy time less
+    /// pgbench's), pgbench; and the machine's busy share.
+    postgres_us: f64,
+    pgbench_us: f64,
+    machine_busy: f64,
+    tps: f64,
+    latency_ms: f64,
+    transactions: u64,
+    failed: u64,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::from("\\x");
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// pgbench running bench/src/floor.sql (the three statements of one new
+/// send) on a fresh, migrated database at `clients` concurrency.
+async fn floor(
+    args: &Args,
+    admin: &mut PgConnection,
+    bin_dir: &Path,
+    log_dir: &Path,
+    response: &[u8],
+) -> Result<Floor, String> {
+    let db = create_database(admin, &args.admin_url, "floor").await?;
+    let result = async {
+        migrate(bin_dir, &db.url).await?;
+        let key = sendonce::apikey::generate();
+        let store = PgStore::connect_lazy(
+            &db.url,
+            &PoolSettings {
+                max_connections: 1,
+                acquire_timeout: Duration::from_secs(5),
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        store
+            .ensure_tenant_key("default", &key.stored)
+            .await
+            .map_err(|e| e.to_string())?;
+        store.pool().close().await;
+        let script = log_dir.join("floor.sql");
+        std::fs::write(&script, include_str!("../floor.sql")).map_err(|e| e.to_string())?;
+        let secs = args.duration_secs.max(1);
+        let (busy0, total0) = machine_cpu();
+        let children0 = stat_cpu(std::process::id(), true);
+        let out = Command::new(&args.pgbench)
+            .args(["-n", "-M", "prepared"])
+            .args(["-c", &args.concurrency.to_string()])
+            .args(["-j", &args.concurrency.min(2).to_string()])
+            .args(["-T", &secs.to_string()])
+            .arg("-f")
+            .arg(&script)
+            .arg("-D")
+            .arg(format!("keyhash={}", hex(&key.stored.hash)))
+            .arg("-D")
+            .arg(format!("fingerprint={}", hex(&[0x5a; 32])))
+            .args(["-D", "to=+14155550100"])
+            .args(["-D", "body=Your sendonce code is 123456"])
+            .args(["-D", "owner=floor/1/abcdef12"])
+            .args([
+                "-D",
+                "provider_message_id=mock_00000000-0000-0000-0000-000000000000",
+            ])
+            .arg("-D")
+            .arg(format!("response={}", hex(response)))
+            .arg(&db.url)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| format!("{}: {e}", args.pgbench.display()))?;
+        let (busy1, total1) = machine_cpu();
+        let pgbench = stat_cpu(std::process::id(), true).saturating_sub(children0);
+        // pgbench's backends exit before they can be read: Postgres is what
+        // the machine spent beside pgbench (USER_HZ = 100).
+        let postgres = Duration::from_millis((busy1 - busy0) * 10).saturating_sub(pgbench);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let _ = std::fs::write(log_dir.join("pgbench.out"), &*stdout);
+        let _ = std::fs::write(log_dir.join("pgbench.err"), &out.stderr);
+        if !out.status.success() {
+            return Err(format!(
+                "pgbench failed ({}); see {}",
+                out.status,
+                log_dir.join("pgbench.err").display()
+            ));
+        }
+        let field = |prefix: &str| -> Option<f64> {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|rest| rest.trim().split(' ').next())
+                .and_then(|v| v.parse().ok())
+        };
+        let transactions =
+            field("number of transactions actually processed: ").unwrap_or(0.0) as u64;
+        let per = |d: Duration| d.as_micros() as f64 / transactions.max(1) as f64;
+        Ok(Floor {
+            postgres_us: per(postgres),
+            pgbench_us: per(pgbench),
+            machine_busy: (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64,
+            tps: field("tps = ").ok_or("pgbench printed no tps")?,
+            latency_ms: field("latency average = ").unwrap_or(0.0),
+            transactions,
+            failed: field("number of failed transactions: ").unwrap_or(0.0) as u64,
+        })
+    }
+    .await;
+    drop_database(admin, &db).await;
+    result
+}
+
+// ---------------------------------------------------------------------------
+// The run
+
+async fn run(args: Args) -> Result<bool, String> {
+    sendonce::install_crypto_provider();
+    let bin_dir = match &args.bin_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| e.to_string())?
+            .parent()
+            .ok_or("no binary directory")?
+            .to_path_buf(),
+    };
+    for bin in ["sendonce", "mock-provider"] {
+        if !bin_dir.join(bin).exists() {
+            return Err(format!(
+                "{bin} not found in {}: build it first (scripts/bench.sh does)",
+                bin_dir.display()
+            ));
+        }
+    }
+    let log_dir = std::env::temp_dir().join(format!("sendonce-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
+    let mut admin = PgConnection::connect(&args.admin_url)
+        .await
+        .map_err(|e| format!("connect to {}: {e}", args.admin_url))?;
+    let db = create_database(&mut admin, &args.admin_url, "bench").await?;
+    let outcome = run_on(&args, &bin_dir, &log_dir, &db, &mut admin).await;
+    drop_database(&mut admin, &db).await;
+    outcome
+}
+
+async fn run_on(
+    args: &Args,
+    bin_dir: &Path,
+    log_dir: &Path,
+    db: &Database,
+    admin: &mut PgConnection,
+) -> Result<bool, String> {
+    // The provider answers at once; its logs would only cost CPU.
+    let mock_port = free_port().map_err(|e| e.to_string())?;
+    let mut mock = Command::new(bin_dir.join("mock-provider"))
+        .env("MOCK_LISTEN", format!("127.0.0.1:{mock_port}"))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("start mock-provider: {e}"))?;
+
+    let api_key = sendonce::apikey::generate().secret;
+    let port = free_port().map_err(|e| e.to_string())?;
+    let log = std::fs::File::create(log_dir.join("sendonce.log")).map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(bin_dir.join("sendonce"));
+    cmd.env("DATABASE_URL", &db.url)
+        .env("SENDONCE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("SENDONCE_PROVIDER", "http")
+        .env(
+            "SENDONCE_HTTP_PROVIDER_URL",
+            format!("http://127.0.0.1:{mock_port}/messages"),
+        )
+        .env("SENDONCE_BOOTSTRAP_API_KEY", &api_key);
+    for kv in &args.service_env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--service-env {kv}: want NAME=VALUE"))?;
+        cmd.env(k, v);
+    }
+    let mut service = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("start sendonce: {e}"))?;
+    let pid = service.id().ok_or("sendonce has no pid")?;
+    let pids = Pids {
+        service: pid,
+        mock: mock.id().unwrap_or(0),
+    };
+
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(args.concurrency.max(args.burst) + 8)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&client, &base, &mut service)
+        .await
+        .map_err(|e| format!("sendonce: {e}; logs in {}", log_dir.display()))?;
+
+    let target = Arc::new(Target {
+        client,
+        base: base.clone(),
+        api_key,
+        run: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
+        next: AtomicU64::new(0),
+    });
+    let c = args.concurrency.max(1);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "sendonce bench{}: concurrency {c}, {} per mix, {} cores, load average before: {}, logs in {}",
+        if args.smoke { " (smoke)" } else { "" },
+        match args.requests {
+            Some(n) => format!("{n} requests"),
+            None => format!("{} s", args.duration_secs),
+        },
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load.split(' ').take(3).collect::<Vec<_>>().join(" "),
+        log_dir.display()
+    );
+
+    // Warm-up: its keys are the first replay/GET pool.
+    let mut pool: Vec<Sent> = Vec::new();
+    let mut created: u64 = 0;
+    let mut ok = true;
+    let mut problems: Vec<String> = Vec::new();
+    {
+        // With no warm-up time, 200 sends still seed the pool.
+        let limit = Arc::new(if args.warmup_secs == 0 {
+            Limit {
+                deadline: Instant::now() + Duration::from_secs(60),
+                remaining: Some(AtomicU64::new(200)),
+            }
+        } else {
+            Limit {
+                deadline: Instant::now() + Duration::from_secs(args.warmup_secs),
+                remaining: None,
+            }
+        });
+        let m = unique_mix(&target, limit, c, pids).await;
+        created += m.main.ok;
+        if m.main.errors() > 0 {
+            problems.push(format!("warm-up errors: {:?}", m.main.errors));
+        }
+        pool.extend(m.sent);
+    }
+
+    let mut reports: Vec<MixReport> = Vec::new();
+    for mix in &args.mixes {
+        let limit = Limit::new(args);
+        match mix {
+            Mix::Unique => {
+                let m = unique_mix(&target, limit, c, pids).await;
+                created += m.main.ok;
+                pool.extend(m.sent);
+                reports.push(MixReport {
+                    name: "unique sends".into(),
+                    tally: m.main,
+                    parts: Vec::new(),
+                    elapsed: m.elapsed,
+                    cpu: m.cpu,
+                });
+            }
+            Mix::Replay => {
+                let shared = Arc::new(std::mem::take(&mut pool));
+                let m = replay_mix(&target, &shared, args.replay_share, limit, c, pids).await;
+                pool = Arc::into_inner(shared).unwrap_or_default();
+                created += m.second.ok;
+                pool.extend(m.sent);
+                let mut all = Tally::new();
+                all.merge(&m.main);
+                all.merge(&m.second);
+                reports.push(MixReport {
+                    name: format!("{:.0}% replays", args.replay_share * 100.0),
+                    tally: all,
+                    parts: vec![
+                        ("of which replays".into(), m.main),
+                        ("of which new sends".into(), m.second),
+                    ],
+                    elapsed: m.elapsed,
+                    cpu: m.cpu,
+                });
+            }
+            Mix::Burst => {
+                let at_once = (c / args.burst.max(1)).max(1);
+                let m = burst_mix(&target, args.burst.max(1), limit, at_once, pids).await;
+                created += m.second.ok;
+                pool.extend(m.sent);
+                reports.push(MixReport {
+                    name: format!("bursts of {} duplicates", args.burst),
+                    tally: m.main,
+                    parts: vec![("bursts (one send each)".into(), m.second)],
+                    elapsed: m.elapsed,
+                    cpu: m.cpu,
+                });
+            }
+            Mix::Get => {
+                let shared = Arc::new(std::mem::take(&mut pool));
+                let m = get_mix(&target, &shared, limit, c, pids).await;
+                pool = Arc::into_inner(shared).unwrap_or_default();
+                reports.push(MixReport {
+                    name: "GET by key".into(),
+                    tally: m.main,
+                    parts: Vec::new(),
+                    elapsed: m.elapsed,
+                    cpu: m.cpu,
+                });
+            }
+        }
+    }
+
+    // Correctness: nothing left processing, one delivery per message, the
+    // service's own count of created sends equal to ours.
+    let peak_rss_kb = status_kb(pid, "VmHWM:");
+    let mut conn = PgConnection::connect(&db.url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let settle = Instant::now() + Duration::from_secs(15);
+    let (processing, messages) = loop {
+        let processing: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM messages WHERE status = 'processing'")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+        if processing == 0 || Instant::now() > settle {
+            let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM messages")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            break (processing, messages);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    drop(conn);
+    let stats: serde_json::Value = target
+        .client
+        .get(format!("http://127.0.0.1:{mock_port}/stats"))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    let metrics = target
+        .client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    let metric_created = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("sendonce_http_requests_total{")
+                && l.contains(r#"route="/messages""#)
+                && l.contains(r#"outcome="created""#)
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(-1.0) as i64;
+    let _ = service.start_kill();
+    let _ = service.wait().await;
+    let _ = mock.start_kill();
+    let _ = mock.wait().await;
+
+    let duplicates = stats["duplicate_keys"].as_u64().unwrap_or(u64::MAX);
+    let delivered = stats["keys_delivered"].as_i64().unwrap_or(-1);
+    if processing != 0 {
+        problems.push(format!("{processing} messages still processing"));
+    }
+    if duplicates != 0 {
+        problems.push(format!("{duplicates} keys delivered more than once"));
+    }
+    if delivered != messages {
+        problems.push(format!(
+            "{messages} messages stored but {delivered} keys delivered"
+        ));
+    }
+    if metric_created != i64::try_from(created).unwrap_or(-1) {
+        problems.push(format!(
+            "/metrics counts {metric_created} created sends, the load generator {created}"
+        ));
+    }
+    for r in &reports {
+        for (what, t) in
+            std::iter::once((&r.name, &r.tally)).chain(r.parts.iter().map(|(n, t)| (n, t)))
+        {
+            if t.errors() > 0 {
+                problems.push(format!("{} / {what}: {:?}", r.name, t.errors));
+            }
+        }
+    }
+
+    // The floor, with a real final response as the stored body.
+    let floor = if args.no_floor {
+        None
+    } else if std::process::Command::new(&args.pgbench)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("floor: skipped ({} not found)", args.pgbench.display());
+        None
+    } else {
+        let response = pool.first().map(|s| s.response.clone()).unwrap_or_default();
+        match floor(args, admin, bin_dir, log_dir, &response).await {
+            Ok(f) => {
+                if f.failed > 0 {
+                    problems.push(format!("floor: {} failed transactions", f.failed));
+                }
+                Some(f)
+            }
+            Err(e) => {
+                problems.push(format!("floor: {e}"));
+                None
+            }
+        }
+    };
+
+    // The table.
+    println!();
+    println!(
+        "| mix | requests | req/s | p50 ms | p90 ms | p99 ms | max ms | errors | CPU µs/req: service | postgres | mock | loadgen | machine busy |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &reports {
+        println!("{}", row(&r.name, &r.tally, r.elapsed, Some(r.cpu)));
+        for (name, t) in &r.parts {
+            println!("{}", row(&format!("  {name}"), t, r.elapsed, None));
+        }
+    }
+    if let Some(f) = &floor {
+        println!(
+            "| floor: pgbench, 3 statements per send | {} | {:.0} | avg {:.2} | | | | {} | | {:.0} | | {:.0} (pgbench) | {:.0}% |",
+            f.transactions,
+            f.tps,
+            f.latency_ms,
+            f.failed,
+            f.postgres_us,
+            f.pgbench_us,
+            f.machine_busy * 100.0
+        );
+    }
+    println!();
+    println!(
+        "messages stored: {messages}; delivered by the mock: {delivered}; delivered twice: {duplicates}; still processing: {processing}"
+    );
+    let peak_mb = peak_rss_kb.map(|kb| kb as f64 / 1024.0);
+    println!(
+        "service peak RSS (VmHWM): {}",
+        peak_mb.map_or("unknown".into(), |mb| format!("{mb:.1} MB"))
+    );
+
+    let unique = reports.iter().find(|r| r.name == "unique sends");
+    let replay = reports.iter().find(|r| r.name.ends_with("% replays"));
+    if !args.smoke {
+        let verdict = |met: bool| if met { "met" } else { "MISSED" };
+        if let (Some(u), Some(f)) = (unique, &floor) {
+            let ratio = u.rps() / f.tps;
+            println!(
+                "unique sends / floor: {:.0} / {:.0} = {ratio:.2} (target >= 0.60: {})",
+                u.rps(),
+                f.tps,
+                verdict(ratio >= 0.60)
+            );
+        }
+        if let (Some(u), Some(r)) = (unique, replay) {
+            let ratio = r.rps() / u.rps();
+            println!(
+                "replay mix / unique sends: {:.0} / {:.0} = {ratio:.2} (target >= 3: {})",
+                r.rps(),
+                u.rps(),
+                verdict(ratio >= 3.0)
+            );
+        }
+        if let Some(u) = unique {
+            let p99 = ms(u.tally.hist.value_at_quantile(0.99));
+            println!(
+                "unique sends p99: {p99:.2} ms at concurrency {c} (target < 25 ms: {})",
+                verdict(p99 < 25.0)
+            );
+        }
+        if let Some(mb) = peak_mb {
+            println!(
+                "peak RSS: {mb:.1} MB (target < 100 MB: {})",
+                verdict(mb < 100.0)
+            );
+        }
+    }
+    if !problems.is_empty() {
+        ok = false;
+        for p in &problems {
+            println!("PROBLEM: {p}");
+        }
+    }
+    println!("bench: {}", if ok { "PASS" } else { "FAIL" });
+    Ok(ok)
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The benchmark, in one command (see BENCHMARKS.md for what it measures):
+#
+#   scripts/bench.sh                 release build; one sendonce instance on a
+#                                    fresh database with the mock provider
+#                                    answering at once; the unique, 90%-replay,
+#                                    burst and GET mixes at concurrency 32 for
+#                                    10 s each, then the pgbench floor; prints
+#                                    the table and the targets (about 1 min
+#                                    after the build)
+#   scripts/bench.sh --smoke         a few seconds on a debug build: checks
+#                                    correctness only (no errors, replays
+#                                    byte-identical, one send per burst, no
+#                                    duplicate delivery, nothing stuck); CI
+#   scripts/bench.sh --chaos         then also the chaos run (scripts/chaos.sh:
+#                                    3000 keys with duplicates, provider faults,
+#                                    SIGKILLs; CHAOS_ARGS adds arguments, e.g.
+#                                    CHAOS_ARGS=--restart-postgres, which
+#                                    restarts the machine's Postgres cluster)
+#
+# Other arguments go to the load generator (`target/release/loadgen --help`),
+# e.g. --concurrency 64 --duration-secs 30 --mixes unique,replay.
+# Postgres: $TEST_DATABASE_URL or postgres://postgres@127.0.0.1:5432/postgres
+# (it creates and drops databases there). BENCH_PROFILE=debug|release
+# overrides the build profile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+smoke=0
+chaos=0
+args=()
+for a in "$@"; do
+    case "$a" in
+        --smoke) smoke=1; args+=(--smoke) ;;
+        --chaos) chaos=1 ;;
+        *) args+=("$a") ;;
+    esac
+done
+if [ "$smoke" = 1 ]; then
+    profile=${BENCH_PROFILE:-debug}
+else
+    profile=${BENCH_PROFILE:-release}
+fi
+flag=()
+[ "$profile" = release ] && flag=(--release)
+
+cargo build "${flag[@]}" -p sendonce --bin sendonce --bin mock-provider
+cargo build "${flag[@]}" -p sendonce-bench --bin loadgen
+"target/$profile/loadgen" ${args[@]+"${args[@]}"}
+
+if [ "$chaos" = 1 ]; then
+    # shellcheck disable=SC2086
+    if [ "$smoke" = 1 ]; then
+        CHAOS_PROFILE=$profile scripts/chaos.sh --keys 300 --duplicates 2 --kill-every-ms 600 ${CHAOS_ARGS:-}
+    else
+        CHAOS_PROFILE=$profile scripts/chaos.sh ${CHAOS_ARGS:-}
+    fi
+fi

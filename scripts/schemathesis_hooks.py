@@ -1,0 +1,26 @@
+"""Schemathesis hooks: how to generate values JSON Schema cannot describe.
+
+A phone number is valid only if it fits its country's numbering plan (the
+server checks with libphonenumber's metadata); no pattern can say that, so
+the `phone` format draws from real, valid numbers in several countries.
+Negative tests still mutate them into invalid ones.
+"""
+
+import schemathesis
+from hypothesis import strategies as st
+
+VALID_NUMBERS = [
+    "+14155550100",
+    "+14155552671",
+    "+16135550123",
+    "+442079460958",
+    "+447911123456",
+    "+4915123456789",
+    "+33612345678",
+    "+61412345678",
+    "+819012345678",
+    "+5511912345678",
+    "+919812345678",
+]
+
+schemathesis.openapi.format("phone", st.sampled_from(VALID_NUMBERS))

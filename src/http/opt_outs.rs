@@ -1,0 +1,259 @@
+//! Opt-outs: numbers that asked not to be messaged, per tenant.
+//!
+//! `POST /opt-outs` adds one, `DELETE /opt-outs/{number}` removes it,
+//! `GET /opt-outs` lists them (in number order, `?after=` to page).
+//! `POST /inbound` takes an inbound SMS (forwarded by a provider webhook or
+//! the tenant's own gateway): a STOP-type keyword opts its sender out, START
+//! opts it back in. A send to an opted-out number ends `failed` with
+//! `recipient_opted_out` and never reaches the provider.
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{SharedState, Tenant};
+use crate::domain::FieldError;
+use crate::domain::phone;
+use crate::error::ApiError;
+
+pub fn router() -> Router<SharedState> {
+    Router::new()
+        .route("/opt-outs", get(list).post(add))
+        .route("/opt-outs/{number}", delete(remove))
+        .route("/inbound", post(inbound))
+}
+
+/// Keywords carriers and providers treat as "stop messaging me".
+const STOP_WORDS: &[&str] = &[
+    "STOP",
+    "STOPALL",
+    "UNSUBSCRIBE",
+    "END",
+    "QUIT",
+    "CANCEL",
+    "REVOKE",
+    "OPTOUT",
+];
+/// Keywords that opt back in.
+const START_WORDS: &[&str] = &["START", "UNSTOP", "YES"];
+
+/// What an inbound message asks for, by its first word.
+pub fn keyword(body: &str) -> Option<bool> {
+    let word: String = body
+        .trim()
+        .split(|c: char| c.is_whitespace() || matches!(c, '.' | '!' | ','))
+        .next()
+        .unwrap_or("")
+        .to_uppercase();
+    if STOP_WORDS.contains(&word.as_str()) {
+        Some(true)
+    } else if START_WORDS.contains(&word.as_str()) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// A JSON object body, within the limits, or the problem saying why not.
+async fn json_object(
+    state: &SharedState,
+    headers: &HeaderMap,
+    body: Body,
+    fields: &[&str],
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    if !super::messages::is_json(headers) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let bytes = super::messages::read_body(body, state.body_read_timeout).await?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|_| ApiError::MalformedJson)?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::Validation(vec![FieldError {
+            field: String::new(),
+            message: "the request body must be a JSON object".into(),
+        }]));
+    };
+    let unknown: Vec<FieldError> = map
+        .keys()
+        .filter(|k| !fields.contains(&k.as_str()))
+        .map(|k| FieldError {
+            field: k.chars().take(40).collect(),
+            message: "unknown field".into(),
+        })
+        .collect();
+    if !unknown.is_empty() {
+        return Err(ApiError::Validation(unknown));
+    }
+    Ok(map)
+}
+
+fn number_field(map: &serde_json::Map<String, Value>, field: &str) -> Result<String, ApiError> {
+    let invalid = |message: &str| {
+        ApiError::Validation(vec![FieldError {
+            field: field.into(),
+            message: message.into(),
+        }])
+    };
+    match map.get(field) {
+        None | Some(Value::Null) => Err(invalid("is required")),
+        Some(Value::String(s)) => phone::parse(s).map(|p| p.e164).ok_or_else(|| {
+            invalid("must be a valid phone number in international form, e.g. +14155550100")
+        }),
+        Some(_) => Err(invalid("must be a string")),
+    }
+}
+
+async fn add(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = json_object(&state, &headers, body, &["number"]).await?;
+    let number = number_field(&map, "number")?;
+    let now = state.deliverer.clock().now();
+    let created = state
+        .store
+        .add_opt_out(tenant_id, &number, "api", now)
+        .await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(json!({ "number": number, "opted_out": true }))).into_response())
+}
+
+async fn remove(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    number: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(number) = number.map_err(|_| ApiError::NotFound)?;
+    let number = phone::parse(&number).ok_or(ApiError::NotFound)?.e164;
+    if state.store.remove_opt_out(tenant_id, &number).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::NotFound)
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn list(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|_| {
+        ApiError::Validation(vec![FieldError {
+            field: "limit".into(),
+            message: "must be a whole number from 1 to 1000".into(),
+        }])
+    })?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::Validation(vec![FieldError {
+            field: "limit".into(),
+            message: "must be a whole number from 1 to 1000".into(),
+        }]));
+    }
+    if query.after.as_ref().is_some_and(|a| a.len() > 32) {
+        return Err(ApiError::Validation(vec![FieldError {
+            field: "after".into(),
+            message: "must be at most 32 characters".into(),
+        }]));
+    }
+    let after = query.after;
+    let data = state
+        .store
+        .list_opt_outs(tenant_id, after.as_deref(), limit)
+        .await?;
+    let next_after = (data.len() == limit as usize)
+        .then(|| data.last().map(|o| o.number.clone()))
+        .flatten();
+    Ok(Json(json!({ "data": data, "next_after": next_after })).into_response())
+}
+
+async fn inbound(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = json_object(&state, &headers, body, &["from", "to", "body"]).await?;
+    let from = number_field(&map, "from")?;
+    if !matches!(
+        map.get("to"),
+        None | Some(Value::Null) | Some(Value::String(_))
+    ) {
+        return Err(ApiError::Validation(vec![FieldError {
+            field: "to".into(),
+            message: "must be a string".into(),
+        }]));
+    }
+    let text = match map.get("body") {
+        Some(Value::String(s)) if s.chars().count() <= 1600 => s.clone(),
+        _ => {
+            return Err(ApiError::Validation(vec![FieldError {
+                field: "body".into(),
+                message: "is required: a string of at most 1600 characters".into(),
+            }]));
+        }
+    };
+    let now = state.deliverer.clock().now();
+    let action = match keyword(&text) {
+        Some(true) => {
+            state
+                .store
+                .add_opt_out(tenant_id, &from, "inbound", now)
+                .await?;
+            "opted_out"
+        }
+        Some(false) => {
+            state.store.remove_opt_out(tenant_id, &from).await?;
+            "opted_in"
+        }
+        None => "none",
+    };
+    Ok(Json(json!({ "from": from, "action": action })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keyword;
+
+    #[test]
+    fn keywords() {
+        for stop in [
+            "STOP",
+            "stop",
+            " Stop ",
+            "STOPALL",
+            "unsubscribe",
+            "End.",
+            "quit!",
+            "CANCEL",
+            "revoke",
+            "OPTOUT",
+            "stop please",
+        ] {
+            assert_eq!(keyword(stop), Some(true), "{stop}");
+        }
+        for start in ["START", "unstop", "Yes"] {
+            assert_eq!(keyword(start), Some(false), "{start}");
+        }
+        for other in ["", "hello", "don't stop", "STOPPED", "thanks"] {
+            assert_eq!(keyword(other), None, "{other}");
+        }
+    }
+}

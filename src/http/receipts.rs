@@ -1,0 +1,447 @@
+//! Delivery receipts and a message's event history.
+//!
+//! - `POST /providers/twilio/status`: Twilio's status callback (form-encoded),
+//!   authenticated by `X-Twilio-Signature` (HMAC-SHA1 keyed with
+//!   `TWILIO_AUTH_TOKEN` over the public URL of this endpoint and every POST
+//!   parameter; compared in constant time).
+//! - `POST /providers/http/status`: the `http` provider's receipt, JSON
+//!   `{"id","status","event_id","error_code"?}`, authenticated by the shared
+//!   secret `SENDONCE_RECEIPT_SECRET` in `X-Receipt-Secret`.
+//! - `GET /messages/{key}/events`: attempts and receipts, oldest first.
+//!
+//! A receipt that is not authenticated is answered 403 and changes nothing.
+//! An authenticated one is stored once under the provider's event identity
+//! (Twilio's `I-Twilio-Idempotency-Token`, else `MessageSid:MessageStatus`;
+//! the http provider's `event_id`), so a redelivered receipt is answered 200
+//! and changes nothing. Status only moves forward (`sent` to `delivered` or
+//! `undelivered`, never back), and a receipt for a message we do not know is
+//! answered 200 and kept for inspection. The frozen POST response is never
+//! touched: replays stay byte for byte what they were.
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+use time::OffsetDateTime;
+
+use super::{SharedState, Tenant};
+use crate::domain::{FieldError, IdempotencyKey, Status};
+use crate::error::ApiError;
+use crate::provider::twilio;
+use crate::store::{AttemptRow, NewReceipt, ReceiptOutcome, ReceiptRow};
+
+/// Where Twilio posts status callbacks (`StatusCallback` is this on the public URL).
+pub const TWILIO_STATUS_PATH: &str = "/providers/twilio/status";
+/// Where the `http` provider posts receipts.
+pub const HTTP_STATUS_PATH: &str = "/providers/http/status";
+/// The header carrying `SENDONCE_RECEIPT_SECRET` on `http` receipts.
+pub const RECEIPT_SECRET_HEADER: &str = "x-receipt-secret";
+
+/// Longest provider id, event id or status accepted in a receipt.
+const MAX_ID_LEN: usize = 255;
+const MAX_STATUS_LEN: usize = 64;
+
+/// How receipts are authenticated.
+#[derive(Clone, Default)]
+pub struct ReceiptSettings {
+    /// `SENDONCE_PUBLIC_URL`: the address Twilio calls, which it signs.
+    pub public_url: Option<String>,
+    /// `TWILIO_AUTH_TOKEN`: the key of `X-Twilio-Signature`.
+    pub twilio_auth_token: Option<String>,
+    /// `SENDONCE_RECEIPT_SECRET`: what the `http` provider sends in `X-Receipt-Secret`.
+    pub http_secret: Option<String>,
+}
+
+impl std::fmt::Debug for ReceiptSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |v: &Option<String>| if v.is_some() { "set" } else { "unset" };
+        f.debug_struct("ReceiptSettings")
+            .field("public_url", &self.public_url)
+            .field("twilio_auth_token", &set(&self.twilio_auth_token))
+            .field("http_secret", &set(&self.http_secret))
+            .finish()
+    }
+}
+
+pub fn router() -> Router<SharedState> {
+    Router::new()
+        .route(TWILIO_STATUS_PATH, post(twilio_status))
+        .route(HTTP_STATUS_PATH, post(http_status))
+        .route("/messages/{key}/events", get(list_events))
+}
+
+/// What a provider's status word means for us. `None`: not a status we track
+/// (recorded in the history, changes nothing).
+pub fn delivery_status(provider_status: &str) -> Option<Status> {
+    match provider_status.to_ascii_lowercase().as_str() {
+        "accepted" | "scheduled" | "queued" | "sending" | "sent" => Some(Status::Sent),
+        "delivered" | "read" => Some(Status::Delivered),
+        // Twilio's `failed` after it accepted a message means it could not
+        // be sent on: for us that is a message not delivered.
+        "undelivered" | "failed" | "canceled" => Some(Status::Undelivered),
+        _ => None,
+    }
+}
+
+#[derive(Serialize)]
+struct Ack {
+    /// Already recorded under the same event identity: nothing changed.
+    duplicate: bool,
+    /// The message it belongs to; `null` when no message has that provider id.
+    message_id: Option<String>,
+    /// The message's status moved forward because of it.
+    applied: bool,
+}
+
+fn ack(outcome: ReceiptOutcome) -> Response {
+    let body = Ack {
+        duplicate: outcome.duplicate,
+        message_id: outcome.message_id.map(|id| id.to_string()),
+        applied: outcome.applied,
+    };
+    (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge
+        } else {
+            ApiError::MalformedJson
+        }
+    })
+}
+
+fn invalid(field: &str, message: &str) -> ApiError {
+    ApiError::Validation(vec![FieldError {
+        field: field.to_string(),
+        message: message.to_string(),
+    }])
+}
+
+/// The URLs Twilio may have signed for this request: the configured public
+/// URL, or (none configured) this request's own address as http and https.
+/// Trying several is safe: the signature must still match one of them.
+fn signed_urls(
+    settings: &ReceiptSettings,
+    headers: &HeaderMap,
+    path_and_query: &str,
+) -> Vec<String> {
+    if let Some(base) = &settings.public_url {
+        return vec![format!("{base}{path_and_query}")];
+    }
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return Vec::new();
+    };
+    vec![
+        format!("https://{host}{path_and_query}"),
+        format!("http://{host}{path_and_query}"),
+    ]
+}
+
+async fn twilio_status(
+    State(state): State<SharedState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let Some(token) = state.receipts.twilio_auth_token.as_deref() else {
+        tracing::warn!("a Twilio status callback arrived but TWILIO_AUTH_TOKEN is not set");
+        return Err(ApiError::Forbidden);
+    };
+    let signature = headers
+        .get("x-twilio-signature")
+        .and_then(|v| v.to_str().ok())
+        .ok_or(ApiError::Forbidden)?;
+    let body = body_bytes(body)?;
+    let params: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
+    let path_and_query = uri
+        .path_and_query()
+        .map_or(TWILIO_STATUS_PATH, |p| p.as_str());
+    let authentic = signed_urls(&state.receipts, &headers, path_and_query)
+        .iter()
+        .any(|url| twilio::verify_signature(token, url, &params, signature));
+    if !authentic {
+        tracing::warn!("rejected a Twilio status callback with a bad signature");
+        return Err(ApiError::Forbidden);
+    }
+    let param = |names: &[&str]| {
+        names.iter().find_map(|n| {
+            params
+                .iter()
+                .find(|(k, v)| k == n && !v.is_empty())
+                .map(|(_, v)| v.clone())
+        })
+    };
+    let sid =
+        param(&["MessageSid", "SmsSid"]).ok_or_else(|| invalid("MessageSid", "is required"))?;
+    let status = param(&["MessageStatus", "SmsStatus"])
+        .ok_or_else(|| invalid("MessageStatus", "is required"))?;
+    if sid.len() > MAX_ID_LEN {
+        return Err(invalid("MessageSid", "is longer than 255 characters"));
+    }
+    if status.len() > MAX_STATUS_LEN {
+        return Err(invalid("MessageStatus", "is longer than 64 characters"));
+    }
+    let event_id = headers
+        .get("i-twilio-idempotency-token")
+        .and_then(|v| v.to_str().ok())
+        .filter(|t| !t.is_empty() && t.len() <= MAX_ID_LEN)
+        .map_or_else(|| format!("{sid}:{status}"), str::to_string);
+    let receipt = NewReceipt {
+        provider: "twilio".into(),
+        event_id,
+        provider_message_id: sid,
+        status: delivery_status(&status),
+        provider_status: status,
+        error_code: param(&["ErrorCode"]),
+        received_at: state.deliverer.clock().now(),
+    };
+    record(&state, &receipt).await
+}
+
+async fn http_status(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let Some(secret) = state.receipts.http_secret.as_deref() else {
+        tracing::warn!("an http provider receipt arrived but SENDONCE_RECEIPT_SECRET is not set");
+        return Err(ApiError::Forbidden);
+    };
+    let given = headers
+        .get(RECEIPT_SECRET_HEADER)
+        .map(|v| v.as_bytes())
+        .ok_or(ApiError::Forbidden)?;
+    if !bool::from(given.ct_eq(secret.as_bytes())) {
+        tracing::warn!("rejected an http provider receipt with a wrong secret");
+        return Err(ApiError::Forbidden);
+    }
+    let json_body = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+    if !json_body {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let body = body_bytes(body)?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|_| ApiError::MalformedJson)?;
+    let Some(object) = value.as_object() else {
+        return Err(invalid("", "the request body must be a JSON object"));
+    };
+    let mut errors = Vec::new();
+    let mut text = |name: &str, max: usize| -> Option<String> {
+        match object.get(name) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() && s.chars().count() <= max => {
+                Some(s.clone())
+            }
+            Some(serde_json::Value::String(s)) if !s.is_empty() => {
+                errors.push(FieldError {
+                    field: name.into(),
+                    message: format!("must be at most {max} characters"),
+                });
+                None
+            }
+            None | Some(serde_json::Value::Null) => {
+                errors.push(FieldError {
+                    field: name.into(),
+                    message: "is required".into(),
+                });
+                None
+            }
+            Some(_) => {
+                errors.push(FieldError {
+                    field: name.into(),
+                    message: "must be a non-empty string".into(),
+                });
+                None
+            }
+        }
+    };
+    let id = text("id", MAX_ID_LEN);
+    let status = text("status", MAX_STATUS_LEN);
+    let event_id = text("event_id", MAX_ID_LEN);
+    let error_code = match object.get("error_code") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) if s.chars().count() <= MAX_STATUS_LEN => {
+            Some(s.clone())
+        }
+        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+        Some(_) => {
+            errors.push(FieldError {
+                field: "error_code".into(),
+                message: "must be a string of at most 64 characters, a number or null".into(),
+            });
+            None
+        }
+    };
+    let (Some(id), Some(status), Some(event_id)) = (id, status, event_id) else {
+        errors.sort_by(|a, b| a.field.cmp(&b.field));
+        return Err(ApiError::Validation(errors));
+    };
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    let receipt = NewReceipt {
+        provider: "http".into(),
+        event_id,
+        provider_message_id: id,
+        status: delivery_status(&status),
+        provider_status: status,
+        error_code,
+        received_at: state.deliverer.clock().now(),
+    };
+    record(&state, &receipt).await
+}
+
+async fn record(state: &SharedState, receipt: &NewReceipt) -> Result<Response, ApiError> {
+    let outcome = state.store.record_receipt(receipt).await?;
+    if outcome.duplicate {
+        tracing::debug!(provider = %receipt.provider, "duplicate receipt ignored");
+    } else if outcome.message_id.is_none() {
+        tracing::warn!(
+            provider = %receipt.provider,
+            provider_message_id = %receipt.provider_message_id,
+            provider_status = %receipt.provider_status,
+            "receipt for no known message recorded (see `sendonce receipts unmatched`)"
+        );
+    } else {
+        tracing::info!(
+            provider = %receipt.provider,
+            provider_status = %receipt.provider_status,
+            applied = outcome.applied,
+            "receipt recorded"
+        );
+    }
+    Ok(ack(outcome))
+}
+
+/// One entry of a message's history.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum Event {
+    Attempt {
+        #[serde(with = "time::serde::rfc3339")]
+        at: OffsetDateTime,
+        #[serde(flatten)]
+        attempt: AttemptRow,
+    },
+    Receipt {
+        #[serde(with = "time::serde::rfc3339")]
+        at: OffsetDateTime,
+        provider: String,
+        event_id: String,
+        provider_status: String,
+        status: Option<Status>,
+        error_code: Option<String>,
+        applied: bool,
+    },
+}
+
+/// Attempts (at their start) and receipts (at their arrival), oldest first.
+fn timeline(attempts: Vec<AttemptRow>, receipts: Vec<ReceiptRow>) -> Vec<Event> {
+    let mut events: Vec<(OffsetDateTime, u8, usize, Event)> = Vec::new();
+    for (i, a) in attempts.into_iter().enumerate() {
+        events.push((
+            a.started_at,
+            0,
+            i,
+            Event::Attempt {
+                at: a.started_at,
+                attempt: a,
+            },
+        ));
+    }
+    for (i, r) in receipts.into_iter().enumerate() {
+        events.push((
+            r.received_at,
+            1,
+            i,
+            Event::Receipt {
+                at: r.received_at,
+                provider: r.provider,
+                event_id: r.event_id,
+                provider_status: r.provider_status,
+                status: r.status,
+                error_code: r.error_code,
+                applied: r.applied,
+            },
+        ));
+    }
+    events.sort_by_key(|a| (a.0, a.1, a.2));
+    events.into_iter().map(|(_, _, _, e)| e).collect()
+}
+
+async fn list_events(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(key) = key.map_err(|_| ApiError::NotFound)?;
+    let key = IdempotencyKey::parse(&key).map_err(|_| ApiError::NotFound)?;
+    let record = state
+        .store
+        .message(tenant_id, key.as_str())
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let attempts = state.store.attempts(record.id).await?;
+    let receipts = state.store.receipts(record.id).await?;
+    Ok(axum::Json(serde_json::json!({ "data": timeline(attempts, receipts) })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_statuses() {
+        assert_eq!(delivery_status("queued"), Some(Status::Sent));
+        assert_eq!(delivery_status("sent"), Some(Status::Sent));
+        assert_eq!(delivery_status("DELIVERED"), Some(Status::Delivered));
+        assert_eq!(delivery_status("read"), Some(Status::Delivered));
+        assert_eq!(delivery_status("undelivered"), Some(Status::Undelivered));
+        assert_eq!(delivery_status("failed"), Some(Status::Undelivered));
+        assert_eq!(delivery_status("receiving"), None);
+        assert_eq!(delivery_status(""), None);
+    }
+
+    #[test]
+    fn signed_urls_prefer_the_public_url() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, "10.0.0.5:8080".parse().unwrap());
+        let configured = ReceiptSettings {
+            public_url: Some("https://sms.example.com".into()),
+            ..ReceiptSettings::default()
+        };
+        assert_eq!(
+            signed_urls(&configured, &headers, TWILIO_STATUS_PATH),
+            vec!["https://sms.example.com/providers/twilio/status"]
+        );
+        assert_eq!(
+            signed_urls(
+                &ReceiptSettings::default(),
+                &headers,
+                "/providers/twilio/status?a=1"
+            ),
+            vec![
+                "https://10.0.0.5:8080/providers/twilio/status?a=1",
+                "http://10.0.0.5:8080/providers/twilio/status?a=1"
+            ]
+        );
+        let debug = format!(
+            "{:?}",
+            ReceiptSettings {
+                twilio_auth_token: Some("secret-token".into()),
+                ..configured
+            }
+        );
+        assert!(!debug.contains("secret-token"), "{debug}");
+    }
+}

@@ -1,0 +1,84 @@
+//! The HTTP/1.1 server loop, connection by connection.
+//!
+//! `axum::serve` offers no header-read timeout, so a client that opens
+//! connections and sends its headers a byte a minute (slowloris) would hold
+//! them forever. Serving each connection with hyper directly sets one, bounds
+//! the header buffer, and keeps HTTP/1.1 keep-alive and pipelining (requests
+//! on one connection are answered in order). Shutdown is graceful: the
+//! listener closes, idle connections close, in-flight requests finish.
+
+use std::time::Duration;
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// Limits a connection must keep to.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// The whole request head must arrive within this.
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers), in bytes.
+    pub max_head_bytes: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            max_head_bytes: 16 * 1024,
+        }
+    }
+}
+
+/// Serves `router` until `stop` is cancelled, then waits for open requests
+/// to finish (the caller bounds that wait).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    stop: CancellationToken,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_head_bytes.max(8192))
+        .pipeline_flush(true);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off a little
+                    // instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stop.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let service = tower::service_fn(move |req: axum::http::Request<Incoming>| {
+            router.clone().oneshot(req.map(axum::body::Body::new))
+        });
+        let conn =
+            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}

@@ -329,3 +329,78 @@ async fn key_and_country_commands() {
         201
     );
 }
+
+/// Runs the server with debug logs, sends one OTP, and returns what it logged.
+async fn logs_of_one_send(log_bodies: bool) -> (String, String) {
+    let database = fresh_database().await;
+    let port = free_port().await;
+    let key = "so_log-test-key-aaaaaaaaaaaaaaaaaaaaaaa";
+    let child = sendonce(&database)
+        .env("SENDONCE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("SENDONCE_BOOTSTRAP_API_KEY", key)
+        .env("SENDONCE_LOG_BODIES", log_bodies.to_string())
+        .env("SENDONCE_LOG_FORMAT", "json")
+        .env("RUST_LOG", "debug")
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    eventually("the server", || async {
+        client
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    let a = client
+        .post(format!("{base}/messages"))
+        .bearer_auth(key)
+        .header("Idempotency-Key", "OTP-LOG")
+        .json(&sms("+14155550100", "Your code is 918273"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(a.status(), 201);
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        key.to_string(),
+    )
+}
+
+#[tokio::test]
+async fn logs_carry_neither_keys_nor_bodies_unless_asked() {
+    let (logs, key) = logs_of_one_send(false).await;
+    assert!(logs.contains("simulated send"), "{logs}");
+    assert!(
+        !logs.contains(&key[3..]),
+        "the API key leaked into the logs"
+    );
+    assert!(
+        !logs.contains("918273"),
+        "the one-time code leaked into the logs"
+    );
+    assert!(
+        !logs.contains("4155550100"),
+        "the full number leaked into the logs"
+    );
+    for line in logs.lines().filter(|l| !l.trim().is_empty()) {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|_| panic!("SENDONCE_LOG_FORMAT=json gives JSON lines: {line}"));
+    }
+    let (logs, _) = logs_of_one_send(true).await;
+    assert!(
+        logs.contains("918273"),
+        "SENDONCE_LOG_BODIES=true logs bodies"
+    );
+}

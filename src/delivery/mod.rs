@@ -258,7 +258,7 @@ impl Deliverer {
                     Reconciled::Sent {
                         provider_message_id,
                     } => {
-                        let result = self.attempt_result(&msg, msg.attempts, "reconciled", None);
+                        let result = self.attempt_result(msg.attempts, "reconciled", None);
                         return self
                             .finish(
                                 &mut msg,
@@ -274,7 +274,7 @@ impl Deliverer {
                     Reconciled::NotSent => {}
                     Reconciled::Unknown(reason) => {
                         let error = error("outcome_unknown", &reason, None);
-                        let result = self.attempt_result(&msg, msg.attempts, "lost", Some(reason));
+                        let result = self.attempt_result(msg.attempts, "lost", Some(reason));
                         return self
                             .finish(
                                 &mut msg,
@@ -290,21 +290,9 @@ impl Deliverer {
                 }
             }
             if let Some(e) = too_late(&msg, now) {
-                let status = give_up_status(msg.maybe_sent || msg.last_attempt_open);
-                let result = msg
-                    .last_attempt_open
-                    .then(|| self.attempt_result(&msg, msg.attempts, "lost", None));
-                return self
-                    .finish(
-                        &mut msg,
-                        &lease,
-                        registration,
-                        status,
-                        None,
-                        Some(e),
-                        result,
-                    )
-                    .await;
+                let open = msg.last_attempt_open.then_some((msg.attempts, "lost"));
+                msg.maybe_sent |= msg.last_attempt_open;
+                return self.give_up(&mut msg, &lease, registration, e, open).await;
             }
             lease.expires_at = now + to_time(self.settings.lease);
             let n = match self.store.start_attempt(msg.id, &lease, now).await {
@@ -326,17 +314,13 @@ impl Deliverer {
 
         if fresh && let Some(e) = too_late(&msg, now) {
             // Waited for a send slot past the message's validity.
-            let result = self.attempt_result(&msg, attempt, "expired", Some(e.message.clone()));
-            let status = give_up_status(msg.maybe_sent);
             return self
-                .finish(
+                .give_up(
                     &mut msg,
                     &lease,
                     registration,
-                    status,
-                    None,
-                    Some(e),
-                    Some(result),
+                    e,
+                    Some((attempt, "expired")),
                 )
                 .await;
         }
@@ -350,18 +334,13 @@ impl Deliverer {
                     "the recipient opted out of messages from this account",
                     None,
                 );
-                let result =
-                    self.attempt_result(&msg, attempt, "opted_out", Some(e.message.clone()));
-                let status = give_up_status(msg.maybe_sent);
                 return self
-                    .finish(
+                    .give_up(
                         &mut msg,
                         &lease,
                         registration,
-                        status,
-                        None,
-                        Some(e),
-                        Some(result),
+                        e,
+                        Some((attempt, "opted_out")),
                     )
                     .await;
             }
@@ -492,7 +471,6 @@ impl Deliverer {
 
     fn attempt_result(
         &self,
-        _msg: &MessageRecord,
         number: u32,
         outcome: &'static str,
         error: Option<String>,
@@ -506,6 +484,24 @@ impl Deliverer {
             provider_message_id: None,
             finished_at: self.clock.now(),
         }
+    }
+
+    /// Ends a message no attempt will be made for: `failed`, or `unknown` if
+    /// an earlier attempt may have sent it. `closing` is the open attempt
+    /// this ends, and why.
+    async fn give_up(
+        &self,
+        msg: &mut MessageRecord,
+        lease: &Lease,
+        registration: &hub::Registration,
+        e: MessageError,
+        closing: Option<(u32, &'static str)>,
+    ) -> Option<()> {
+        let attempt =
+            closing.map(|(n, outcome)| self.attempt_result(n, outcome, Some(e.message.clone())));
+        let status = give_up_status(msg.maybe_sent);
+        self.finish(msg, lease, registration, status, None, Some(e), attempt)
+            .await
     }
 
     /// Makes the message final (fenced on the lease) and tells local waiters.

@@ -28,7 +28,7 @@ use crate::clock::to_time;
 use crate::domain::request::RequestError;
 use crate::domain::{FieldError, IdempotencyKey, MessageId, SendRequest};
 use crate::error::ApiError;
-use crate::store::{Claim, NewMessage, StoredResponse, TenantAuth};
+use crate::store::{Claim, MessageRecord, NewMessage, StoredResponse, TenantAuth};
 
 pub fn router() -> Router<SharedState> {
     Router::new()
@@ -262,10 +262,21 @@ async fn respond_when_final(
     ))
 }
 
-/// The key in a path; one that cannot be a key names no message.
-fn path_key(key: Result<Path<String>, PathRejection>) -> Result<IdempotencyKey, ApiError> {
+/// The tenant's message named by the key in a path. A path that cannot be a
+/// key, and another tenant's key, are the same 404 as a key never used.
+pub(crate) async fn message_at(
+    state: &SharedState,
+    tenant_id: uuid::Uuid,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<(IdempotencyKey, MessageRecord), ApiError> {
     let Path(key) = key.map_err(|_| ApiError::NotFound)?;
-    IdempotencyKey::parse(&key).map_err(|_| ApiError::NotFound)
+    let key = IdempotencyKey::parse(&key).map_err(|_| ApiError::NotFound)?;
+    let record = state
+        .store
+        .message(tenant_id, key.as_str())
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok((key, record))
 }
 
 async fn get_message(
@@ -273,12 +284,7 @@ async fn get_message(
     Tenant(tenant_id): Tenant,
     key: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let key = path_key(key)?;
-    let record = state
-        .store
-        .message(tenant_id, key.as_str())
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let (key, record) = message_at(&state, tenant_id, key).await?;
     Ok(message_response(
         StatusCode::OK,
         record.to_out().to_json(),
@@ -292,12 +298,7 @@ async fn list_attempts(
     Tenant(tenant_id): Tenant,
     key: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let key = path_key(key)?;
-    let record = state
-        .store
-        .message(tenant_id, key.as_str())
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let (_, record) = message_at(&state, tenant_id, key).await?;
     let attempts = state.store.attempts(record.id).await?;
     Ok(Json(serde_json::json!({ "data": attempts })).into_response())
 }

@@ -30,7 +30,7 @@ use subtle::ConstantTimeEq;
 use time::OffsetDateTime;
 
 use super::{SharedState, Tenant};
-use crate::domain::{FieldError, IdempotencyKey, Status};
+use crate::domain::{FieldError, Status};
 use crate::error::ApiError;
 use crate::provider::twilio;
 use crate::store::{AttemptRow, NewReceipt, ReceiptOutcome, ReceiptRow};
@@ -384,13 +384,7 @@ async fn list_events(
     Tenant(tenant_id): Tenant,
     key: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(key) = key.map_err(|_| ApiError::NotFound)?;
-    let key = IdempotencyKey::parse(&key).map_err(|_| ApiError::NotFound)?;
-    let record = state
-        .store
-        .message(tenant_id, key.as_str())
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let (_, record) = super::messages::message_at(&state, tenant_id, key).await?;
     let attempts = state.store.attempts(record.id).await?;
     let receipts = state.store.receipts(record.id).await?;
     Ok(axum::Json(serde_json::json!({ "data": timeline(attempts, receipts) })).into_response())

@@ -108,6 +108,10 @@ impl Run {
             .env("SENDONCE_SYNC_WAIT_MS", "2000")
             .env("SENDONCE_SHUTDOWN_GRACE_SECS", "1")
             .env("SENDONCE_DB_MAX_CONNECTIONS", "8")
+            // The run is one tenant hammering one number range on purpose.
+            .env("SENDONCE_RATE_TENANT_RPS", "0")
+            .env("SENDONCE_RATE_NUMBER_PER_HOUR", "0")
+            .env("SENDONCE_RATE_PREFIX_PER_HOUR", "0")
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .kill_on_drop(true);

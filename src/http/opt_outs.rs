@@ -167,7 +167,7 @@ async fn list(
             message: "must be a whole number from 1 to 1000".into(),
         }]));
     }
-    if query.after.as_ref().is_some_and(|a| a.len() > 32) {
+    if query.after.as_ref().is_some_and(|a| a.chars().count() > 32) {
         return Err(ApiError::Validation(vec![FieldError {
             field: "after".into(),
             message: "must be at most 32 characters".into(),

@@ -1,9 +1,11 @@
 -- The database floor, what Postgres alone does for one new send on the
 -- critical path, as a pgbench script (run with -M prepared, as sqlx prepares
--- and caches its statements). The three statements are those of
+-- and caches its statements). The four statements are those of
 -- src/store/postgres.rs, tenant_for_key (authentication), insert_message
--- (the claiming insert with attempt 1 started and the lease held) and
--- finish (the fenced final write that closes attempt 1). Values the service
+-- (the claiming insert with attempt 1 started and the lease held, which also
+-- reads the opt-out list), finish (the fenced final write that closes
+-- attempt 1) and has_unmatched_receipts (the look for receipts that overtook
+-- the send, made after the final write). Values the service
 -- binds as parameters are pgbench variables here, set with -D by the load
 -- generator or by gset from the statement before; times are now().
 -- Keep in step with src/store/postgres.rs. (No colons or backslashes in
@@ -11,7 +13,9 @@
 
 \set n random(1, 9000000000000000000)
 
-SELECT tenant_id FROM api_keys WHERE key_hash = :keyhash AND revoked_at IS NULL \gset
+SELECT k.tenant_id, t.allowed_countries IS NULL AS unrestricted FROM api_keys k
+    JOIN tenants t ON t.id = k.tenant_id
+    WHERE k.key_hash = :keyhash AND k.revoked_at IS NULL \gset
 
 WITH ins AS (
     INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status,
@@ -26,8 +30,18 @@ WITH ins AS (
     RETURNING id, lease_token),
 att AS (
     INSERT INTO attempts (message_id, number, lease_owner, started_at)
-    SELECT id, 1, :owner, now() FROM ins)
-SELECT id AS message_id, lease_token FROM ins \gset
+    SELECT id, 1, :owner, now() FROM ins),
+res AS (
+SELECT true AS created, ins.id AS message_id, ins.lease_token, NULL::bytea AS fingerprint,
+    NULL::text AS status, NULL::smallint AS response_code, NULL::bytea AS response_body,
+    EXISTS (SELECT 1 FROM opt_outs o WHERE o.tenant_id = :tenant_id AND o.number = :to) AS opted_out
+FROM ins
+UNION ALL
+SELECT false, m.id, m.lease_token, m.fingerprint, m.status, m.response_code, m.response_body, false
+FROM messages m
+WHERE m.tenant_id = :tenant_id AND m.idempotency_key = 'FLOOR-' || :client_id::text || '-' || :n::text
+    AND NOT EXISTS (SELECT 1 FROM ins))
+SELECT message_id, lease_token, opted_out FROM res \gset
 
 WITH m AS (
     UPDATE messages SET status = 'sent', provider_message_id = :provider_message_id,
@@ -41,3 +55,6 @@ a AS (
         provider_code = NULL, error = NULL, provider_message_id = :provider_message_id
     WHERE message_id = (SELECT id FROM m) AND number = 1 AND finished_at IS NULL)
 SELECT count(*) FROM m;
+
+SELECT EXISTS (SELECT 1 FROM receipts
+    WHERE provider = 'http' AND provider_message_id = :provider_message_id AND message_id IS NULL);

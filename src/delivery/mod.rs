@@ -325,30 +325,18 @@ impl Deliverer {
                 .await;
         }
 
-        // A number that opted out never reaches the provider.
-        match self.store.is_opted_out(msg.tenant_id, &msg.to).await {
-            Ok(false) => {}
-            Ok(true) => {
-                let e = error(
-                    "recipient_opted_out",
-                    "the recipient opted out of messages from this account",
-                    None,
-                );
-                return self
-                    .give_up(
-                        &mut msg,
-                        &lease,
-                        registration,
-                        e,
-                        Some((attempt, "opted_out")),
-                    )
-                    .await;
-            }
-            Err(e) => {
-                // The lease runs out and the message is resumed from the row.
-                tracing::warn!(error = %e, "could not check the opt-out list");
-                return None;
-            }
+        // A number that opted out never reaches the provider. Whether it did
+        // was read with the row (the insert, or the claim), so this costs no
+        // round trip of its own.
+        if msg.recipient_opted_out {
+            let e = error(
+                "recipient_opted_out",
+                "the recipient opted out of messages from this account",
+                None,
+            );
+            return self
+                .give_up(&mut msg, &lease, registration, e, Some((attempt, "opted_out")))
+                .await;
         }
 
         // The provider is called only under a lease that outlives the call,
@@ -545,13 +533,23 @@ impl Deliverer {
             self.metrics.message_final(status.as_str());
             registration.complete(response);
             // A fast provider's receipts can overtake our write of its id.
+            // Looking only after our commit (one cheap read, and a locked
+            // attach only when there is something to attach), while the
+            // receipt path looks again after its own commit, means one of
+            // the two always sees the other.
             if let Some(pmid) = msg
                 .provider_message_id
                 .as_deref()
                 .filter(|_| status == Status::Sent)
-                && let Err(e) = self.store.attach_receipts(&msg.provider, pmid, now).await
             {
-                tracing::warn!(error = %e, "could not attach receipts that arrived early");
+                let attached = match self.store.has_unmatched_receipts(&msg.provider, pmid).await {
+                    Ok(false) => Ok(false),
+                    Ok(true) => self.store.attach_receipts(&msg.provider, pmid, now).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = attached {
+                    tracing::warn!(error = %e, "could not attach receipts that arrived early");
+                }
             }
             Some(())
         } else {

@@ -302,7 +302,20 @@ async fn http_status(
 }
 
 async fn record(state: &SharedState, receipt: &NewReceipt) -> Result<Response, ApiError> {
-    let outcome = state.store.record_receipt(receipt).await?;
+    let mut outcome = state.store.record_receipt(receipt).await?;
+    if !outcome.duplicate && outcome.message_id.is_none() {
+        // The send may have recorded this provider id after our lookup and
+        // before our commit; it checks for early receipts only after its own
+        // commit, so one of the two looks always comes after both commits.
+        let now = state.deliverer.clock().now();
+        if state
+            .store
+            .attach_receipts(&receipt.provider, &receipt.provider_message_id, now)
+            .await?
+        {
+            outcome.applied = true;
+        }
+    }
     if outcome.duplicate {
         tracing::debug!(provider = %receipt.provider, "duplicate receipt ignored");
     } else if outcome.message_id.is_none() {

@@ -136,12 +136,15 @@ pub struct MessageRecord {
     pub last_attempt_open: bool,
     /// When the latest attempt started.
     pub last_attempt_started_at: Option<OffsetDateTime>,
+    /// The recipient is on the tenant's opt-out list (as of reading the row:
+    /// the insert for a new message, the claim for a resumed one).
+    pub recipient_opted_out: bool,
 }
 
 impl MessageRecord {
     /// The row `insert_message` just created: `processing`, attempt 1
     /// started, the lease held.
-    pub fn claimed(m: &NewMessage, lease: &Lease) -> Self {
+    pub fn claimed(m: &NewMessage, lease: &Lease, recipient_opted_out: bool) -> Self {
         MessageRecord {
             id: m.id,
             tenant_id: m.tenant_id,
@@ -171,6 +174,7 @@ impl MessageRecord {
             deadline_at: m.deadline_at,
             last_attempt_open: true,
             last_attempt_started_at: Some(m.created_at),
+            recipient_opted_out,
         }
     }
 
@@ -360,6 +364,9 @@ pub trait Store: Send + Sync + 'static {
     // Messages.
     /// Inserts a message as `processing` with its first attempt started and
     /// the lease held, or reports the message that already holds the key.
+    /// One round trip in the common cases: a replay learns the stored
+    /// response from the same statement that found the key taken, and a new
+    /// message learns whether its recipient opted out.
     async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError>;
     /// The state of a key, for replays and waiting duplicates.
     async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError>;
@@ -421,6 +428,13 @@ pub trait Store: Send + Sync + 'static {
         provider_message_id: &str,
         now: OffsetDateTime,
     ) -> Result<bool, StoreError>;
+    /// Whether receipts for this provider message id wait, unlinked, for
+    /// their message (a cheap read before [`Store::attach_receipts`]).
+    async fn has_unmatched_receipts(
+        &self,
+        provider: &str,
+        provider_message_id: &str,
+    ) -> Result<bool, StoreError>;
     /// A message's receipts in arrival order.
     async fn receipts(&self, id: MessageId) -> Result<Vec<ReceiptRow>, StoreError>;
     /// Receipts that matched no message, newest first.
@@ -457,5 +471,4 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&str>,
         limit: u32,
     ) -> Result<Vec<OptOut>, StoreError>;
-    async fn is_opted_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError>;
 }

@@ -102,7 +102,9 @@ macro_rules! message_columns {
     (SELECT a.started_at FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
         AS last_attempt_started_at, \
     COALESCE((SELECT a.finished_at IS NULL FROM attempts a \
-        WHERE a.message_id = m.id AND a.number = m.attempts), false) AS last_attempt_open"
+        WHERE a.message_id = m.id AND a.number = m.attempts), false) AS last_attempt_open, \
+    EXISTS (SELECT 1 FROM opt_outs o WHERE o.tenant_id = m.tenant_id AND o.number = m.to_number) \
+        AS recipient_opted_out"
     };
 }
 
@@ -158,6 +160,7 @@ fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<MessageRecord, StoreEr
         deadline_at: row.try_get("deadline_at").map_err(get_err)?,
         last_attempt_open: row.try_get("last_attempt_open").map_err(get_err)?,
         last_attempt_started_at: row.try_get("last_attempt_started_at").map_err(get_err)?,
+        recipient_opted_out: row.try_get("recipient_opted_out").map_err(get_err)?,
     })
 }
 
@@ -347,7 +350,11 @@ impl Store for PgStore {
         // A key can be purged between our insert's conflict and our read;
         // then the insert is simply tried again.
         for _ in 0..3 {
-            let inserted: Option<Uuid> = sqlx::query_scalar(
+            // A new key: the inserted id and whether the recipient opted
+            // out. A taken key: that message's state, from the same
+            // statement, unless it was committed after this statement's
+            // snapshot (then the follow-up read below sees it).
+            let row = sqlx::query(
                 "WITH ins AS ( \
                     INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                         to_number, from_sender, body, segments, encoding, metadata, \
@@ -360,7 +367,18 @@ impl Store for PgStore {
                  att AS ( \
                     INSERT INTO attempts (message_id, number, lease_owner, started_at) \
                     SELECT id, 1, $14, $16 FROM ins) \
-                 SELECT id FROM ins",
+                 SELECT true AS created, ins.id, NULL::bytea AS fingerprint, \
+                    NULL::text AS status, NULL::smallint AS response_code, \
+                    NULL::bytea AS response_body, \
+                    EXISTS (SELECT 1 FROM opt_outs o WHERE o.tenant_id = $2 AND o.number = $5) \
+                        AS opted_out \
+                 FROM ins \
+                 UNION ALL \
+                 SELECT false, m.id, m.fingerprint, m.status, m.response_code, m.response_body, \
+                    false \
+                 FROM messages m \
+                 WHERE m.tenant_id = $2 AND m.idempotency_key = $3 \
+                    AND NOT EXISTS (SELECT 1 FROM ins)",
             )
             .bind(m.id.0)
             .bind(m.tenant_id)
@@ -383,8 +401,15 @@ impl Store for PgStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(map_err)?;
-            if inserted.is_some() {
-                return Ok(Claim::Created(Box::new(MessageRecord::claimed(m, lease))));
+            if let Some(row) = row {
+                let created: bool = row.try_get("created").map_err(map_err)?;
+                if created {
+                    let opted_out: bool = row.try_get("opted_out").map_err(map_err)?;
+                    return Ok(Claim::Created(Box::new(MessageRecord::claimed(
+                        m, lease, opted_out,
+                    ))));
+                }
+                return Ok(Claim::Existing(key_state_from_row(&row)?));
             }
             if let Some(state) = self.key_state(m.tenant_id, &m.idempotency_key).await? {
                 return Ok(Claim::Existing(state));
@@ -722,6 +747,22 @@ impl Store for PgStore {
         })
     }
 
+    async fn has_unmatched_receipts(
+        &self,
+        provider: &str,
+        provider_message_id: &str,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM receipts \
+             WHERE provider = $1 AND provider_message_id = $2 AND message_id IS NULL)",
+        )
+        .bind(provider)
+        .bind(provider_message_id)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)
+    }
+
     async fn attach_receipts(
         &self,
         provider: &str,
@@ -851,17 +892,6 @@ impl Store for PgStore {
                 created_at,
             })
             .collect())
-    }
-
-    async fn is_opted_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = $1 AND number = $2)",
-        )
-        .bind(tenant_id)
-        .bind(number)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)
     }
 }
 

@@ -133,7 +133,9 @@ macro_rules! message_columns {
         (SELECT a.started_at FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
             AS last_attempt_started_at, \
         COALESCE((SELECT a.finished_at IS NULL FROM attempts a \
-            WHERE a.message_id = m.id AND a.number = m.attempts), 0) AS last_attempt_open"
+            WHERE a.message_id = m.id AND a.number = m.attempts), 0) AS last_attempt_open, \
+        EXISTS (SELECT 1 FROM opt_outs o WHERE o.tenant_id = m.tenant_id \
+            AND o.number = m.to_number) AS recipient_opted_out"
     };
 }
 
@@ -188,6 +190,7 @@ fn record_from_row(row: &SqliteRow) -> Result<MessageRecord, StoreError> {
         expires_at: time_opt(row, "expires_at")?,
         deadline_at: time(row, "deadline_at")?,
         last_attempt_open: get(row, "last_attempt_open")?,
+        recipient_opted_out: get(row, "recipient_opted_out")?,
         last_attempt_started_at: time_opt(row, "last_attempt_started_at")?,
     })
 }
@@ -429,7 +432,8 @@ impl Store for SqliteStore {
             .map_err(map_err)?;
             if inserted.is_some() {
                 sqlx::query(
-                    "INSERT INTO attempts (message_id, number, lease_owner, started_at) VALUES (?, 1, ?, ?)",
+                    "INSERT INTO attempts (message_id, number, lease_owner, started_at) \
+                     VALUES (?, 1, ?, ?)",
                 )
                 .bind(m.id.0)
                 .bind(&lease.owner)
@@ -437,12 +441,32 @@ impl Store for SqliteStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(map_err)?;
+                let opted_out: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = ? AND number = ?)",
+                )
+                .bind(m.tenant_id)
+                .bind(&m.to)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(map_err)?;
                 tx.commit().await.map_err(map_err)?;
-                return Ok(Claim::Created(Box::new(MessageRecord::claimed(m, lease))));
+                return Ok(Claim::Created(Box::new(MessageRecord::claimed(
+                    m, lease, opted_out,
+                ))));
             }
+            // Under the write lock the taken key's row is there to read.
+            let row = sqlx::query(
+                "SELECT id, fingerprint, status, response_code, response_body FROM messages \
+                 WHERE tenant_id = ? AND idempotency_key = ?",
+            )
+            .bind(m.tenant_id)
+            .bind(&m.idempotency_key)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
             tx.rollback().await.map_err(map_err)?;
-            if let Some(state) = self.key_state(m.tenant_id, &m.idempotency_key).await? {
-                return Ok(Claim::Existing(state));
+            if let Some(row) = row {
+                return Ok(Claim::Existing(key_state_from_row(&row)?));
             }
         }
         Err(StoreError::Other(
@@ -792,6 +816,22 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn has_unmatched_receipts(
+        &self,
+        provider: &str,
+        provider_message_id: &str,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM receipts \
+             WHERE provider = ? AND provider_message_id = ? AND message_id IS NULL)",
+        )
+        .bind(provider)
+        .bind(provider_message_id)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)
+    }
+
     async fn attach_receipts(
         &self,
         provider: &str,
@@ -921,17 +961,6 @@ impl Store for SqliteStore {
                 created_at: from_us(created_at),
             })
             .collect())
-    }
-
-    async fn is_opted_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = ? AND number = ?)",
-        )
-        .bind(tenant_id)
-        .bind(number)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)
     }
 }
 

@@ -821,7 +821,7 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
-/// pgbench running bench/src/floor.sql (the three statements of one new
+/// pgbench running bench/src/floor.sql (the four statements of one new
 /// send) on a fresh, migrated database at `clients` concurrency.
 async fn floor(
     args: &Args,
@@ -1248,7 +1248,7 @@ async fn run_on(
     }
     if let Some(f) = &floor {
         println!(
-            "| floor: pgbench, 3 statements per send | {} | {:.0} | avg {:.2} | | | | {} | | {:.0} | | {:.0} (pgbench) | {:.0}% |",
+            "| floor: pgbench, 4 statements per send | {} | {:.0} | avg {:.2} | | | | {} | | {:.0} | | {:.0} (pgbench) | {:.0}% |",
             f.transactions,
             f.tps,
             f.latency_ms,

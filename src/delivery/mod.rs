@@ -335,7 +335,13 @@ impl Deliverer {
                 None,
             );
             return self
-                .give_up(&mut msg, &lease, registration, e, Some((attempt, "opted_out")))
+                .give_up(
+                    &mut msg,
+                    &lease,
+                    registration,
+                    e,
+                    Some((attempt, "opted_out")),
+                )
                 .await;
         }
 

@@ -53,6 +53,7 @@ const FINAL: &str = "sendonce_messages_final_total";
 const IN_FLIGHT: &str = "sendonce_deliveries_in_flight";
 const OLDEST: &str = "sendonce_oldest_processing_age_seconds";
 const TAKEOVERS: &str = "sendonce_rescuer_takeovers_total";
+const RECEIPTS: &str = "sendonce_receipts_total";
 const PURGED: &str = "sendonce_purged_messages_total";
 
 /// Latency buckets, in seconds.
@@ -105,6 +106,10 @@ impl Metrics {
                 "Messages claimed after their owner's lease expired",
             ),
             (PURGED, "Messages deleted past retention"),
+            (
+                RECEIPTS,
+                "Delivery receipts, by provider and outcome (applied, recorded, duplicate, unmatched)",
+            ),
         ] {
             recorder.describe_counter(KeyName::from_const_str(name), None, text(what));
         }
@@ -216,6 +221,19 @@ impl Metrics {
     /// A message this instance made final with `status`.
     pub fn message_final(&self, status: &'static str) {
         self.labelled_counter(FINAL, [("status", status)])
+            .increment(1);
+    }
+
+    /// One delivery receipt taken: `outcome` is `applied` (it moved the
+    /// status), `recorded` (kept in the history only), `duplicate` or
+    /// `unmatched` (no known message).
+    pub fn receipt(&self, provider: &str, outcome: &'static str) {
+        let provider = match provider {
+            "twilio" => "twilio",
+            "http" => "http",
+            _ => "other",
+        };
+        self.labelled_counter(RECEIPTS, [("provider", provider), ("outcome", outcome)])
             .increment(1);
     }
 

@@ -316,6 +316,19 @@ async fn record(state: &SharedState, receipt: &NewReceipt) -> Result<Response, A
             outcome.applied = true;
         }
     }
+    let counted = if outcome.duplicate {
+        "duplicate"
+    } else if outcome.message_id.is_none() {
+        "unmatched"
+    } else if outcome.applied {
+        "applied"
+    } else {
+        "recorded"
+    };
+    state
+        .deliverer
+        .metrics()
+        .receipt(&receipt.provider, counted);
     if outcome.duplicate {
         tracing::debug!(provider = %receipt.provider, "duplicate receipt ignored");
     } else if outcome.message_id.is_none() {

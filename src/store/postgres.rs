@@ -263,6 +263,7 @@ impl Store for PgStore {
         tx.commit().await.map_err(map_err)
     }
 
+    #[tracing::instrument(name = "store.tenant_for_key", level = "debug", skip_all)]
     async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError> {
         let row: Option<(Uuid, Option<Vec<String>>)> = sqlx::query_as(
             "SELECT k.tenant_id, t.allowed_countries FROM api_keys k \
@@ -346,6 +347,7 @@ impl Store for PgStore {
             .collect()
     }
 
+    #[tracing::instrument(name = "store.insert_message", level = "debug", skip_all, fields(message_id = %m.id))]
     async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError> {
         // A key can be purged between our insert's conflict and our read;
         // then the insert is simply tried again.
@@ -420,6 +422,7 @@ impl Store for PgStore {
         ))
     }
 
+    #[tracing::instrument(name = "store.key_state", level = "debug", skip_all)]
     async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError> {
         let row = sqlx::query(
             "SELECT id, fingerprint, status, response_code, response_body FROM messages \
@@ -433,6 +436,7 @@ impl Store for PgStore {
         row.as_ref().map(key_state_from_row).transpose()
     }
 
+    #[tracing::instrument(name = "store.state_by_id", level = "debug", skip_all, fields(message_id = %id))]
     async fn state_by_id(&self, id: MessageId) -> Result<Option<KeyState>, StoreError> {
         let row = sqlx::query(
             "SELECT id, fingerprint, status, response_code, response_body FROM messages \
@@ -445,6 +449,7 @@ impl Store for PgStore {
         row.as_ref().map(key_state_from_row).transpose()
     }
 
+    #[tracing::instrument(name = "store.message", level = "debug", skip_all)]
     async fn message(
         &self,
         tenant_id: Uuid,
@@ -463,6 +468,7 @@ impl Store for PgStore {
         row.as_ref().map(record_from_row).transpose()
     }
 
+    #[tracing::instrument(name = "store.message_by_id", level = "debug", skip_all, fields(message_id = %id))]
     async fn message_by_id(&self, id: MessageId) -> Result<Option<MessageRecord>, StoreError> {
         let row = sqlx::query(concat!(
             "SELECT ",
@@ -505,6 +511,7 @@ impl Store for PgStore {
             .collect()
     }
 
+    #[tracing::instrument(name = "store.start_attempt", level = "debug", skip_all, fields(message_id = %id))]
     async fn start_attempt(
         &self,
         id: MessageId,
@@ -539,6 +546,7 @@ impl Store for PgStore {
         Ok(number.map(|n| u32::try_from(n).unwrap_or(0)))
     }
 
+    #[tracing::instrument(name = "store.renew_lease", level = "debug", skip_all, fields(message_id = %id))]
     async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE messages SET lease_expires_at = $3 \
@@ -553,6 +561,7 @@ impl Store for PgStore {
         Ok(done.rows_affected() == 1)
     }
 
+    #[tracing::instrument(name = "store.finish", level = "debug", skip_all, fields(message_id = %f.id, status = f.status.as_str()))]
     async fn finish(&self, f: &Finish) -> Result<bool, StoreError> {
         let a = f.attempt.as_ref();
         let n: i64 = sqlx::query_scalar(
@@ -591,6 +600,7 @@ impl Store for PgStore {
         Ok(n == 1)
     }
 
+    #[tracing::instrument(name = "store.reschedule", level = "debug", skip_all, fields(message_id = %r.id))]
     async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError> {
         let a = &r.attempt;
         let n: i64 = sqlx::query_scalar(
@@ -624,6 +634,7 @@ impl Store for PgStore {
         Ok(n == 1)
     }
 
+    #[tracing::instrument(name = "store.claim_due", level = "debug", skip_all, fields(limit = limit))]
     async fn claim_due(
         &self,
         owner: &str,
@@ -665,6 +676,7 @@ impl Store for PgStore {
             .collect()
     }
 
+    #[tracing::instrument(name = "store.release_leases", level = "debug", skip_all)]
     async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError> {
         let done = sqlx::query(
             "UPDATE messages SET lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
@@ -679,6 +691,7 @@ impl Store for PgStore {
         Ok(done.rows_affected())
     }
 
+    #[tracing::instrument(name = "store.purge", level = "debug", skip_all)]
     async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError> {
         let done = sqlx::query(
             "DELETE FROM messages WHERE id IN ( \

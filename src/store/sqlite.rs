@@ -315,6 +315,7 @@ impl Store for SqliteStore {
         tx.commit().await.map_err(map_err)
     }
 
+    #[tracing::instrument(name = "store.tenant_for_key", level = "debug", skip_all)]
     async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError> {
         let row: Option<(Uuid, Option<String>)> = sqlx::query_as(
             "SELECT k.tenant_id, t.allowed_countries FROM api_keys k \
@@ -397,6 +398,7 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    #[tracing::instrument(name = "store.insert_message", level = "debug", skip_all, fields(message_id = %m.id))]
     async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError> {
         for _ in 0..3 {
             let mut tx = self.begin().await?;
@@ -474,6 +476,7 @@ impl Store for SqliteStore {
         ))
     }
 
+    #[tracing::instrument(name = "store.key_state", level = "debug", skip_all)]
     async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError> {
         let row = sqlx::query(
             "SELECT id, fingerprint, status, response_code, response_body FROM messages \
@@ -487,6 +490,7 @@ impl Store for SqliteStore {
         row.as_ref().map(key_state_from_row).transpose()
     }
 
+    #[tracing::instrument(name = "store.state_by_id", level = "debug", skip_all, fields(message_id = %id))]
     async fn state_by_id(&self, id: MessageId) -> Result<Option<KeyState>, StoreError> {
         let row = sqlx::query(
             "SELECT id, fingerprint, status, response_code, response_body FROM messages WHERE id = ?",
@@ -498,6 +502,7 @@ impl Store for SqliteStore {
         row.as_ref().map(key_state_from_row).transpose()
     }
 
+    #[tracing::instrument(name = "store.message", level = "debug", skip_all)]
     async fn message(
         &self,
         tenant_id: Uuid,
@@ -516,6 +521,7 @@ impl Store for SqliteStore {
         row.as_ref().map(record_from_row).transpose()
     }
 
+    #[tracing::instrument(name = "store.message_by_id", level = "debug", skip_all, fields(message_id = %id))]
     async fn message_by_id(&self, id: MessageId) -> Result<Option<MessageRecord>, StoreError> {
         let row = sqlx::query(concat!(
             "SELECT ",
@@ -558,6 +564,7 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    #[tracing::instrument(name = "store.start_attempt", level = "debug", skip_all, fields(message_id = %id))]
     async fn start_attempt(
         &self,
         id: MessageId,
@@ -605,6 +612,7 @@ impl Store for SqliteStore {
         Ok(Some(u32::try_from(number).unwrap_or(0)))
     }
 
+    #[tracing::instrument(name = "store.renew_lease", level = "debug", skip_all, fields(message_id = %id))]
     async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE messages SET lease_expires_at = ? \
@@ -619,6 +627,7 @@ impl Store for SqliteStore {
         Ok(done.rows_affected() == 1)
     }
 
+    #[tracing::instrument(name = "store.finish", level = "debug", skip_all, fields(message_id = %f.id, status = f.status.as_str()))]
     async fn finish(&self, f: &Finish) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
         let done = sqlx::query(
@@ -652,6 +661,7 @@ impl Store for SqliteStore {
         Ok(true)
     }
 
+    #[tracing::instrument(name = "store.reschedule", level = "debug", skip_all, fields(message_id = %r.id))]
     async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
         let done = sqlx::query(
@@ -678,6 +688,7 @@ impl Store for SqliteStore {
         Ok(true)
     }
 
+    #[tracing::instrument(name = "store.claim_due", level = "debug", skip_all, fields(limit = limit))]
     async fn claim_due(
         &self,
         owner: &str,
@@ -731,6 +742,7 @@ impl Store for SqliteStore {
         Ok(claimed)
     }
 
+    #[tracing::instrument(name = "store.release_leases", level = "debug", skip_all)]
     async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError> {
         let done = sqlx::query(
             "UPDATE messages SET lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
@@ -745,6 +757,7 @@ impl Store for SqliteStore {
         Ok(done.rows_affected())
     }
 
+    #[tracing::instrument(name = "store.purge", level = "debug", skip_all)]
     async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError> {
         let done = sqlx::query(
             "DELETE FROM messages WHERE id IN ( \

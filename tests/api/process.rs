@@ -398,6 +398,14 @@ async fn logs_carry_neither_keys_nor_bodies_unless_asked() {
         serde_json::from_str::<serde_json::Value>(line)
             .unwrap_or_else(|_| panic!("SENDONCE_LOG_FORMAT=json gives JSON lines: {line}"));
     }
+    // Store calls and provider calls run in spans that name the message.
+    let in_span = |name: &str| {
+        logs.lines().any(|l| {
+            l.contains(&format!("\"name\":\"{name}\"")) && l.contains("\"message_id\":\"msg_")
+        })
+    };
+    assert!(in_span("store.insert_message"), "no store span in:\n{logs}");
+    assert!(in_span("store.finish"), "no store span in:\n{logs}");
     let (logs, _) = logs_of_one_send(true).await;
     assert!(
         logs.contains("918273"),

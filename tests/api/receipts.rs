@@ -347,6 +347,19 @@ async fn http_receipts_need_the_shared_secret(backend: Backend) {
         "delivered"
     );
     assert_eq!(receipt_count(&app).await, 1);
+    let metrics = answer(
+        app.request(reqwest::Method::GET, "/metrics")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&metrics.bytes).into_owned();
+    for (outcome, n) in [("applied", 1), ("duplicate", 1)] {
+        let line =
+            format!("sendonce_receipts_total{{provider=\"http\",outcome=\"{outcome}\"}} {n}");
+        assert!(text.contains(&line), "no `{line}` in:\n{text}");
+    }
 }
 
 async fn the_mock_sends_receipts_back_in_every_order(backend: Backend) {

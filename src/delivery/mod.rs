@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::clock::{Clock, to_time};
-use crate::domain::{MessageError, MessageId, Status};
+use crate::domain::{AttemptOutcome, MessageError, MessageId, Status};
 use crate::provider::{OutgoingSms, Provider, Reconciled, SendOutcome};
 use crate::store::{
     AttemptResult, Finish, Lease, MessageRecord, Reschedule, Store, StoreError, StoredResponse,
@@ -258,7 +258,8 @@ impl Deliverer {
                     Reconciled::Sent {
                         provider_message_id,
                     } => {
-                        let result = self.attempt_result(msg.attempts, "reconciled", None);
+                        let result =
+                            self.attempt_result(msg.attempts, AttemptOutcome::Reconciled, None);
                         return self
                             .finish(
                                 &mut msg,
@@ -274,7 +275,8 @@ impl Deliverer {
                     Reconciled::NotSent => {}
                     Reconciled::Unknown(reason) => {
                         let error = error("outcome_unknown", &reason, None);
-                        let result = self.attempt_result(msg.attempts, "lost", Some(reason));
+                        let result =
+                            self.attempt_result(msg.attempts, AttemptOutcome::Lost, Some(reason));
                         return self
                             .finish(
                                 &mut msg,
@@ -290,7 +292,9 @@ impl Deliverer {
                 }
             }
             if let Some(e) = too_late(&msg, now) {
-                let open = msg.last_attempt_open.then_some((msg.attempts, "lost"));
+                let open = msg
+                    .last_attempt_open
+                    .then_some((msg.attempts, AttemptOutcome::Lost));
                 msg.maybe_sent |= msg.last_attempt_open;
                 return self.give_up(&mut msg, &lease, registration, e, open).await;
             }
@@ -320,7 +324,7 @@ impl Deliverer {
                     &lease,
                     registration,
                     e,
-                    Some((attempt, "expired")),
+                    Some((attempt, AttemptOutcome::Expired)),
                 )
                 .await;
         }
@@ -340,7 +344,7 @@ impl Deliverer {
                     &lease,
                     registration,
                     e,
-                    Some((attempt, "opted_out")),
+                    Some((attempt, AttemptOutcome::OptedOut)),
                 )
                 .await;
         }
@@ -466,7 +470,7 @@ impl Deliverer {
     fn attempt_result(
         &self,
         number: u32,
-        outcome: &'static str,
+        outcome: AttemptOutcome,
         error: Option<String>,
     ) -> AttemptResult {
         AttemptResult {
@@ -489,7 +493,7 @@ impl Deliverer {
         lease: &Lease,
         registration: &hub::Registration,
         e: MessageError,
-        closing: Option<(u32, &'static str)>,
+        closing: Option<(u32, AttemptOutcome)>,
     ) -> Option<()> {
         let attempt =
             closing.map(|(n, outcome)| self.attempt_result(n, outcome, Some(e.message.clone())));
@@ -674,10 +678,18 @@ fn attempt_result_from(outcome: &SendOutcome, number: u32, now: OffsetDateTime) 
         SendOutcome::Accepted {
             provider_message_id,
             ..
-        } => ("sent", None, Some(provider_message_id.clone())),
-        SendOutcome::Rejected { provider_code, .. } => ("rejected", provider_code.clone(), None),
-        SendOutcome::Retryable { provider_code, .. } => ("retryable", provider_code.clone(), None),
-        SendOutcome::Ambiguous { .. } => ("ambiguous", None, None),
+        } => (
+            AttemptOutcome::Sent,
+            None,
+            Some(provider_message_id.clone()),
+        ),
+        SendOutcome::Rejected { provider_code, .. } => {
+            (AttemptOutcome::Rejected, provider_code.clone(), None)
+        }
+        SendOutcome::Retryable { provider_code, .. } => {
+            (AttemptOutcome::Retryable, provider_code.clone(), None)
+        }
+        SendOutcome::Ambiguous { .. } => (AttemptOutcome::Ambiguous, None, None),
     };
     AttemptResult {
         number,

@@ -2,6 +2,7 @@
 //! SMS segment counting, the canonical request and its fingerprint, and the
 //! message's states.
 
+pub mod attempt;
 pub mod idempotency_key;
 pub mod message;
 pub mod phone;
@@ -10,6 +11,7 @@ mod proptests;
 pub mod request;
 pub mod segments;
 
+pub use attempt::AttemptOutcome;
 pub use idempotency_key::IdempotencyKey;
 pub use message::{MessageError, MessageId, MessageOut, Status};
 pub use request::{FieldError, SendRequest};

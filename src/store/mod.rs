@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::domain::{Encoding, MessageError, MessageId, MessageOut, Status};
+use crate::domain::{AttemptOutcome, Encoding, MessageError, MessageId, MessageOut, Status};
 
 pub mod postgres;
 pub mod sqlite;
@@ -232,8 +232,7 @@ pub enum Claim {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttemptResult {
     pub number: u32,
-    /// `sent`, `rejected`, `retryable`, `ambiguous`, `expired`, `reconciled`.
-    pub outcome: &'static str,
+    pub outcome: AttemptOutcome,
     pub http_status: Option<u16>,
     pub provider_code: Option<String>,
     pub error: Option<String>,

@@ -232,7 +232,7 @@ async fn close_attempt(
          WHERE message_id = ? AND number = ? AND finished_at IS NULL",
     )
     .bind(us(a.finished_at))
-    .bind(a.outcome)
+    .bind(a.outcome.as_str())
     .bind(a.http_status.map(i64::from))
     .bind(&a.provider_code)
     .bind(&a.error)
@@ -673,7 +673,7 @@ impl Store for SqliteStore {
         .bind(us(r.next_attempt_at))
         .bind(us(r.updated_at))
         .bind(r.error.as_ref().map(json))
-        .bind(r.attempt.outcome == "ambiguous")
+        .bind(r.attempt.outcome.maybe_sent())
         .bind(r.id.0)
         .bind(r.lease_token)
         .execute(&mut *tx)

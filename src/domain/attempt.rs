@@ -1,0 +1,76 @@
+//! How one provider attempt ended, as stored in `attempts.outcome` and shown
+//! by `GET /messages/{key}/attempts`.
+
+use std::fmt;
+
+/// The recorded end of one attempt. Stored as its [`as_str`](Self::as_str)
+/// name; nothing compares those names as strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptOutcome {
+    /// The provider accepted the message.
+    Sent,
+    /// The provider refused the message itself: no retry helps.
+    Rejected,
+    /// The provider certainly did not send it; a retry may succeed.
+    Retryable,
+    /// No clear answer: the provider may have sent it.
+    Ambiguous,
+    /// An earlier ambiguous attempt turned out to have been sent.
+    Reconciled,
+    /// An open attempt whose outcome can no longer be learned.
+    Lost,
+    /// The message outlived its validity before this attempt could run.
+    Expired,
+    /// The recipient opted out; the provider was not called.
+    OptedOut,
+}
+
+impl AttemptOutcome {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Rejected => "rejected",
+            Self::Retryable => "retryable",
+            Self::Ambiguous => "ambiguous",
+            Self::Reconciled => "reconciled",
+            Self::Lost => "lost",
+            Self::Expired => "expired",
+            Self::OptedOut => "opted_out",
+        }
+    }
+
+    /// The provider may have acted on the message.
+    pub fn maybe_sent(self) -> bool {
+        matches!(self, Self::Ambiguous)
+    }
+}
+
+impl fmt::Display for AttemptOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AttemptOutcome::*;
+
+    #[test]
+    fn names_are_the_stored_ones() {
+        let all = [
+            (Sent, "sent"),
+            (Rejected, "rejected"),
+            (Retryable, "retryable"),
+            (Ambiguous, "ambiguous"),
+            (Reconciled, "reconciled"),
+            (Lost, "lost"),
+            (Expired, "expired"),
+            (OptedOut, "opted_out"),
+        ];
+        for (outcome, name) in all {
+            assert_eq!(outcome.as_str(), name);
+            assert_eq!(outcome.maybe_sent(), name == "ambiguous");
+        }
+    }
+}

@@ -44,7 +44,8 @@ fi
 flag=()
 [ "$profile" = release ] && flag=(--release)
 
-cargo build "${flag[@]}" -p sendonce --bin sendonce --bin mock-provider
+cargo build "${flag[@]}" -p sendonce --bin sendonce
+cargo build "${flag[@]}" -p testkit --bin mock-provider
 cargo build "${flag[@]}" -p sendonce-bench --bin loadgen
 "target/$profile/loadgen" ${args[@]+"${args[@]}"}
 

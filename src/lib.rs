@@ -19,8 +19,6 @@
 //!   and `twilio` (with Twilio's request signatures).
 //! - [`delivery`]: the delivery task, retry policy, scheduler/rescuer, purge.
 //! - [`clock`]: the time source (hand-moved in tests).
-//! - [`mock_provider`]: a scriptable provider server (the `http` protocol and
-//!   Twilio's Messages endpoint, faults, receipts) for tests and demos.
 //!
 //! See `docs/architecture.md` for the state machine and the failure model.
 
@@ -34,7 +32,6 @@ pub mod domain;
 pub mod error;
 pub mod http;
 pub mod metrics;
-pub mod mock_provider;
 pub mod provider;
 pub mod ratelimit;
 pub mod shutdown;

@@ -1,8 +1,8 @@
 //! Every line of the HTTP contract of POST /messages and GET /messages/{key}.
 
-use sendonce::mock_provider::Behaviour;
 use serde_json::json;
 use std::sync::Arc;
+use testkit::mock_provider::Behaviour;
 use tokio::sync::Notify;
 
 use crate::helpers::*;

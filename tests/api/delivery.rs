@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sendonce::clock::Clock;
-use sendonce::mock_provider::Behaviour;
 use serde_json::json;
+use testkit::mock_provider::Behaviour;
 use tokio::sync::Notify;
 
 use crate::helpers::*;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sendonce::clock::Clock;
-use sendonce::mock_provider::Behaviour;
+use testkit::mock_provider::Behaviour;
 use tokio::sync::Notify;
 
 use crate::delivery::futures_join_all;

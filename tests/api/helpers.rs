@@ -11,11 +11,11 @@ use sendonce::app::{App, Handle};
 use sendonce::clock::Clock;
 pub use sendonce::config::Backend;
 use sendonce::config::Settings;
-use sendonce::mock_provider::MockProvider;
 use sendonce::provider::{HttpProvider, Provider};
 use sendonce::store::postgres::PoolSettings;
 use sendonce::store::{PgStore, SqliteStore, Store};
 use sqlx::{Connection, PgConnection, PgPool, SqlitePool};
+use testkit::mock_provider::MockProvider;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 

@@ -4,7 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use sendonce::mock_provider::{Behaviour, MockProvider};
+use testkit::mock_provider::{Behaviour, MockProvider};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sendonce::domain::{Encoding, MessageId, Status};
-use sendonce::mock_provider::{ReceiptConfig, ReceiptOrder};
 use sendonce::provider::twilio::signature;
 use sendonce::store::{Claim, Finish, Lease, NewMessage, NewReceipt, StoredResponse};
 use serde_json::json;
+use testkit::mock_provider::{ReceiptConfig, ReceiptOrder};
 use time::OffsetDateTime;
 use uuid::Uuid;
 

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use base64::Engine;
 use sendonce::domain::MessageId;
-use sendonce::mock_provider::Behaviour;
 use sendonce::provider::{
     OutgoingSms, Provider, Reconciled, SendOutcome, TwilioProvider, TwilioSettings,
 };
 use serde_json::json;
+use testkit::mock_provider::Behaviour;
 
 use crate::helpers::*;
 

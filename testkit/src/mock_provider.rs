@@ -414,7 +414,7 @@ impl MockProvider {
             from: form.get("From").cloned(),
             messaging_service_sid: form.get("MessagingServiceSid").cloned(),
             body: form.get("Body").cloned().unwrap_or_default(),
-            created_at: crate::clock::truncate_to_micros(time::OffsetDateTime::now_utc()),
+            created_at: sendonce::clock::truncate_to_micros(time::OffsetDateTime::now_utc()),
         };
         *inner
             .by_recipient_body
@@ -859,7 +859,7 @@ async fn twilio_list(
 }
 
 fn receipt_client() -> Option<reqwest::Client> {
-    crate::install_crypto_provider();
+    sendonce::install_crypto_provider();
     reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
@@ -894,7 +894,7 @@ async fn send_twilio_receipts(
         {
             params.push(("ErrorCode".to_string(), code.clone()));
         }
-        let signature = crate::provider::twilio::signature(&auth_token, &callback, &params);
+        let signature = sendonce::provider::twilio::signature(&auth_token, &callback, &params);
         let sent = client
             .post(&callback)
             .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
@@ -903,7 +903,7 @@ async fn send_twilio_receipts(
                 "I-Twilio-Idempotency-Token",
                 format!("mock-{}-{event}", m.sid),
             )
-            .body(crate::provider::twilio::encode_form(&params))
+            .body(sendonce::provider::twilio::encode_form(&params))
             .send()
             .await;
         if let Err(e) = sent {

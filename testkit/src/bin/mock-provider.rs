@@ -8,7 +8,7 @@
 //! variables of [`Faults::from_env`] make it misbehave at random; those of
 //! [`ReceiptConfig::from_env`] make it send delivery receipts back.
 
-use sendonce::mock_provider::{Faults, MockProvider, ReceiptConfig};
+use testkit::mock_provider::{Faults, MockProvider, ReceiptConfig};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {

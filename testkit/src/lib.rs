@@ -4,5 +4,7 @@
 //! - [`mock_provider`]: a scriptable provider server (the `http` protocol and
 //!   Twilio's Messages endpoint, faults, receipts) for tests and demos; the
 //!   `mock-provider` binary serves it as a process.
+//! - [`accept`]: its accept loop, which backs off after accept errors.
 
+pub mod accept;
 pub mod mock_provider;

@@ -320,13 +320,14 @@ impl MockProvider {
             .route("/stats", get(stats))
             .with_state(self.clone());
         tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let app = app.clone();
-                tokio::spawn(serve_connection(stream, app));
-            }
+            let listener = &listener;
+            crate::accept::accept_loop(
+                move || async move { Some(listener.accept().await) },
+                |(stream, _)| {
+                    tokio::spawn(serve_connection(stream, app.clone()));
+                },
+            )
+            .await;
         })
     }
 

@@ -344,13 +344,19 @@ async fn prism_accepts_the_adapters_requests() {
         .kill_on_drop(true)
         .spawn()
         .expect("start scripts/prism.sh");
-    // Installing (first run) and loading a 1.5 MB description take a while.
+    // Installing (first run) and loading a 1.5 MB description take a while,
+    // and Prism may accept connections before it answers quickly: ready is
+    // its first HTTP answer (to a request without credentials), with time
+    // to spare, so the adapter's own short timeouts below meet a warm server.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    sendonce::install_crypto_provider();
+    let probe = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let probe_url = format!("http://127.0.0.1:{port}/2010-04-01/Accounts.json");
     loop {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
+        if probe.get(&probe_url).send().await.is_ok() {
             break;
         }
         if let Ok(Some(status)) = prism.try_wait() {

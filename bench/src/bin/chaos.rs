@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rand::Rng;
 use rand::seq::SliceRandom;
+use sendonce_bench::db::{Database, count_processing, create_database, drop_database};
+use sendonce_bench::pg::Cluster;
+use sendonce_bench::procs::{self, free_port};
+use sendonce_bench::stats::mock_stats;
 use sqlx::{Connection, PgConnection};
 use tokio::process::{Child, Command};
 use tokio::sync::{Mutex, Semaphore};
@@ -40,13 +44,16 @@ struct Args {
     /// Mean time between two SIGKILLs, in ms (0: no kills).
     #[arg(long, default_value_t = 800)]
     kill_every_ms: u64,
-    /// Restart Postgres once, halfway through (needs pg_ctlcluster and root).
+    /// Restart Postgres once, halfway through. The run then starts a
+    /// throwaway cluster of its own (initdb and pg_ctl, on a free port; as
+    /// root the server runs as user postgres) instead of using --admin-url,
+    /// and restarts only that one.
     #[arg(long)]
     restart_postgres: bool,
     /// How long to wait for every key to be final after the load.
     #[arg(long, default_value_t = 120)]
     settle_secs: u64,
-    /// Server for the run's own database.
+    /// Server for the run's own database (unused with --restart-postgres).
     #[arg(
         long,
         env = "TEST_DATABASE_URL",
@@ -74,12 +81,6 @@ struct Instance {
     child: Option<Child>,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 struct Run {
     args: Args,
     bin_dir: PathBuf,
@@ -88,6 +89,9 @@ struct Run {
     mock_url: String,
     api_key: String,
     client: reqwest::Client,
+    /// The run's own cluster (with --restart-postgres): the only one it
+    /// restarts.
+    cluster: Option<Cluster>,
 }
 
 impl Run {
@@ -131,20 +135,10 @@ impl Run {
     }
 
     async fn wait_healthy(&self, port: u16) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(r) = self
-                .client
-                .get(format!("http://127.0.0.1:{port}/healthz"))
-                .send()
-                .await
-                && r.status() == 200
-            {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
+        let base = format!("http://127.0.0.1:{port}");
+        procs::wait_ready(&self.client, &base, "/healthz", None)
+            .await
+            .is_ok()
     }
 }
 
@@ -160,85 +154,131 @@ async fn main() -> ExitCode {
     }
 }
 
+/// What the load saw from the clients' side.
+#[derive(Default)]
+struct Load {
+    acknowledged: std::sync::Mutex<HashSet<String>>,
+    reused: AtomicUsize,
+    gave_up: AtomicUsize,
+}
+
+/// What the run saw at the end.
+struct Outcome {
+    load_secs: f64,
+    kills: usize,
+    pg_restarted: bool,
+    processing: i64,
+    statuses: HashMap<String, i64>,
+    stored: HashSet<String>,
+    stats: serde_json::Value,
+}
+
 async fn run(args: Args) -> Result<bool, String> {
     sendonce::install_crypto_provider();
-    let bin_dir = match &args.bin_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| e.to_string())?
-            .parent()
-            .ok_or("no binary directory")?
-            .to_path_buf(),
+    let bin_dir = procs::bin_dir(args.bin_dir.as_deref(), "")?;
+    let log_dir = procs::log_dir("chaos")?;
+    // With --restart-postgres, a cluster of its own: the one it restarts.
+    let cluster = if args.restart_postgres {
+        Some(Cluster::start().map_err(|e| format!("throwaway Postgres: {e}"))?)
+    } else {
+        None
     };
-    for bin in ["sendonce", "mock-provider"] {
-        if !bin_dir.join(bin).exists() {
-            return Err(format!(
-                "{} not found in {}: build it first",
-                bin,
-                bin_dir.display()
-            ));
-        }
-    }
-    let log_dir = std::env::temp_dir().join(format!("sendonce-chaos-{}", std::process::id()));
-    std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
-
-    // A database of its own.
-    let db_name = format!("sendonce_chaos_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&args.admin_url)
+    let admin_url = cluster
+        .as_ref()
+        .map_or_else(|| args.admin_url.clone(), Cluster::admin_url);
+    let mut admin = PgConnection::connect(&admin_url)
         .await
-        .map_err(|e| format!("connect to {}: {e}", args.admin_url))?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
-        .execute(&mut admin)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut url = reqwest::Url::parse(&args.admin_url).map_err(|e| e.to_string())?;
-    url.set_path(&db_name);
-    let database_url = url.to_string();
+        .map_err(|e| format!("connect to {admin_url}: {e}"))?;
+    let db = create_database(&mut admin, &admin_url, "chaos").await?;
+    let outcome = run_on(args, bin_dir, log_dir, &db, cluster).await;
+    drop_database(&mut admin, &db).await;
+    outcome
+}
 
+async fn run_on(
+    args: Args,
+    bin_dir: PathBuf,
+    log_dir: PathBuf,
+    db: &Database,
+    cluster: Option<Cluster>,
+) -> Result<bool, String> {
     // The misbehaving provider.
     let mock_port = free_port().map_err(|e| e.to_string())?;
-    let mut mock = Command::new(bin_dir.join("mock-provider"))
-        .env("MOCK_LISTEN", format!("127.0.0.1:{mock_port}"))
-        .env("MOCK_LATENCY_MS", "0-20")
-        .env("MOCK_FAIL_500", args.fail_500.to_string())
-        .env("MOCK_RATE_LIMIT", args.rate_limit.to_string())
-        .env("MOCK_RETRY_AFTER_SECS", "1")
-        .env("MOCK_HANG", args.hang.to_string())
-        .env("MOCK_ACCEPT_THEN_DROP", args.accept_then_drop.to_string())
-        .env("MOCK_ACCEPT_THEN_500", args.accept_then_500.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("start mock-provider: {e}"))?;
-
-    let key = sendonce::apikey::generate().secret;
+    let mut mock = procs::spawn_mock(&bin_dir, mock_port, &mock_faults(&args))?;
     let run = Arc::new(Run {
         bin_dir,
-        log_dir: log_dir.clone(),
-        database_url: database_url.clone(),
+        log_dir,
+        database_url: db.url.clone(),
         mock_url: format!("http://127.0.0.1:{mock_port}/messages"),
-        api_key: key,
+        api_key: sendonce::apikey::generate().secret,
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| e.to_string())?,
         args,
+        cluster,
     });
+    procs::migrate(run.sendonce()).await?;
+    let instances = start_instances(&run).await?;
+    let ports: Vec<u16> = instances.iter().map(|i| i.port).collect();
+    let instances = Arc::new(Mutex::new(instances));
+    println!(
+        "chaos: {} keys x {} requests, {} instances, concurrency {}, logs in {}",
+        run.args.keys,
+        1 + run.args.duplicates,
+        run.args.instances,
+        run.args.concurrency,
+        run.log_dir.display()
+    );
 
-    let migrate = run
-        .sendonce()
-        .arg("migrate")
-        .output()
-        .await
-        .map_err(|e| e.to_string())?;
-    if !migrate.status.success() {
-        return Err(format!(
-            "migrate: {}",
-            String::from_utf8_lossy(&migrate.stderr)
-        ));
+    let load = Arc::new(Load::default());
+    let load_done = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let killer = tokio::spawn(kill_loop(
+        Arc::clone(&run),
+        Arc::clone(&instances),
+        Arc::clone(&load_done),
+    ));
+    send_load(&run, &ports, &load).await;
+    load_done.store(true, Ordering::SeqCst);
+    let load_secs = started.elapsed().as_secs_f64();
+    let (kills, pg_restarted) = killer.await.unwrap_or((0, false));
+
+    restart_missing(&run, &instances).await;
+    let outcome = settle(&run, &db.url, mock_port).await?;
+    let outcome = Outcome {
+        load_secs,
+        kills,
+        pg_restarted,
+        ..outcome
+    };
+    let ok = report(&run, &load, &outcome);
+
+    // Tidy up: stop everything (the caller drops the database).
+    for inst in instances.lock().await.iter_mut() {
+        if let Some(mut c) = inst.child.take() {
+            procs::kill(&mut c).await;
+        }
     }
+    let _ = mock.start_kill();
+    Ok(ok)
+}
+
+/// The mock provider's injected faults.
+fn mock_faults(args: &Args) -> Vec<(&'static str, String)> {
+    vec![
+        ("MOCK_LATENCY_MS", "0-20".into()),
+        ("MOCK_FAIL_500", args.fail_500.to_string()),
+        ("MOCK_RATE_LIMIT", args.rate_limit.to_string()),
+        ("MOCK_RETRY_AFTER_SECS", "1".into()),
+        ("MOCK_HANG", args.hang.to_string()),
+        ("MOCK_ACCEPT_THEN_DROP", args.accept_then_drop.to_string()),
+        ("MOCK_ACCEPT_THEN_500", args.accept_then_500.to_string()),
+    ]
+}
+
+/// Starts every instance on a free port and waits for each to be healthy.
+async fn start_instances(run: &Run) -> Result<Vec<Instance>, String> {
     let mut instances = Vec::new();
     for n in 0..run.args.instances {
         let port = free_port().map_err(|e| e.to_string())?;
@@ -256,150 +296,141 @@ async fn run(args: Args) -> Result<bool, String> {
             return Err(format!(
                 "instance on {} did not start; logs in {}",
                 i.port,
-                log_dir.display()
+                run.log_dir.display()
             ));
         }
     }
-    let ports: Vec<u16> = instances.iter().map(|i| i.port).collect();
-    let instances = Arc::new(Mutex::new(instances));
-    println!(
-        "chaos: {} keys x {} requests, {} instances, concurrency {}, logs in {}",
-        run.args.keys,
-        1 + run.args.duplicates,
-        run.args.instances,
-        run.args.concurrency,
-        log_dir.display()
-    );
+    Ok(instances)
+}
 
-    // The load: every key once plus its duplicates, shuffled.
+/// Until the load is done: SIGKILL a random instance every so often and
+/// start it again; once, after two kills, restart the run's own Postgres
+/// (with --restart-postgres). Returns (kills, Postgres restarted).
+async fn kill_loop(
+    run: Arc<Run>,
+    instances: Arc<Mutex<Vec<Instance>>>,
+    load_done: Arc<AtomicBool>,
+) -> (usize, bool) {
+    let mut kills = 0usize;
+    let mut pg_restarted = false;
+    if run.args.kill_every_ms == 0 && run.cluster.is_none() {
+        return (0, false);
+    }
+    while !load_done.load(Ordering::SeqCst) {
+        let mean = run.args.kill_every_ms.max(100);
+        let wait = rand::rng().random_range(mean / 2..=mean * 3 / 2);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        if load_done.load(Ordering::SeqCst) {
+            break;
+        }
+        if let Some(cluster) = &run.cluster
+            && !pg_restarted
+            && kills >= 2
+        {
+            pg_restarted = cluster.restart().await;
+            continue;
+        }
+        if run.args.kill_every_ms == 0 {
+            continue;
+        }
+        let mut list = instances.lock().await;
+        let n = rand::rng().random_range(0..list.len());
+        if let Some(mut child) = list[n].child.take() {
+            procs::kill(&mut child).await; // SIGKILL
+            kills += 1;
+        }
+        let port = list[n].port;
+        drop(list);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Ok(child) = run.start_instance(port, n).await {
+            instances.lock().await[n].child = Some(child);
+        }
+    }
+    (kills, pg_restarted)
+}
+
+/// Every key once plus its duplicates, shuffled, `concurrency` at a time.
+async fn send_load(run: &Arc<Run>, ports: &[u16], load: &Arc<Load>) {
     let mut requests: Vec<usize> = (0..run.args.keys)
         .flat_map(|k| std::iter::repeat_n(k, 1 + run.args.duplicates))
         .collect();
     requests.shuffle(&mut rand::rng());
-    let acknowledged = Arc::new(std::sync::Mutex::new(HashSet::new()));
-    let reused = Arc::new(AtomicUsize::new(0));
-    let gave_up = Arc::new(AtomicUsize::new(0));
-    let load_done = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-
-    let killer = {
-        let run = Arc::clone(&run);
-        let instances = Arc::clone(&instances);
-        let load_done = Arc::clone(&load_done);
-        tokio::spawn(async move {
-            let mut kills = 0usize;
-            let mut pg_restarted = false;
-            if run.args.kill_every_ms == 0 && !run.args.restart_postgres {
-                return (0, false);
-            }
-            while !load_done.load(Ordering::SeqCst) {
-                let mean = run.args.kill_every_ms.max(100);
-                let wait = rand::rng().random_range(mean / 2..=mean * 3 / 2);
-                tokio::time::sleep(Duration::from_millis(wait)).await;
-                if load_done.load(Ordering::SeqCst) {
-                    break;
-                }
-                if run.args.restart_postgres && !pg_restarted && kills >= 2 {
-                    pg_restarted = restart_postgres().await;
-                    continue;
-                }
-                if run.args.kill_every_ms == 0 {
-                    continue;
-                }
-                let mut list = instances.lock().await;
-                let n = rand::rng().random_range(0..list.len());
-                if let Some(mut child) = list[n].child.take() {
-                    let _ = child.start_kill(); // SIGKILL
-                    let _ = child.wait().await;
-                    kills += 1;
-                }
-                let port = list[n].port;
-                drop(list);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                if let Ok(child) = run.start_instance(port, n).await {
-                    instances.lock().await[n].child = Some(child);
-                }
-            }
-            (kills, pg_restarted)
-        })
-    };
-
     let permits = Arc::new(Semaphore::new(run.args.concurrency));
     let mut tasks = tokio::task::JoinSet::new();
     for k in requests {
         let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
             break;
         };
-        let run = Arc::clone(&run);
-        let ports = ports.clone();
-        let acknowledged = Arc::clone(&acknowledged);
-        let reused = Arc::clone(&reused);
-        let gave_up = Arc::clone(&gave_up);
+        let run = Arc::clone(run);
+        let ports = ports.to_vec();
+        let load = Arc::clone(load);
         tasks.spawn(async move {
             let _permit = permit;
-            let key = format!("CHAOS-{k:06}");
-            let body = serde_json::json!({
-                "to": format!("+1415555{:04}", k % 10_000),
-                "body": format!("chaos message {k}"),
-            });
-            // A real client: on a refused connection, a 5xx or a 409, try
-            // again (maybe on another instance) until it gets an answer.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                let port = ports[rand::rng().random_range(0..ports.len())];
-                let resp = run
-                    .client
-                    .post(format!("http://127.0.0.1:{port}/messages"))
-                    .bearer_auth(&run.api_key)
-                    .header("Idempotency-Key", &key)
-                    .json(&body)
-                    .send()
-                    .await;
-                match resp.map(|r| r.status().as_u16()) {
-                    Ok(201 | 202) => {
-                        if let Ok(mut a) = acknowledged.lock() {
-                            a.insert(key.clone());
-                        }
-                        return;
-                    }
-                    Ok(422) => {
-                        reused.fetch_add(1, Ordering::SeqCst);
-                        return;
-                    }
-                    _ if Instant::now() > deadline => {
-                        gave_up.fetch_add(1, Ordering::SeqCst);
-                        return;
-                    }
-                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
-                }
-            }
+            send_one(&run, &ports, k, &load).await;
         });
     }
     while tasks.join_next().await.is_some() {}
-    load_done.store(true, Ordering::SeqCst);
-    let load_secs = started.elapsed().as_secs_f64();
-    let (kills, pg_restarted) = killer.await.unwrap_or((0, false));
+}
 
-    // Every instance up again for the rescue to finish.
-    {
-        let mut list = instances.lock().await;
-        for (n, inst) in list.iter_mut().enumerate() {
-            if inst.child.is_none() {
-                inst.child = run.start_instance(inst.port, n).await.ok();
+/// One request as a real client makes it: on a refused connection, a 5xx
+/// or a 409, try again (maybe on another instance) until it gets an answer.
+async fn send_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
+    let key = format!("CHAOS-{k:06}");
+    let body = serde_json::json!({
+        "to": format!("+1415555{:04}", k % 10_000),
+        "body": format!("chaos message {k}"),
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let port = ports[rand::rng().random_range(0..ports.len())];
+        let resp = run
+            .client
+            .post(format!("http://127.0.0.1:{port}/messages"))
+            .bearer_auth(&run.api_key)
+            .header("Idempotency-Key", &key)
+            .json(&body)
+            .send()
+            .await;
+        match resp.map(|r| r.status().as_u16()) {
+            Ok(201 | 202) => {
+                if let Ok(mut a) = load.acknowledged.lock() {
+                    a.insert(key.clone());
+                }
+                return;
             }
+            Ok(422) => {
+                load.reused.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            _ if Instant::now() > deadline => {
+                load.gave_up.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
-    let mut db = PgConnection::connect(&database_url)
+}
+
+/// Every instance up again for the rescue to finish.
+async fn restart_missing(run: &Run, instances: &Mutex<Vec<Instance>>) {
+    let mut list = instances.lock().await;
+    for (n, inst) in list.iter_mut().enumerate() {
+        if inst.child.is_none() {
+            inst.child = run.start_instance(inst.port, n).await.ok();
+        }
+    }
+}
+
+/// Waits (up to --settle-secs) for nothing to be processing, then reads the
+/// messages' states and the mock's counts.
+async fn settle(run: &Run, database_url: &str, mock_port: u16) -> Result<Outcome, String> {
+    let mut db = PgConnection::connect(database_url)
         .await
         .map_err(|e| e.to_string())?;
     let settle_deadline = Instant::now() + Duration::from_secs(run.args.settle_secs);
     let mut processing: i64;
     loop {
-        processing =
-            sqlx::query_scalar("SELECT count(*) FROM messages WHERE status = 'processing'")
-                .fetch_one(&mut db)
-                .await
-                .unwrap_or(-1);
+        processing = count_processing(&mut db).await;
         if processing == 0 || Instant::now() > settle_deadline {
             break;
         }
@@ -416,81 +447,58 @@ async fn run(args: Args) -> Result<bool, String> {
         .map_err(|e| e.to_string())?
         .into_iter()
         .collect();
-    let stats: serde_json::Value = run
-        .client
-        .get(format!("http://127.0.0.1:{mock_port}/stats"))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
+    let stats = mock_stats(&run.client, mock_port).await?;
+    Ok(Outcome {
+        load_secs: 0.0,
+        kills: 0,
+        pg_restarted: false,
+        processing,
+        statuses: by_status.into_iter().collect(),
+        stored,
+        stats,
+    })
+}
 
-    let acknowledged = acknowledged.lock().map(|a| a.clone()).unwrap_or_default();
-    let lost = acknowledged.iter().filter(|k| !stored.contains(*k)).count();
-    let statuses: HashMap<String, i64> = by_status.into_iter().collect();
-    let final_count: i64 = statuses
+/// Prints the counts; true if nothing is stuck, duplicated, lost, refused
+/// as a reused key or given up on.
+fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
+    let acknowledged = load
+        .acknowledged
+        .lock()
+        .map(|a| a.clone())
+        .unwrap_or_default();
+    let lost = acknowledged
+        .iter()
+        .filter(|k| !o.stored.contains(*k))
+        .count();
+    let final_count: i64 = o
+        .statuses
         .iter()
         .filter(|(s, _)| s.as_str() != "processing")
         .map(|(_, n)| n)
         .sum();
-    let duplicates = stats["duplicate_keys"].as_u64().unwrap_or(u64::MAX);
-    let max_sends = stats["max_deliveries_per_key"].as_u64().unwrap_or(0);
+    let duplicates = o.stats["duplicate_keys"].as_u64().unwrap_or(u64::MAX);
+    let max_sends = o.stats["max_deliveries_per_key"].as_u64().unwrap_or(0);
+    let reused = load.reused.load(Ordering::SeqCst);
+    let gave_up = load.gave_up.load(Ordering::SeqCst);
 
     println!(
-        "chaos: load took {load_secs:.1} s; {kills} SIGKILLs; postgres restarted: {pg_restarted}"
+        "chaos: load took {:.1} s; {} SIGKILLs; postgres restarted: {}",
+        o.load_secs, o.kills, o.pg_restarted
     );
     println!("keys sent:          {}", run.args.keys);
     println!("keys acknowledged:  {}", acknowledged.len());
-    println!("keys accepted:      {}", stored.len());
-    println!("keys final:         {final_count}  {statuses:?}");
-    println!("keys stuck:         {processing}");
+    println!("keys accepted:      {}", o.stored.len());
+    println!("keys final:         {final_count}  {:?}", o.statuses);
+    println!("keys stuck:         {}", o.processing);
     println!("keys lost:          {lost}  (acknowledged 201/202, no row)");
-    println!("provider calls:     {}", stats["calls"]);
+    println!("provider calls:     {}", o.stats["calls"]);
     println!("max sends per key:  {max_sends}");
     println!("duplicates:         {duplicates}  (keys delivered more than once)");
-    println!("422 on a retry:     {}", reused.load(Ordering::SeqCst));
-    println!("clients gave up:    {}", gave_up.load(Ordering::SeqCst));
+    println!("422 on a retry:     {reused}");
+    println!("clients gave up:    {gave_up}");
 
-    // Tidy up: stop everything, drop the database.
-    for inst in instances.lock().await.iter_mut() {
-        if let Some(mut c) = inst.child.take() {
-            let _ = c.start_kill();
-            let _ = c.wait().await;
-        }
-    }
-    let _ = mock.start_kill();
-    drop(db);
-    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {db_name} WITH (FORCE)"
-    )))
-    .execute(&mut admin)
-    .await;
-
-    let ok = processing == 0
-        && duplicates == 0
-        && lost == 0
-        && reused.load(Ordering::SeqCst) == 0
-        && gave_up.load(Ordering::SeqCst) == 0;
+    let ok = o.processing == 0 && duplicates == 0 && lost == 0 && reused == 0 && gave_up == 0;
     println!("chaos: {}", if ok { "PASS" } else { "FAIL" });
-    Ok(ok)
-}
-
-/// Restarts the machine's Postgres cluster (Debian's pg_ctlcluster).
-async fn restart_postgres() -> bool {
-    let Ok(versions) = std::fs::read_dir("/etc/postgresql") else {
-        return false;
-    };
-    let mut ok = false;
-    for v in versions.flatten() {
-        let version = v.file_name().to_string_lossy().to_string();
-        let status = Command::new("pg_ctlcluster")
-            .args(["--skip-systemctl-redirect", &version, "main", "restart"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .await;
-        ok |= status.map(|s| s.success()).unwrap_or(false);
-    }
     ok
 }

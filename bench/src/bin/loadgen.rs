@@ -34,6 +34,11 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use sendonce::store::postgres::PoolSettings;
 use sendonce::store::{PgStore, Store};
+use sendonce_bench::db::{Database, count_processing, create_database, drop_database};
+use sendonce_bench::procs::{self, free_port};
+use sendonce_bench::stats::{
+    machine_cpu, mock_stats, postgres_cpu, process_cpu, stat_cpu, status_kb,
+};
 use sqlx::{Connection, PgConnection};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
@@ -171,72 +176,6 @@ impl Tally {
     }
 }
 
-/// CPU time of a process (utime + stime), from /proc.
-fn process_cpu(pid: u32) -> Duration {
-    stat_cpu(pid, false)
-}
-
-/// Field `i` of /proc/<pid>/stat, counted from the one after the command
-/// name (the state is 0, the parent pid 1, utime 11).
-fn stat_field(pid: u32, i: usize) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain spaces: fields start after the last ')'.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(i)?.parse().ok()
-}
-
-/// CPU time of a process (`children`: of its waited-for children instead).
-/// utime and stime are fields 14 and 15 of the file, cutime and cstime 16
-/// and 17; the kernel's USER_HZ is 100 on every Linux this runs on.
-fn stat_cpu(pid: u32, children: bool) -> Duration {
-    let first = if children { 13 } else { 11 };
-    let ticks = |i| stat_field(pid, i).unwrap_or(0);
-    Duration::from_millis((ticks(first) + ticks(first + 1)) * 10)
-}
-
-/// (busy, total) jiffies of the whole machine.
-fn machine_cpu() -> (u64, u64) {
-    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
-        return (0, 0);
-    };
-    let v: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total - idle, total)
-}
-
-/// CPU time of the Postgres server: every process named `postgres`, plus
-/// what the postmaster reaped from backends that already exited (pgbench's
-/// backends exit before the end of the floor can be read).
-fn postgres_cpu() -> Duration {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Duration::ZERO;
-    };
-    let is_postgres = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "postgres")
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| is_postgres(*pid))
-        .map(|pid| {
-            let postmaster = stat_field(pid, 1).is_some_and(|ppid| !is_postgres(ppid as u32));
-            stat_cpu(pid, false)
-                + if postmaster {
-                    stat_cpu(pid, true)
-                } else {
-                    Duration::ZERO
-                }
-        })
-        .sum()
-}
-
 /// The processes whose CPU a mix accounts for.
 #[derive(Clone, Copy)]
 struct Pids {
@@ -287,14 +226,6 @@ impl CpuSnap {
                 / (self.total - start.total).max(1) as f64,
         }
     }
-}
-
-fn status_kb(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// One measured mix.
@@ -727,76 +658,11 @@ async fn burst_mix(
 // ---------------------------------------------------------------------------
 // Processes and databases
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-struct Database {
-    name: String,
-    url: String,
-}
-
-async fn create_database(
-    admin: &mut PgConnection,
-    admin_url: &str,
-    prefix: &str,
-) -> Result<Database, String> {
-    let name = format!("sendonce_{prefix}_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut *admin)
-        .await
-        .map_err(|e| format!("create database: {e}"))?;
-    let mut url = reqwest::Url::parse(admin_url).map_err(|e| e.to_string())?;
-    url.set_path(&name);
-    Ok(Database {
-        name,
-        url: url.to_string(),
-    })
-}
-
-async fn drop_database(admin: &mut PgConnection, db: &Database) {
-    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-        db.name
-    )))
-    .execute(&mut *admin)
-    .await;
-}
-
-async fn wait_ready(client: &reqwest::Client, base: &str, child: &mut Child) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("exited early with {status}"));
-        }
-        if let Ok(r) = client.get(format!("{base}/readyz")).send().await
-            && r.status().is_success()
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err("not ready within 30 s".into())
-}
-
 /// `sendonce migrate` against `url`.
 async fn migrate(bin_dir: &Path, url: &str) -> Result<(), String> {
-    let out = Command::new(bin_dir.join("sendonce"))
-        .arg("migrate")
-        .env("DATABASE_URL", url)
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .map_err(|e| format!("sendonce migrate: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "sendonce migrate: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
+    let mut cmd = Command::new(bin_dir.join("sendonce"));
+    cmd.env("DATABASE_URL", url);
+    procs::migrate(cmd).await
 }
 
 // ---------------------------------------------------------------------------
@@ -920,24 +786,8 @@ async fn floor(
 
 async fn run(args: Args) -> Result<bool, String> {
     sendonce::install_crypto_provider();
-    let bin_dir = match &args.bin_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| e.to_string())?
-            .parent()
-            .ok_or("no binary directory")?
-            .to_path_buf(),
-    };
-    for bin in ["sendonce", "mock-provider"] {
-        if !bin_dir.join(bin).exists() {
-            return Err(format!(
-                "{bin} not found in {}: build it first (scripts/bench.sh does)",
-                bin_dir.display()
-            ));
-        }
-    }
-    let log_dir = std::env::temp_dir().join(format!("sendonce-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
+    let bin_dir = procs::bin_dir(args.bin_dir.as_deref(), " (scripts/bench.sh does)")?;
+    let log_dir = procs::log_dir("bench")?;
     let mut admin = PgConnection::connect(&args.admin_url)
         .await
         .map_err(|e| format!("connect to {}: {e}", args.admin_url))?;
@@ -947,6 +797,25 @@ async fn run(args: Args) -> Result<bool, String> {
     outcome
 }
 
+/// The processes under test and the client aimed at them.
+struct Services {
+    service: Child,
+    mock: Child,
+    mock_port: u16,
+    pids: Pids,
+    target: Arc<Target>,
+}
+
+/// What the service and the mock say after the mixes.
+struct Check {
+    processing: i64,
+    messages: i64,
+    duplicates: u64,
+    delivered: i64,
+    metric_created: i64,
+    peak_rss_kb: Option<u64>,
+}
+
 async fn run_on(
     args: &Args,
     bin_dir: &Path,
@@ -954,17 +823,53 @@ async fn run_on(
     db: &Database,
     admin: &mut PgConnection,
 ) -> Result<bool, String> {
-    // The provider answers at once; its logs would only cost CPU.
+    let mut services = start_services(args, bin_dir, log_dir, db).await?;
+    let target = Arc::clone(&services.target);
+    let c = args.concurrency.max(1);
+    print_header(args, c, log_dir);
+
+    // Warm-up: its keys are the first replay/GET pool.
+    let mut problems: Vec<String> = Vec::new();
+    let warm = warm_up(&target, args, c, services.pids).await;
+    let mut created = warm.main.ok;
+    if warm.main.errors() > 0 {
+        problems.push(format!("warm-up errors: {:?}", warm.main.errors));
+    }
+    let mut pool = warm.sent;
+
+    let mut reports: Vec<MixReport> = Vec::new();
+    for mix in &args.mixes {
+        let (report, new) = run_mix(*mix, &target, args, &mut pool, c, services.pids).await;
+        created += new;
+        reports.push(report);
+    }
+
+    let check = check(&mut services, db).await?;
+    problems.extend(check_problems(&check, created, &reports));
+    let floor = run_floor(args, admin, bin_dir, log_dir, &pool, &mut problems).await;
+    print_table(&reports, floor.as_ref(), &check);
+    let peak_mb = check.peak_rss_kb.map(|kb| kb as f64 / 1024.0);
+    if !args.smoke {
+        print_targets(&reports, floor.as_ref(), peak_mb, c);
+    }
+    let ok = problems.is_empty();
+    for p in &problems {
+        println!("PROBLEM: {p}");
+    }
+    println!("bench: {}", if ok { "PASS" } else { "FAIL" });
+    Ok(ok)
+}
+
+/// The mock provider (answering at once; its logs would only cost CPU) and
+/// one sendonce instance on it, ready.
+async fn start_services(
+    args: &Args,
+    bin_dir: &Path,
+    log_dir: &Path,
+    db: &Database,
+) -> Result<Services, String> {
     let mock_port = free_port().map_err(|e| e.to_string())?;
-    let mut mock = Command::new(bin_dir.join("mock-provider"))
-        .env("MOCK_LISTEN", format!("127.0.0.1:{mock_port}"))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("start mock-provider: {e}"))?;
+    let mock = procs::spawn_mock(bin_dir, mock_port, &[])?;
 
     let api_key = sendonce::apikey::generate().secret;
     let port = free_port().map_err(|e| e.to_string())?;
@@ -996,9 +901,8 @@ async fn run_on(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("start sendonce: {e}"))?;
-    let pid = service.id().ok_or("sendonce has no pid")?;
     let pids = Pids {
-        service: pid,
+        service: service.id().ok_or("sendonce has no pid")?,
         mock: mock.id().unwrap_or(0),
     };
 
@@ -1009,18 +913,26 @@ async fn run_on(
         .build()
         .map_err(|e| e.to_string())?;
     let base = format!("http://127.0.0.1:{port}");
-    wait_ready(&client, &base, &mut service)
+    procs::wait_ready(&client, &base, "/readyz", Some(&mut service))
         .await
         .map_err(|e| format!("sendonce: {e}; logs in {}", log_dir.display()))?;
-
     let target = Arc::new(Target {
         client,
-        base: base.clone(),
+        base,
         api_key,
         run: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
         next: AtomicU64::new(0),
     });
-    let c = args.concurrency.max(1);
+    Ok(Services {
+        service,
+        mock,
+        mock_port,
+        pids,
+        target,
+    })
+}
+
+fn print_header(args: &Args, c: usize, log_dir: &Path) {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "sendonce bench{}: concurrency {c}, {} per mix, {} cores, load average before: {}, logs in {}",
@@ -1033,110 +945,115 @@ async fn run_on(
         load.split(' ').take(3).collect::<Vec<_>>().join(" "),
         log_dir.display()
     );
+}
 
-    // Warm-up: its keys are the first replay/GET pool.
-    let mut pool: Vec<Sent> = Vec::new();
-    let mut created: u64 = 0;
-    let mut ok = true;
-    let mut problems: Vec<String> = Vec::new();
-    {
-        // With no warm-up time, 200 sends still seed the pool.
-        let limit = Arc::new(if args.warmup_secs == 0 {
-            Limit {
-                deadline: Instant::now() + Duration::from_secs(60),
-                remaining: Some(AtomicU64::new(200)),
-            }
-        } else {
-            Limit {
-                deadline: Instant::now() + Duration::from_secs(args.warmup_secs),
-                remaining: None,
-            }
-        });
-        let m = unique_mix(&target, limit, c, pids).await;
-        created += m.main.ok;
-        if m.main.errors() > 0 {
-            problems.push(format!("warm-up errors: {:?}", m.main.errors));
+/// Unique sends before measuring; with no warm-up time, 200 sends still
+/// seed the replay/GET pool.
+async fn warm_up(target: &Arc<Target>, args: &Args, c: usize, pids: Pids) -> Measured {
+    let limit = Arc::new(if args.warmup_secs == 0 {
+        Limit {
+            deadline: Instant::now() + Duration::from_secs(60),
+            remaining: Some(AtomicU64::new(200)),
         }
-        pool.extend(m.sent);
-    }
+    } else {
+        Limit {
+            deadline: Instant::now() + Duration::from_secs(args.warmup_secs),
+            remaining: None,
+        }
+    });
+    unique_mix(target, limit, c, pids).await
+}
 
-    let mut reports: Vec<MixReport> = Vec::new();
-    for mix in &args.mixes {
-        let limit = Limit::new(args);
-        match mix {
-            Mix::Unique => {
-                let m = unique_mix(&target, limit, c, pids).await;
-                created += m.main.ok;
-                pool.extend(m.sent);
-                reports.push(MixReport {
-                    name: "unique sends".into(),
-                    tally: m.main,
-                    parts: Vec::new(),
-                    elapsed: m.elapsed,
-                    cpu: m.cpu,
-                });
-            }
-            Mix::Replay => {
-                let shared = Arc::new(std::mem::take(&mut pool));
-                let m = replay_mix(&target, &shared, args.replay_share, limit, c, pids).await;
-                pool = Arc::into_inner(shared).unwrap_or_default();
-                created += m.second.ok;
-                pool.extend(m.sent);
-                let mut all = Tally::new();
-                all.merge(&m.main);
-                all.merge(&m.second);
-                reports.push(MixReport {
-                    name: format!("{:.0}% replays", args.replay_share * 100.0),
-                    tally: all,
-                    parts: vec![
-                        ("of which replays".into(), m.main),
-                        ("of which new sends".into(), m.second),
-                    ],
-                    elapsed: m.elapsed,
-                    cpu: m.cpu,
-                });
-            }
-            Mix::Burst => {
-                let at_once = (c / args.burst.max(1)).max(1);
-                let m = burst_mix(&target, args.burst.max(1), limit, at_once, pids).await;
-                created += m.second.ok;
-                pool.extend(m.sent);
-                reports.push(MixReport {
-                    name: format!("bursts of {} duplicates", args.burst),
-                    tally: m.main,
-                    parts: vec![("bursts (one send each)".into(), m.second)],
-                    elapsed: m.elapsed,
-                    cpu: m.cpu,
-                });
-            }
-            Mix::Get => {
-                let shared = Arc::new(std::mem::take(&mut pool));
-                let m = get_mix(&target, &shared, limit, c, pids).await;
-                pool = Arc::into_inner(shared).unwrap_or_default();
-                reports.push(MixReport {
-                    name: "GET by key".into(),
-                    tally: m.main,
-                    parts: Vec::new(),
-                    elapsed: m.elapsed,
-                    cpu: m.cpu,
-                });
-            }
+/// One measured mix; its new keys join `pool`. Returns the report and the
+/// number of sends it created.
+async fn run_mix(
+    mix: Mix,
+    target: &Arc<Target>,
+    args: &Args,
+    pool: &mut Vec<Sent>,
+    c: usize,
+    pids: Pids,
+) -> (MixReport, u64) {
+    let limit = Limit::new(args);
+    match mix {
+        Mix::Unique => {
+            let m = unique_mix(target, limit, c, pids).await;
+            pool.extend(m.sent);
+            let created = m.main.ok;
+            let report = MixReport {
+                name: "unique sends".into(),
+                tally: m.main,
+                parts: Vec::new(),
+                elapsed: m.elapsed,
+                cpu: m.cpu,
+            };
+            (report, created)
+        }
+        Mix::Replay => {
+            let shared = Arc::new(std::mem::take(pool));
+            let m = replay_mix(target, &shared, args.replay_share, limit, c, pids).await;
+            *pool = Arc::into_inner(shared).unwrap_or_default();
+            pool.extend(m.sent);
+            let created = m.second.ok;
+            let mut all = Tally::new();
+            all.merge(&m.main);
+            all.merge(&m.second);
+            let report = MixReport {
+                name: format!("{:.0}% replays", args.replay_share * 100.0),
+                tally: all,
+                parts: vec![
+                    ("of which replays".into(), m.main),
+                    ("of which new sends".into(), m.second),
+                ],
+                elapsed: m.elapsed,
+                cpu: m.cpu,
+            };
+            (report, created)
+        }
+        Mix::Burst => {
+            let at_once = (c / args.burst.max(1)).max(1);
+            let m = burst_mix(target, args.burst.max(1), limit, at_once, pids).await;
+            pool.extend(m.sent);
+            let created = m.second.ok;
+            let report = MixReport {
+                name: format!("bursts of {} duplicates", args.burst),
+                tally: m.main,
+                parts: vec![("bursts (one send each)".into(), m.second)],
+                elapsed: m.elapsed,
+                cpu: m.cpu,
+            };
+            (report, created)
+        }
+        Mix::Get => {
+            let shared = Arc::new(std::mem::take(pool));
+            let m = get_mix(target, &shared, limit, c, pids).await;
+            *pool = Arc::into_inner(shared).unwrap_or_default();
+            let report = MixReport {
+                name: "GET by key".into(),
+                tally: m.main,
+                parts: Vec::new(),
+                elapsed: m.elapsed,
+                cpu: m.cpu,
+            };
+            (report, 0)
         }
     }
+}
 
-    // Correctness: nothing left processing, one delivery per message, the
-    // service's own count of created sends equal to ours.
-    let peak_rss_kb = status_kb(pid, "VmHWM:");
+/// After the mixes: waits (up to 15 s) for nothing to be processing, reads
+/// the counts of the database, the mock and the service's /metrics, then
+/// stops the service and the mock.
+async fn check(services: &mut Services, db: &Database) -> Result<Check, String> {
+    let peak_rss_kb = status_kb(services.pids.service, "VmHWM:");
     let mut conn = PgConnection::connect(&db.url)
         .await
         .map_err(|e| e.to_string())?;
     let settle = Instant::now() + Duration::from_secs(15);
     let (processing, messages) = loop {
-        let processing: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM messages WHERE status = 'processing'")
-                .fetch_one(&mut conn)
-                .await
-                .map_err(|e| e.to_string())?;
+        let processing = count_processing(&mut conn).await;
+        if processing < 0 {
+            return Err("counting processing messages failed".into());
+        }
         if processing == 0 || Instant::now() > settle {
             let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM messages")
                 .fetch_one(&mut conn)
@@ -1147,25 +1064,32 @@ async fn run_on(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     drop(conn);
-    let stats: serde_json::Value = target
-        .client
-        .get(format!("http://127.0.0.1:{mock_port}/stats"))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
+    let target = &services.target;
+    let stats = mock_stats(&target.client, services.mock_port).await?;
     let metrics = target
         .client
-        .get(format!("{base}/metrics"))
+        .get(format!("{}/metrics", target.base))
         .send()
         .await
         .map_err(|e| e.to_string())?
         .text()
         .await
         .map_err(|e| e.to_string())?;
-    let metric_created = metrics
+    procs::kill(&mut services.service).await;
+    procs::kill(&mut services.mock).await;
+    Ok(Check {
+        processing,
+        messages,
+        duplicates: stats["duplicate_keys"].as_u64().unwrap_or(u64::MAX),
+        delivered: stats["keys_delivered"].as_i64().unwrap_or(-1),
+        metric_created: created_in_metrics(&metrics),
+        peak_rss_kb,
+    })
+}
+
+/// The service's own count of created sends, from its /metrics text.
+fn created_in_metrics(metrics: &str) -> i64 {
+    metrics
         .lines()
         .find(|l| {
             l.starts_with("sendonce_http_requests_total{")
@@ -1174,31 +1098,35 @@ async fn run_on(
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(-1.0) as i64;
-    let _ = service.start_kill();
-    let _ = service.wait().await;
-    let _ = mock.start_kill();
-    let _ = mock.wait().await;
+        .unwrap_or(-1.0) as i64
+}
 
-    let duplicates = stats["duplicate_keys"].as_u64().unwrap_or(u64::MAX);
-    let delivered = stats["keys_delivered"].as_i64().unwrap_or(-1);
-    if processing != 0 {
-        problems.push(format!("{processing} messages still processing"));
+/// Correctness: nothing left processing, one delivery per message, the
+/// service's own count of created sends equal to ours, no errors.
+fn check_problems(check: &Check, created: u64, reports: &[MixReport]) -> Vec<String> {
+    let mut problems = Vec::new();
+    if check.processing != 0 {
+        problems.push(format!("{} messages still processing", check.processing));
     }
-    if duplicates != 0 {
-        problems.push(format!("{duplicates} keys delivered more than once"));
-    }
-    if delivered != messages {
+    if check.duplicates != 0 {
         problems.push(format!(
-            "{messages} messages stored but {delivered} keys delivered"
+            "{} keys delivered more than once",
+            check.duplicates
         ));
     }
-    if metric_created != i64::try_from(created).unwrap_or(-1) {
+    if check.delivered != check.messages {
         problems.push(format!(
-            "/metrics counts {metric_created} created sends, the load generator {created}"
+            "{} messages stored but {} keys delivered",
+            check.messages, check.delivered
         ));
     }
-    for r in &reports {
+    if check.metric_created != i64::try_from(created).unwrap_or(-1) {
+        problems.push(format!(
+            "/metrics counts {} created sends, the load generator {created}",
+            check.metric_created
+        ));
+    }
+    for r in reports {
         for (what, t) in
             std::iter::once((&r.name, &r.tally)).chain(r.parts.iter().map(|(n, t)| (n, t)))
         {
@@ -1207,46 +1135,58 @@ async fn run_on(
             }
         }
     }
+    problems
+}
 
-    // The floor, with a real final response as the stored body.
-    let floor = if args.no_floor {
-        None
-    } else if std::process::Command::new(&args.pgbench)
+/// The floor, with a real final response as the stored body (unless
+/// skipped or pgbench is missing).
+async fn run_floor(
+    args: &Args,
+    admin: &mut PgConnection,
+    bin_dir: &Path,
+    log_dir: &Path,
+    pool: &[Sent],
+    problems: &mut Vec<String>,
+) -> Option<Floor> {
+    if args.no_floor {
+        return None;
+    }
+    if std::process::Command::new(&args.pgbench)
         .arg("--version")
         .output()
         .is_err()
     {
         println!("floor: skipped ({} not found)", args.pgbench.display());
-        None
-    } else {
-        let response = pool.first().map(|s| s.response.clone()).unwrap_or_default();
-        match floor(args, admin, bin_dir, log_dir, &response).await {
-            Ok(f) => {
-                if f.failed > 0 {
-                    problems.push(format!("floor: {} failed transactions", f.failed));
-                }
-                Some(f)
+        return None;
+    }
+    let response = pool.first().map(|s| s.response.clone()).unwrap_or_default();
+    match floor(args, admin, bin_dir, log_dir, &response).await {
+        Ok(f) => {
+            if f.failed > 0 {
+                problems.push(format!("floor: {} failed transactions", f.failed));
             }
-            Err(e) => {
-                problems.push(format!("floor: {e}"));
-                None
-            }
+            Some(f)
         }
-    };
+        Err(e) => {
+            problems.push(format!("floor: {e}"));
+            None
+        }
+    }
+}
 
-    // The table.
+fn print_table(reports: &[MixReport], floor: Option<&Floor>, check: &Check) {
     println!();
     println!(
         "| mix | requests | req/s | p50 ms | p90 ms | p99 ms | max ms | errors | CPU µs/req: service | postgres | mock | loadgen | machine busy |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &reports {
+    for r in reports {
         println!("{}", row(&r.name, &r.tally, r.elapsed, Some(r.cpu)));
         for (name, t) in &r.parts {
             println!("{}", row(&format!("  {name}"), t, r.elapsed, None));
         }
     }
-    if let Some(f) = &floor {
+    if let Some(f) = floor {
         println!(
             "| floor: pgbench, 4 statements per send | {} | {:.0} | avg {:.2} | | | | {} | | {:.0} | | {:.0} (pgbench) | {:.0}% |",
             f.transactions,
@@ -1260,73 +1200,65 @@ async fn run_on(
     }
     println!();
     println!(
-        "messages stored: {messages}; delivered by the mock: {delivered}; delivered twice: {duplicates}; still processing: {processing}"
+        "messages stored: {}; delivered by the mock: {}; delivered twice: {}; still processing: {}",
+        check.messages, check.delivered, check.duplicates, check.processing
     );
-    let peak_mb = peak_rss_kb.map(|kb| kb as f64 / 1024.0);
+    let peak_mb = check.peak_rss_kb.map(|kb| kb as f64 / 1024.0);
     println!(
         "service peak RSS (VmHWM): {}",
         peak_mb.map_or("unknown".into(), |mb| format!("{mb:.1} MB"))
     );
+}
 
+/// The measured ratios and latencies next to the targets.
+fn print_targets(reports: &[MixReport], floor: Option<&Floor>, peak_mb: Option<f64>, c: usize) {
     let unique = reports.iter().find(|r| r.name == "unique sends");
     let replay = reports.iter().find(|r| r.name.ends_with("% replays"));
-    if !args.smoke {
-        let verdict = |met: bool| if met { "met" } else { "MISSED" };
-        if let (Some(u), Some(f)) = (unique, &floor) {
-            let ratio = u.rps() / f.tps;
-            println!(
-                "unique sends / floor: {:.0} / {:.0} = {ratio:.2} (target >= 0.60: {})",
-                u.rps(),
-                f.tps,
-                verdict(ratio >= 0.60)
-            );
-        }
-        if let (Some(u), Some(f)) = (unique, &floor) {
-            // The same comparison in CPU: robust to other load on the machine.
-            let n = u.tally.count().max(1) as f64;
-            let c = &u.cpu;
-            let send = (c.service + c.postgres + c.mock + c.loadgen).as_micros() as f64 / n;
-            let txn = f.postgres_us + f.pgbench_us;
-            println!(
-                "CPU per unique send: {send:.0} µs (service {:.0}, postgres {:.0}, mock {:.0}, loadgen {:.0}); per floor transaction: {txn:.0} µs (postgres {:.0}, pgbench {:.0}); ratio {:.2}",
-                c.service.as_micros() as f64 / n,
-                c.postgres.as_micros() as f64 / n,
-                c.mock.as_micros() as f64 / n,
-                c.loadgen.as_micros() as f64 / n,
-                f.postgres_us,
-                f.pgbench_us,
-                txn / send.max(1.0)
-            );
-        }
-        if let (Some(u), Some(r)) = (unique, replay) {
-            let ratio = r.rps() / u.rps();
-            println!(
-                "replay mix / unique sends: {:.0} / {:.0} = {ratio:.2} (target >= 3: {})",
-                r.rps(),
-                u.rps(),
-                verdict(ratio >= 3.0)
-            );
-        }
-        if let Some(u) = unique {
-            let p99 = ms(u.tally.hist.value_at_quantile(0.99));
-            println!(
-                "unique sends p99: {p99:.2} ms at concurrency {c} (target < 25 ms: {})",
-                verdict(p99 < 25.0)
-            );
-        }
-        if let Some(mb) = peak_mb {
-            println!(
-                "peak RSS: {mb:.1} MB (target < 100 MB: {})",
-                verdict(mb < 100.0)
-            );
-        }
+    let verdict = |met: bool| if met { "met" } else { "MISSED" };
+    if let (Some(u), Some(f)) = (unique, floor) {
+        let ratio = u.rps() / f.tps;
+        println!(
+            "unique sends / floor: {:.0} / {:.0} = {ratio:.2} (target >= 0.60: {})",
+            u.rps(),
+            f.tps,
+            verdict(ratio >= 0.60)
+        );
+        // The same comparison in CPU: robust to other load on the machine.
+        let n = u.tally.count().max(1) as f64;
+        let c = &u.cpu;
+        let send = (c.service + c.postgres + c.mock + c.loadgen).as_micros() as f64 / n;
+        let txn = f.postgres_us + f.pgbench_us;
+        println!(
+            "CPU per unique send: {send:.0} µs (service {:.0}, postgres {:.0}, mock {:.0}, loadgen {:.0}); per floor transaction: {txn:.0} µs (postgres {:.0}, pgbench {:.0}); ratio {:.2}",
+            c.service.as_micros() as f64 / n,
+            c.postgres.as_micros() as f64 / n,
+            c.mock.as_micros() as f64 / n,
+            c.loadgen.as_micros() as f64 / n,
+            f.postgres_us,
+            f.pgbench_us,
+            txn / send.max(1.0)
+        );
     }
-    if !problems.is_empty() {
-        ok = false;
-        for p in &problems {
-            println!("PROBLEM: {p}");
-        }
+    if let (Some(u), Some(r)) = (unique, replay) {
+        let ratio = r.rps() / u.rps();
+        println!(
+            "replay mix / unique sends: {:.0} / {:.0} = {ratio:.2} (target >= 3: {})",
+            r.rps(),
+            u.rps(),
+            verdict(ratio >= 3.0)
+        );
     }
-    println!("bench: {}", if ok { "PASS" } else { "FAIL" });
-    Ok(ok)
+    if let Some(u) = unique {
+        let p99 = ms(u.tally.hist.value_at_quantile(0.99));
+        println!(
+            "unique sends p99: {p99:.2} ms at concurrency {c} (target < 25 ms: {})",
+            verdict(p99 < 25.0)
+        );
+    }
+    if let Some(mb) = peak_mb {
+        println!(
+            "peak RSS: {mb:.1} MB (target < 100 MB: {})",
+            verdict(mb < 100.0)
+        );
+    }
 }

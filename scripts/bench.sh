@@ -16,7 +16,8 @@
 #                                    3000 keys with duplicates, provider faults,
 #                                    SIGKILLs; CHAOS_ARGS adds arguments, e.g.
 #                                    CHAOS_ARGS=--restart-postgres, which
-#                                    restarts the machine's Postgres cluster)
+#                                    runs on a throwaway Postgres cluster of
+#                                    its own and restarts that one)
 #
 # Other arguments go to the load generator (`target/release/loadgen --help`),
 # e.g. --concurrency 64 --duration-secs 30 --mixes unique,replay.

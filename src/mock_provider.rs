@@ -868,7 +868,7 @@ async fn twilio_list(
         .cloned()
         .collect();
     // Newest first by creation.
-    matching.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    matching.sort_by_key(|m| std::cmp::Reverse(m.created_at));
     let messages: Vec<serde_json::Value> = matching
         .iter()
         .skip(page * page_size)

@@ -445,17 +445,19 @@ fn compare(
         Some(ours) => field(m.messaging_service_sid.as_deref(), |s| s == ours),
         None => Match::Same,
     };
-    let from = match &sender.from {
-        // Through a service, Twilio may not have chosen the sender yet.
-        Some(_)
-            if m.from.is_none()
-                && service == Match::Same
-                && sender.messaging_service_sid.is_some() =>
-        {
-            Match::Same
-        }
-        Some(ours) => field(m.from.as_deref(), |f| f == ours),
-        None => Match::Same,
+    let from = match (&sender.from, m.from.as_deref()) {
+        (None, _) => Match::Same,
+        (Some(ours), Some(f)) if !f.is_empty() => field(Some(f), |f| f == ours),
+        // No sender shown: only a message sent through a messaging service
+        // lacks one, while the service chooses it.
+        (Some(_), _) => match (
+            m.messaging_service_sid.as_deref().filter(|s| !s.is_empty()),
+            &sender.messaging_service_sid,
+        ) {
+            (Some(theirs), Some(ours)) => field(Some(theirs), |s| s == ours),
+            (Some(_), None) => Match::Other,
+            (None, _) => Match::Maybe,
+        },
     };
     let when = match created(m) {
         Some(at) if at >= not_before => Match::Same,
@@ -852,6 +854,15 @@ mod tests {
                 Other,
             ),
             ("no sender shown", &by_number, |m| m.from = None, Maybe),
+            (
+                "no sender shown, through a service we did not use",
+                &by_number,
+                |m| {
+                    m.from = None;
+                    m.messaging_service_sid = Some(SERVICE.into())
+                },
+                Other,
+            ),
             (
                 "created at the start",
                 &by_number,

@@ -434,7 +434,9 @@ fn compare(
     not_before: OffsetDateTime,
 ) -> Match {
     let to = field(m.to.as_deref(), |to| to == sms.to);
-    let direction = field(m.direction.as_deref(), |d| d.starts_with("outbound"));
+    // What a create through the API makes; `outbound-reply`/`outbound-call`
+    // come from TwiML, never from this adapter.
+    let direction = field(m.direction.as_deref(), |d| d == "outbound-api");
     // Equal, or with the trial-account prefix: nothing else (a message that
     // merely ends with ours is someone else's, e.g. "Your code is 1234"
     // against our "1234").
@@ -838,7 +840,7 @@ mod tests {
                 "outbound-reply",
                 &by_number,
                 |m| m.direction = Some("outbound-reply".into()),
-                Same,
+                Other,
             ),
             ("no direction", &by_number, |m| m.direction = None, Maybe),
             (

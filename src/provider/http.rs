@@ -130,7 +130,7 @@ impl Provider for HttpProvider {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| parse_retry_after(v, SystemTime::now()));
-        let body = match resp.bytes().await {
+        let body = match super::read_body(resp, super::MAX_ANSWER_BYTES).await {
             Ok(b) => b,
             Err(e) => {
                 return if status.is_success() || status.is_server_error() {
@@ -139,7 +139,7 @@ impl Provider for HttpProvider {
                     SendOutcome::Ambiguous {
                         http_status: Some(status.as_u16()),
                         retry_after,
-                        message: format!("reading the provider's answer failed: {}", kind(&e)),
+                        message: format!("reading the provider's answer failed: {}", e.describe()),
                     }
                 } else {
                     classify_status(status, None, None, retry_after)
@@ -172,14 +172,6 @@ impl Provider for HttpProvider {
     }
 }
 
-fn kind(e: &reqwest::Error) -> &'static str {
-    if e.is_timeout() {
-        "timeout"
-    } else {
-        "connection error"
-    }
-}
-
 /// Classifies a non-2xx status.
 fn classify_status(
     status: StatusCode,
@@ -188,7 +180,10 @@ fn classify_status(
     retry_after: Option<Duration>,
 ) -> SendOutcome {
     let http_status = Some(status.as_u16());
-    let message = message.unwrap_or_else(|| format!("the provider answered {status}"));
+    let message = message.map_or_else(
+        || format!("the provider answered {status}"),
+        |m| super::cut_error_text(&m),
+    );
     match status.as_u16() {
         // Asked to come back later: the request was not acted on.
         408 | 425 | 429 => SendOutcome::Retryable {

@@ -98,6 +98,65 @@ pub trait Provider: Send + Sync + 'static {
     }
 }
 
+/// The largest provider answer to a send that is read (bytes); a longer one
+/// is not read on (see [`read_body`]).
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// The longest provider error text kept (characters): a provider's error
+/// message is stored with the attempt and shown to the client, so a longer
+/// one is cut there and ends in `…`.
+pub const MAX_ERROR_TEXT: usize = 500;
+
+/// `text`, cut to [`MAX_ERROR_TEXT`] characters.
+pub fn cut_error_text(text: &str) -> String {
+    match text.char_indices().nth(MAX_ERROR_TEXT) {
+        None => text.to_string(),
+        Some((end, _)) => format!("{}…", &text[..end]),
+    }
+}
+
+/// Why a provider's answer could not be read.
+#[derive(Debug)]
+pub enum BodyError {
+    /// It was longer than the limit: not read on.
+    TooLarge {
+        limit: usize,
+    },
+    Transport(reqwest::Error),
+}
+
+impl BodyError {
+    /// A short description, without anything the provider sent.
+    pub fn describe(&self) -> String {
+        match self {
+            BodyError::TooLarge { limit } => format!("the answer was larger than {limit} bytes"),
+            BodyError::Transport(e) if e.is_timeout() => "timeout".into(),
+            BodyError::Transport(_) => "connection error".into(),
+        }
+    }
+}
+
+/// Reads `resp`'s body, refusing one longer than `limit` bytes (by its
+/// `Content-Length`, or as soon as more arrived) instead of holding whatever
+/// a provider, or whoever answers in its place, sends.
+pub async fn read_body(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
+    let too_large = BodyError::TooLarge { limit };
+    if resp
+        .content_length()
+        .is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX))
+    {
+        return Err(too_large);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(BodyError::Transport)? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 /// Parses `Retry-After`: delta-seconds or an HTTP-date (RFC 9110 10.2.3).
 pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
     let value = value.trim();
@@ -125,5 +184,16 @@ mod tests {
         assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("-5", now), None);
+    }
+
+    #[test]
+    fn error_texts_are_cut_on_a_character_boundary() {
+        assert_eq!(cut_error_text("short"), "short");
+        let exact = "é".repeat(MAX_ERROR_TEXT);
+        assert_eq!(cut_error_text(&exact), exact);
+        let long = "é".repeat(MAX_ERROR_TEXT + 1);
+        let cut = cut_error_text(&long);
+        assert_eq!(cut.chars().count(), MAX_ERROR_TEXT + 1);
+        assert!(cut.ends_with("é…"));
     }
 }

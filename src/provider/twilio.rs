@@ -11,9 +11,16 @@
 //! Twilio documents no idempotency key for creating a message, so this
 //! adapter does not de-duplicate: an ambiguous outcome (5xx, a timeout or a
 //! reset after the request was written) is settled by [`Provider::reconcile`],
-//! which lists the account's messages to that `To` since the attempt started
-//! and looks for the same body. Only when Twilio shows no such message is a
-//! resend safe; when the lookup itself fails, nobody can tell (`unknown`).
+//! which lists the account's messages to that `To`, newest first, back to
+//! [`CLOCK_SLACK`] before the attempt started, and looks for one from the
+//! sender this attempt used with exactly our body, whatever its status
+//! (`queued`/`accepted` ones included: Twilio's `date_sent` is null until
+//! the carrier has it, so no `DateSent` filter is used). Exactly one such
+//! message: sent, under its sid. None, with the window read to its end: a
+//! resend is safe. Two, one we cannot judge, or a lookup that fails: nobody
+//! can tell (`unknown`). Answers are read up to a size limit, error texts
+//! cut to [`super::MAX_ERROR_TEXT`], and a `next_page_uri` is followed only
+//! to the configured base URL's Messages list (the credentials go with it).
 //!
 //! Classes: 2xx with a `sid` accepted; 429 or error 20429 retryable (with
 //! `Retry-After`); connection failures before the request was sent
@@ -49,12 +56,28 @@ pub const DEFAULT_BASE_URL: &str = "https://api.twilio.com";
 /// Twilio's "too many requests" error code.
 const TOO_MANY_REQUESTS: i64 = 20429;
 
-/// How far before an attempt's start a message it created may be dated:
-/// Twilio's clock and ours disagree a little.
-const CLOCK_SLACK: time::Duration = time::Duration::minutes(10);
+/// How far before an attempt's start a message it created may be dated.
+/// Twilio's `date_created` has whole seconds (RFC 2822), so a message
+/// created 0.9 s after the attempt started can show a time 0.1 s before it;
+/// the rest covers Twilio's clock and ours disagreeing (NTP keeps them well
+/// within a second). Kept small on purpose: any same-body message from the
+/// same sender to the same number created in the slack is a candidate too,
+/// and a second candidate makes the answer `unknown`.
+pub const CLOCK_SLACK: time::Duration = time::Duration::seconds(5);
+
+/// Messages asked for per page of the list (Twilio allows up to 1000).
+pub const LIST_PAGE_SIZE: usize = 100;
 
 /// Pages of the message list read while reconciling, at most.
-const MAX_LOOKUP_PAGES: usize = 10;
+pub const MAX_LOOKUP_PAGES: usize = 10;
+
+/// The largest page of the message list read (bytes): a page of
+/// [`LIST_PAGE_SIZE`] messages of 1600 characters, each escaped as `\uXXXX`,
+/// stays under it.
+pub const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
+
+/// What Twilio puts before the body of a message sent from a trial account.
+pub const TRIAL_PREFIX: &str = "Sent from your Twilio trial account - ";
 
 /// What the adapter needs to know.
 #[derive(Clone)]
@@ -110,13 +133,23 @@ struct TwilioError {
 }
 
 /// The fields of a Message resource the adapter reads.
-#[derive(Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 struct TwilioMessage {
     sid: Option<String>,
     to: Option<String>,
+    from: Option<String>,
+    messaging_service_sid: Option<String>,
     body: Option<String>,
     direction: Option<String>,
     date_created: Option<String>,
+}
+
+/// Who an attempt sends as: what [`TwilioProvider::form`] puts in `From` and
+/// `MessagingServiceSid`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sender {
+    pub from: Option<String>,
+    pub messaging_service_sid: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -160,14 +193,24 @@ impl TwilioProvider {
         })
     }
 
+    /// Who `sms` is sent as: the request's `from`, else `TWILIO_FROM`, and the
+    /// messaging service when one is configured.
+    pub fn sender(&self, sms: &OutgoingSms) -> Sender {
+        Sender {
+            from: sms.from.clone().or_else(|| self.settings.from.clone()),
+            messaging_service_sid: self.settings.messaging_service_sid.clone(),
+        }
+    }
+
     /// The form Twilio gets for `sms`.
     pub fn form(&self, sms: &OutgoingSms) -> Vec<(&'static str, String)> {
         let mut form = vec![("To", sms.to.clone()), ("Body", sms.body.clone())];
-        if let Some(from) = sms.from.as_ref().or(self.settings.from.as_ref()) {
-            form.push(("From", from.clone()));
+        let sender = self.sender(sms);
+        if let Some(from) = sender.from {
+            form.push(("From", from));
         }
-        if let Some(service) = &self.settings.messaging_service_sid {
-            form.push(("MessagingServiceSid", service.clone()));
+        if let Some(service) = sender.messaging_service_sid {
+            form.push(("MessagingServiceSid", service));
         }
         if let Some(validity) = sms.validity {
             form.push(("ValidityPeriod", validity_period(validity).to_string()));
@@ -189,14 +232,14 @@ impl TwilioProvider {
             .await
             .map_err(|e| format!("listing messages at Twilio failed: {}", transport(&e)))?;
         let status = resp.status();
-        let body = resp
-            .bytes()
+        let body = super::read_body(resp, MAX_PAGE_BYTES)
             .await
-            .map_err(|e| format!("reading Twilio's message list failed: {}", transport(&e)))?;
+            .map_err(|e| format!("reading Twilio's message list failed: {}", e.describe()))?;
         if !status.is_success() {
             let detail = serde_json::from_slice::<TwilioError>(&body)
                 .ok()
                 .and_then(|e| e.message)
+                .map(|m| super::cut_error_text(&m))
                 .unwrap_or_default();
             return Err(
                 format!("listing messages at Twilio answered {status} {detail}")
@@ -206,6 +249,30 @@ impl TwilioProvider {
         }
         serde_json::from_slice(&body)
             .map_err(|e| format!("Twilio's message list could not be read: {e}"))
+    }
+
+    /// The address of the page `next` (a list's `next_page_uri`, a path from
+    /// the API's root) names, only when it is this account's Messages list
+    /// at the configured base URL: the credentials go with the request, so a
+    /// page elsewhere is never fetched.
+    fn next_page_url(&self, next: &str) -> Result<reqwest::Url, String> {
+        let refused = || {
+            "Twilio's next page of messages is not at the configured Twilio address; \
+             it was not fetched"
+                .to_string()
+        };
+        if !next.starts_with('/') || next.starts_with("//") {
+            return Err(refused());
+        }
+        let base = self.base_url.as_str().trim_end_matches('/');
+        let url = reqwest::Url::parse(&format!("{base}{next}")).map_err(|_| refused())?;
+        let same_place = url.scheme() == self.messages_url.scheme()
+            && url.host_str() == self.messages_url.host_str()
+            && url.port_or_known_default() == self.messages_url.port_or_known_default()
+            && url.username().is_empty()
+            && url.password().is_none()
+            && url.path() == self.messages_url.path();
+        if same_place { Ok(url) } else { Err(refused()) }
     }
 }
 
@@ -281,10 +348,10 @@ fn classify_status(
             message: Some(m),
             more_info,
             ..
-        }) if !m.is_empty() => match more_info {
+        }) if !m.is_empty() => super::cut_error_text(&match more_info {
             Some(info) if !info.is_empty() => format!("{m} ({info})"),
             _ => m.clone(),
-        },
+        }),
         _ => format!("Twilio answered {status}"),
     };
     let too_many = status == StatusCode::TOO_MANY_REQUESTS
@@ -319,34 +386,134 @@ fn classify_status(
     }
 }
 
-/// Whether a listed message is the one `sms` may have created.
-fn is_match(m: &TwilioMessage, sms: &OutgoingSms, not_before: OffsetDateTime) -> bool {
-    if m.to.as_deref() != Some(sms.to.as_str()) {
-        return false;
+/// How a listed message compares with the one an attempt may have created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Match {
+    /// To, direction, sender and body are ours, created within the window.
+    Same,
+    /// Nothing rules it out, but something needed to tell is missing (a
+    /// redacted body, no sender, no readable date): it may be ours.
+    Maybe,
+    /// Certainly not the message this attempt created.
+    Other,
+}
+
+impl Match {
+    fn and(self, other: Match) -> Match {
+        match (self, other) {
+            (Match::Other, _) | (_, Match::Other) => Match::Other,
+            (Match::Maybe, _) | (_, Match::Maybe) => Match::Maybe,
+            _ => Match::Same,
+        }
     }
-    if m.direction
-        .as_deref()
-        .is_some_and(|d| !d.starts_with("outbound"))
-    {
-        return false;
+}
+
+/// `Same` when `listed` is `ours`, `Other` when it is something else,
+/// `Maybe` when Twilio did not show it.
+fn field(listed: Option<&str>, ours: impl Fn(&str) -> bool) -> Match {
+    match listed {
+        None | Some("") => Match::Maybe,
+        Some(v) if ours(v) => Match::Same,
+        Some(_) => Match::Other,
     }
-    // Trial accounts prefix the body; Twilio never changes the rest.
-    let same_body = m
-        .body
-        .as_deref()
-        .is_some_and(|b| b == sms.body || b.ends_with(sms.body.as_str()));
-    if !same_body {
-        return false;
+}
+
+/// When a listed message was created, if Twilio says so readably.
+fn created(m: &TwilioMessage) -> Option<OffsetDateTime> {
+    OffsetDateTime::parse(m.date_created.as_deref()?, &Rfc2822).ok()
+}
+
+/// Whether `m` is the message `sms`, sent as `sender` by an attempt that
+/// started at `not_before` + [`CLOCK_SLACK`], may have created. Its status
+/// does not matter: a `queued`, `accepted`, `scheduled` or `sending`
+/// message was created as surely as a `delivered` one.
+fn compare(
+    m: &TwilioMessage,
+    sms: &OutgoingSms,
+    sender: &Sender,
+    not_before: OffsetDateTime,
+) -> Match {
+    let to = field(m.to.as_deref(), |to| to == sms.to);
+    // What a create through the API makes; `outbound-reply`/`outbound-call`
+    // come from TwiML, never from this adapter.
+    let direction = field(m.direction.as_deref(), |d| d == "outbound-api");
+    // Equal, or with the trial-account prefix: nothing else (a message that
+    // merely ends with ours is someone else's, e.g. "Your code is 1234"
+    // against our "1234").
+    let body = field(m.body.as_deref(), |b| {
+        b == sms.body || b.strip_prefix(TRIAL_PREFIX) == Some(sms.body.as_str())
+    });
+    let service = match &sender.messaging_service_sid {
+        Some(ours) => field(m.messaging_service_sid.as_deref(), |s| s == ours),
+        None => Match::Same,
+    };
+    let from = match (&sender.from, m.from.as_deref()) {
+        (None, _) => Match::Same,
+        (Some(ours), Some(f)) if !f.is_empty() => field(Some(f), |f| f == ours),
+        // No sender shown: only a message sent through a messaging service
+        // lacks one, while the service chooses it.
+        (Some(_), _) => match (
+            m.messaging_service_sid.as_deref().filter(|s| !s.is_empty()),
+            &sender.messaging_service_sid,
+        ) {
+            (Some(theirs), Some(ours)) => field(Some(theirs), |s| s == ours),
+            (Some(_), None) => Match::Other,
+            (None, _) => Match::Maybe,
+        },
+    };
+    let when = match created(m) {
+        Some(at) if at >= not_before => Match::Same,
+        Some(_) => Match::Other,
+        None => Match::Maybe,
+    };
+    [to, direction, body, service, from, when]
+        .into_iter()
+        .fold(Match::Same, Match::and)
+}
+
+/// What the listed messages read so far say.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Sids of the messages that are ours by every field.
+    same: Vec<String>,
+    /// Messages that may be ours (or are, but show no sid).
+    maybe: usize,
+}
+
+impl Tally {
+    fn add(&mut self, m: &TwilioMessage, verdict: Match) {
+        match (verdict, m.sid.as_deref().filter(|s| !s.is_empty())) {
+            (Match::Same, Some(sid)) => self.same.push(sid.to_string()),
+            (Match::Same | Match::Maybe, _) => self.maybe += 1,
+            (Match::Other, _) => {}
+        }
     }
-    // A date we cannot read does not rule it out: when in doubt, the
-    // message counts as sent (never send twice).
-    match m
-        .date_created
-        .as_deref()
-        .map(|d| OffsetDateTime::parse(d, &Rfc2822))
-    {
-        Some(Ok(created)) => created >= not_before,
-        _ => true,
+
+    /// The answer once the whole window has been read: exactly one message
+    /// that is ours and none that may be, sent; none at all, not sent;
+    /// anything else, nobody can tell which (never a guess).
+    fn verdict(self) -> Reconciled {
+        match (self.same.as_slice(), self.maybe) {
+            ([], 0) => Reconciled::NotSent,
+            ([sid], 0) => Reconciled::Sent {
+                provider_message_id: sid.clone(),
+            },
+            (same, maybe) => {
+                let mut reason = format!(
+                    "Twilio lists {} messages that may be this one",
+                    same.len() + maybe
+                );
+                if !same.is_empty() {
+                    let shown: Vec<&str> = same.iter().take(3).map(String::as_str).collect();
+                    reason.push_str(&format!(" ({}", shown.join(", ")));
+                    if same.len() > shown.len() {
+                        reason.push_str(", ...");
+                    }
+                    reason.push(')');
+                }
+                Reconciled::Unknown(reason)
+            }
+        }
     }
 }
 
@@ -380,14 +547,14 @@ impl Provider for TwilioProvider {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| parse_retry_after(v, SystemTime::now()));
-        let bytes = match resp.bytes().await {
+        let bytes = match super::read_body(resp, super::MAX_ANSWER_BYTES).await {
             Ok(b) => b,
             Err(e) => {
                 return if status.is_success() || status.is_server_error() {
                     SendOutcome::Ambiguous {
                         http_status: Some(status.as_u16()),
                         retry_after,
-                        message: format!("reading Twilio's answer failed: {}", transport(&e)),
+                        message: format!("reading Twilio's answer failed: {}", e.describe()),
                     }
                 } else {
                     classify_status(status, None, retry_after)
@@ -414,46 +581,36 @@ impl Provider for TwilioProvider {
         classify_status(status, serde_json::from_slice(&bytes).ok(), retry_after)
     }
 
+    /// `since` is when this attempt started. Lists the messages to `To`
+    /// (newest first by creation; no `DateSent` filter, which would hide
+    /// queued messages) until one created before the window, judging each.
     async fn reconcile(&self, sms: &OutgoingSms, since: OffsetDateTime) -> Reconciled {
         let not_before = since - CLOCK_SLACK;
-        let date = format!(
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-            not_before.year(),
-            u8::from(not_before.month()),
-            not_before.day(),
-            not_before.hour(),
-            not_before.minute(),
-            not_before.second()
-        );
+        let sender = self.sender(sms);
         let mut url = self.messages_url.clone();
         url.query_pairs_mut()
             .append_pair("To", &sms.to)
-            .append_pair("DateSent>", &date)
-            .append_pair("PageSize", "100");
+            .append_pair("PageSize", &LIST_PAGE_SIZE.to_string());
+        let mut tally = Tally::default();
         for _ in 0..MAX_LOOKUP_PAGES {
             let page = match self.list_page(url).await {
                 Ok(p) => p,
                 Err(reason) => return Reconciled::Unknown(reason),
             };
-            if let Some(found) = page.messages.iter().find(|m| is_match(m, sms, not_before)) {
-                return match found.sid.clone().filter(|s| !s.is_empty()) {
-                    Some(sid) => Reconciled::Sent {
-                        provider_message_id: sid,
-                    },
-                    None => {
-                        Reconciled::Unknown("Twilio lists a matching message without a sid".into())
-                    }
-                };
+            let mut past_window = false;
+            for m in &page.messages {
+                tally.add(m, compare(m, sms, &sender, not_before));
+                past_window |= created(m).is_some_and(|at| at < not_before);
+            }
+            // Newest first: once one is older than the window, so is the rest.
+            if past_window || tally.same.len() > 1 {
+                return tally.verdict();
             }
             match page.next_page_uri.filter(|u| !u.is_empty()) {
-                None => return Reconciled::NotSent,
-                Some(next) => match self.base_url.join(&next) {
+                None => return tally.verdict(),
+                Some(next) => match self.next_page_url(&next) {
                     Ok(u) => url = u,
-                    Err(_) => {
-                        return Reconciled::Unknown(
-                            "Twilio's next page of messages has an unusable address".into(),
-                        );
-                    }
+                    Err(reason) => return Reconciled::Unknown(reason),
                 },
             }
         }
@@ -594,56 +751,299 @@ mod tests {
         assert_eq!(validity_period(Duration::ZERO), 1);
     }
 
+    /// A listed message like the one `sms("Your code is 1234")` creates when
+    /// sent as `+14155550000`, a second after 10:00:00.
+    fn listed() -> TwilioMessage {
+        TwilioMessage {
+            sid: Some("SM1".into()),
+            to: Some("+14155550100".into()),
+            from: Some("+14155550000".into()),
+            messaging_service_sid: None,
+            body: Some("Your code is 1234".into()),
+            direction: Some("outbound-api".into()),
+            date_created: Some("Mon, 02 Mar 2026 10:00:01 +0000".into()),
+        }
+    }
+
     #[test]
     fn matching_a_listed_message() {
+        use Match::*;
         let since = time::macros::datetime!(2026-03-02 10:00:00 UTC);
-        let listed = |to: &str, body: &str, created: &str| TwilioMessage {
-            sid: Some("SM1".into()),
-            to: Some(to.into()),
-            body: Some(body.into()),
-            direction: Some("outbound-api".into()),
-            date_created: Some(created.into()),
-        };
-        let s = sms("Your code is 1234");
         let nb = since - CLOCK_SLACK;
-        let recent = "Mon, 02 Mar 2026 10:00:01 +0000";
-        assert!(is_match(
-            &listed("+14155550100", "Your code is 1234", recent),
-            &s,
-            nb
-        ));
-        assert!(is_match(
-            &listed(
-                "+14155550100",
-                "Sent from your Twilio trial account - Your code is 1234",
-                recent
+        let by_number = Sender {
+            from: Some("+14155550000".into()),
+            messaging_service_sid: None,
+        };
+        const SERVICE: &str = "MG0123456789abcdef0123456789abcdef";
+        let by_service = Sender {
+            from: None,
+            messaging_service_sid: Some(SERVICE.into()),
+        };
+        let both = Sender {
+            from: Some("+14155550000".into()),
+            messaging_service_sid: Some(SERVICE.into()),
+        };
+        let ours = sms("Your code is 1234");
+        type Edit = fn(&mut TwilioMessage);
+        let table: &[(&str, &Sender, Edit, Match)] = &[
+            ("ours", &by_number, |_| {}, Same),
+            (
+                "trial prefix",
+                &by_number,
+                |m| m.body = Some(format!("{TRIAL_PREFIX}Your code is 1234")),
+                Same,
             ),
-            &s,
-            nb
-        ));
-        assert!(!is_match(
-            &listed("+14155550100", "Your code is 9999", recent),
-            &s,
-            nb
-        ));
-        assert!(!is_match(
-            &listed("+14155550199", "Your code is 1234", recent),
-            &s,
-            nb
-        ));
-        assert!(!is_match(
-            &listed(
-                "+14155550100",
-                "Your code is 1234",
-                "Mon, 02 Mar 2026 09:00:00 +0000"
+            (
+                "another prefix",
+                &by_number,
+                |m| m.body = Some("Hi! Your code is 1234".into()),
+                Other,
             ),
-            &s,
-            nb
-        ));
-        assert!(is_match(
-            &listed("+14155550100", "Your code is 1234", "garbled"),
-            &s,
-            nb
-        ));
+            (
+                "ends with ours only",
+                &by_number,
+                |m| m.body = Some("Your code is 91234".into()),
+                Other,
+            ),
+            (
+                "another body",
+                &by_number,
+                |m| m.body = Some("Your code is 9999".into()),
+                Other,
+            ),
+            (
+                "body with more after ours",
+                &by_number,
+                |m| m.body = Some("Your code is 1234.".into()),
+                Other,
+            ),
+            (
+                "redacted body",
+                &by_number,
+                |m| m.body = Some(String::new()),
+                Maybe,
+            ),
+            ("no body", &by_number, |m| m.body = None, Maybe),
+            (
+                "another number",
+                &by_number,
+                |m| m.to = Some("+14155550199".into()),
+                Other,
+            ),
+            (
+                "inbound",
+                &by_number,
+                |m| m.direction = Some("inbound".into()),
+                Other,
+            ),
+            (
+                "outbound-reply",
+                &by_number,
+                |m| m.direction = Some("outbound-reply".into()),
+                Other,
+            ),
+            ("no direction", &by_number, |m| m.direction = None, Maybe),
+            (
+                "another sender",
+                &by_number,
+                |m| m.from = Some("+14155559999".into()),
+                Other,
+            ),
+            (
+                "alphanumeric sender",
+                &by_number,
+                |m| m.from = Some("ACME".into()),
+                Other,
+            ),
+            ("no sender shown", &by_number, |m| m.from = None, Maybe),
+            (
+                "no sender shown, through a service we did not use",
+                &by_number,
+                |m| {
+                    m.from = None;
+                    m.messaging_service_sid = Some(SERVICE.into())
+                },
+                Other,
+            ),
+            (
+                "created at the start",
+                &by_number,
+                |m| m.date_created = Some("Mon, 02 Mar 2026 10:00:00 +0000".into()),
+                Same,
+            ),
+            (
+                "created in the slack",
+                &by_number,
+                |m| m.date_created = Some("Mon, 02 Mar 2026 09:59:55 +0000".into()),
+                Same,
+            ),
+            (
+                "created before the slack",
+                &by_number,
+                |m| m.date_created = Some("Mon, 02 Mar 2026 09:59:54 +0000".into()),
+                Other,
+            ),
+            (
+                "an hour before",
+                &by_number,
+                |m| m.date_created = Some("Mon, 02 Mar 2026 09:00:00 +0000".into()),
+                Other,
+            ),
+            (
+                "garbled date",
+                &by_number,
+                |m| m.date_created = Some("garbled".into()),
+                Maybe,
+            ),
+            ("no date", &by_number, |m| m.date_created = None, Maybe),
+            (
+                "garbled date, other body",
+                &by_number,
+                |m| {
+                    m.date_created = None;
+                    m.body = Some("x".into())
+                },
+                Other,
+            ),
+            (
+                "service, sender not chosen yet",
+                &by_service,
+                |m| {
+                    m.from = None;
+                    m.messaging_service_sid = Some(SERVICE.into())
+                },
+                Same,
+            ),
+            (
+                "service, sender chosen",
+                &by_service,
+                |m| m.messaging_service_sid = Some(SERVICE.into()),
+                Same,
+            ),
+            (
+                "another service",
+                &by_service,
+                |m| m.messaging_service_sid = Some("MGffffffffffffffffffffffffffffffff".into()),
+                Other,
+            ),
+            ("no service shown", &by_service, |_| {}, Maybe),
+            (
+                "number and service",
+                &both,
+                |m| m.messaging_service_sid = Some(SERVICE.into()),
+                Same,
+            ),
+            (
+                "number and service, no sender yet",
+                &both,
+                |m| {
+                    m.from = None;
+                    m.messaging_service_sid = Some(SERVICE.into())
+                },
+                Same,
+            ),
+            (
+                "number and service, another sender",
+                &both,
+                |m| {
+                    m.from = Some("+14155559999".into());
+                    m.messaging_service_sid = Some(SERVICE.into())
+                },
+                Other,
+            ),
+        ];
+        for (name, sender, edit, want) in table {
+            let mut m = listed();
+            edit(&mut m);
+            assert_eq!(compare(&m, &ours, sender, nb), *want, "{name}");
+        }
+        // The request's own `from` is the sender when it has one.
+        let mut m = listed();
+        m.from = Some("ACME".into());
+        let acme = Sender {
+            from: Some("ACME".into()),
+            messaging_service_sid: None,
+        };
+        assert_eq!(compare(&m, &ours, &acme, nb), Same);
+    }
+
+    #[test]
+    fn the_verdict_takes_exactly_one_candidate() {
+        let tally = |same: &[&str], maybe: usize| Tally {
+            same: same.iter().map(|s| s.to_string()).collect(),
+            maybe,
+        };
+        assert_eq!(tally(&[], 0).verdict(), Reconciled::NotSent);
+        assert_eq!(
+            tally(&["SM1"], 0).verdict(),
+            Reconciled::Sent {
+                provider_message_id: "SM1".into()
+            }
+        );
+        for (same, maybe) in [(&["SM1", "SM2"][..], 0), (&["SM1"][..], 1), (&[][..], 1)] {
+            match tally(same, maybe).verdict() {
+                Reconciled::Unknown(reason) => {
+                    for sid in same {
+                        assert!(reason.contains(sid), "{reason}");
+                    }
+                }
+                other => panic!("{same:?} {maybe}: {other:?}"),
+            }
+        }
+        // A sid-less message that is ours by every field is no answer.
+        let mut t = Tally::default();
+        t.add(
+            &TwilioMessage {
+                sid: None,
+                ..listed()
+            },
+            Match::Same,
+        );
+        assert!(matches!(t.verdict(), Reconciled::Unknown(_)));
+    }
+
+    #[test]
+    fn next_pages_are_followed_only_to_the_configured_list() {
+        let provider = |base: &str| {
+            TwilioProvider::new(TwilioSettings {
+                base_url: base.into(),
+                account_sid: "AC0123456789abcdef0123456789abcdef".into(),
+                auth_token: "token".into(),
+                from: None,
+                messaging_service_sid: None,
+                status_callback: None,
+                timeout: Duration::from_secs(1),
+                connect_timeout: Duration::from_secs(1),
+            })
+            .unwrap()
+        };
+        let list = "/2010-04-01/Accounts/AC0123456789abcdef0123456789abcdef/Messages.json";
+        let twilio = provider("https://api.twilio.com");
+        let next = format!("{list}?To=%2B14155550100&PageSize=100&Page=1&PageToken=PAx");
+        assert_eq!(
+            twilio.next_page_url(&next).unwrap().as_str(),
+            format!("https://api.twilio.com{next}")
+        );
+        // A base URL with a path (a proxy) keeps it.
+        let proxied = provider("https://proxy.example/twilio/");
+        assert_eq!(
+            proxied.next_page_url(&next).unwrap().as_str(),
+            format!("https://proxy.example/twilio{next}")
+        );
+        for refused in [
+            format!("https://evil.example{list}"),
+            format!("http://api.twilio.com{list}"),
+            format!("https://api.twilio.com:8443{list}"),
+            format!("//evil.example{list}"),
+            format!("/\\evil.example{list}"),
+            format!("@evil.example{list}"),
+            format!("{list}/../../../../Accounts/ACother/Messages.json"),
+            "/2010-04-01/Accounts/ACother/Messages.json".to_string(),
+            "/2010-04-01/Accounts/AC0123456789abcdef0123456789abcdef/Calls.json".to_string(),
+            "Messages.json?Page=1".to_string(),
+            String::new(),
+        ] {
+            assert!(twilio.next_page_url(&refused).is_err(), "{refused}");
+        }
     }
 }

@@ -5,7 +5,10 @@
 //! Twilio: `POST /2010-04-01/Accounts/{sid}/Messages.json` (form-encoded;
 //! every accepted call creates a message, as Twilio does: no de-duplication)
 //! and `GET` on the same path (the list, filtered by `To` and `DateSent>`,
-//! newest first, paged), with Twilio's error bodies. Both protocols can send
+//! newest first by creation, paged), with Twilio's error bodies. As at
+//! Twilio, a created message stays `queued` with a null `date_sent` (which
+//! `DateSent` filters never match) until it is handed to the carrier
+//! ([`MockProvider::twilio_hand_over`]). Both protocols can send
 //! delivery receipts back ([`ReceiptConfig`]): in order, out of order, or
 //! duplicated; Twilio's signed with the auth token the request was
 //! authenticated with.
@@ -205,6 +208,10 @@ struct TwilioRecord {
     messaging_service_sid: Option<String>,
     body: String,
     created_at: time::OffsetDateTime,
+    /// `queued` until handed to the carrier, then `sent`.
+    status: &'static str,
+    /// Null until handed to the carrier, as at Twilio.
+    date_sent: Option<time::OffsetDateTime>,
 }
 
 /// Which receipts the mock sends back for each message it delivers.
@@ -416,6 +423,8 @@ impl MockProvider {
             messaging_service_sid: form.get("MessagingServiceSid").cloned(),
             body: form.get("Body").cloned().unwrap_or_default(),
             created_at: sendonce::clock::truncate_to_micros(time::OffsetDateTime::now_utc()),
+            status: "queued",
+            date_sent: None,
         };
         *inner
             .by_recipient_body
@@ -423,6 +432,38 @@ impl MockProvider {
             .or_default() += 1;
         inner.twilio_messages.push(record.clone());
         record
+    }
+
+    /// Hands every queued Twilio message to the carrier: `sent`, with
+    /// `date_sent` now (Twilio sets it only then).
+    pub fn twilio_hand_over(&self) {
+        let now = crate::clock::truncate_to_micros(time::OffsetDateTime::now_utc());
+        for m in &mut self.lock().twilio_messages {
+            if m.date_sent.is_none() {
+                m.status = "sent";
+                m.date_sent = Some(now);
+            }
+        }
+    }
+
+    /// Moves the times of every Twilio message created so far back by `by`,
+    /// as if they had been created that much earlier.
+    pub fn twilio_backdate(&self, by: Duration) {
+        let by = time::Duration::try_from(by).unwrap_or(time::Duration::ZERO);
+        for m in &mut self.lock().twilio_messages {
+            m.created_at -= by;
+            m.date_sent = m.date_sent.map(|d| d - by);
+        }
+    }
+
+    /// The sids of the messages created through the Twilio endpoint, oldest
+    /// first.
+    pub fn twilio_sids(&self) -> Vec<String> {
+        self.lock()
+            .twilio_messages
+            .iter()
+            .map(|m| m.sid.clone())
+            .collect()
     }
 
     /// Delivers (once per key) and returns the id; sends the receipts for
@@ -642,15 +683,16 @@ fn rfc2822(t: time::OffsetDateTime) -> String {
 }
 
 /// A Message resource as Twilio shows it.
-fn twilio_resource(m: &TwilioRecord, status: &str) -> serde_json::Value {
+fn twilio_resource(m: &TwilioRecord) -> serde_json::Value {
     let date = rfc2822(m.created_at);
+    let status = m.status;
     serde_json::json!({
         "account_sid": m.account_sid,
         "api_version": "2010-04-01",
         "body": m.body,
         "date_created": date,
-        "date_sent": date,
-        "date_updated": date,
+        "date_sent": m.date_sent.map(rfc2822),
+        "date_updated": rfc2822(m.date_sent.unwrap_or(m.created_at)),
         "direction": "outbound-api",
         "error_code": null,
         "error_message": null,
@@ -726,7 +768,7 @@ async fn twilio_send(
         (
             StatusCode::CREATED,
             [(header::CONTENT_TYPE, "application/json")],
-            twilio_resource(record, "queued").to_string(),
+            twilio_resource(record).to_string(),
         )
             .into_response()
     };
@@ -815,21 +857,24 @@ async fn twilio_list(
         .get("Page")
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(0);
-    let matching: Vec<TwilioRecord> = mock
+    let mut matching: Vec<TwilioRecord> = mock
         .lock()
         .twilio_messages
         .iter()
         .rev()
         .filter(|m| m.account_sid == account_sid)
         .filter(|m| query.get("To").is_none_or(|to| &m.to == to))
-        .filter(|m| after.is_none_or(|a| m.created_at >= a))
+        // Twilio's date filters match `date_sent`: never a message not sent yet.
+        .filter(|m| after.is_none_or(|a| m.date_sent.is_some_and(|d| d >= a)))
         .cloned()
         .collect();
+    // Newest first by creation.
+    matching.sort_by_key(|m| std::cmp::Reverse(m.created_at));
     let messages: Vec<serde_json::Value> = matching
         .iter()
         .skip(page * page_size)
         .take(page_size)
-        .map(|m| twilio_resource(m, "sent"))
+        .map(twilio_resource)
         .collect();
     let path = format!("/2010-04-01/Accounts/{account_sid}/Messages.json");
     let page_uri = |n: usize| {

@@ -38,3 +38,4 @@ mod process;
 mod receipts;
 mod store;
 mod twilio;
+mod twilio_reconcile;

@@ -437,7 +437,7 @@ impl MockProvider {
     /// Hands every queued Twilio message to the carrier: `sent`, with
     /// `date_sent` now (Twilio sets it only then).
     pub fn twilio_hand_over(&self) {
-        let now = crate::clock::truncate_to_micros(time::OffsetDateTime::now_utc());
+        let now = sendonce::clock::truncate_to_micros(time::OffsetDateTime::now_utc());
         for m in &mut self.lock().twilio_messages {
             if m.date_sent.is_none() {
                 m.status = "sent";

@@ -27,6 +27,22 @@ pub use http::HttpProvider;
 pub use simulated::SimulatedProvider;
 pub use twilio::{TwilioProvider, TwilioSettings};
 
+/// Why a provider could not be built. `Display` is one line; the cause (a
+/// URL parse error, reqwest's) is the `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("invalid {what} URL")]
+    Url {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    #[error("the {what} URL must be an http or https URL that can take a path")]
+    NotHttp { what: &'static str },
+    #[error("building the HTTP client")]
+    Client(#[source] reqwest::Error),
+}
+
 /// One SMS as handed to a provider.
 #[derive(Clone, Debug)]
 pub struct OutgoingSms {

@@ -170,6 +170,13 @@ mod tests {
                 LEASE.var,
             ),
             (
+                s("30days"),
+                None,
+                Unit::Secs,
+                Duration::from_secs(30 * 86_400),
+                LEASE.var,
+            ),
+            (
                 None,
                 s("45"),
                 Unit::Secs,

@@ -24,7 +24,7 @@ impl Backend {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct DatabaseSettings {
     /// `postgres://...` or `sqlite://...` (checked: [`Backend::of`] knows it).
     pub url: String,
@@ -42,6 +42,17 @@ impl Default for DatabaseSettings {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(2),
         }
+    }
+}
+
+/// The URL's password stays out of logs.
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &redact_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish()
     }
 }
 

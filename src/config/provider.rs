@@ -9,7 +9,7 @@ use super::parse::{DurationVar, Unit, given, positive_duration};
 use super::{ConfigArgs, ConfigError, ProviderKind};
 
 /// A provider ready to be built.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum ProviderConfig {
     Simulated,
     Http {
@@ -19,6 +19,28 @@ pub enum ProviderConfig {
         connect_timeout: Duration,
     },
     Twilio(TwilioSettings),
+}
+
+/// Tokens stay out of logs.
+impl std::fmt::Debug for ProviderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProviderConfig::Simulated => f.write_str("Simulated"),
+            ProviderConfig::Http {
+                url,
+                token,
+                timeout,
+                connect_timeout,
+            } => f
+                .debug_struct("Http")
+                .field("url", url)
+                .field("token", &token.as_ref().map(|_| "***"))
+                .field("timeout", timeout)
+                .field("connect_timeout", connect_timeout)
+                .finish(),
+            ProviderConfig::Twilio(t) => f.debug_tuple("Twilio").field(t).finish(),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

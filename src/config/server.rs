@@ -12,7 +12,7 @@ use crate::http::server::ConnectionLimits;
 use super::parse::{DurationVar, Unit, given, number_or, positive_duration};
 use super::{ConfigArgs, ConfigError};
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
     /// Handed to `http::server::serve`: header timeout, head size, and how
@@ -27,6 +27,24 @@ pub struct ServerSettings {
     pub receipts: ReceiptSettings,
     /// Ensures tenant `default` accepts exactly this key.
     pub bootstrap_api_key: Option<String>,
+}
+
+/// The bootstrap key stays out of logs.
+impl std::fmt::Debug for ServerSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerSettings")
+            .field("listen", &self.listen)
+            .field("connection", &self.connection)
+            .field("body_read_timeout", &self.body_read_timeout)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("wait", &self.wait)
+            .field("receipts", &self.receipts)
+            .field(
+                "bootstrap_api_key",
+                &self.bootstrap_api_key.as_ref().map(|_| "***"),
+            )
+            .finish()
+    }
 }
 
 impl Default for ServerSettings {

@@ -169,6 +169,26 @@ fn rates_keep_the_other_half_of_their_default() {
 }
 
 #[test]
+fn secrets_stay_out_of_debug() {
+    let key = "so_0123456789abcdefghijklmnop";
+    let c = args(&[
+        "--provider",
+        "http",
+        "--http-provider-url",
+        "http://p.example",
+        "--http-provider-token",
+        "tok-secret",
+        "--bootstrap-api-key",
+        key,
+    ])
+    .unwrap();
+    let shown = format!("{c:?}");
+    for secret in ["tok-secret", key, "secret@"] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+}
+
+#[test]
 fn redacts_passwords() {
     assert_eq!(
         redact_url("postgres://u:secret@h/db"),

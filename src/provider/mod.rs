@@ -129,6 +129,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn construction_errors_keep_their_cause() {
+        let t = Duration::from_secs(1);
+        let e = HttpProvider::new("not a url", None, t, t).unwrap_err();
+        assert_eq!(e.to_string(), "invalid provider URL");
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+        let e = HttpProvider::new("ftp://x", None, t, t).unwrap_err();
+        assert!(matches!(e, ProviderError::NotHttp { .. }), "{e:?}");
+        let twilio = |base_url: &str| TwilioSettings {
+            base_url: base_url.into(),
+            account_sid: "AC0123456789abcdef0123456789abcdef".into(),
+            auth_token: "t".into(),
+            from: None,
+            messaging_service_sid: None,
+            status_callback: None,
+            timeout: t,
+            connect_timeout: t,
+        };
+        let e = TwilioProvider::new(twilio("::")).unwrap_err();
+        assert_eq!(e.to_string(), "invalid Twilio base URL");
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+        let e = TwilioProvider::new(twilio("mailto:x@example.com")).unwrap_err();
+        assert!(matches!(e, ProviderError::NotHttp { .. }), "{e:?}");
+    }
+
+    #[test]
     fn retry_after_forms() {
         let now = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
         assert_eq!(

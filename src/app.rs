@@ -54,17 +54,17 @@ impl App {
         let scheduler = Arc::new(Scheduler::new(
             Arc::clone(&store),
             Arc::clone(&deliverer),
-            settings.poll_interval,
+            settings.scheduler.poll_interval,
         ));
         crate::domain::phone::warm();
         let state = Arc::new(AppState {
             store,
             deliverer,
-            wait: settings.wait.clone(),
-            limiter: RateLimiter::new(settings.limits, clock.clone()),
-            max_segments: settings.max_segments,
-            body_read_timeout: settings.body_read_timeout,
-            receipts: settings.receipts.clone(),
+            wait: settings.server.wait.clone(),
+            limiter: RateLimiter::new(settings.limits.rates, clock.clone()),
+            max_segments: settings.limits.max_segments,
+            body_read_timeout: settings.server.body_read_timeout,
+            receipts: settings.server.receipts.clone(),
         });
         Ok(App {
             listener,
@@ -103,8 +103,8 @@ impl App {
         let purger = Purger::new(
             Arc::clone(&self.state.store),
             self.clock.clone(),
-            self.settings.retention,
-            self.settings.purge_interval,
+            self.settings.retention.period,
+            self.settings.retention.purge_interval,
         )
         .with_metrics(Arc::clone(self.state.deliverer.metrics()));
         let purge_task = tokio::spawn(purger.run(stop.clone()));
@@ -120,12 +120,12 @@ impl App {
         let server = http::server::serve(
             self.listener,
             router,
-            self.settings.connection,
+            self.settings.server.connection,
             stop.clone(),
         );
         // Requests still waiting for an outcome get the grace period too,
         // then the server is dropped (their sends go on regardless).
-        let grace = self.settings.shutdown_grace;
+        let grace = self.settings.server.shutdown_grace;
         let drained = stop.clone();
         tokio::select! {
             () = server => {},
@@ -138,7 +138,9 @@ impl App {
         let _ = scheduler_task.await;
         let _ = purge_task.await;
         let _ = upkeep_task.await;
-        let released = deliverer.shutdown(self.settings.shutdown_grace).await?;
+        let released = deliverer
+            .shutdown(self.settings.server.shutdown_grace)
+            .await?;
         if released > 0 {
             tracing::info!(released, "released leases for another instance to resume");
         }

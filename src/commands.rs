@@ -1,53 +1,56 @@
-//! What the binary's subcommands do.
+//! What the binary's subcommands do. Only the binary calls these, so they
+//! report failures as `anyhow::Error` with context over the library's typed
+//! errors (print with `{:#}` for the whole cause chain).
 
 use std::sync::Arc;
 
+use anyhow::{Context, anyhow, bail};
 use tokio::net::TcpListener;
 
 use crate::app::App;
 use crate::clock::Clock;
-use crate::config::{Backend, Config, KeyCommand, ProviderConfig, TenantCommand, redact_url};
+use crate::config::{
+    Backend, KeyCommand, ProviderConfig, ReceiptsCommand, Settings, TenantCommand, redact_url,
+};
 use crate::provider::{HttpProvider, Provider, SimulatedProvider};
 use crate::store::postgres::PoolSettings;
 use crate::store::{PgStore, SqliteStore, Store, StoreError};
 use crate::{apikey, shutdown};
 
-/// A failure to report as one line.
-pub type CommandError = String;
+/// A failure to report, with its causes.
+pub type CommandError = anyhow::Error;
 
 /// The store `DATABASE_URL` names.
-pub fn store(config: &Config) -> Result<Arc<dyn Store>, CommandError> {
-    Ok(match Backend::of(&config.database_url) {
+pub fn store(settings: &Settings) -> Result<Arc<dyn Store>, CommandError> {
+    let db = &settings.database;
+    let at = || format!("opening the database at {}", redact_url(&db.url));
+    Ok(match Backend::of(&db.url) {
         Some(Backend::Postgres) => Arc::new(
             PgStore::connect_lazy(
-                &config.database_url,
+                &db.url,
                 &PoolSettings {
-                    max_connections: config.db_max_connections,
-                    acquire_timeout: config.db_acquire_timeout,
+                    max_connections: db.max_connections,
+                    acquire_timeout: db.acquire_timeout,
                 },
             )
-            .map_err(|e| e.to_string())?,
+            .with_context(at)?,
         ),
         Some(Backend::Sqlite) => Arc::new(
-            SqliteStore::connect_lazy(
-                &config.database_url,
-                config.db_max_connections,
-                config.db_acquire_timeout,
-            )
-            .map_err(|e| e.to_string())?,
+            SqliteStore::connect_lazy(&db.url, db.max_connections, db.acquire_timeout)
+                .with_context(at)?,
         ),
-        None => return Err("DATABASE_URL must be a postgres:// or sqlite:// URL".into()),
+        None => bail!("DATABASE_URL must be a postgres:// or sqlite:// URL"),
     })
 }
 
-async fn migrated_store(config: &Config) -> Result<Arc<dyn Store>, CommandError> {
-    let store = store(config)?;
+async fn migrated_store(settings: &Settings) -> Result<Arc<dyn Store>, CommandError> {
+    let store = store(settings)?;
     store.migrate().await.map_err(|e| match e {
-        StoreError::Unavailable(m) => format!(
-            "cannot reach the database at {}: {m}",
-            redact_url(&config.database_url)
-        ),
-        other => format!("migration failed: {other}"),
+        StoreError::Unavailable(_) => anyhow!(e).context(format!(
+            "cannot reach the database at {}",
+            redact_url(&settings.database.url)
+        )),
+        other => anyhow!(other).context("migration failed"),
     })?;
     Ok(store)
 }
@@ -63,49 +66,42 @@ pub fn provider(
             token,
             timeout,
             connect_timeout,
-        } => Arc::new(HttpProvider::new(
-            url,
-            token.clone(),
-            *timeout,
-            *connect_timeout,
-        )?),
-        ProviderConfig::Twilio(settings) => {
-            Arc::new(crate::provider::TwilioProvider::new(settings.clone())?)
-        }
+        } => Arc::new(
+            HttpProvider::new(url, token.clone(), *timeout, *connect_timeout)
+                .context("setting up the http provider")?,
+        ),
+        ProviderConfig::Twilio(settings) => Arc::new(
+            crate::provider::TwilioProvider::new(settings.clone())
+                .context("setting up the twilio provider")?,
+        ),
     })
 }
 
-pub async fn migrate(config: &Config) -> Result<(), CommandError> {
-    migrated_store(config).await?;
+pub async fn migrate(settings: &Settings) -> Result<(), CommandError> {
+    migrated_store(settings).await?;
     tracing::info!("migrations applied");
     Ok(())
 }
 
-pub async fn serve(config: Config) -> Result<(), CommandError> {
-    let provider = provider(&config.provider, config.settings.log_bodies)?;
-    let store = migrated_store(&config).await?;
-    bootstrap(&config, store.as_ref()).await?;
-    let listener = TcpListener::bind(config.listen)
+pub async fn serve(settings: Settings) -> Result<(), CommandError> {
+    let provider = provider(&settings.provider.kind, settings.log.bodies)?;
+    let store = migrated_store(&settings).await?;
+    bootstrap(&settings, store.as_ref()).await?;
+    let listen = settings.server.listen;
+    let listener = TcpListener::bind(listen)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-    let app = App::build(
-        config.settings.clone(),
-        store,
-        provider.clone(),
-        Clock::system(),
-        listener,
-    )
-    .map_err(|e| e.to_string())?;
-    let addr = app.local_addr().map_err(|e| e.to_string())?;
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let database = redact_url(&settings.database.url);
+    let app = App::build(settings, store, provider.clone(), Clock::system(), listener)
+        .context("building the app")?;
+    let addr = app.local_addr().context("reading the listening address")?;
     tracing::info!(
         listen = %addr,
-        database = %redact_url(&config.database_url),
+        database = %database,
         provider = provider.name(),
         "sendonce listening"
     );
-    app.run(shutdown::signal())
-        .await
-        .map_err(|e| e.to_string())?;
+    app.run(shutdown::signal()).await.context("serving")?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -113,14 +109,14 @@ pub async fn serve(config: Config) -> Result<(), CommandError> {
 /// Makes sure a first run can be used at once: with a bootstrap key, tenant
 /// `default` accepts it; with none and no tenant at all, tenant `default` is
 /// created and its key printed once.
-async fn bootstrap(config: &Config, store: &dyn Store) -> Result<(), CommandError> {
-    if let Some(key) = &config.bootstrap_api_key {
+async fn bootstrap(settings: &Settings, store: &dyn Store) -> Result<(), CommandError> {
+    if let Some(key) = &settings.server.bootstrap_api_key {
         return store
             .ensure_tenant_key("default", &apikey::stored_form(key))
             .await
-            .map_err(|e| format!("bootstrapping tenant default: {e}"));
+            .context("bootstrapping tenant default");
     }
-    if store.tenant_count().await.map_err(|e| e.to_string())? > 0 {
+    if store.tenant_count().await.context("counting tenants")? > 0 {
         return Ok(());
     }
     let key = apikey::generate();
@@ -134,17 +130,17 @@ async fn bootstrap(config: &Config, store: &dyn Store) -> Result<(), CommandErro
         }
         // Another instance created it first.
         Err(StoreError::Conflict(_)) => Ok(()),
-        Err(e) => Err(format!("creating tenant default: {e}")),
+        Err(e) => Err(anyhow!(e).context("creating tenant default")),
     }
 }
 
-pub async fn tenant(config: &Config, command: &TenantCommand) -> Result<(), CommandError> {
-    let store = migrated_store(config).await?;
+pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), CommandError> {
+    let store = migrated_store(settings).await?;
     match command {
         TenantCommand::Create { name } => {
             let name = name.trim();
             if name.is_empty() || name.len() > 100 {
-                return Err("a tenant name is 1 to 100 characters".into());
+                bail!("a tenant name is 1 to 100 characters");
             }
             let key = apikey::generate();
             match store.create_tenant(name, &key.stored).await {
@@ -152,8 +148,8 @@ pub async fn tenant(config: &Config, command: &TenantCommand) -> Result<(), Comm
                     println!("{}", key.secret);
                     Ok(())
                 }
-                Err(StoreError::Conflict(_)) => Err(format!("tenant {name:?} already exists")),
-                Err(e) => Err(e.to_string()),
+                Err(StoreError::Conflict(_)) => bail!("tenant {name:?} already exists"),
+                Err(e) => Err(anyhow!(e).context(format!("creating tenant {name:?}"))),
             }
         }
         TenantCommand::AllowCountries { name, countries } => {
@@ -167,21 +163,21 @@ pub async fn tenant(config: &Config, command: &TenantCommand) -> Result<(), Comm
                 .iter()
                 .find(|c| c.len() != 2 || !c.bytes().all(|b| b.is_ascii_uppercase()))
             {
-                return Err(format!("{bad:?} is not an ISO 3166-1 alpha-2 country code"));
+                bail!("{bad:?} is not an ISO 3166-1 alpha-2 country code");
             }
             let countries = (!codes.is_empty()).then_some(codes.as_slice());
             if store
                 .set_allowed_countries(name, countries)
                 .await
-                .map_err(|e| e.to_string())?
+                .context("setting allowed countries")?
             {
                 Ok(())
             } else {
-                Err(format!("no tenant named {name:?}"))
+                bail!("no tenant named {name:?}")
             }
         }
         TenantCommand::List => {
-            for (id, name, created) in store.list_tenants().await.map_err(|e| e.to_string())? {
+            for (id, name, created) in store.list_tenants().await.context("listing tenants")? {
                 println!("{id}\t{name}\t{created}");
             }
             Ok(())
@@ -189,21 +185,21 @@ pub async fn tenant(config: &Config, command: &TenantCommand) -> Result<(), Comm
     }
 }
 
-pub async fn key(config: &Config, command: &KeyCommand) -> Result<(), CommandError> {
-    let store = migrated_store(config).await?;
+pub async fn key(settings: &Settings, command: &KeyCommand) -> Result<(), CommandError> {
+    let store = migrated_store(settings).await?;
     match command {
         KeyCommand::Create { tenant } => {
             let key = apikey::generate();
             match store
                 .add_key(tenant, &key.stored)
                 .await
-                .map_err(|e| e.to_string())?
+                .context("adding an API key")?
             {
                 Some(_) => {
                     println!("{}", key.secret);
                     Ok(())
                 }
-                None => Err(format!("no tenant named {tenant:?}")),
+                None => bail!("no tenant named {tenant:?}"),
             }
         }
         KeyCommand::Revoke { key_id } => {
@@ -211,15 +207,15 @@ pub async fn key(config: &Config, command: &KeyCommand) -> Result<(), CommandErr
             if store
                 .revoke_key(*key_id, now)
                 .await
-                .map_err(|e| e.to_string())?
+                .context("revoking the API key")?
             {
                 Ok(())
             } else {
-                Err(format!("no API key with id {key_id}"))
+                bail!("no API key with id {key_id}")
             }
         }
         KeyCommand::List => {
-            for k in store.list_keys().await.map_err(|e| e.to_string())? {
+            for k in store.list_keys().await.context("listing API keys")? {
                 let state = if k.revoked_at.is_some() {
                     "revoked"
                 } else {
@@ -232,17 +228,14 @@ pub async fn key(config: &Config, command: &KeyCommand) -> Result<(), CommandErr
     }
 }
 
-pub async fn receipts(
-    config: &Config,
-    command: &crate::config::ReceiptsCommand,
-) -> Result<(), CommandError> {
-    let store = migrated_store(config).await?;
+pub async fn receipts(settings: &Settings, command: &ReceiptsCommand) -> Result<(), CommandError> {
+    let store = migrated_store(settings).await?;
     match command {
-        crate::config::ReceiptsCommand::Unmatched { limit } => {
+        ReceiptsCommand::Unmatched { limit } => {
             for r in store
                 .unmatched_receipts(*limit)
                 .await
-                .map_err(|e| e.to_string())?
+                .context("listing unmatched receipts")?
             {
                 println!(
                     "{}\t{}\t{}\t{}\t{}",

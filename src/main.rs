@@ -1,46 +1,46 @@
 //! The `sendonce` binary: parse configuration, set up logging, run a command.
+//! Failures are printed with their whole cause chain (`{:#}`).
 
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::Parser;
 use sendonce::commands;
-use sendonce::config::{Cli, Command};
+use sendonce::config::{Cli, Command, Settings};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    sendonce::telemetry::init(cli.config.log_format);
-    let config = match cli.config.validate() {
-        Ok(c) => c,
-        Err(reason) => {
-            eprintln!("sendonce: {reason}");
+    let settings = match Settings::from_args(&cli.config) {
+        Ok(s) => s,
+        Err(e) => {
+            // Log setup needs the settings; this line goes straight to stderr.
+            eprintln!("sendonce: {:#}", anyhow::Error::new(e));
             return ExitCode::from(2);
         }
     };
+    sendonce::telemetry::init(settings.log.format);
     sendonce::install_crypto_provider();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("sendonce: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
-        match cli.command.unwrap_or(Command::Serve) {
-            Command::Serve => commands::serve(config).await,
-            Command::Migrate => commands::migrate(&config).await,
-            Command::Tenant { command } => commands::tenant(&config, &command).await,
-            Command::Key { command } => commands::key(&config, &command).await,
-            Command::Receipts { command } => commands::receipts(&config, &command).await,
-        }
-    });
-    match result {
+    match run(cli.command.unwrap_or(Command::Serve), settings) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(reason) => {
-            eprintln!("sendonce: {reason}");
+        Err(e) => {
+            eprintln!("sendonce: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        match command {
+            Command::Serve => commands::serve(settings).await,
+            Command::Migrate => commands::migrate(&settings).await,
+            Command::Tenant { command } => commands::tenant(&settings, &command).await,
+            Command::Key { command } => commands::key(&settings, &command).await,
+            Command::Receipts { command } => commands::receipts(&settings, &command).await,
+        }
+    })
 }

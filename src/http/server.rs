@@ -25,6 +25,8 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// Largest request head (request line and headers), in bytes.
     pub max_head_bytes: usize,
+    /// Most client connections served at once.
+    pub max_connections: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -32,6 +34,7 @@ impl Default for ConnectionLimits {
         Self {
             header_read_timeout: Duration::from_secs(10),
             max_head_bytes: 16 * 1024,
+            max_connections: 1024,
         }
     }
 }

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
-use super::{OutgoingSms, Provider, SendOutcome, parse_retry_after};
+use super::{OutgoingSms, Provider, ProviderError, SendOutcome, parse_retry_after};
 
 #[derive(Clone, Debug)]
 pub struct HttpProvider {
@@ -36,10 +36,14 @@ impl HttpProvider {
         token: Option<String>,
         timeout: Duration,
         connect_timeout: Duration,
-    ) -> Result<Self, String> {
-        let url = reqwest::Url::parse(url).map_err(|e| format!("invalid provider URL: {e}"))?;
+    ) -> Result<Self, ProviderError> {
+        let what = "provider";
+        let url = reqwest::Url::parse(url).map_err(|e| ProviderError::Url {
+            what,
+            source: e.into(),
+        })?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err("the provider URL must be http or https".into());
+            return Err(ProviderError::NotHttp { what });
         }
         crate::install_crypto_provider();
         let client = reqwest::Client::builder()
@@ -49,7 +53,7 @@ impl HttpProvider {
             // A POST must not silently turn into a GET elsewhere.
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| format!("building the HTTP client: {e}"))?;
+            .map_err(ProviderError::Client)?;
         Ok(Self { client, url, token })
     }
 }

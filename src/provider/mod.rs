@@ -27,6 +27,22 @@ pub use http::HttpProvider;
 pub use simulated::SimulatedProvider;
 pub use twilio::{TwilioProvider, TwilioSettings};
 
+/// Why a provider could not be built. `Display` is one line; the cause (a
+/// URL parse error, reqwest's) is the `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("invalid {what} URL")]
+    Url {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    #[error("the {what} URL must be an http or https URL that can take a path")]
+    NotHttp { what: &'static str },
+    #[error("building the HTTP client")]
+    Client(#[source] reqwest::Error),
+}
+
 /// One SMS as handed to a provider.
 #[derive(Clone, Debug)]
 pub struct OutgoingSms {
@@ -170,6 +186,31 @@ pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Dura
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn construction_errors_keep_their_cause() {
+        let t = Duration::from_secs(1);
+        let e = HttpProvider::new("not a url", None, t, t).unwrap_err();
+        assert_eq!(e.to_string(), "invalid provider URL");
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+        let e = HttpProvider::new("ftp://x", None, t, t).unwrap_err();
+        assert!(matches!(e, ProviderError::NotHttp { .. }), "{e:?}");
+        let twilio = |base_url: &str| TwilioSettings {
+            base_url: base_url.into(),
+            account_sid: "AC0123456789abcdef0123456789abcdef".into(),
+            auth_token: "t".into(),
+            from: None,
+            messaging_service_sid: None,
+            status_callback: None,
+            timeout: t,
+            connect_timeout: t,
+        };
+        let e = TwilioProvider::new(twilio("::")).unwrap_err();
+        assert_eq!(e.to_string(), "invalid Twilio base URL");
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+        let e = TwilioProvider::new(twilio("mailto:x@example.com")).unwrap_err();
+        assert!(matches!(e, ProviderError::NotHttp { .. }), "{e:?}");
+    }
 
     #[test]
     fn retry_after_forms() {

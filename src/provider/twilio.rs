@@ -159,16 +159,20 @@ struct MessagePage {
 }
 
 impl TwilioProvider {
-    pub fn new(settings: TwilioSettings) -> Result<Self, String> {
-        let base_url = reqwest::Url::parse(&settings.base_url)
-            .map_err(|e| format!("invalid Twilio base URL: {e}"))?;
+    pub fn new(settings: TwilioSettings) -> Result<Self, super::ProviderError> {
+        let what = "Twilio base";
+        let base_url =
+            reqwest::Url::parse(&settings.base_url).map_err(|e| super::ProviderError::Url {
+                what,
+                source: e.into(),
+            })?;
         if !matches!(base_url.scheme(), "http" | "https") || base_url.cannot_be_a_base() {
-            return Err("the Twilio base URL must be an http or https URL".into());
+            return Err(super::ProviderError::NotHttp { what });
         }
         let mut messages_url = base_url.clone();
         messages_url
             .path_segments_mut()
-            .map_err(|()| "the Twilio base URL cannot take a path".to_string())?
+            .map_err(|()| super::ProviderError::NotHttp { what })?
             .pop_if_empty()
             .extend([
                 "2010-04-01",
@@ -184,7 +188,7 @@ impl TwilioProvider {
             // A POST must not silently turn into a GET elsewhere.
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| format!("building the HTTP client: {e}"))?;
+            .map_err(super::ProviderError::Client)?;
         Ok(Self {
             client,
             settings,

@@ -210,7 +210,7 @@ async fn a_provider_timeout_is_ambiguous_and_resent_under_the_same_key(backend: 
 async fn retry_after_is_honoured_to_the_second(backend: Backend) {
     let clock = Clock::manual(time::macros::datetime!(2026-11-29 12:00:00 UTC));
     let mut settings = test_settings();
-    settings.poll_interval = Duration::from_secs(3600);
+    settings.scheduler.poll_interval = Duration::from_secs(3600);
     let app = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
@@ -256,7 +256,7 @@ async fn retry_after_is_honoured_to_the_second(backend: Backend) {
 async fn nothing_is_handed_to_the_provider_after_the_validity_period(backend: Backend) {
     let clock = Clock::manual(time::macros::datetime!(2026-11-29 12:00:00 UTC));
     let mut settings = test_settings();
-    settings.poll_interval = Duration::from_secs(3600);
+    settings.scheduler.poll_interval = Duration::from_secs(3600);
     let app = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),

@@ -31,7 +31,7 @@ fn manual_clock() -> Clock {
 /// decides when a scheduler runs.
 fn quiet_settings() -> sendonce::config::Settings {
     let mut s = test_settings();
-    s.poll_interval = Duration::from_secs(3600);
+    s.scheduler.poll_interval = Duration::from_secs(3600);
     s
 }
 
@@ -183,7 +183,7 @@ async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) 
 
 async fn shutdown_releases_unfinished_sends_for_another_instance(backend: Backend) {
     let mut settings = test_settings();
-    settings.shutdown_grace = Duration::from_millis(200);
+    settings.server.shutdown_grace = Duration::from_millis(200);
     let mut a = spawn_with(TestOptions {
         backend,
         settings,
@@ -234,7 +234,7 @@ async fn shutdown_releases_unfinished_sends_for_another_instance(backend: Backen
 async fn purged_keys_can_be_used_again(backend: Backend) {
     let clock = manual_clock();
     let mut settings = quiet_settings();
-    settings.retention = Duration::from_secs(86_400);
+    settings.retention.period = Duration::from_secs(86_400);
     let app = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
@@ -247,7 +247,7 @@ async fn purged_keys_can_be_used_again(backend: Backend) {
     let purger = sendonce::delivery::Purger::new(
         app.handle.store.clone(),
         clock.clone(),
-        settings.retention,
+        settings.retention.period,
         Duration::from_secs(3600),
     );
     clock.advance(Duration::from_secs(86_399));

@@ -236,8 +236,8 @@ async fn a_revoked_key_is_refused_at_once(backend: Backend) {
 fn limited(limits: Limits) -> (TestOptions, Clock) {
     let clock = Clock::manual(time::macros::datetime!(2026-11-29 12:00:00 UTC));
     let mut settings = test_settings();
-    settings.limits = limits;
-    settings.poll_interval = Duration::from_secs(3600);
+    settings.limits.rates = limits;
+    settings.scheduler.poll_interval = Duration::from_secs(3600);
     (
         TestOptions {
             settings,
@@ -448,8 +448,8 @@ on_both_backends!(
 
 async fn hygiene_app() -> TestApp {
     let mut settings = test_settings();
-    settings.connection.header_read_timeout = Duration::from_millis(300);
-    settings.body_read_timeout = Duration::from_millis(300);
+    settings.server.connection.header_read_timeout = Duration::from_millis(300);
+    settings.server.body_read_timeout = Duration::from_millis(300);
     spawn_with(TestOptions {
         settings,
         ..TestOptions::default()

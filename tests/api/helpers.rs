@@ -117,11 +117,11 @@ pub fn test_settings() -> Settings {
     s.delivery.retry.max_attempts = 5;
     s.delivery.provider_timeout = Duration::from_secs(2);
     s.delivery.lease = Duration::from_secs(10);
-    s.poll_interval = Duration::from_millis(50);
-    s.shutdown_grace = Duration::from_secs(2);
+    s.scheduler.poll_interval = Duration::from_millis(50);
+    s.server.shutdown_grace = Duration::from_secs(2);
     // Abuse limits have tests of their own; elsewhere they would only get in
     // the way of sending many messages to one test number.
-    s.limits = sendonce::ratelimit::Limits::NONE;
+    s.limits.rates = sendonce::ratelimit::Limits::NONE;
     s
 }
 

@@ -58,6 +58,38 @@ async fn invalid_configuration_fails_with_one_line() {
     assert!(!stderr.contains("hunter2"), "{stderr}");
 }
 
+/// Durations by their new names and their old ones: a bad value stops the
+/// binary with exit code 2 and one line naming the variable, then the cause.
+#[tokio::test]
+async fn a_bad_duration_names_its_variable_and_its_cause() {
+    for (env, want) in [
+        (
+            &[("SENDONCE_LEASE_SECS", "30s")][..],
+            "SENDONCE_LEASE_SECS=\"30s\" is not a whole number: invalid digit",
+        ),
+        (
+            &[("SENDONCE_SHUTDOWN_GRACE", "soon")][..],
+            "SENDONCE_SHUTDOWN_GRACE=\"soon\" is not a duration like 30s, 10m, 1h 30m or 250ms: ",
+        ),
+        (
+            &[("SENDONCE_LEASE", "30s"), ("SENDONCE_LEASE_SECS", "30")][..],
+            "both SENDONCE_LEASE and SENDONCE_LEASE_SECS are set",
+        ),
+    ] {
+        let out = sendonce("postgres://x@127.0.0.1:1/db")
+            .arg("migrate")
+            .envs(env.iter().copied())
+            .env("SENDONCE_DB_ACQUIRE_TIMEOUT", "200ms")
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(want), "{env:?}: {stderr}");
+    }
+}
+
 #[tokio::test]
 async fn tenant_create_prints_only_the_key_and_it_works() {
     let database = fresh_database().await;

@@ -286,7 +286,7 @@ async fn a_receipt_for_an_unknown_message_is_recorded_for_inspection(backend: Ba
 
 async fn http_receipts_need_the_shared_secret(backend: Backend) {
     let mut settings = test_settings();
-    settings.receipts.http_secret = Some(SECRET.into());
+    settings.server.receipts.http_secret = Some(SECRET.into());
     let app = spawn_with(TestOptions {
         backend,
         settings,
@@ -408,7 +408,7 @@ async fn the_mock_sends_receipts_back_in_every_order(backend: Backend) {
 
     // The `http` protocol's receipts too.
     let mut settings = test_settings();
-    settings.receipts.http_secret = Some(SECRET.into());
+    settings.server.receipts.http_secret = Some(SECRET.into());
     let http = spawn_with(TestOptions {
         backend,
         settings,

@@ -1,0 +1,287 @@
+//! The command line: subcommands, and every setting as a flag with its
+//! environment variable. Values are kept as written (no defaults here: those
+//! live in `Settings::default()`); `Settings::from_args` parses and checks them.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sendonce",
+    version,
+    about = "Exactly-once SMS/OTP sending over HTTP"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the API (the default). Applies pending migrations first.
+    Serve,
+    /// Apply pending migrations and exit.
+    Migrate,
+    /// Manage tenants.
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+    /// Manage API keys.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+    /// Inspect delivery receipts.
+    Receipts {
+        #[command(subcommand)]
+        command: ReceiptsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReceiptsCommand {
+    /// List receipts that matched no message, newest first: received at,
+    /// provider, provider message id, provider status, event id.
+    Unmatched {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant and print its new API key as the only line on stdout.
+    Create { name: String },
+    /// List tenants.
+    List,
+    /// Limit a tenant's destinations to these countries (ISO 3166-1 codes,
+    /// e.g. `US CA`); with none, allow every country again.
+    AllowCountries {
+        name: String,
+        countries: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Create another API key for a tenant and print it as the only line on stdout.
+    Create { tenant: String },
+    /// Revoke an API key by its id (see `key list`); it is refused at once.
+    Revoke { key_id: uuid::Uuid },
+    /// List API keys (id, tenant, prefix, state), never the keys themselves.
+    List,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ProviderKind {
+    #[default]
+    Simulated,
+    Http,
+    Twilio,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Every setting as given, `None` when not given. Durations come in pairs:
+/// the new variable takes `30s`/`10m`/`1h 30m`/`250ms`, the older one with a
+/// unit suffix a bare number; setting both is an error.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ConfigArgs {
+    // Database.
+    /// postgres://user:password@host/db, or sqlite://path (default: sqlite://sendonce.db, created if missing, in the working directory).
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Database connections per instance.
+    #[arg(long, env = "SENDONCE_DB_MAX_CONNECTIONS", global = true)]
+    pub db_max_connections: Option<String>,
+    /// How long a request waits for a database connection before answering 503 (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_DB_ACQUIRE_TIMEOUT", global = true)]
+    pub db_acquire_timeout: Option<String>,
+    /// Older form of --db-acquire-timeout, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_DB_ACQUIRE_TIMEOUT_MS", global = true)]
+    pub db_acquire_timeout_ms: Option<String>,
+    // Server.
+    /// Address to listen on (default 127.0.0.1:8080).
+    #[arg(long, env = "SENDONCE_LISTEN", global = true)]
+    pub listen: Option<String>,
+    /// Most client connections served at once.
+    #[arg(long, env = "SENDONCE_MAX_CONNECTIONS", global = true)]
+    pub max_connections: Option<String>,
+    /// The whole request head must arrive within this (slow clients are cut off) (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_HEADER_READ_TIMEOUT", global = true)]
+    pub header_read_timeout: Option<String>,
+    /// Older form of --header-read-timeout, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_HEADER_READ_TIMEOUT_MS", global = true)]
+    pub header_read_timeout_ms: Option<String>,
+    /// The whole request body must arrive within this (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_BODY_READ_TIMEOUT", global = true)]
+    pub body_read_timeout: Option<String>,
+    /// Older form of --body-read-timeout, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_BODY_READ_TIMEOUT_MS", global = true)]
+    pub body_read_timeout_ms: Option<String>,
+    /// On SIGTERM, how long in-flight sends may finish before their leases are released (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_SHUTDOWN_GRACE", global = true)]
+    pub shutdown_grace: Option<String>,
+    /// Older form of --shutdown-grace, in seconds; setting both is an error.
+    #[arg(long, env = "SENDONCE_SHUTDOWN_GRACE_SECS", global = true)]
+    pub shutdown_grace_secs: Option<String>,
+    /// How long POST /messages waits for the outcome by default (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_SYNC_WAIT", global = true)]
+    pub sync_wait: Option<String>,
+    /// Older form of --sync-wait, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_SYNC_WAIT_MS", global = true)]
+    pub sync_wait_ms: Option<String>,
+    /// Largest wait a client may ask for with `Prefer: wait=N` (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_MAX_WAIT", global = true)]
+    pub max_wait: Option<String>,
+    /// Older form of --max-wait, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_MAX_WAIT_MS", global = true)]
+    pub max_wait_ms: Option<String>,
+    /// This service's public base URL (https://sms.example.com): receipt callbacks are built from it and Twilio signatures are checked against it.
+    #[arg(long, env = "SENDONCE_PUBLIC_URL", global = true)]
+    pub public_url: Option<String>,
+    /// Shared secret the `http` provider sends in `X-Receipt-Secret` with receipts.
+    #[arg(
+        long,
+        env = "SENDONCE_RECEIPT_SECRET",
+        global = true,
+        hide_env_values = true
+    )]
+    pub receipt_secret: Option<String>,
+    /// Ensures tenant `default` exists with exactly this API key.
+    #[arg(
+        long,
+        env = "SENDONCE_BOOTSTRAP_API_KEY",
+        global = true,
+        hide_env_values = true
+    )]
+    pub bootstrap_api_key: Option<String>,
+    // Provider.
+    /// SMS provider (default simulated).
+    #[arg(long, env = "SENDONCE_PROVIDER", global = true, value_enum)]
+    pub provider: Option<ProviderKind>,
+    /// URL the `http` provider POSTs to.
+    #[arg(long, env = "SENDONCE_HTTP_PROVIDER_URL", global = true)]
+    pub http_provider_url: Option<String>,
+    /// Bearer token for the `http` provider.
+    #[arg(
+        long,
+        env = "SENDONCE_HTTP_PROVIDER_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    pub http_provider_token: Option<String>,
+    /// Twilio's API address (tests point it at a stand-in).
+    #[arg(long, env = "TWILIO_BASE_URL", global = true)]
+    pub twilio_base_url: Option<String>,
+    /// Twilio account SID (AC...), the Basic auth user.
+    #[arg(long, env = "TWILIO_ACCOUNT_SID", global = true)]
+    pub twilio_account_sid: Option<String>,
+    /// Twilio auth token: Basic auth password, and the key of X-Twilio-Signature.
+    #[arg(long, env = "TWILIO_AUTH_TOKEN", global = true, hide_env_values = true)]
+    pub twilio_auth_token: Option<String>,
+    /// Default Twilio sender when a request names none.
+    #[arg(long, env = "TWILIO_FROM", global = true)]
+    pub twilio_from: Option<String>,
+    /// Twilio Messaging Service SID (MG...), sent with every message.
+    #[arg(long, env = "TWILIO_MESSAGING_SERVICE_SID", global = true)]
+    pub twilio_messaging_service_sid: Option<String>,
+    /// Upper bound of one provider call (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_PROVIDER_TIMEOUT", global = true)]
+    pub provider_timeout: Option<String>,
+    /// Older form of --provider-timeout, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_PROVIDER_TIMEOUT_MS", global = true)]
+    pub provider_timeout_ms: Option<String>,
+    /// Upper bound of connecting to the provider (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_PROVIDER_CONNECT_TIMEOUT", global = true)]
+    pub provider_connect_timeout: Option<String>,
+    /// Older form of --provider-connect-timeout, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_PROVIDER_CONNECT_TIMEOUT_MS", global = true)]
+    pub provider_connect_timeout_ms: Option<String>,
+    // Delivery and retries.
+    /// Ceiling of the first retry's delay (full jitter below it) (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_RETRY_BASE", global = true)]
+    pub retry_base: Option<String>,
+    /// Older form of --retry-base, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_RETRY_BASE_MS", global = true)]
+    pub retry_base_ms: Option<String>,
+    /// Largest delay between two attempts (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_RETRY_CAP", global = true)]
+    pub retry_cap: Option<String>,
+    /// Older form of --retry-cap, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_RETRY_CAP_MS", global = true)]
+    pub retry_cap_ms: Option<String>,
+    /// Attempts in all, the first included.
+    #[arg(long, env = "SENDONCE_RETRY_MAX_ATTEMPTS", global = true)]
+    pub retry_max_attempts: Option<String>,
+    /// No attempt starts later than this after a message was accepted (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_RETRY_DEADLINE", global = true)]
+    pub retry_deadline: Option<String>,
+    /// Older form of --retry-deadline, in seconds; setting both is an error.
+    #[arg(long, env = "SENDONCE_RETRY_DEADLINE_SECS", global = true)]
+    pub retry_deadline_secs: Option<String>,
+    /// Largest provider Retry-After honoured (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_RETRY_AFTER_MAX", global = true)]
+    pub retry_after_max: Option<String>,
+    /// Older form of --retry-after-max, in seconds; setting both is an error.
+    #[arg(long, env = "SENDONCE_RETRY_AFTER_MAX_SECS", global = true)]
+    pub retry_after_max_secs: Option<String>,
+    /// Simultaneous provider calls per instance; more wait their turn.
+    #[arg(long, env = "SENDONCE_MAX_CONCURRENT_SENDS", global = true)]
+    pub max_concurrent_sends: Option<String>,
+    /// Lease on a message being delivered (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_LEASE", global = true)]
+    pub lease: Option<String>,
+    /// Older form of --lease, in seconds; setting both is an error.
+    #[arg(long, env = "SENDONCE_LEASE_SECS", global = true)]
+    pub lease_secs: Option<String>,
+    /// How often each instance looks for due retries and expired leases (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_POLL_INTERVAL", global = true)]
+    pub poll_interval: Option<String>,
+    /// Older form of --poll-interval, in ms; setting both is an error.
+    #[arg(long, env = "SENDONCE_POLL_INTERVAL_MS", global = true)]
+    pub poll_interval_ms: Option<String>,
+    // Limits.
+    /// Most SMS segments one message may take.
+    #[arg(long, env = "SENDONCE_MAX_SEGMENTS", global = true)]
+    pub max_segments: Option<String>,
+    /// POST /messages per tenant per second, steady rate (0: no limit).
+    #[arg(long, env = "SENDONCE_RATE_TENANT_RPS", global = true)]
+    pub rate_tenant_rps: Option<String>,
+    /// POST /messages per tenant in a burst.
+    #[arg(long, env = "SENDONCE_RATE_TENANT_BURST", global = true)]
+    pub rate_tenant_burst: Option<String>,
+    /// New messages per destination number per hour, per tenant (0: no limit).
+    #[arg(long, env = "SENDONCE_RATE_NUMBER_PER_HOUR", global = true)]
+    pub rate_number_per_hour: Option<String>,
+    /// New messages per destination prefix (number less its last 4 digits) per hour, per tenant (0: no limit).
+    #[arg(long, env = "SENDONCE_RATE_PREFIX_PER_HOUR", global = true)]
+    pub rate_prefix_per_hour: Option<String>,
+    // Retention.
+    /// Messages are kept this long, then purged and their keys free again (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_RETENTION", global = true)]
+    pub retention: Option<String>,
+    /// Older form of --retention, in days; setting both is an error.
+    #[arg(long, env = "SENDONCE_RETENTION_DAYS", global = true)]
+    pub retention_days: Option<String>,
+    /// How often the purge runs (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_PURGE_INTERVAL", global = true)]
+    pub purge_interval: Option<String>,
+    /// Older form of --purge-interval, in seconds; setting both is an error.
+    #[arg(long, env = "SENDONCE_PURGE_INTERVAL_SECS", global = true)]
+    pub purge_interval_secs: Option<String>,
+    // Logging.
+    /// Log format (default text).
+    #[arg(long, env = "SENDONCE_LOG_FORMAT", global = true, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log message bodies (off: bodies may hold one-time codes).
+    #[arg(long, env = "SENDONCE_LOG_BODIES", global = true)]
+    pub log_bodies: bool,
+}

@@ -1,0 +1,116 @@
+//! The database: which one, and its connection pool.
+
+use std::time::Duration;
+
+use super::parse::{DurationVar, Unit, given, number_or, positive_duration};
+use super::{ConfigArgs, ConfigError};
+
+/// Which database a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    pub fn of(url: &str) -> Option<Backend> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Backend::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Some(Backend::Sqlite)
+        } else {
+            None
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct DatabaseSettings {
+    /// `postgres://...` or `sqlite://...` (checked: [`Backend::of`] knows it).
+    pub url: String,
+    /// Connections per instance.
+    pub max_connections: u32,
+    /// How long a request waits for a connection before answering 503.
+    pub acquire_timeout: Duration,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            // Created if missing, in the working directory.
+            url: "sqlite://sendonce.db".into(),
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The URL's password stays out of logs.
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &redact_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish()
+    }
+}
+
+const ACQUIRE_TIMEOUT: DurationVar = DurationVar {
+    var: "SENDONCE_DB_ACQUIRE_TIMEOUT",
+    old: "SENDONCE_DB_ACQUIRE_TIMEOUT_MS",
+    unit: Unit::Millis,
+};
+
+impl DatabaseSettings {
+    pub fn backend(&self) -> Backend {
+        // `from_args` refuses any other URL; a hand-built one defaults to SQLite.
+        Backend::of(&self.url).unwrap_or(Backend::Sqlite)
+    }
+
+    pub(super) fn from_args(a: &ConfigArgs, d: &Self) -> Result<Self, ConfigError> {
+        let url = given(&a.database_url).map_or_else(|| d.url.clone(), |u| u.trim().to_string());
+        if Backend::of(&url).is_none() {
+            return Err(ConfigError::Url {
+                var: "DATABASE_URL",
+                expected: "a postgres:// or sqlite:// URL",
+                source: None,
+            });
+        }
+        let max_connections = number_or(
+            "SENDONCE_DB_MAX_CONNECTIONS",
+            &a.db_max_connections,
+            d.max_connections,
+        )?;
+        if max_connections == 0 {
+            return Err(ConfigError::invalid(
+                "SENDONCE_DB_MAX_CONNECTIONS",
+                "must be at least 1",
+            ));
+        }
+        Ok(Self {
+            url,
+            max_connections,
+            acquire_timeout: positive_duration(
+                ACQUIRE_TIMEOUT,
+                &a.db_acquire_timeout,
+                &a.db_acquire_timeout_ms,
+                d.acquire_timeout,
+            )?
+            .value,
+        })
+    }
+}
+
+/// The database URL with any password replaced, for logs.
+pub fn redact_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "<unparseable URL>".into(),
+    }
+}

@@ -1,0 +1,288 @@
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser};
+
+use super::*;
+
+fn args(extra: &[&str]) -> Result<Settings, ConfigError> {
+    let mut argv = vec!["sendonce", "--database-url", "postgres://u:secret@h/db"];
+    argv.extend_from_slice(extra);
+    Cli::try_parse_from(argv)
+        .expect("clap parses")
+        .config
+        .validate()
+}
+
+/// `Settings` holds types of other modules without `PartialEq`; their
+/// derived `Debug` shows every field.
+fn same(a: &Settings, b: &Settings) -> bool {
+    format!("{a:?}") == format!("{b:?}")
+}
+
+#[test]
+fn nothing_given_is_exactly_the_defaults() {
+    let resolved = Settings::from_args(&ConfigArgs::default()).unwrap();
+    assert!(same(&resolved, &Settings::default()), "{resolved:#?}");
+    // Through clap too, unless this process's environment sets one of the
+    // variables (then clap would rightly read it).
+    let cli = Cli::command();
+    let set: Vec<String> = cli
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .filter(|var| std::env::var_os(var).is_some())
+        .map(|var| var.to_string_lossy().into_owned())
+        .collect();
+    if set.is_empty() {
+        let parsed = Cli::try_parse_from(["sendonce"]).unwrap().config;
+        let resolved = parsed.validate().unwrap();
+        assert!(same(&resolved, &Settings::default()), "{resolved:#?}");
+    } else {
+        eprintln!("skipping the clap half: {set:?} set in the environment");
+    }
+    // A different value is noticed by the comparison.
+    let other = args(&["--lease", "31s"]).unwrap();
+    assert!(!same(&other, &Settings::default()));
+}
+
+#[test]
+fn the_default_database_is_an_sqlite_file() {
+    let d = Settings::default();
+    assert_eq!(d.database.url, "sqlite://sendonce.db");
+    assert_eq!(d.database.backend(), Backend::Sqlite);
+    assert_eq!(Backend::of("mysql://x"), None);
+}
+
+#[test]
+fn defaults_are_valid() {
+    let c = args(&[]).unwrap();
+    assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+    assert!(matches!(c.provider.kind, ProviderConfig::Simulated));
+    assert_eq!(c.server.wait.default, Duration::from_secs(10));
+    assert_eq!(c.retention.period, Duration::from_secs(30 * 86_400));
+    assert_eq!(c.server.connection.max_connections, 1024);
+    assert_eq!(c.database.backend(), Backend::Postgres);
+}
+
+#[test]
+fn durations_by_new_and_old_names_land_in_their_groups() {
+    let c = args(&[
+        "--shutdown-grace",
+        "1m 30s",
+        "--lease-secs",
+        "40",
+        "--retention",
+        "12h",
+        "--poll-interval-ms",
+        "250",
+        "--db-acquire-timeout",
+        "750ms",
+        "--header-read-timeout",
+        "5s",
+        "--max-connections",
+        "7",
+    ])
+    .unwrap();
+    assert_eq!(c.server.shutdown_grace, Duration::from_secs(90));
+    assert_eq!(c.delivery.lease, Duration::from_secs(40));
+    assert_eq!(c.retention.period, Duration::from_secs(12 * 3600));
+    assert_eq!(c.scheduler.poll_interval, Duration::from_millis(250));
+    assert_eq!(c.database.acquire_timeout, Duration::from_millis(750));
+    assert_eq!(
+        c.server.connection.header_read_timeout,
+        Duration::from_secs(5)
+    );
+    assert_eq!(c.server.connection.max_connections, 7);
+    let c = args(&["--retention-days", "2", "--max-wait", "1m"]).unwrap();
+    assert_eq!(c.retention.period, Duration::from_secs(2 * 86_400));
+    assert_eq!(c.server.wait.max, Duration::from_secs(60));
+}
+
+#[test]
+fn invalid_settings_are_one_line_reasons() {
+    for (extra, want) in [
+        (&["--listen", "nope"][..], "SENDONCE_LISTEN"),
+        (&["--provider", "http"][..], "SENDONCE_HTTP_PROVIDER_URL"),
+        (
+            &["--provider", "http", "--http-provider-url", "ftp://x"][..],
+            "SENDONCE_HTTP_PROVIDER_URL",
+        ),
+        (
+            &["--bootstrap-api-key", "short"][..],
+            "SENDONCE_BOOTSTRAP_API_KEY",
+        ),
+        (&["--lease-secs", "5"][..], "SENDONCE_LEASE_SECS"),
+        (&["--lease", "5s"][..], "SENDONCE_LEASE must be at least"),
+        (
+            &["--retry-max-attempts", "0"][..],
+            "SENDONCE_RETRY_MAX_ATTEMPTS",
+        ),
+        (&["--sync-wait-ms", "60000"][..], "SENDONCE_MAX_WAIT"),
+        (
+            &["--sync-wait", "1m"][..],
+            "must not be below SENDONCE_SYNC_WAIT",
+        ),
+        (
+            &["--shutdown-grace", "20s", "--shutdown-grace-secs", "20"][..],
+            "both SENDONCE_SHUTDOWN_GRACE and SENDONCE_SHUTDOWN_GRACE_SECS",
+        ),
+        (&["--retention", "forever"][..], "SENDONCE_RETENTION="),
+        (&["--max-connections", "0"][..], "SENDONCE_MAX_CONNECTIONS"),
+        (
+            &["--max-connections", "many"][..],
+            "SENDONCE_MAX_CONNECTIONS=",
+        ),
+        (&["--max-segments", "0"][..], "SENDONCE_MAX_SEGMENTS"),
+        (
+            &["--rate-tenant-rps", "300"][..],
+            "SENDONCE_RATE_TENANT_BURST must not be below",
+        ),
+    ] {
+        let err = args(extra).unwrap_err();
+        let line = err.to_string();
+        assert!(line.contains(want), "{extra:?}: {line}");
+        assert!(!line.contains('\n'), "{line}");
+    }
+}
+
+#[test]
+fn an_unknown_database_is_refused() {
+    let a = ConfigArgs {
+        database_url: Some("mysql://x".into()),
+        ..ConfigArgs::default()
+    };
+    let err = Settings::from_args(&a).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "DATABASE_URL is not a postgres:// or sqlite:// URL"
+    );
+}
+
+#[test]
+fn rates_keep_the_other_half_of_their_default() {
+    let c = args(&["--rate-tenant-burst", "500"]).unwrap();
+    assert_eq!(c.limits.rates.tenant.capacity, 500);
+    assert_eq!(c.limits.rates.tenant.per, Duration::from_secs(5));
+    let c = args(&["--rate-tenant-rps", "0", "--rate-number-per-hour", "0"]).unwrap();
+    assert!(c.limits.rates.tenant.is_unlimited());
+    assert!(c.limits.rates.number.is_unlimited());
+    assert_eq!(c.limits.rates.prefix, LimitSettings::default().rates.prefix);
+}
+
+#[test]
+fn secrets_stay_out_of_debug() {
+    let key = "so_0123456789abcdefghijklmnop";
+    let c = args(&[
+        "--provider",
+        "http",
+        "--http-provider-url",
+        "http://p.example",
+        "--http-provider-token",
+        "tok-secret",
+        "--bootstrap-api-key",
+        key,
+    ])
+    .unwrap();
+    let shown = format!("{c:?}");
+    for secret in ["tok-secret", key, "secret@"] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+}
+
+#[test]
+fn redacts_passwords() {
+    assert_eq!(
+        redact_url("postgres://u:secret@h/db"),
+        "postgres://u:***@h/db"
+    );
+    assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+}
+
+#[test]
+fn twilio_and_receipt_settings() {
+    let sid = "AC0123456789abcdef0123456789abcdef";
+    let twilio = ["--provider", "twilio", "--twilio-account-sid", sid];
+    let mut ok = twilio.to_vec();
+    ok.extend([
+        "--twilio-auth-token",
+        "tok",
+        "--twilio-from",
+        "+14155550000",
+        "--public-url",
+        "https://sms.example.com/",
+        "--receipt-secret",
+        "0123456789abcdef",
+        "--provider-timeout",
+        "4s",
+    ]);
+    let c = args(&ok).unwrap();
+    let ProviderConfig::Twilio(t) = &c.provider.kind else {
+        panic!("{:?}", c.provider);
+    };
+    assert_eq!(t.base_url, "https://api.twilio.com");
+    assert_eq!(t.timeout, Duration::from_secs(4));
+    assert_eq!(t.connect_timeout, Duration::from_secs(3));
+    assert_eq!(
+        t.status_callback.as_deref(),
+        Some("https://sms.example.com/providers/twilio/status")
+    );
+    assert!(!format!("{:?}", c.provider).contains("tok\""));
+    let r = &c.server.receipts;
+    assert_eq!(r.public_url.as_deref(), Some("https://sms.example.com"));
+    assert_eq!(r.twilio_auth_token.as_deref(), Some("tok"));
+    assert_eq!(r.http_secret.as_deref(), Some("0123456789abcdef"));
+
+    let with = |extra: &[&'static str]| {
+        let mut v = twilio.to_vec();
+        v.extend_from_slice(extra);
+        args(&v)
+    };
+    for (extra, want) in [
+        (&["--twilio-from", "+1"][..], "TWILIO_AUTH_TOKEN"),
+        (&["--twilio-auth-token", "t"][..], "TWILIO_FROM"),
+        (
+            &[
+                "--twilio-auth-token",
+                "t",
+                "--twilio-messaging-service-sid",
+                "MG1",
+            ][..],
+            "TWILIO_MESSAGING_SERVICE_SID",
+        ),
+        (
+            &[
+                "--twilio-auth-token",
+                "t",
+                "--twilio-from",
+                "+1",
+                "--twilio-base-url",
+                "ftp://x",
+            ][..],
+            "TWILIO_BASE_URL",
+        ),
+        (
+            &[
+                "--twilio-auth-token",
+                "t",
+                "--twilio-from",
+                "+1",
+                "--public-url",
+                "nope",
+            ][..],
+            "SENDONCE_PUBLIC_URL",
+        ),
+    ] {
+        let err = with(extra).unwrap_err();
+        assert!(err.to_string().contains(want), "{extra:?}: {err}");
+    }
+    let err = args(&["--provider", "twilio", "--twilio-account-sid", "AC12"]).unwrap_err();
+    assert_eq!(err.var(), "TWILIO_ACCOUNT_SID");
+    let err = args(&["--receipt-secret", "short"]).unwrap_err();
+    assert_eq!(err.var(), "SENDONCE_RECEIPT_SECRET");
+}
+
+#[test]
+fn a_bad_url_keeps_its_parse_error_as_the_source() {
+    let err = args(&["--public-url", "https://"]).unwrap_err();
+    assert_eq!(err.var(), "SENDONCE_PUBLIC_URL");
+    assert!(std::error::Error::source(&err).is_some(), "{err:?}");
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use sendonce::domain::MessageId;
-use sendonce::mock_provider::{Behaviour, MockProvider};
+use testkit::mock_provider::{Behaviour, MockProvider};
 use sendonce::provider::twilio::{LIST_PAGE_SIZE, MAX_LOOKUP_PAGES};
 use sendonce::provider::{
     HttpProvider, OutgoingSms, Provider, Reconciled, SendOutcome, TwilioProvider, TwilioSettings,

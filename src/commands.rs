@@ -133,7 +133,7 @@ async fn bootstrap(config: &Config, store: &dyn Store) -> Result<(), CommandErro
             Ok(())
         }
         // Another instance created it first.
-        Err(StoreError::Conflict(_)) => Ok(()),
+        Err(StoreError::Conflict { .. }) => Ok(()),
         Err(e) => Err(format!("creating tenant default: {e}")),
     }
 }
@@ -152,7 +152,7 @@ pub async fn tenant(config: &Config, command: &TenantCommand) -> Result<(), Comm
                     println!("{}", key.secret);
                     Ok(())
                 }
-                Err(StoreError::Conflict(_)) => Err(format!("tenant {name:?} already exists")),
+                Err(StoreError::Conflict { .. }) => Err(format!("tenant {name:?} already exists")),
                 Err(e) => Err(e.to_string()),
             }
         }

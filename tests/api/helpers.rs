@@ -14,7 +14,7 @@ use sendonce::config::Settings;
 use sendonce::mock_provider::MockProvider;
 use sendonce::provider::{HttpProvider, Provider};
 use sendonce::store::postgres::PoolSettings;
-use sendonce::store::{PgStore, SqliteStore, Store};
+use sendonce::store::{MaintenanceStore, PgStore, SqliteStore, Store};
 use sqlx::{Connection, PgConnection, PgPool, SqlitePool};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;

@@ -33,7 +33,7 @@ use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use rand::Rng;
 use sendonce::store::postgres::PoolSettings;
-use sendonce::store::{PgStore, Store};
+use sendonce::store::{PgStore, TenantStore};
 use sqlx::{Connection, PgConnection};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;

@@ -19,7 +19,8 @@ pub enum StoreError {
         source: sqlx::Error,
     },
     /// A migration could not be applied (other than the database being away).
-    #[error("migration failed: {0}")]
+    /// (Shown bare: the caller says it was migrating.)
+    #[error("{0}")]
     Migration(#[source] sqlx::migrate::MigrateError),
     /// Anything else from the driver: a bug or a schema mismatch.
     #[error("database error: {0}")]

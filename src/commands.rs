@@ -129,7 +129,7 @@ async fn bootstrap(settings: &Settings, store: &dyn Store) -> Result<(), Command
             Ok(())
         }
         // Another instance created it first.
-        Err(StoreError::Conflict(_)) => Ok(()),
+        Err(StoreError::Conflict { .. }) => Ok(()),
         Err(e) => Err(anyhow!(e).context("creating tenant default")),
     }
 }
@@ -148,7 +148,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                     println!("{}", key.secret);
                     Ok(())
                 }
-                Err(StoreError::Conflict(_)) => bail!("tenant {name:?} already exists"),
+                Err(StoreError::Conflict { .. }) => bail!("tenant {name:?} already exists"),
                 Err(e) => Err(anyhow!(e).context(format!("creating tenant {name:?}"))),
             }
         }

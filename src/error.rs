@@ -59,8 +59,8 @@ pub enum ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Unavailable(m) => ApiError::Unavailable(m),
-            StoreError::Conflict(m) | StoreError::Other(m) => ApiError::Internal(m),
+            StoreError::Unavailable(m) => ApiError::Unavailable(m.to_string()),
+            other => ApiError::Internal(other.to_string()),
         }
     }
 }

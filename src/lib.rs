@@ -14,7 +14,7 @@
 //! - [`http`]: the router, extractors and one module per resource.
 //! - [`error`]: every API error as RFC 9457 problem+json.
 //! - [`domain`]: validated newtypes, segment counting, fingerprints, states.
-//! - [`store`]: the storage interface and its Postgres implementation.
+//! - [`store`]: the storage interface and its Postgres and SQLite implementations.
 //! - [`provider`]: the provider trait, outcome classes, `simulated`, `http`
 //!   and `twilio` (with Twilio's request signatures).
 //! - [`delivery`]: the delivery task, retry policy, scheduler/rescuer, purge.

@@ -223,7 +223,7 @@ impl Deliverer {
     fn sms(&self, msg: &MessageRecord, now: OffsetDateTime) -> OutgoingSms {
         OutgoingSms {
             message_id: msg.id,
-            to: msg.to.clone(),
+            to: msg.to.to_string(),
             from: msg.from.clone(),
             body: msg.body.clone(),
             validity: msg

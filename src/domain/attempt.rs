@@ -40,6 +40,21 @@ impl AttemptOutcome {
         }
     }
 
+    /// The outcome a stored name stands for.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "sent" => Self::Sent,
+            "rejected" => Self::Rejected,
+            "retryable" => Self::Retryable,
+            "ambiguous" => Self::Ambiguous,
+            "reconciled" => Self::Reconciled,
+            "lost" => Self::Lost,
+            "expired" => Self::Expired,
+            "opted_out" => Self::OptedOut,
+            _ => return None,
+        })
+    }
+
     /// The provider may have acted on the message.
     pub fn maybe_sent(self) -> bool {
         matches!(self, Self::Ambiguous)
@@ -70,6 +85,7 @@ mod tests {
         ];
         for (outcome, name) in all {
             assert_eq!(outcome.as_str(), name);
+            assert_eq!(super::AttemptOutcome::parse(name), Some(outcome));
             assert_eq!(outcome.maybe_sent(), name == "ambiguous");
         }
     }

@@ -14,5 +14,6 @@ pub mod segments;
 pub use attempt::AttemptOutcome;
 pub use idempotency_key::IdempotencyKey;
 pub use message::{MessageError, MessageId, MessageOut, Status};
+pub use phone::Phone;
 pub use request::{FieldError, SendRequest};
 pub use segments::{Encoding, SegmentCount};

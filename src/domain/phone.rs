@@ -6,19 +6,78 @@
 //! noticeable fraction of a second: [`warm`] does that at start so no
 //! request pays for it.
 
-/// A valid international phone number.
+/// A valid international phone number, as [`parse`] found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Phone {
+pub struct ParsedPhone {
     /// E.164, e.g. `+14155552671`.
     pub e164: String,
     /// ISO 3166-1 alpha-2 region, e.g. `US`, when the number names one.
     pub country: Option<String>,
 }
 
+impl ParsedPhone {
+    /// The number as a type, and its country.
+    pub fn into_parts(self) -> (Phone, Option<String>) {
+        (Phone(self.e164), self.country)
+    }
+}
+
+/// A phone number in E.164 (`+` and 1 to 15 digits), as stored and sent.
+/// Made by [`parse`] from input, or by [`Phone::from_e164`] from a stored
+/// value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(transparent)]
+pub struct Phone(String);
+
+impl Phone {
+    /// Accepts a number already in E.164 form (a stored one): the shape is
+    /// checked, the numbering plan is not (that was done when it was parsed).
+    pub fn from_e164(s: &str) -> Option<Self> {
+        let digits = s.strip_prefix('+')?;
+        let ok = (1..=15).contains(&digits.len())
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && !digits.starts_with('0');
+        ok.then(|| Self(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_inner(self) -> String {
+        self.0
+    }
+}
+
+impl std::ops::Deref for Phone {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Phone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for Phone {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Phone {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
 /// Parses an international number (`+` and country code, spaces, dashes,
 /// dots and parentheses allowed) and checks it is a valid number of its
 /// country's numbering plan.
-pub fn parse(input: &str) -> Option<Phone> {
+pub fn parse(input: &str) -> Option<ParsedPhone> {
     let trimmed = input.trim();
     if !trimmed.starts_with('+') || trimmed.len() > 32 {
         return None;
@@ -35,7 +94,7 @@ pub fn parse(input: &str) -> Option<Phone> {
     }
     let e164 = number.format().mode(phonenumber::Mode::E164).to_string();
     let country = number.country().id().map(|id| id.as_ref().to_string());
-    Some(Phone { e164, country })
+    Some(ParsedPhone { e164, country })
 }
 
 /// Loads the numbering-plan database now rather than on the first request.
@@ -62,6 +121,25 @@ mod tests {
         assert!(parse("+14155550100").is_some(), "555-01xx");
         assert!(parse("+14155550199").is_some(), "555-01xx");
         assert!(parse("+4764").is_none());
+    }
+
+    #[test]
+    fn stored_numbers_are_checked_for_shape() {
+        let p = Phone::from_e164("+14155552671").unwrap();
+        assert_eq!(p.as_str(), "+14155552671");
+        assert_eq!(p, "+14155552671");
+        let parsed = parse("+1 (415) 555-2671").unwrap().into_parts().0;
+        assert_eq!(parsed, p);
+        for bad in [
+            "14155552671",
+            "+",
+            "+0123",
+            "+1234567890123456",
+            "+1 415",
+            "",
+        ] {
+            assert_eq!(Phone::from_e164(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use validator::Validate;
 
-use super::phone;
+use super::phone::{self, Phone};
 use super::segments::{self, SegmentCount};
 
 pub const BODY_MAX_CHARS: u64 = 1600;
@@ -55,7 +55,7 @@ pub enum RequestError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SendRequest {
     /// E.164, e.g. `+14155550100`.
-    pub to: String,
+    pub to: Phone,
     /// The destination's ISO 3166-1 region (for per-tenant allow-lists).
     #[serde(skip)]
     pub to_country: Option<String>,
@@ -248,19 +248,13 @@ impl SendRequest {
             errors.dedup();
             return Err(RequestError::Invalid(errors));
         }
-        let (
-            Some(phone::Phone {
-                e164: to,
-                country: to_country,
-            }),
-            Some(body),
-        ) = (to, body)
-        else {
+        let (Some(to), Some(body)) = (to, body) else {
             return Err(RequestError::Invalid(vec![FieldError::new(
                 "",
                 "is invalid",
             )]));
         };
+        let (to, to_country) = to.into_parts();
         let validity_seconds = input.validity_seconds.and_then(|v| i32::try_from(v).ok());
         let segments = segments::count(&body);
         Ok(SendRequest {

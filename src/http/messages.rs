@@ -123,7 +123,7 @@ async fn create_message(
     let new = NewMessage {
         id: MessageId::new(),
         tenant_id,
-        idempotency_key: key.as_str().to_string(),
+        idempotency_key: key.clone(),
         fingerprint: fingerprint.to_vec(),
         to: request.to,
         from: request.from,

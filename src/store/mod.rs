@@ -1,331 +1,32 @@
-//! Storage: one interface, one implementation per database.
+//! Storage: one interface, split by what it stores, and one implementation
+//! per database (`postgres/`, `sqlite/`), each split the same way.
 //!
 //! Every method is a single short statement or transaction; none holds a
 //! transaction open across a provider call. Writes that finish or reschedule a
 //! message are fenced on the lease token: they change nothing, and say so,
 //! when the caller no longer owns the message.
+//!
+//! Shared by both backends: the records ([`types`]), the message row and its
+//! column list ([`row`]), the time column ([`time::DbTime`]) and the mapping
+//! of driver errors ([`error`]).
 
-use std::collections::BTreeMap;
-
+use ::time::OffsetDateTime;
 use async_trait::async_trait;
-use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::domain::{AttemptOutcome, Encoding, MessageError, MessageId, MessageOut, Status};
+use crate::domain::{MessageError, MessageId};
 
+pub mod error;
 pub mod postgres;
+pub(crate) mod row;
 pub mod sqlite;
+pub mod time;
+pub mod types;
 
+pub use error::{SqlxResultExt, StoreError};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
-
-/// What went wrong talking to the database.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The database cannot be reached (down, restarting, pool exhausted):
-    /// the request may be retried later.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    /// A uniqueness rule refused the write.
-    #[error("conflict: {0}")]
-    Conflict(String),
-    /// Anything else: a bug or a schema mismatch.
-    #[error("database error: {0}")]
-    Other(String),
-}
-
-/// A new API key, as stored.
-#[derive(Clone, Debug)]
-pub struct NewApiKey {
-    pub id: Uuid,
-    pub hash: Vec<u8>,
-    pub prefix: String,
-}
-
-/// What a request learns about its tenant from its API key: one lookup.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TenantAuth {
-    pub id: Uuid,
-    /// ISO 3166-1 alpha-2 codes messages may go to; `None`: anywhere.
-    pub allowed_countries: Option<Vec<String>>,
-}
-
-/// A number that asked not to be messaged.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct OptOut {
-    pub number: String,
-    /// `api` or `inbound` (a STOP message).
-    pub source: String,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-}
-
-/// An API key as listed to operators (never the key itself).
-#[derive(Clone, Debug)]
-pub struct ApiKeyInfo {
-    pub id: Uuid,
-    pub tenant_name: String,
-    pub prefix: String,
-    pub created_at: OffsetDateTime,
-    pub revoked_at: Option<OffsetDateTime>,
-}
-
-/// A message to insert as `processing`, its first attempt started.
-#[derive(Clone, Debug)]
-pub struct NewMessage {
-    pub id: MessageId,
-    pub tenant_id: Uuid,
-    pub idempotency_key: String,
-    pub fingerprint: Vec<u8>,
-    pub to: String,
-    pub from: Option<String>,
-    pub body: String,
-    pub segments: u32,
-    pub encoding: Encoding,
-    pub metadata: BTreeMap<String, String>,
-    pub validity_seconds: Option<i32>,
-    pub provider: String,
-    pub created_at: OffsetDateTime,
-    pub expires_at: Option<OffsetDateTime>,
-    pub deadline_at: OffsetDateTime,
-}
-
-/// The right to act on a message until `expires_at`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
-    /// New for every claim; every finishing write is fenced on it.
-    pub token: Uuid,
-    /// The instance holding it (for operators and for releasing on shutdown).
-    pub owner: String,
-    pub expires_at: OffsetDateTime,
-}
-
-/// A message row.
-#[derive(Clone, Debug)]
-pub struct MessageRecord {
-    pub id: MessageId,
-    pub tenant_id: Uuid,
-    pub idempotency_key: String,
-    pub fingerprint: Vec<u8>,
-    pub status: Status,
-    pub to: String,
-    pub from: Option<String>,
-    pub body: String,
-    pub segments: u32,
-    pub encoding: Encoding,
-    pub metadata: BTreeMap<String, String>,
-    pub validity_seconds: Option<i32>,
-    pub provider: String,
-    pub provider_message_id: Option<String>,
-    pub attempts: u32,
-    /// Some attempt ended without a clear answer: the provider may have sent.
-    pub maybe_sent: bool,
-    pub error: Option<MessageError>,
-    pub response: Option<StoredResponse>,
-    pub lease: Option<Lease>,
-    pub next_attempt_at: Option<OffsetDateTime>,
-    pub created_at: OffsetDateTime,
-    pub updated_at: OffsetDateTime,
-    pub sent_at: Option<OffsetDateTime>,
-    /// When a delivery receipt moved the status to `delivered`/`undelivered`.
-    pub delivery_status_at: Option<OffsetDateTime>,
-    pub expires_at: Option<OffsetDateTime>,
-    pub deadline_at: OffsetDateTime,
-    /// The latest attempt started and has no recorded answer: the provider
-    /// may or may not have acted on it.
-    pub last_attempt_open: bool,
-    /// When the latest attempt started.
-    pub last_attempt_started_at: Option<OffsetDateTime>,
-    /// The recipient is on the tenant's opt-out list (as of reading the row:
-    /// the insert for a new message, the claim for a resumed one).
-    pub recipient_opted_out: bool,
-}
-
-impl MessageRecord {
-    /// The row `insert_message` just created: `processing`, attempt 1
-    /// started, the lease held.
-    pub fn claimed(m: &NewMessage, lease: &Lease, recipient_opted_out: bool) -> Self {
-        MessageRecord {
-            id: m.id,
-            tenant_id: m.tenant_id,
-            idempotency_key: m.idempotency_key.clone(),
-            fingerprint: m.fingerprint.clone(),
-            status: Status::Processing,
-            to: m.to.clone(),
-            from: m.from.clone(),
-            body: m.body.clone(),
-            segments: m.segments,
-            encoding: m.encoding,
-            metadata: m.metadata.clone(),
-            validity_seconds: m.validity_seconds,
-            provider: m.provider.clone(),
-            provider_message_id: None,
-            attempts: 1,
-            maybe_sent: false,
-            error: None,
-            response: None,
-            lease: Some(lease.clone()),
-            next_attempt_at: None,
-            created_at: m.created_at,
-            updated_at: m.created_at,
-            sent_at: None,
-            delivery_status_at: None,
-            expires_at: m.expires_at,
-            deadline_at: m.deadline_at,
-            last_attempt_open: true,
-            last_attempt_started_at: Some(m.created_at),
-            recipient_opted_out,
-        }
-    }
-
-    /// The resource as the API shows it now.
-    pub fn to_out(&self) -> MessageOut {
-        MessageOut {
-            id: self.id.to_string(),
-            idempotency_key: self.idempotency_key.clone(),
-            status: self.status,
-            to: self.to.clone(),
-            from: self.from.clone(),
-            body: self.body.clone(),
-            segments: self.segments,
-            encoding: self.encoding,
-            metadata: self.metadata.clone(),
-            provider: self.provider.clone(),
-            provider_message_id: self.provider_message_id.clone(),
-            attempts: self.attempts,
-            error: self.error.clone(),
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-            sent_at: self.sent_at,
-            delivery_status_at: self.delivery_status_at,
-            next_attempt_at: self.next_attempt_at,
-        }
-    }
-}
-
-/// A frozen final response: replayed byte for byte.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredResponse {
-    pub status_code: u16,
-    pub body: Vec<u8>,
-}
-
-/// What a replay or a waiting duplicate needs: one narrow indexed read.
-#[derive(Clone, Debug)]
-pub struct KeyState {
-    pub id: MessageId,
-    pub fingerprint: Vec<u8>,
-    pub status: Status,
-    pub response: Option<StoredResponse>,
-}
-
-/// The result of inserting a message under its key.
-#[derive(Debug)]
-pub enum Claim {
-    /// The key was free: this request owns the message (lease included).
-    Created(Box<MessageRecord>),
-    /// The key is taken: the existing message's state.
-    Existing(KeyState),
-}
-
-/// How an attempt ended, as recorded in its row.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AttemptResult {
-    pub number: u32,
-    pub outcome: AttemptOutcome,
-    pub http_status: Option<u16>,
-    pub provider_code: Option<String>,
-    pub error: Option<String>,
-    pub provider_message_id: Option<String>,
-    pub finished_at: OffsetDateTime,
-}
-
-/// A fenced write that makes a message final.
-#[derive(Clone, Debug)]
-pub struct Finish {
-    pub id: MessageId,
-    pub lease_token: Uuid,
-    pub status: Status,
-    pub provider_message_id: Option<String>,
-    pub error: Option<MessageError>,
-    pub sent_at: Option<OffsetDateTime>,
-    pub updated_at: OffsetDateTime,
-    pub response: StoredResponse,
-    /// The attempt this closes, if one is open.
-    pub attempt: Option<AttemptResult>,
-}
-
-/// A fenced write that records an attempt and waits for the next one without
-/// holding a lease.
-#[derive(Clone, Debug)]
-pub struct Reschedule {
-    pub id: MessageId,
-    pub lease_token: Uuid,
-    pub next_attempt_at: OffsetDateTime,
-    pub updated_at: OffsetDateTime,
-    pub error: Option<MessageError>,
-    pub attempt: AttemptResult,
-}
-
-/// One row of a message's attempt history.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct AttemptRow {
-    pub number: u32,
-    pub lease_owner: Option<String>,
-    #[serde(with = "time::serde::rfc3339")]
-    pub started_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub finished_at: Option<OffsetDateTime>,
-    pub outcome: Option<String>,
-    pub http_status: Option<u16>,
-    pub provider_code: Option<String>,
-    pub error: Option<String>,
-    pub provider_message_id: Option<String>,
-}
-
-/// A delivery receipt as received, to record under its event identity.
-#[derive(Clone, Debug)]
-pub struct NewReceipt {
-    /// The endpoint that received it: `twilio` or `http` (the provider name
-    /// stored on messages, which is how a receipt finds its message).
-    pub provider: String,
-    /// The provider's identity of this event: a second receipt with the same
-    /// one is a duplicate and changes nothing.
-    pub event_id: String,
-    pub provider_message_id: String,
-    /// The status as the provider spelled it.
-    pub provider_status: String,
-    /// What it means for us: `Sent`, `Delivered`, `Undelivered`, or `None`.
-    pub status: Option<Status>,
-    pub error_code: Option<String>,
-    pub received_at: OffsetDateTime,
-}
-
-/// What recording a receipt did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReceiptOutcome {
-    /// Already recorded under the same event identity: nothing changed.
-    pub duplicate: bool,
-    /// The message it belongs to, if one is known.
-    pub message_id: Option<MessageId>,
-    /// The message's status moved forward because of it.
-    pub applied: bool,
-}
-
-/// A recorded receipt.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct ReceiptRow {
-    pub provider: String,
-    pub event_id: String,
-    pub provider_message_id: String,
-    pub message_id: Option<String>,
-    pub provider_status: String,
-    pub status: Option<Status>,
-    pub error_code: Option<String>,
-    pub applied: bool,
-    #[serde(with = "time::serde::rfc3339")]
-    pub received_at: OffsetDateTime,
-}
+pub use types::*;
 
 /// What a receipt with a final delivery status makes of a `sent` message.
 pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> MessageError {
@@ -336,15 +37,27 @@ pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> Messag
     }
 }
 
-/// The storage interface the service runs on.
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// Applies pending migrations.
-    async fn migrate(&self) -> Result<(), StoreError>;
-    /// Whether the database answers.
-    async fn ping(&self) -> Result<(), StoreError>;
+/// Everything the service runs on: callers hold an `Arc<dyn Store>`.
+pub trait Store:
+    TenantStore + MessageStore + ReceiptStore + OptOutStore + MaintenanceStore + Send + Sync + 'static
+{
+}
 
-    // Tenants and keys.
+impl<T> Store for T where
+    T: TenantStore
+        + MessageStore
+        + ReceiptStore
+        + OptOutStore
+        + MaintenanceStore
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Tenants, their API keys and settings.
+#[async_trait]
+pub trait TenantStore: Send + Sync {
     async fn tenant_count(&self) -> Result<i64, StoreError>;
     /// Creates a tenant with one key. `Conflict` if the name is taken.
     async fn create_tenant(&self, name: &str, key: &NewApiKey) -> Result<Uuid, StoreError>;
@@ -359,8 +72,18 @@ pub trait Store: Send + Sync + 'static {
     /// Revokes a key by id; false if there is no such key.
     async fn revoke_key(&self, key_id: Uuid, at: OffsetDateTime) -> Result<bool, StoreError>;
     async fn list_keys(&self) -> Result<Vec<ApiKeyInfo>, StoreError>;
+    /// Sets (or with `None` clears) a tenant's destination allow-list;
+    /// false if there is no such tenant.
+    async fn set_allowed_countries(
+        &self,
+        tenant_name: &str,
+        countries: Option<&[String]>,
+    ) -> Result<bool, StoreError>;
+}
 
-    // Messages.
+/// Messages, their attempts and leases.
+#[async_trait]
+pub trait MessageStore: Send + Sync {
     /// Inserts a message as `processing` with its first attempt started and
     /// the lease held, or reports the message that already holds the key.
     /// One round trip in the common cases: a replay learns the stored
@@ -404,15 +127,11 @@ pub trait Store: Send + Sync + 'static {
         lease_expires_at: OffsetDateTime,
         limit: u32,
     ) -> Result<Vec<(MessageRecord, Lease)>, StoreError>;
-    /// Releases every lease `owner` holds so another instance resumes those
-    /// messages at once (graceful shutdown). Returns how many.
-    async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError>;
-    /// Deletes up to `batch` final messages created before `cutoff`.
-    async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError>;
-    /// The creation time of the oldest message still `processing`.
-    async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError>;
+}
 
-    // Receipts and events.
+/// Delivery receipts.
+#[async_trait]
+pub trait ReceiptStore: Send + Sync {
     /// Records a receipt once under (provider, event id) and applies it: the
     /// message whose provider id it names moves from `sent` to the first
     /// final delivery status any of its receipts reported, and never back.
@@ -428,7 +147,7 @@ pub trait Store: Send + Sync + 'static {
         now: OffsetDateTime,
     ) -> Result<bool, StoreError>;
     /// Whether receipts for this provider message id wait, unlinked, for
-    /// their message (a cheap read before [`Store::attach_receipts`]).
+    /// their message (a cheap read before [`ReceiptStore::attach_receipts`]).
     async fn has_unmatched_receipts(
         &self,
         provider: &str,
@@ -438,21 +157,11 @@ pub trait Store: Send + Sync + 'static {
     async fn receipts(&self, id: MessageId) -> Result<Vec<ReceiptRow>, StoreError>;
     /// Receipts that matched no message, newest first.
     async fn unmatched_receipts(&self, limit: u32) -> Result<Vec<ReceiptRow>, StoreError>;
-    /// Deletes up to `batch` unmatched receipts received before `cutoff`.
-    async fn purge_unmatched_receipts(
-        &self,
-        cutoff: OffsetDateTime,
-        batch: u32,
-    ) -> Result<u64, StoreError>;
+}
 
-    // Tenant settings and opt-outs.
-    /// Sets (or with `None` clears) a tenant's destination allow-list;
-    /// false if there is no such tenant.
-    async fn set_allowed_countries(
-        &self,
-        tenant_name: &str,
-        countries: Option<&[String]>,
-    ) -> Result<bool, StoreError>;
+/// Per-tenant opt-out lists.
+#[async_trait]
+pub trait OptOutStore: Send + Sync {
     /// Adds an opt-out; false if the number was already opted out.
     async fn add_opt_out(
         &self,
@@ -470,4 +179,26 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&str>,
         limit: u32,
     ) -> Result<Vec<OptOut>, StoreError>;
+}
+
+/// Schema, health, shutdown and retention.
+#[async_trait]
+pub trait MaintenanceStore: Send + Sync {
+    /// Applies pending migrations.
+    async fn migrate(&self) -> Result<(), StoreError>;
+    /// Whether the database answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+    /// Releases every lease `owner` holds so another instance resumes those
+    /// messages at once (graceful shutdown). Returns how many.
+    async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError>;
+    /// Deletes up to `batch` final messages created before `cutoff`.
+    async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError>;
+    /// Deletes up to `batch` unmatched receipts received before `cutoff`.
+    async fn purge_unmatched_receipts(
+        &self,
+        cutoff: OffsetDateTime,
+        batch: u32,
+    ) -> Result<u64, StoreError>;
+    /// The creation time of the oldest message still `processing`.
+    async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError>;
 }

@@ -13,7 +13,7 @@ pub use sendonce::config::Backend;
 use sendonce::config::Settings;
 use sendonce::provider::{HttpProvider, Provider};
 use sendonce::store::postgres::PoolSettings;
-use sendonce::store::{PgStore, SqliteStore, Store};
+use sendonce::store::{MaintenanceStore, PgStore, SqliteStore, Store};
 use sqlx::{Connection, PgConnection, PgPool, SqlitePool};
 use testkit::mock_provider::MockProvider;
 use tokio::net::TcpListener;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sendonce::domain::{Encoding, MessageId, Status};
+use sendonce::domain::{Encoding, IdempotencyKey, MessageId, Phone, Status};
 use sendonce::provider::twilio::signature;
 use sendonce::store::{Claim, Finish, Lease, NewMessage, NewReceipt, StoredResponse};
 use serde_json::json;
@@ -433,9 +433,9 @@ fn new_message(tenant_id: Uuid, key: &str) -> NewMessage {
     NewMessage {
         id: MessageId::new(),
         tenant_id,
-        idempotency_key: key.into(),
+        idempotency_key: IdempotencyKey::parse(key).unwrap(),
         fingerprint: vec![1; 32],
-        to: "+14155550100".into(),
+        to: Phone::from_e164("+14155550100").unwrap(),
         from: None,
         body: "hi".into(),
         segments: 1,

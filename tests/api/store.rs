@@ -2,10 +2,15 @@
 //! delivery code leans on.
 
 use std::collections::{BTreeMap, HashSet};
+use std::error::Error as _;
 use std::time::Duration;
 
-use sendonce::domain::{Encoding, MessageId, Status};
-use sendonce::store::{Claim, Finish, Lease, NewMessage, Store, StoredResponse};
+use sendonce::domain::{Encoding, IdempotencyKey, MessageId, Phone, Status};
+use sendonce::store::postgres::PoolSettings;
+use sendonce::store::time::DbTime;
+use sendonce::store::{
+    Claim, Finish, Lease, NewMessage, PgStore, SqliteStore, Store, StoreError, StoredResponse,
+};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -25,9 +30,9 @@ fn message(tenant_id: Uuid, key: &str) -> NewMessage {
     NewMessage {
         id: MessageId::new(),
         tenant_id,
-        idempotency_key: key.into(),
+        idempotency_key: IdempotencyKey::parse(key).unwrap(),
         fingerprint: vec![1; 32],
-        to: "+14155550100".into(),
+        to: Phone::from_e164("+14155550100").unwrap(),
         from: None,
         body: "hi".into(),
         segments: 1,
@@ -180,9 +185,162 @@ async fn purge_keeps_what_is_still_processing(backend: Backend) {
     assert_eq!(a.oldest_processing().await.unwrap(), Some(T0));
 }
 
+async fn a_unique_violation_is_a_conflict_that_keeps_its_cause(backend: Backend) {
+    let (a, _, _) = setup(backend).await;
+    let key = sendonce::apikey::generate();
+    let err = a.create_tenant("t", &key.stored).await.unwrap_err();
+    let StoreError::Conflict { constraint, .. } = &err else {
+        panic!("a taken tenant name must be a conflict, got {err:?}");
+    };
+    if backend == Backend::Postgres {
+        assert_eq!(constraint.as_deref(), Some("tenants_name_key"));
+    }
+    let source = err
+        .source()
+        .expect("the driver's error is kept as the source");
+    let Some(sqlx::Error::Database(db)) = source.downcast_ref::<sqlx::Error>() else {
+        panic!("the source is the database's error, got {source:?}");
+    };
+    assert_eq!(db.kind(), sqlx::error::ErrorKind::UniqueViolation);
+    assert!(err.to_string().starts_with("conflict on "), "{err}");
+}
+
+async fn an_unreachable_database_is_unavailable(backend: Backend) {
+    let store: Box<dyn Store> = match backend {
+        Backend::Postgres => {
+            // A port that was just free: nothing listens there.
+            let port = {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap().port()
+            };
+            Box::new(
+                PgStore::connect_lazy(
+                    &format!("postgres://postgres@127.0.0.1:{port}/none"),
+                    &PoolSettings {
+                        max_connections: 1,
+                        acquire_timeout: Duration::from_millis(300),
+                    },
+                )
+                .unwrap(),
+            )
+        }
+        Backend::Sqlite => {
+            // A file in a directory that does not exist cannot be opened or
+            // created (the tests run as root, so permissions would not do).
+            let path = std::env::temp_dir()
+                .join(format!("sendonce-missing-{}", Uuid::new_v4()))
+                .join("db.sqlite");
+            Box::new(
+                SqliteStore::connect_lazy(
+                    &format!("sqlite://{}", path.display()),
+                    1,
+                    Duration::from_millis(300),
+                )
+                .unwrap(),
+            )
+        }
+    };
+    for err in [
+        store.ping().await.unwrap_err(),
+        store.migrate().await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, StoreError::Unavailable(_)),
+            "expected Unavailable, got {err:?}"
+        );
+        assert!(err.source().is_some(), "the cause is kept: {err:?}");
+        assert!(
+            err.to_string().starts_with("database unavailable: "),
+            "{err}"
+        );
+    }
+}
+
+async fn times_keep_microseconds_and_come_back_in_utc(backend: Backend) {
+    let url = fresh_database_on(backend).await;
+    let (a, db) = open_store(&url, Duration::from_secs(5));
+    let key = sendonce::apikey::generate();
+    let tenant = a.create_tenant("t", &key.stored).await.unwrap();
+    // Nanoseconds beyond the microsecond are dropped, on both backends; an
+    // offset other than UTC names the same instant.
+    let at = time::macros::datetime!(2026-11-29 14:00:00.123456789 +02:00);
+    let want = time::macros::datetime!(2026-11-29 12:00:00.123456 UTC);
+    let mut m = message(tenant, "TIME");
+    m.created_at = at;
+    m.deadline_at = at + time::Duration::microseconds(1);
+    a.insert_message(&m, &lease("a", at)).await.unwrap();
+    let read = a.message_by_id(m.id).await.unwrap().unwrap();
+    for (what, t) in [
+        ("created_at", read.created_at),
+        ("updated_at", read.updated_at),
+        ("lease", read.lease.unwrap().expires_at),
+        ("attempt", read.last_attempt_started_at.unwrap()),
+    ] {
+        assert_eq!(t, want, "{what}");
+        assert_eq!(t.offset(), time::UtcOffset::UTC, "{what}");
+    }
+    assert_eq!(
+        read.deadline_at,
+        time::macros::datetime!(2026-11-29 12:00:00.123457 UTC)
+    );
+    // The type itself, through the driver, and the format on disk.
+    let micros = 1_795_953_600_123_456_i64;
+    assert_eq!(DbTime(want).to_micros().unwrap(), micros);
+    match db {
+        Db::Pg(p) => {
+            let back: DbTime = sqlx::query_scalar("SELECT $1::timestamptz")
+                .bind(DbTime(at))
+                .fetch_one(&p)
+                .await
+                .unwrap();
+            assert_eq!(back, DbTime(want));
+            assert_eq!(back.0.offset(), time::UtcOffset::UTC);
+            let stored: bool = sqlx::query_scalar(
+                "SELECT created_at = '2026-11-29 12:00:00.123456+00'::timestamptz FROM messages",
+            )
+            .fetch_one(&p)
+            .await
+            .unwrap();
+            assert!(stored, "stored as the same instant");
+        }
+        Db::Sqlite(p) => {
+            let back: DbTime = sqlx::query_scalar("SELECT ?")
+                .bind(DbTime(at))
+                .fetch_one(&p)
+                .await
+                .unwrap();
+            assert_eq!(back, DbTime(want));
+            let stored: i64 = sqlx::query_scalar("SELECT created_at FROM messages")
+                .fetch_one(&p)
+                .await
+                .unwrap();
+            assert_eq!(stored, micros, "integer microseconds since the epoch");
+            // A time written by the schema's own default (seconds * 10^6)
+            // reads back as the same kind of value.
+            let tenants = a.list_tenants().await.unwrap();
+            assert_eq!(tenants[0].2.offset(), time::UtcOffset::UTC);
+        }
+    }
+}
+
+async fn stored_types_come_back_as_types(backend: Backend) {
+    let (a, _, tenant) = setup(backend).await;
+    let m = message(tenant, "TYPED");
+    a.insert_message(&m, &lease("a", T0)).await.unwrap();
+    let read = a.message(tenant, "TYPED").await.unwrap().unwrap();
+    assert_eq!(read.idempotency_key, m.idempotency_key);
+    assert_eq!(read.to, m.to);
+    assert_eq!(read.status, Status::Processing);
+    assert_eq!(read.encoding, Encoding::Gsm7);
+}
+
 on_both_backends!(
     the_key_admits_one_insert,
     claims_never_hand_one_row_to_two_claimers,
     finishing_writes_are_fenced_on_the_lease,
     purge_keeps_what_is_still_processing,
+    a_unique_violation_is_a_conflict_that_keeps_its_cause,
+    an_unreachable_database_is_unavailable,
+    times_keep_microseconds_and_come_back_in_utc,
+    stored_types_come_back_as_types,
 );

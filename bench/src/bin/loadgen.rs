@@ -33,7 +33,7 @@ use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use rand::Rng;
 use sendonce::store::postgres::PoolSettings;
-use sendonce::store::{PgStore, Store};
+use sendonce::store::{PgStore, TenantStore};
 use sendonce_bench::db::{Database, count_processing, create_database, drop_database};
 use sendonce_bench::procs::{self, free_port};
 use sendonce_bench::stats::{

@@ -1,0 +1,363 @@
+//! Messages, attempts and leases on SQLite.
+
+use async_trait::async_trait;
+use sqlx::types::Json;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::SqliteStore;
+use crate::domain::{AttemptOutcome, MessageId};
+use crate::store::row::{
+    AttemptDbRow, KeyStateRow, MessageRow, attempt_columns, key_state_columns, message_columns,
+};
+use crate::store::time::db;
+use crate::store::{
+    AttemptResult, AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore,
+    NewMessage, Reschedule, StoreError,
+};
+
+/// Closes an open attempt with its result (inside the caller's transaction).
+async fn close_attempt(
+    tx: &mut sqlx::SqliteConnection,
+    id: MessageId,
+    a: &AttemptResult,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?, provider_code = ?, \
+         error = ?, provider_message_id = ? \
+         WHERE message_id = ? AND number = ? AND finished_at IS NULL",
+    )
+    .bind(db(a.finished_at))
+    .bind(a.outcome)
+    .bind(a.http_status.map(i64::from))
+    .bind(&a.provider_code)
+    .bind(&a.error)
+    .bind(&a.provider_message_id)
+    .bind(id.0)
+    .bind(i64::from(a.number))
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl MessageStore for SqliteStore {
+    #[tracing::instrument(name = "store.insert_message", level = "debug", skip_all, fields(message_id = %m.id))]
+    async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError> {
+        for _ in 0..3 {
+            let mut tx = self.begin().await?;
+            let inserted: Option<Uuid> = sqlx::query_scalar(
+                "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
+                    to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
+                    provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
+                    updated_at, expires_at, deadline_at) \
+                 VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?) \
+                 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id",
+            )
+            .bind(m.id.0)
+            .bind(m.tenant_id)
+            .bind(&m.idempotency_key)
+            .bind(&m.fingerprint)
+            .bind(&m.to)
+            .bind(&m.from)
+            .bind(&m.body)
+            .bind(i64::from(m.segments))
+            .bind(m.encoding)
+            .bind(Json(&m.metadata))
+            .bind(m.validity_seconds)
+            .bind(&m.provider)
+            .bind(lease.token)
+            .bind(&lease.owner)
+            .bind(db(lease.expires_at))
+            .bind(db(m.created_at))
+            .bind(db(m.created_at))
+            .bind(m.expires_at.map(db))
+            .bind(db(m.deadline_at))
+            .fetch_optional(&mut *tx)
+            .await?;
+            if inserted.is_some() {
+                sqlx::query(
+                    "INSERT INTO attempts (message_id, number, lease_owner, started_at) \
+                     VALUES (?, 1, ?, ?)",
+                )
+                .bind(m.id.0)
+                .bind(&lease.owner)
+                .bind(db(m.created_at))
+                .execute(&mut *tx)
+                .await?;
+                let opted_out: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = ? AND number = ?)",
+                )
+                .bind(m.tenant_id)
+                .bind(&m.to)
+                .fetch_one(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                return Ok(Claim::Created(Box::new(MessageRecord::claimed(
+                    m, lease, opted_out,
+                ))));
+            }
+            // Under the write lock the taken key's row is there to read.
+            let row: Option<KeyStateRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                key_state_columns!(),
+                " FROM messages WHERE tenant_id = ? AND idempotency_key = ?"
+            ))
+            .bind(m.tenant_id)
+            .bind(&m.idempotency_key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            if let Some(row) = row {
+                return Ok(Claim::Existing(row.into()));
+            }
+        }
+        Err(StoreError::Invariant(
+            "the key was taken and released three times in a row",
+        ))
+    }
+
+    #[tracing::instrument(name = "store.key_state", level = "debug", skip_all)]
+    async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError> {
+        let row: Option<KeyStateRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            key_state_columns!(),
+            " FROM messages WHERE tenant_id = ? AND idempotency_key = ?"
+        ))
+        .bind(tenant_id)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(KeyState::from))
+    }
+
+    #[tracing::instrument(name = "store.state_by_id", level = "debug", skip_all, fields(message_id = %id))]
+    async fn state_by_id(&self, id: MessageId) -> Result<Option<KeyState>, StoreError> {
+        let row: Option<KeyStateRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            key_state_columns!(),
+            " FROM messages WHERE id = ?"
+        ))
+        .bind(id.0)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(KeyState::from))
+    }
+
+    #[tracing::instrument(name = "store.message", level = "debug", skip_all)]
+    async fn message(
+        &self,
+        tenant_id: Uuid,
+        key: &str,
+    ) -> Result<Option<MessageRecord>, StoreError> {
+        let row: Option<MessageRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            message_columns!(),
+            " FROM messages m WHERE m.tenant_id = ? AND m.idempotency_key = ?"
+        ))
+        .bind(tenant_id)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(MessageRecord::from))
+    }
+
+    #[tracing::instrument(name = "store.message_by_id", level = "debug", skip_all, fields(message_id = %id))]
+    async fn message_by_id(&self, id: MessageId) -> Result<Option<MessageRecord>, StoreError> {
+        let row: Option<MessageRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            message_columns!(),
+            " FROM messages m WHERE m.id = ?"
+        ))
+        .bind(id.0)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(MessageRecord::from))
+    }
+
+    async fn attempts(&self, id: MessageId) -> Result<Vec<AttemptRow>, StoreError> {
+        let rows: Vec<AttemptDbRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            attempt_columns!(),
+            " FROM attempts WHERE message_id = ? ORDER BY number"
+        ))
+        .bind(id.0)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(AttemptRow::from).collect())
+    }
+
+    #[tracing::instrument(name = "store.start_attempt", level = "debug", skip_all, fields(message_id = %id))]
+    async fn start_attempt(
+        &self,
+        id: MessageId,
+        lease: &Lease,
+        now: OffsetDateTime,
+    ) -> Result<Option<u32>, StoreError> {
+        let mut tx = self.begin().await?;
+        let number: Option<i64> = sqlx::query_scalar(
+            "UPDATE messages SET attempts = attempts + 1, lease_expires_at = ?, \
+                next_attempt_at = NULL, updated_at = ?, \
+                maybe_sent = maybe_sent OR EXISTS (SELECT 1 FROM attempts o \
+                    WHERE o.message_id = messages.id AND o.finished_at IS NULL) \
+             WHERE id = ? AND lease_token = ? AND status = 'processing' RETURNING attempts",
+        )
+        .bind(db(lease.expires_at))
+        .bind(db(now))
+        .bind(id.0)
+        .bind(lease.token)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(number) = number else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE attempts SET finished_at = ?, outcome = ?, \
+                error = 'the instance making this attempt stopped before recording an answer' \
+             WHERE message_id = ? AND finished_at IS NULL",
+        )
+        .bind(db(now))
+        .bind(AttemptOutcome::Lost)
+        .bind(id.0)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO attempts (message_id, number, lease_owner, started_at) \
+             VALUES (?, ?, ?, ?)",
+        )
+        .bind(id.0)
+        .bind(number)
+        .bind(&lease.owner)
+        .bind(db(now))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(u32::try_from(number).unwrap_or(0)))
+    }
+
+    #[tracing::instrument(name = "store.renew_lease", level = "debug", skip_all, fields(message_id = %id))]
+    async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE messages SET lease_expires_at = ? \
+             WHERE id = ? AND lease_token = ? AND status = 'processing'",
+        )
+        .bind(db(lease.expires_at))
+        .bind(id.0)
+        .bind(lease.token)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    #[tracing::instrument(name = "store.finish", level = "debug", skip_all, fields(message_id = %f.id, status = f.status.as_str()))]
+    async fn finish(&self, f: &Finish) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let done = sqlx::query(
+            "UPDATE messages SET status = ?, provider_message_id = ?, error = ?, sent_at = ?, \
+                updated_at = ?, finalized_at = ?, response_code = ?, response_body = ?, \
+                lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
+                next_attempt_at = NULL \
+             WHERE id = ? AND lease_token = ? AND status = 'processing'",
+        )
+        .bind(f.status)
+        .bind(&f.provider_message_id)
+        .bind(f.error.as_ref().map(Json))
+        .bind(f.sent_at.map(db))
+        .bind(db(f.updated_at))
+        .bind(db(f.updated_at))
+        .bind(i64::from(f.response.status_code))
+        .bind(&f.response.body)
+        .bind(f.id.0)
+        .bind(f.lease_token)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        if let Some(a) = &f.attempt {
+            close_attempt(&mut tx, f.id, a).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    #[tracing::instrument(name = "store.reschedule", level = "debug", skip_all, fields(message_id = %r.id))]
+    async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let done = sqlx::query(
+            "UPDATE messages SET next_attempt_at = ?, updated_at = ?, error = ?, \
+                lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
+                maybe_sent = maybe_sent OR ? \
+             WHERE id = ? AND lease_token = ? AND status = 'processing'",
+        )
+        .bind(db(r.next_attempt_at))
+        .bind(db(r.updated_at))
+        .bind(r.error.as_ref().map(Json))
+        .bind(r.attempt.outcome.maybe_sent())
+        .bind(r.id.0)
+        .bind(r.lease_token)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        close_attempt(&mut tx, r.id, &r.attempt).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    #[tracing::instrument(name = "store.claim_due", level = "debug", skip_all, fields(limit = limit))]
+    async fn claim_due(
+        &self,
+        owner: &str,
+        now: OffsetDateTime,
+        lease_expires_at: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<(MessageRecord, Lease)>, StoreError> {
+        // The write lock taken by BEGIN IMMEDIATE makes this claim exclusive.
+        let mut tx = self.begin().await?;
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM messages \
+             WHERE status = 'processing' \
+               AND ((lease_token IS NULL AND next_attempt_at <= ?) OR lease_expires_at <= ?) \
+             ORDER BY COALESCE(next_attempt_at, lease_expires_at) LIMIT ?",
+        )
+        .bind(db(now))
+        .bind(db(now))
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut claimed = Vec::with_capacity(ids.len());
+        for id in ids {
+            let lease = Lease {
+                token: Uuid::new_v4(),
+                owner: owner.to_string(),
+                expires_at: lease_expires_at,
+            };
+            sqlx::query(
+                "UPDATE messages SET lease_token = ?, lease_owner = ?, lease_expires_at = ? \
+                 WHERE id = ?",
+            )
+            .bind(lease.token)
+            .bind(&lease.owner)
+            .bind(db(lease.expires_at))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+            let row: MessageRow = sqlx::query_as(concat!(
+                "SELECT ",
+                message_columns!(),
+                " FROM messages m WHERE m.id = ?"
+            ))
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+            claimed.push((MessageRecord::from(row), lease));
+        }
+        tx.commit().await?;
+        Ok(claimed)
+    }
+}

@@ -1,0 +1,68 @@
+//! Opt-out lists on SQLite.
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::SqliteStore;
+use crate::store::time::{DbTime, db};
+use crate::store::{OptOut, OptOutStore, StoreError};
+
+#[async_trait]
+impl OptOutStore for SqliteStore {
+    async fn add_opt_out(
+        &self,
+        tenant_id: Uuid,
+        number: &str,
+        source: &str,
+        at: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO opt_outs (tenant_id, number, source, created_at) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (tenant_id, number) DO NOTHING",
+        )
+        .bind(tenant_id)
+        .bind(number)
+        .bind(source)
+        .bind(db(at))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn remove_opt_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM opt_outs WHERE tenant_id = ? AND number = ?")
+            .bind(tenant_id)
+            .bind(number)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn list_opt_outs(
+        &self,
+        tenant_id: Uuid,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<OptOut>, StoreError> {
+        let rows: Vec<(String, String, DbTime)> = sqlx::query_as(
+            "SELECT number, source, created_at FROM opt_outs \
+             WHERE tenant_id = ? AND (? IS NULL OR number > ?) \
+             ORDER BY number LIMIT ?",
+        )
+        .bind(tenant_id)
+        .bind(after)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(number, source, created_at)| OptOut {
+                number,
+                source,
+                created_at: created_at.0,
+            })
+            .collect())
+    }
+}

@@ -12,19 +12,8 @@
 //! that describe the database (the oldest `processing` message) are read
 //! when `/metrics` is scraped.
 //!
-//! | metric | labels | meaning |
-//! |---|---|---|
-//! | `sendonce_http_requests_total` | `method`, `route`, `outcome` | requests answered, by outcome (`created`, `replayed`, `accepted`, `in_use`, `reused`, `invalid`, `unauthorized`, `not_found`, `method_not_allowed`, `rate_limited`, `unavailable`, `error`, `ok`, `other`); `route` is the matched route's template (`/messages/{key}`), `unmatched` when none matched |
-//! | `sendonce_http_request_duration_seconds` | `method`, `route` | histogram: request start to response |
-//! | `sendonce_provider_attempts_total` | `provider`, `class` | provider calls by outcome class (`ok`, `permanent`, `retryable`, `ambiguous`) |
-//! | `sendonce_provider_duration_seconds` | `provider`, `class` | histogram: one provider call |
-//! | `sendonce_retries_scheduled_total` | | attempts that ended in a scheduled retry |
-//! | `sendonce_messages_final_total` | `status` | messages this instance made final (`sent`, `failed`, `unknown`) |
-//! | `sendonce_deliveries_in_flight` | | deliveries running in this instance |
-//! | `sendonce_oldest_processing_age_seconds` | | age of the oldest `processing` message (all instances; 0 when none) |
-//! | `sendonce_rescuer_takeovers_total` | | messages claimed after their owner's lease expired |
-//! | `sendonce_purged_messages_total` | | messages deleted past retention |
-//! | `sendonce_receipts_total` | `provider`, `outcome` | delivery receipts taken (`twilio`, `http`, `other`), by outcome (`applied`, `recorded`, `duplicate`, `unmatched`) |
+//! The metrics and their labels are tabled in `docs/architecture.md`
+//! (Observability); a test checks that table against what is rendered.
 //!
 //! Nothing here is labelled with a tenant, a key, a number or a body.
 
@@ -371,5 +360,32 @@ mod tests {
             text.contains(r#"sendonce_receipts_total{provider="other",outcome="unmatched"} 3"#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_documented_table_is_what_is_exported() {
+        let m = Metrics::new();
+        m.request("GET", "/healthz", "ok", Duration::from_millis(1));
+        m.provider_attempt("http", "ok", Duration::from_millis(1));
+        m.retry_scheduled();
+        m.message_final("sent");
+        m.receipt("http", "applied");
+        m.takeover();
+        m.purged(1);
+        let text = m.render(0, Some(Duration::ZERO));
+        let exported: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let doc = include_str!("../docs/architecture.md");
+        let documented: std::collections::BTreeSet<&str> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .filter(|name| name.starts_with("sendonce_"))
+            .collect();
+        assert_eq!(exported.len(), 11, "{text}");
+        assert_eq!(exported, documented);
     }
 }

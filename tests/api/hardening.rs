@@ -676,5 +676,17 @@ async fn idle_connections_are_closed_after_the_header_timeout() {
             .expect("closed within the header timeout");
         assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
     }
+    // A kept-alive connection that goes quiet after a request is closed too
+    // (it would otherwise hold one of the `max_connections` slots).
+    let mut kept = TcpStream::connect(app.handle.addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), kept.read_to_end(&mut got))
+        .await
+        .expect("closed within the header timeout after its request")
+        .unwrap();
+    assert!(got.starts_with(b"HTTP/1.1 200"));
     assert_eq!(app.get("/healthz").await.status, 200);
 }

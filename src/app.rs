@@ -59,6 +59,8 @@ impl App {
         crate::domain::phone::warm();
         let state = Arc::new(AppState {
             store,
+            clock: clock.clone(),
+            metrics: Arc::clone(deliverer.metrics()),
             deliverer,
             wait: settings.server.wait.clone(),
             limiter: RateLimiter::new(settings.limits.rates, clock.clone()),

@@ -1,35 +1,27 @@
-//! Metrics in the Prometheus text format (`GET /metrics`), and the request
-//! id every request's log lines carry.
+//! This instance's metrics, rendered in the Prometheus text format. A leaf:
+//! it knows no HTTP, delivery or provider types; callers hand it plain
+//! labels (the request middleware and `GET /metrics` live in
+//! `http::metrics`).
 //!
 //! Each instance owns its own [`PrometheusRecorder`]: no global recorder is
 //! installed, so several instances in one process (the tests) keep separate
 //! counts. Handles are registered on that recorder directly instead of
 //! through the `metrics` macros, which only reach a global one. Incrementing
-//! a registered handle is an atomic add; gauges that describe the database
-//! (the oldest `processing` message) are read when `/metrics` is scraped.
+//! a registered handle is an atomic add. Labelled handles are registered
+//! once, on first use, and kept in small maps keyed by their labels; gauges
+//! that describe the database (the oldest `processing` message) are read
+//! when `/metrics` is scraped.
 //!
-//! | metric | labels | meaning |
-//! |---|---|---|
-//! | `sendonce_http_requests_total` | `method`, `route`, `outcome` | requests answered, by outcome (`created`, `replayed`, `accepted`, `in_use`, `reused`, `invalid`, `unauthorized`, `not_found`, `rate_limited`, `unavailable`, `error`, `ok`) |
-//! | `sendonce_http_request_duration_seconds` | `method`, `route` | histogram: request start to response |
-//! | `sendonce_provider_attempts_total` | `provider`, `class` | provider calls by outcome class (`ok`, `permanent`, `retryable`, `ambiguous`) |
-//! | `sendonce_provider_duration_seconds` | `provider`, `class` | histogram: one provider call |
-//! | `sendonce_retries_scheduled_total` | | attempts that ended in a scheduled retry |
-//! | `sendonce_messages_final_total` | `status` | messages this instance made final (`sent`, `failed`, `unknown`) |
-//! | `sendonce_deliveries_in_flight` | | deliveries running in this instance |
-//! | `sendonce_oldest_processing_age_seconds` | | age of the oldest `processing` message (all instances; 0 when none) |
-//! | `sendonce_rescuer_takeovers_total` | | messages claimed after their owner's lease expired |
-//! | `sendonce_purged_messages_total` | | messages deleted past retention |
+//! The metrics and their labels are tabled in `docs/architecture.md`
+//! (Observability); a test checks that table against what is rendered.
 //!
 //! Nothing here is labelled with a tenant, a key, a number or a body.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use metrics::{
     Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, SharedString, Unit,
 };
@@ -37,12 +29,6 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
-
-use crate::http::SharedState;
-
-/// The request id header, accepted from the client and always answered.
-pub const REQUEST_ID: &str = "x-request-id";
 
 const REQUESTS: &str = "sendonce_http_requests_total";
 const REQUEST_SECONDS: &str = "sendonce_http_request_duration_seconds";
@@ -72,6 +58,46 @@ pub struct Metrics {
     purged: Counter,
     in_flight: Gauge,
     oldest_processing: Gauge,
+    /// Labelled handles, registered on first use and reused after: a
+    /// request costs a map lookup under a read lock, not a registration.
+    requests: Handles<(&'static str, &'static str), Counter>,
+    request_seconds: Handles<&'static str, Histogram>,
+    provider_attempts: Handles<&'static str, Counter>,
+    provider_seconds: Handles<&'static str, Histogram>,
+    finals: Handles<(), Counter>,
+    receipts: Handles<&'static str, Counter>,
+}
+
+/// Handles by a fixed part `K` and one free-text label value (a route, a
+/// provider, a status). The label values come from a bounded set (the
+/// router's templates, the providers), so the map stays small.
+struct Handles<K, H>(RwLock<HashMap<K, HashMap<Box<str>, H>>>);
+
+impl<K: Hash + Eq + Copy, H: Clone> Handles<K, H> {
+    fn new() -> Self {
+        Self(RwLock::new(HashMap::new()))
+    }
+
+    fn get(&self, fixed: K, label: &str, register: impl FnOnce() -> H) -> H {
+        let known = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&fixed)
+            .and_then(|m| m.get(label))
+            .cloned();
+        if let Some(h) = known {
+            return h;
+        }
+        self.0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(fixed)
+            .or_default()
+            .entry(label.into())
+            .or_insert_with(register)
+            .clone()
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -143,74 +169,85 @@ impl Metrics {
             oldest_processing: gauge(OLDEST),
             handle: recorder.handle(),
             recorder,
+            requests: Handles::new(),
+            request_seconds: Handles::new(),
+            provider_attempts: Handles::new(),
+            provider_seconds: Handles::new(),
+            finals: Handles::new(),
+            receipts: Handles::new(),
         };
         // The series a dashboard looks for first exist from the start, at 0.
         for outcome in ["created", "replayed"] {
             metrics
-                .labelled_counter(
-                    REQUESTS,
-                    [
-                        ("method", "POST"),
-                        ("route", "/messages"),
-                        ("outcome", outcome),
-                    ],
-                )
+                .request_counter("POST", "/messages", outcome)
                 .absolute(0);
         }
         metrics
     }
 
-    fn labelled_counter<const N: usize>(
-        &self,
-        name: &'static str,
-        labels: [(&'static str, &'static str); N],
-    ) -> Counter {
-        let labels: Vec<Label> = labels
-            .iter()
-            .map(|(k, v)| Label::from_static_parts(k, v))
-            .collect();
+    fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
         self.recorder
             .register_counter(&Key::from_parts(name, labels), &META)
     }
 
-    fn labelled_histogram<const N: usize>(
-        &self,
-        name: &'static str,
-        labels: [(&'static str, &'static str); N],
-    ) -> Histogram {
-        let labels: Vec<Label> = labels
-            .iter()
-            .map(|(k, v)| Label::from_static_parts(k, v))
-            .collect();
+    fn histogram(&self, name: &'static str, labels: Vec<Label>) -> Histogram {
         self.recorder
             .register_histogram(&Key::from_parts(name, labels), &META)
     }
 
-    /// A request answered with `outcome` after `elapsed`.
+    fn request_counter(&self, method: &'static str, route: &str, outcome: &'static str) -> Counter {
+        self.requests.get((method, outcome), route, || {
+            self.counter(
+                REQUESTS,
+                vec![
+                    Label::from_static_parts("method", method),
+                    Label::new("route", route.to_owned()),
+                    Label::from_static_parts("outcome", outcome),
+                ],
+            )
+        })
+    }
+
+    /// A request answered with `outcome` after `elapsed`. `route` is the
+    /// route's template (never a concrete path: labels must stay bounded).
     pub fn request(
         &self,
         method: &'static str,
-        route: &'static str,
+        route: &str,
         outcome: &'static str,
         elapsed: Duration,
     ) {
-        self.labelled_counter(
-            REQUESTS,
-            [("method", method), ("route", route), ("outcome", outcome)],
-        )
-        .increment(1);
-        self.labelled_histogram(REQUEST_SECONDS, [("method", method), ("route", route)])
+        self.request_counter(method, route, outcome).increment(1);
+        self.request_seconds
+            .get(method, route, || {
+                self.histogram(
+                    REQUEST_SECONDS,
+                    vec![
+                        Label::from_static_parts("method", method),
+                        Label::new("route", route.to_owned()),
+                    ],
+                )
+            })
             .record(elapsed.as_secs_f64());
     }
 
     /// One provider call; `class` is `ok`, `permanent`, `retryable` or `ambiguous`.
     pub fn provider_attempt(&self, provider: &'static str, class: &'static str, elapsed: Duration) {
-        self.labelled_counter(
-            PROVIDER_ATTEMPTS,
-            [("provider", provider), ("class", class)],
-        )
-        .increment(1);
-        self.labelled_histogram(PROVIDER_SECONDS, [("provider", provider), ("class", class)])
+        let labels = || {
+            vec![
+                Label::from_static_parts("provider", provider),
+                Label::from_static_parts("class", class),
+            ]
+        };
+        self.provider_attempts
+            .get(class, provider, || {
+                self.counter(PROVIDER_ATTEMPTS, labels())
+            })
+            .increment(1);
+        self.provider_seconds
+            .get(class, provider, || {
+                self.histogram(PROVIDER_SECONDS, labels())
+            })
             .record(elapsed.as_secs_f64());
     }
 
@@ -220,7 +257,10 @@ impl Metrics {
 
     /// A message this instance made final with `status`.
     pub fn message_final(&self, status: &'static str) {
-        self.labelled_counter(FINAL, [("status", status)])
+        self.finals
+            .get((), status, || {
+                self.counter(FINAL, vec![Label::from_static_parts("status", status)])
+            })
             .increment(1);
     }
 
@@ -233,7 +273,16 @@ impl Metrics {
             "http" => "http",
             _ => "other",
         };
-        self.labelled_counter(RECEIPTS, [("provider", provider), ("outcome", outcome)])
+        self.receipts
+            .get(outcome, provider, || {
+                self.counter(
+                    RECEIPTS,
+                    vec![
+                        Label::from_static_parts("provider", provider),
+                        Label::from_static_parts("outcome", outcome),
+                    ],
+                )
+            })
             .increment(1);
     }
 
@@ -266,162 +315,9 @@ impl Metrics {
     }
 }
 
-/// The class of a provider outcome, as a metric label.
-pub fn outcome_class(outcome: &crate::provider::SendOutcome) -> &'static str {
-    use crate::provider::SendOutcome;
-    match outcome {
-        SendOutcome::Accepted { .. } => "ok",
-        SendOutcome::Rejected { .. } => "permanent",
-        SendOutcome::Retryable { .. } => "retryable",
-        SendOutcome::Ambiguous { .. } => "ambiguous",
-    }
-}
-
-/// What a response means, as a metric label.
-pub fn request_outcome(status: u16, replayed: bool) -> &'static str {
-    match status {
-        _ if replayed => "replayed",
-        201 => "created",
-        202 => "accepted",
-        409 => "in_use",
-        422 => "reused",
-        400 | 413 | 415 => "invalid",
-        401 => "unauthorized",
-        404 => "not_found",
-        405 => "method_not_allowed",
-        429 => "rate_limited",
-        503 => "unavailable",
-        500..=599 => "error",
-        200..=299 => "ok",
-        _ => "other",
-    }
-}
-
-/// The route a path belongs to, as a metric label (bounded: never the key).
-pub fn route_label(path: &str) -> &'static str {
-    let mut segments = path.trim_start_matches('/').split('/');
-    match (
-        segments.next(),
-        segments.next(),
-        segments.next(),
-        segments.next(),
-    ) {
-        (Some("messages"), None, _, _) => "/messages",
-        (Some("messages"), Some(_), None, _) => "/messages/{key}",
-        (Some("messages"), Some(_), Some("attempts"), None) => "/messages/{key}/attempts",
-        (Some("healthz"), None, _, _) => "/healthz",
-        (Some("readyz"), None, _, _) => "/readyz",
-        (Some("metrics"), None, _, _) => "/metrics",
-        _ => "other",
-    }
-}
-
-fn method_label(method: &Method) -> &'static str {
-    match *method {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::PATCH => "PATCH",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        _ => "other",
-    }
-}
-
-/// The client's `X-Request-Id` when it is 1 to 128 visible ASCII
-/// characters, else a new UUID.
-pub fn request_id(headers: &HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(REQUEST_ID) {
-        let b = v.as_bytes();
-        if (1..=128).contains(&b.len()) && b.iter().all(|c| (0x21..=0x7e).contains(c)) {
-            return v.clone();
-        }
-    }
-    let id = uuid::Uuid::new_v4().hyphenated().to_string();
-    HeaderValue::from_str(&id).expect("a UUID is a valid header value")
-}
-
-/// Middleware around every request: a request id (in a tracing span, so on
-/// every log line of the request, and in the response), the request counter
-/// and the latency histogram.
-pub async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let id = request_id(req.headers());
-    let method = method_label(req.method());
-    let route = route_label(req.uri().path());
-    let span = tracing::info_span!(
-        "request",
-        request_id = id.to_str().unwrap_or_default(),
-        method,
-        route
-    );
-    let mut resp = next.run(req).instrument(span).await;
-    let replayed = resp.headers().contains_key("idempotent-replayed");
-    let outcome = request_outcome(resp.status().as_u16(), replayed);
-    state
-        .deliverer
-        .metrics()
-        .request(method, route, outcome, started.elapsed());
-    resp.headers_mut().insert(REQUEST_ID, id);
-    resp
-}
-
-/// `GET /metrics`: Prometheus text format. Unauthenticated, like the health
-/// checks: it carries counts only, nothing about tenants or messages.
-pub async fn scrape(State(state): State<SharedState>) -> Response {
-    let deliverer = &state.deliverer;
-    let oldest = match state.store.oldest_processing().await {
-        Ok(Some(created)) => {
-            Some(Duration::try_from(deliverer.clock().now() - created).unwrap_or(Duration::ZERO))
-        }
-        Ok(None) => Some(Duration::ZERO),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics: could not read the oldest processing message");
-            None
-        }
-    };
-    let body = deliverer.metrics().render(deliverer.in_flight(), oldest);
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-        )],
-        body,
-    )
-        .into_response()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn routes_are_bounded() {
-        assert_eq!(route_label("/messages"), "/messages");
-        assert_eq!(route_label("/messages/ORDER-1"), "/messages/{key}");
-        assert_eq!(
-            route_label("/messages/ORDER-1/attempts"),
-            "/messages/{key}/attempts"
-        );
-        assert_eq!(route_label("/messages/a/b/c"), "other");
-        assert_eq!(route_label("/healthz"), "/healthz");
-        assert_eq!(route_label("/nope"), "other");
-    }
-
-    #[test]
-    fn request_ids() {
-        let mut h = HeaderMap::new();
-        assert_eq!(request_id(&h).len(), 36);
-        h.insert(REQUEST_ID, HeaderValue::from_static("abc-123"));
-        assert_eq!(request_id(&h), "abc-123");
-        h.insert(REQUEST_ID, HeaderValue::from_static("has space"));
-        assert_eq!(request_id(&h).len(), 36);
-        h.insert(REQUEST_ID, HeaderValue::from_str(&"x".repeat(129)).unwrap());
-        assert_eq!(request_id(&h).len(), 36);
-        h.insert(REQUEST_ID, HeaderValue::from_str(&"x".repeat(128)).unwrap());
-        assert_eq!(request_id(&h).len(), 128);
-    }
 
     #[test]
     fn renders_counters() {
@@ -438,5 +334,58 @@ mod tests {
         assert!(text.contains("sendonce_deliveries_in_flight 2"));
         assert!(text.contains("sendonce_oldest_processing_age_seconds 7"));
         assert!(text.contains("sendonce_http_request_duration_seconds_bucket"));
+    }
+
+    #[test]
+    fn labelled_handles_are_registered_once_and_reused() {
+        let m = Metrics::new();
+        for _ in 0..3 {
+            let route = String::from("/opt-outs/{number}");
+            m.request("DELETE", &route, "not_found", Duration::from_millis(1));
+            m.provider_attempt("http", "ok", Duration::from_millis(1));
+            m.receipt("somebody", "unmatched");
+        }
+        assert_eq!(
+            m.requests.0.read().unwrap().len(),
+            3,
+            "two at start, one used"
+        );
+        assert_eq!(m.provider_attempts.0.read().unwrap().len(), 1);
+        let text = m.render(0, None);
+        assert!(text.contains(
+            r#"sendonce_http_requests_total{method="DELETE",route="/opt-outs/{number}",outcome="not_found"} 3"#
+        ), "{text}");
+        assert!(text.contains(r#"sendonce_provider_attempts_total{provider="http",class="ok"} 3"#));
+        assert!(
+            text.contains(r#"sendonce_receipts_total{provider="other",outcome="unmatched"} 3"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_documented_table_is_what_is_exported() {
+        let m = Metrics::new();
+        m.request("GET", "/healthz", "ok", Duration::from_millis(1));
+        m.provider_attempt("http", "ok", Duration::from_millis(1));
+        m.retry_scheduled();
+        m.message_final("sent");
+        m.receipt("http", "applied");
+        m.takeover();
+        m.purged(1);
+        let text = m.render(0, Some(Duration::ZERO));
+        let exported: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let doc = include_str!("../docs/architecture.md");
+        let documented: std::collections::BTreeSet<&str> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .filter(|name| name.starts_with("sendonce_"))
+            .collect();
+        assert_eq!(exported.len(), 11, "{text}");
+        assert_eq!(exported, documented);
     }
 }

@@ -7,11 +7,13 @@
 //! trade-off (an exact shared limit would cost a database write per request);
 //! the per-number limit is small enough by default that N times it still
 //! stops OTP pumping. Buckets read the service's [`Clock`], so tests move time
-//! by hand.
+//! by hand. Memory is bounded by use, without scans: a bucket is forgotten
+//! within two periods of its last use (it is full again by then), a whole
+//! generation at a time.
 
 use std::collections::HashMap;
-use std::hash::Hash;
-use std::sync::{Mutex, PoisonError};
+use std::hash::{BuildHasher, Hash, RandomState};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use time::OffsetDateTime;
@@ -48,18 +50,72 @@ struct Bucket {
     at: OffsetDateTime,
 }
 
-/// Token buckets by key.
+/// Token buckets by key, in shards (one lock each) so requests for
+/// different keys rarely wait on each other.
 struct Buckets<K> {
     rate: Rate,
-    map: Mutex<HashMap<K, Bucket>>,
+    hasher: RandomState,
+    shards: Box<[Mutex<Shard<K>>]>,
+}
+
+/// Shards per limit.
+const SHARDS: usize = 16;
+
+/// One shard's buckets, in two generations. A bucket untouched for a whole
+/// period (`rate.per`) has refilled to full, which is what a forgotten
+/// bucket would be; so once `current` is a period old, `previous` (touched
+/// before `current` began) can be forgotten as a whole and `current`
+/// becomes `previous`. That is a swap under the lock, and the old
+/// generation is freed after the lock is released: no call scans the map.
+/// A bucket lives at most two periods past its last use.
+struct Shard<K> {
+    current: HashMap<K, Bucket>,
+    previous: HashMap<K, Bucket>,
+    /// When `current` began (`None`: never used).
+    since: Option<OffsetDateTime>,
+}
+
+impl<K: Hash + Eq> Shard<K> {
+    /// Starts a new generation if `current` is a period old, and hands back
+    /// the generation to forget (for the caller to drop after unlocking).
+    fn rotate(&mut self, now: OffsetDateTime, per: Duration) -> Option<HashMap<K, Bucket>> {
+        let since = *self.since.get_or_insert(now);
+        let age = Duration::try_from(now - since).unwrap_or(Duration::ZERO);
+        if age < per {
+            return None;
+        }
+        self.since = Some(now);
+        let current = std::mem::take(&mut self.current);
+        Some(std::mem::replace(&mut self.previous, current))
+    }
 }
 
 impl<K: Hash + Eq + Clone> Buckets<K> {
     fn new(rate: Rate) -> Self {
+        Self::with_shards(rate, SHARDS)
+    }
+
+    fn with_shards(rate: Rate, shards: usize) -> Self {
         Self {
             rate,
-            map: Mutex::new(HashMap::new()),
+            hasher: RandomState::new(),
+            shards: (0..shards.max(1))
+                .map(|_| {
+                    Mutex::new(Shard {
+                        current: HashMap::new(),
+                        previous: HashMap::new(),
+                        since: None,
+                    })
+                })
+                .collect(),
         }
+    }
+
+    fn shard(&self, key: &K) -> MutexGuard<'_, Shard<K>> {
+        let i = (self.hasher.hash_one(key) % self.shards.len() as u64) as usize;
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn refilled(&self, b: Bucket, now: OffsetDateTime) -> Bucket {
@@ -76,19 +132,19 @@ impl<K: Hash + Eq + Clone> Buckets<K> {
         if self.rate.is_unlimited() {
             return Ok(());
         }
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if map.len() > 100_000 {
-            // Forget full buckets: they are what a new bucket would be.
-            let cap = f64::from(self.rate.capacity);
-            map.retain(|_, b| self.refilled(*b, now).tokens < cap);
-        }
+        let mut shard = self.shard(key);
+        let forgotten = shard.rotate(now, self.rate.per);
+        let known = match shard.current.get(key) {
+            Some(b) => Some(*b),
+            None => shard.previous.remove(key),
+        };
         let full = Bucket {
             tokens: f64::from(self.rate.capacity),
             at: now,
         };
-        let b = self.refilled(*map.get(key).unwrap_or(&full), now);
-        if b.tokens >= 1.0 {
-            map.insert(
+        let b = self.refilled(known.unwrap_or(full), now);
+        let result = if b.tokens >= 1.0 {
+            shard.current.insert(
                 key.clone(),
                 Bucket {
                     tokens: b.tokens - 1.0,
@@ -97,10 +153,13 @@ impl<K: Hash + Eq + Clone> Buckets<K> {
             );
             Ok(())
         } else {
-            map.insert(key.clone(), b);
+            shard.current.insert(key.clone(), b);
             let secs = (1.0 - b.tokens) / self.rate.refill_per_sec();
             Err(Duration::from_secs_f64(secs.max(0.0)))
-        }
+        };
+        drop(shard);
+        drop(forgotten);
+        result
     }
 
     /// Gives back a token taken for something that did not happen.
@@ -108,10 +167,27 @@ impl<K: Hash + Eq + Clone> Buckets<K> {
         if self.rate.is_unlimited() {
             return;
         }
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(b) = map.get_mut(key) {
+        let mut shard = self.shard(key);
+        let shard = &mut *shard;
+        if let Some(b) = shard
+            .current
+            .get_mut(key)
+            .or_else(|| shard.previous.get_mut(key))
+        {
             b.tokens = (b.tokens + 1.0).min(f64::from(self.rate.capacity));
         }
+    }
+
+    /// Buckets held, all shards.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap();
+                s.current.len() + s.previous.len()
+            })
+            .sum()
     }
 }
 
@@ -286,5 +362,53 @@ mod tests {
     fn prefix_drops_the_last_four_digits() {
         assert_eq!(prefix_of("+14155552671"), "+1415555");
         assert_eq!(prefix_of("+123"), "");
+    }
+
+    fn minute(capacity: u32) -> Rate {
+        Rate {
+            capacity,
+            per: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn buckets_untouched_for_two_periods_are_forgotten() {
+        let t0 = time::macros::datetime!(2026-11-29 12:00:00 UTC);
+        let later = |secs: i64| t0 + time::Duration::seconds(secs);
+        let b: Buckets<u32> = Buckets::new(minute(2));
+        for k in 0..5_000 {
+            b.take(&k, t0).unwrap();
+        }
+        assert_eq!(b.len(), 5_000);
+        // A period later every one of them is full again; new keys touch
+        // every shard, which starts a new generation there.
+        for k in 10_000..11_000 {
+            b.take(&k, later(61)).unwrap();
+        }
+        // Another period on, the first 5,000 are gone without anyone
+        // having scanned the map: what is left is what was touched since.
+        for k in 20_000..21_000 {
+            b.take(&k, later(122)).unwrap();
+        }
+        assert_eq!(b.len(), 2_000);
+    }
+
+    #[test]
+    fn an_empty_bucket_is_not_forgotten_with_its_generation() {
+        let t0 = time::macros::datetime!(2026-11-29 12:00:00 UTC);
+        let later = |secs: i64| t0 + time::Duration::seconds(secs);
+        let b: Buckets<&str> = Buckets::with_shards(minute(2), 1);
+        b.take(&"a", t0).unwrap();
+        b.take(&"b", later(59)).unwrap();
+        b.take(&"b", later(59)).unwrap();
+        assert!(b.take(&"b", later(59)).is_err());
+        // A new generation starts; "b" is still remembered as empty.
+        b.take(&"a", later(61)).unwrap();
+        let wait = b.take(&"b", later(62)).unwrap_err();
+        assert!(wait > Duration::from_secs(25), "{wait:?}");
+        // Given back and taken again across generations.
+        b.give_back(&"b");
+        b.take(&"b", later(62)).unwrap();
+        assert!(b.take(&"b", later(62)).is_err());
     }
 }

@@ -380,7 +380,7 @@ impl Deliverer {
             // resumes the message treats it as ambiguous.
             () = self.stop.cancelled() => return None,
         };
-        let class = crate::metrics::outcome_class(&outcome);
+        let class = outcome.class();
         self.metrics
             .provider_attempt(self.provider.name(), class, started.elapsed());
         tracing::debug!(

@@ -119,7 +119,7 @@ async fn create_message(
     let fingerprint = request.fingerprint();
 
     let deliverer = &state.deliverer;
-    let now = deliverer.clock().now();
+    let now = state.clock.now();
     let new = NewMessage {
         id: MessageId::new(),
         tenant_id,

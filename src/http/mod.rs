@@ -11,13 +11,16 @@ use axum::http::{HeaderMap, header};
 use uuid::Uuid;
 
 use crate::apikey;
+use crate::clock::Clock;
 use crate::delivery::Deliverer;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
 use crate::store::{Store, TenantAuth};
 
 pub mod health;
 pub mod messages;
+pub mod metrics;
 pub mod opt_outs;
 pub mod receipts;
 pub mod server;
@@ -37,6 +40,10 @@ pub struct WaitSettings {
 pub struct AppState {
     pub store: Arc<dyn Store>,
     pub deliverer: Arc<Deliverer>,
+    /// The service's clock: handlers read the time here.
+    pub clock: Clock,
+    /// This instance's metrics.
+    pub metrics: Arc<Metrics>,
     pub wait: WaitSettings,
     pub limiter: RateLimiter,
     /// Most SMS segments one message may take.
@@ -55,14 +62,14 @@ pub fn router(state: SharedState) -> Router {
         .merge(opt_outs::router())
         .merge(receipts::router())
         .merge(health::router())
-        .route("/metrics", axum::routing::get(crate::metrics::scrape))
+        .merge(metrics::router())
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(hygiene))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
-            crate::metrics::observe,
+            metrics::observe,
         ))
         .with_state(state)
 }

@@ -116,7 +116,7 @@ async fn add(
 ) -> Result<Response, ApiError> {
     let map = json_object(&state, &headers, body, &["number"]).await?;
     let number = number_field(&map, "number")?;
-    let now = state.deliverer.clock().now();
+    let now = state.clock.now();
     let created = state
         .store
         .add_opt_out(tenant_id, &number, "api", now)
@@ -210,7 +210,7 @@ async fn inbound(
             }]));
         }
     };
-    let now = state.deliverer.clock().now();
+    let now = state.clock.now();
     let action = match keyword(&text) {
         Some(true) => {
             state

@@ -10,6 +10,10 @@
 //! - `GET /messages/{key}/events`: attempts and receipts, oldest first.
 //!
 //! A receipt that is not authenticated is answered 403 and changes nothing.
+//! The `http` receipt's secret is checked before its body is read; Twilio's
+//! signature covers the body, so only the presence of the signature (and of
+//! a configured token) is. Either body must arrive whole within the same
+//! deadline as `POST /messages` (`body_read_timeout`), or the answer is 408.
 //! An authenticated one is stored once under the provider's event identity
 //! (Twilio's `I-Twilio-Idempotency-Token`, else `MessageSid:MessageStatus`;
 //! the http provider's `event_id`), so a redelivered receipt is answered 200
@@ -19,8 +23,8 @@
 //! touched: replays stay byte for byte what they were.
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{OriginalUri, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -29,6 +33,7 @@ use serde::Serialize;
 use subtle::ConstantTimeEq;
 use time::OffsetDateTime;
 
+use super::messages::read_body;
 use super::{SharedState, Tenant};
 use crate::domain::{FieldError, Status};
 use crate::error::ApiError;
@@ -107,16 +112,6 @@ fn ack(outcome: ReceiptOutcome) -> Response {
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge
-        } else {
-            ApiError::MalformedJson
-        }
-    })
-}
-
 fn invalid(field: &str, message: &str) -> ApiError {
     ApiError::Validation(vec![FieldError {
         field: field.to_string(),
@@ -148,7 +143,7 @@ async fn twilio_status(
     State(state): State<SharedState>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let Some(token) = state.receipts.twilio_auth_token.as_deref() else {
         tracing::warn!("a Twilio status callback arrived but TWILIO_AUTH_TOKEN is not set");
@@ -158,7 +153,7 @@ async fn twilio_status(
         .get("x-twilio-signature")
         .and_then(|v| v.to_str().ok())
         .ok_or(ApiError::Forbidden)?;
-    let body = body_bytes(body)?;
+    let body = read_body(body, state.body_read_timeout).await?;
     let params: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
     let path_and_query = uri
         .path_and_query()
@@ -200,7 +195,7 @@ async fn twilio_status(
         status: delivery_status(&status),
         provider_status: status,
         error_code: param(&["ErrorCode"]),
-        received_at: state.deliverer.clock().now(),
+        received_at: state.clock.now(),
     };
     record(&state, &receipt).await
 }
@@ -208,7 +203,7 @@ async fn twilio_status(
 async fn http_status(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let Some(secret) = state.receipts.http_secret.as_deref() else {
         tracing::warn!("an http provider receipt arrived but SENDONCE_RECEIPT_SECRET is not set");
@@ -230,7 +225,7 @@ async fn http_status(
     if !json_body {
         return Err(ApiError::UnsupportedMediaType);
     }
-    let body = body_bytes(body)?;
+    let body = read_body(body, state.body_read_timeout).await?;
     let value: serde_json::Value =
         serde_json::from_slice(&body).map_err(|_| ApiError::MalformedJson)?;
     let Some(object) = value.as_object() else {
@@ -296,7 +291,7 @@ async fn http_status(
         status: delivery_status(&status),
         provider_status: status,
         error_code,
-        received_at: state.deliverer.clock().now(),
+        received_at: state.clock.now(),
     };
     record(&state, &receipt).await
 }
@@ -307,7 +302,7 @@ async fn record(state: &SharedState, receipt: &NewReceipt) -> Result<Response, A
         // The send may have recorded this provider id after our lookup and
         // before our commit; it checks for early receipts only after its own
         // commit, so one of the two looks always comes after both commits.
-        let now = state.deliverer.clock().now();
+        let now = state.clock.now();
         if state
             .store
             .attach_receipts(&receipt.provider, &receipt.provider_message_id, now)
@@ -325,10 +320,7 @@ async fn record(state: &SharedState, receipt: &NewReceipt) -> Result<Response, A
     } else {
         "recorded"
     };
-    state
-        .deliverer
-        .metrics()
-        .receipt(&receipt.provider, counted);
+    state.metrics.receipt(&receipt.provider, counted);
     if outcome.duplicate {
         tracing::debug!(provider = %receipt.provider, "duplicate receipt ignored");
     } else if outcome.message_id.is_none() {

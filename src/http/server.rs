@@ -6,7 +6,13 @@
 //! the header buffer, and keeps HTTP/1.1 keep-alive and pipelining (requests
 //! on one connection are answered in order). Shutdown is graceful: the
 //! listener closes, idle connections close, in-flight requests finish.
+//!
+//! Open connections are capped (`max_connections`): a connection is accepted
+//! only once a permit is free, and its task holds the permit until the
+//! connection ends, so past the cap clients wait in the kernel's listen
+//! backlog instead of costing a task and buffers each.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -15,6 +21,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -25,7 +32,8 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// Largest request head (request line and headers), in bytes.
     pub max_head_bytes: usize,
-    /// Most client connections served at once.
+    /// Most connections open at once; further clients wait in the
+    /// listen backlog until one closes.
     pub max_connections: usize,
 }
 
@@ -54,7 +62,18 @@ pub async fn serve(
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_head_bytes.max(8192))
         .pipeline_flush(true);
+    let slots = Arc::new(Semaphore::new(
+        limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
     loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                // The semaphore is never closed.
+                Err(_) => break,
+            },
+            () = stop.cancelled() => break,
+        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -80,6 +99,7 @@ pub async fn serve(
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            drop(permit);
         });
     }
     drop(listener);

@@ -81,6 +81,19 @@ pub enum SendOutcome {
     },
 }
 
+impl SendOutcome {
+    /// The outcome's class, as a metric label: `ok`, `permanent`,
+    /// `retryable` or `ambiguous`.
+    pub fn class(&self) -> &'static str {
+        match self {
+            SendOutcome::Accepted { .. } => "ok",
+            SendOutcome::Rejected { .. } => "permanent",
+            SendOutcome::Retryable { .. } => "retryable",
+            SendOutcome::Ambiguous { .. } => "ambiguous",
+        }
+    }
+}
+
 /// What a provider says about a send whose outcome we did not see.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reconciled {

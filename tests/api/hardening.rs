@@ -545,3 +545,148 @@ async fn answers_carry_security_headers_and_long_uris_are_refused() {
     assert_eq!(refused.slug(), "uri-too-long");
     assert_eq!(refused.header("x-content-type-options"), Some("nosniff"));
 }
+
+/// An instance with an `http` receipt secret and the given body deadline.
+async fn receipt_app(body_read_timeout: Duration) -> TestApp {
+    let mut settings = test_settings();
+    settings.server.body_read_timeout = body_read_timeout;
+    settings.server.receipts.http_secret = Some("receipt-secret".into());
+    settings.server.receipts.twilio_auth_token = Some("twilio-token".into());
+    spawn_with(TestOptions {
+        settings,
+        ..TestOptions::default()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn receipt_bodies_have_a_deadline() {
+    let app = receipt_app(Duration::from_millis(300)).await;
+    for (path, auth, content_type) in [
+        (
+            "/providers/http/status",
+            "X-Receipt-Secret: receipt-secret",
+            "application/json",
+        ),
+        (
+            "/providers/twilio/status",
+            "X-Twilio-Signature: c2lnbmF0dXJl",
+            "application/x-www-form-urlencoded",
+        ),
+    ] {
+        let mut s = TcpStream::connect(app.handle.addr).await.unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\nContent-Type: {content_type}\r\n\
+             Content-Length: 100\r\n\r\n{{\"id\":"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        // The rest of the body never comes: 408 within the deadline (with
+        // room for a slow machine), not a connection held open.
+        let got = tokio::time::timeout(Duration::from_secs(3), read_all(&mut s))
+            .await
+            .expect("answered within the body deadline");
+        assert!(got.starts_with("HTTP/1.1 408"), "{path}: {got}");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 0);
+}
+
+#[tokio::test]
+async fn unauthenticated_http_receipts_are_refused_before_their_body() {
+    // A long body deadline: the refusal must not wait for it.
+    let app = receipt_app(Duration::from_secs(30)).await;
+    for auth in ["X-Receipt-Secret: wrong", "X-Other: none"] {
+        let mut s = TcpStream::connect(app.handle.addr).await.unwrap();
+        let head = format!(
+            "POST /providers/http/status HTTP/1.1\r\nHost: x\r\n{auth}\r\n\
+             Content-Type: application/json\r\nContent-Length: 50000\r\n\r\n{{"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .expect("refused without waiting for the body")
+            .unwrap();
+        let got = String::from_utf8_lossy(&buf[..n]);
+        assert!(got.starts_with("HTTP/1.1 403"), "{auth}: {got}");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 0);
+}
+
+/// A `GET /healthz` on `s`, answered within `within` (None: not answered).
+async fn healthz_within(s: &mut TcpStream, within: Duration) -> Option<String> {
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    match tokio::time::timeout(within, s.read_to_end(&mut out)).await {
+        Ok(_) if !out.is_empty() => Some(String::from_utf8_lossy(&out).into_owned()),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn open_connections_are_capped() {
+    let mut settings = test_settings();
+    settings.server.connection.max_connections = 2;
+    settings.server.connection.header_read_timeout = Duration::from_secs(30);
+    let app = spawn_with(TestOptions {
+        settings,
+        ..TestOptions::default()
+    })
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(TcpStream::connect(app.handle.addr).await.unwrap());
+    }
+    // Both slots are held by connections that send nothing: a third is
+    // connected by the kernel but not served.
+    let mut third = TcpStream::connect(app.handle.addr).await.unwrap();
+    assert_eq!(
+        healthz_within(&mut third, Duration::from_millis(500)).await,
+        None,
+        "served beyond the cap"
+    );
+    // One slot frees up: the waiting connection is served.
+    drop(idle.pop());
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), third.read_to_end(&mut got))
+        .await
+        .expect("served once a slot was free")
+        .unwrap();
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    // And the service goes on.
+    drop(idle);
+    for _ in 0..3 {
+        assert_eq!(app.get("/healthz").await.status, 200);
+    }
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_after_the_header_timeout() {
+    let app = hygiene_app().await;
+    let mut idle = Vec::new();
+    for _ in 0..20 {
+        idle.push(TcpStream::connect(app.handle.addr).await.unwrap());
+    }
+    for s in &mut idle {
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("closed within the header timeout");
+        assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    }
+    // A kept-alive connection that goes quiet after a request is closed too
+    // (it would otherwise hold one of the `max_connections` slots).
+    let mut kept = TcpStream::connect(app.handle.addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), kept.read_to_end(&mut got))
+        .await
+        .expect("closed within the header timeout after its request")
+        .unwrap();
+    assert!(got.starts_with(b"HTTP/1.1 200"));
+    assert_eq!(app.get("/healthz").await.status, 200);
+}

@@ -165,3 +165,77 @@ async fn request_id_is_echoed_or_made() {
     .await;
     assert_eq!(a.header("x-request-id"), Some(longest.as_str()));
 }
+
+#[tokio::test]
+async fn every_route_is_labelled_by_its_template() {
+    let app = spawn_app().await;
+    // Routes a hand-written map of paths once missed: each must be counted
+    // under its router template, never the concrete path.
+    let calls: &[(Method, &str, &str)] = &[
+        (Method::GET, "/opt-outs", "/opt-outs"),
+        (Method::POST, "/opt-outs", "/opt-outs"),
+        (
+            Method::DELETE,
+            "/opt-outs/+14155550100",
+            "/opt-outs/{number}",
+        ),
+        (Method::POST, "/inbound", "/inbound"),
+        (
+            Method::POST,
+            "/providers/twilio/status",
+            "/providers/twilio/status",
+        ),
+        (
+            Method::POST,
+            "/providers/http/status",
+            "/providers/http/status",
+        ),
+        (
+            Method::GET,
+            "/messages/EVT-1/events",
+            "/messages/{key}/events",
+        ),
+    ];
+    for (method, path, _) in calls {
+        let a = answer(
+            app.request(method.clone(), path)
+                .bearer_auth(&app.api_key)
+                .send()
+                .await
+                .expect("request"),
+        )
+        .await;
+        assert!(a.status >= 200, "{path}");
+    }
+    // Unknown paths share one label, so they cannot grow the series.
+    for path in ["/nowhere", "/nowhere/else", "/messages/a/b/c"] {
+        assert_eq!(app.get(path).await.status, 404);
+    }
+
+    let text = metrics_text(&app).await;
+    for (method, path, route) in calls {
+        assert!(
+            sample(
+                &text,
+                "sendonce_http_request_duration_seconds_count",
+                &[("method", method.as_str()), ("route", route)]
+            )
+            .is_some_and(|n| n >= 1.0),
+            "{method} {path} not counted under {route}:\n{text}"
+        );
+    }
+    assert_eq!(
+        sample(
+            &text,
+            "sendonce_http_request_duration_seconds_count",
+            &[("method", "GET"), ("route", "unmatched")]
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert!(
+        !text.contains("EVT-1") && !text.contains("nowhere"),
+        "{text}"
+    );
+    assert!(!text.contains("4155550100"), "{text}");
+}

@@ -413,3 +413,7 @@ fn result_from(outcome: &SendOutcome, number: u32, now: OffsetDateTime) -> Attem
         finished_at: now,
     }
 }
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

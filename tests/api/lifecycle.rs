@@ -1,8 +1,12 @@
 //! Shutdown, send slots, leases and the purge: the corners of running
 //! deliveries over time.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use async_trait::async_trait;
+use sendonce::provider::{HttpProvider, OutgoingSms, Provider, Reconciled, SendOutcome};
+use time::OffsetDateTime;
 
 use sendonce::clock::{Clock, to_time};
 use sendonce::delivery::Purger;
@@ -255,7 +259,103 @@ async fn the_purge_stops_between_batches_when_asked(backend: Backend) {
     assert_eq!(app.message_count().await, 1);
 }
 
+/// The mock's HTTP provider, as one that does not de-duplicate on our key
+/// and can be asked: answers its lookups from a script and records the
+/// window each one asked about.
+struct Asked {
+    inner: HttpProvider,
+    answers: Mutex<Vec<Reconciled>>,
+    since: Arc<Mutex<Vec<OffsetDateTime>>>,
+}
+
+#[async_trait]
+impl Provider for Asked {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+
+    fn dedupes_by_key(&self) -> bool {
+        false
+    }
+
+    async fn send(&self, sms: &OutgoingSms) -> SendOutcome {
+        self.inner.send(sms).await
+    }
+
+    async fn reconcile(&self, _sms: &OutgoingSms, since: OffsetDateTime) -> Reconciled {
+        self.since.lock().unwrap().push(since);
+        self.answers.lock().unwrap().remove(0)
+    }
+}
+
+/// A message resumed after a crash makes a new attempt; when that attempt's
+/// answer is ambiguous, the provider is asked about the window since the new
+/// attempt started, not since the crashed one.
+async fn a_resumed_attempt_is_reconciled_from_its_own_start(backend: Backend) {
+    let clock = Clock::manual(time::macros::datetime!(2026-11-30 12:00:00 UTC));
+    let start = clock.now();
+    let mut settings = test_settings();
+    settings.poll_interval = Duration::from_secs(3600);
+    let mut a = spawn_with(TestOptions {
+        backend,
+        clock: clock.clone(),
+        settings: settings.clone(),
+        ..TestOptions::default()
+    })
+    .await;
+    a.mock
+        .push([Behaviour::Hang, Behaviour::AcceptThenFail { status: 502 }]);
+    post_async(&a, "RESUMED").await;
+    eventually("a's call", || async {
+        (a.mock.call_count() == 1).then_some(())
+    })
+    .await;
+    a.crash().await;
+
+    let since = Arc::new(Mutex::new(Vec::new()));
+    let recorded = Arc::clone(&since);
+    let b = spawn_with(TestOptions {
+        settings,
+        clock: clock.clone(),
+        database: Some(a.database.clone()),
+        mock: Some((a.mock.clone(), a.mock_url.clone())),
+        api_key: Some(a.api_key.clone()),
+        provider: Some(Box::new(move |base, _, _| {
+            let inner = HttpProvider::new(
+                &format!("{base}/messages"),
+                Some("provider-token".into()),
+                Duration::from_secs(2),
+                Duration::from_secs(1),
+            )
+            .unwrap();
+            Arc::new(Asked {
+                inner,
+                answers: Mutex::new(vec![
+                    Reconciled::NotSent,
+                    Reconciled::Sent {
+                        provider_message_id: "prov_found".into(),
+                    },
+                ]),
+                since: recorded,
+            })
+        })),
+        ..TestOptions::default()
+    })
+    .await;
+    clock.advance(Duration::from_secs(20));
+    let resumed_at = clock.now();
+    assert_eq!(b.handle.scheduler.tick().await.unwrap(), 1);
+    let m = b.wait_for_status("RESUMED", "sent").await;
+    assert_eq!(m["attempts"], 2);
+    assert_eq!(
+        *since.lock().unwrap(),
+        vec![start, resumed_at],
+        "the crashed attempt, then the current one"
+    );
+}
+
 on_both_backends!(
+    a_resumed_attempt_is_reconciled_from_its_own_start,
     a_scheduled_retry_does_not_hold_up_shutdown,
     one_deadline_bounds_the_whole_drain,
     a_due_retry_is_not_claimed_without_a_free_slot,

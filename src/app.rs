@@ -91,8 +91,9 @@ impl App {
     }
 
     /// Serves until `shutdown` resolves, then drains: stops accepting, lets
-    /// in-flight sends finish within the grace period, releases the leases
-    /// of the rest, and returns.
+    /// open requests and in-flight sends finish before one deadline (the
+    /// signal plus the grace period), releases the leases of the rest, and
+    /// returns.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -125,24 +126,26 @@ impl App {
             self.settings.server.connection,
             stop.clone(),
         );
-        // Requests still waiting for an outcome get the grace period too,
-        // then the server is dropped (their sends go on regardless).
+        // One deadline, fixed when the signal arrives, bounds the whole
+        // drain: requests still waiting for an outcome and provider calls in
+        // flight share it (their sends go on regardless of the requests).
         let grace = self.settings.server.shutdown_grace;
-        let drained = stop.clone();
-        tokio::select! {
-            () = server => {},
-            () = async move {
-                drained.cancelled().await;
-                tokio::time::sleep(grace).await;
-            } => tracing::warn!("grace period over with requests still open"),
-        }
+        tokio::pin!(server);
+        let deadline = tokio::select! {
+            () = &mut server => tokio::time::Instant::now() + grace,
+            () = stop.cancelled() => {
+                let deadline = tokio::time::Instant::now() + grace;
+                if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
+                    tracing::warn!("grace period over with requests still open");
+                }
+                deadline
+            }
+        };
         stop.cancel();
         let _ = scheduler_task.await;
         let _ = purge_task.await;
         let _ = upkeep_task.await;
-        let released = deliverer
-            .shutdown(self.settings.server.shutdown_grace)
-            .await?;
+        let released = deliverer.shutdown(deadline).await?;
         if released > 0 {
             tracing::info!(released, "released leases for another instance to resume");
         }

@@ -42,8 +42,20 @@ impl Purger {
         self
     }
 
+    /// Deletes up to `batch` messages per transaction (tests use small ones).
+    pub fn with_batch(mut self, batch: u32) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
     /// Deletes everything past retention now. Returns how many messages.
     pub async fn purge_now(&self) -> Result<u64, StoreError> {
+        self.purge_until(&CancellationToken::new()).await
+    }
+
+    /// Deletes what is past retention, batch by batch, until done or `stop`
+    /// is cancelled (checked between batches). Returns how many messages.
+    pub async fn purge_until(&self, stop: &CancellationToken) -> Result<u64, StoreError> {
         let cutoff = self.clock.now() - to_time(self.retention);
         let mut total = 0;
         loop {
@@ -55,14 +67,19 @@ impl Purger {
             if n < u64::from(self.batch) {
                 // Receipts that never found their message (the others go
                 // with it) are kept for the same window.
-                while self
-                    .store
-                    .purge_unmatched_receipts(cutoff, self.batch)
-                    .await?
-                    == u64::from(self.batch)
+                while !stop.is_cancelled()
+                    && self
+                        .store
+                        .purge_unmatched_receipts(cutoff, self.batch)
+                        .await?
+                        == u64::from(self.batch)
                 {
                     tokio::task::yield_now().await;
                 }
+                return Ok(total);
+            }
+            if stop.is_cancelled() {
+                tracing::info!(purged = total, "purge stopped by shutdown");
                 return Ok(total);
             }
             tokio::task::yield_now().await;
@@ -71,7 +88,7 @@ impl Purger {
 
     pub async fn run(self, shutdown: CancellationToken) {
         loop {
-            match self.purge_now().await {
+            match self.purge_until(&shutdown).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(purged = n, "purged messages past retention"),
                 Err(e) => tracing::warn!(error = %e, "purge failed"),

@@ -35,11 +35,19 @@ impl Scheduler {
     /// Claims what is due now and starts delivering it. Returns how many
     /// messages were claimed.
     pub async fn tick(&self) -> Result<usize, StoreError> {
-        let free = self.deliverer.free_permits();
-        if free == 0 {
+        // Take the send slots first and hand one to each claimed message: a
+        // claimed message never waits, leased, for a slot.
+        let mut permits = Vec::new();
+        while permits.len() < self.batch as usize {
+            match self.deliverer.try_permit() {
+                Some(p) => permits.push(p),
+                None => break,
+            }
+        }
+        if permits.is_empty() {
             return Ok(0);
         }
-        let limit = u32::try_from(free).unwrap_or(u32::MAX).min(self.batch);
+        let limit = u32::try_from(permits.len()).unwrap_or(u32::MAX);
         let now = self.deliverer.clock().now();
         let lease_until = now + to_time(self.deliverer.settings().lease);
         let claimed = self
@@ -47,12 +55,13 @@ impl Scheduler {
             .claim_due(self.deliverer.owner(), now, lease_until, limit)
             .await?;
         let n = claimed.len();
-        for (msg, lease) in claimed {
+        // Slots left over (fewer messages were due) go back when dropped.
+        for ((msg, lease), permit) in claimed.into_iter().zip(permits) {
             if msg.next_attempt_at.is_none_or(|due| due > now) {
                 tracing::info!(message_id = %msg.id, attempts = msg.attempts, "rescuing a message whose lease expired");
                 self.deliverer.metrics().takeover();
             }
-            self.deliverer.spawn(msg, lease, false);
+            self.deliverer.spawn_with_permit(msg, lease, permit);
         }
         Ok(n)
     }

@@ -32,6 +32,7 @@ mod delivery;
 mod durability;
 mod hardening;
 mod helpers;
+mod lifecycle;
 mod observability;
 mod outage;
 mod process;

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use sendonce::domain::MessageId;
-use testkit::mock_provider::{Behaviour, MockProvider};
 use sendonce::provider::twilio::{LIST_PAGE_SIZE, MAX_LOOKUP_PAGES};
 use sendonce::provider::{
     HttpProvider, OutgoingSms, Provider, Reconciled, SendOutcome, TwilioProvider, TwilioSettings,
 };
 use serde_json::json;
+use testkit::mock_provider::{Behaviour, MockProvider};
 use time::OffsetDateTime;
 
 use crate::helpers::*;

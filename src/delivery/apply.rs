@@ -1,0 +1,174 @@
+//! Applying a decided transition: the one place a delivery writes its
+//! result (fenced on the lease) and the one place the run's [`Report`] is
+//! logged and counted.
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use super::Deliverer;
+use super::decide::Transition;
+use super::hub::Registration;
+use crate::domain::Status;
+use crate::store::{Finish, Lease, MessageRecord, Reschedule, StoreError, StoredResponse};
+
+/// How one run of a delivery ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Report {
+    /// The message is final.
+    Final(Status),
+    /// The attempt is recorded and the next one is due at this time.
+    Rescheduled(OffsetDateTime),
+    /// Another instance owns the message now; nothing was written.
+    LeaseLost,
+    /// The database could not be reached; the lease runs out and whoever
+    /// claims the message next resumes it from the row.
+    StoreDown,
+    /// Shutdown stopped the run where it was.
+    Stopped,
+}
+
+impl Deliverer {
+    /// Writes `t`, fenced on `lease`. `Proceed` and `Reconcile` are not
+    /// results and are never handed here.
+    pub(super) async fn apply(
+        &self,
+        msg: &mut MessageRecord,
+        lease: &Lease,
+        registration: &Registration,
+        t: Transition,
+    ) -> Report {
+        match t {
+            Transition::Final {
+                status,
+                provider_message_id,
+                error,
+                attempt,
+            } => {
+                let now = self.clock.now();
+                msg.status = status;
+                msg.provider_message_id = provider_message_id;
+                msg.error = error;
+                msg.updated_at = now;
+                msg.next_attempt_at = None;
+                if status == Status::Sent {
+                    msg.sent_at = Some(now);
+                }
+                let response = StoredResponse {
+                    status_code: 201,
+                    body: msg.to_out().to_json(),
+                };
+                let f = Finish {
+                    id: msg.id,
+                    lease_token: lease.token,
+                    status,
+                    provider_message_id: msg.provider_message_id.clone(),
+                    error: msg.error.clone(),
+                    sent_at: msg.sent_at,
+                    updated_at: now,
+                    response: response.clone(),
+                    attempt,
+                };
+                match self.write(lease, || self.store.finish(&f)).await {
+                    Ok(true) => {}
+                    Ok(false) => return Report::LeaseLost,
+                    Err(report) => return report,
+                }
+                registration.complete(response);
+                if status == Status::Sent {
+                    self.attach_early_receipts(msg, now).await;
+                }
+                Report::Final(status)
+            }
+            Transition::Retry { at, error, attempt } => {
+                let r = Reschedule {
+                    id: msg.id,
+                    lease_token: lease.token,
+                    next_attempt_at: at,
+                    updated_at: self.clock.now(),
+                    error: Some(error),
+                    attempt,
+                };
+                match self.write(lease, || self.store.reschedule(&r)).await {
+                    Ok(true) => {
+                        self.nudge_at(at);
+                        Report::Rescheduled(at)
+                    }
+                    Ok(false) => Report::LeaseLost,
+                    Err(report) => report,
+                }
+            }
+            Transition::Reconcile { .. } | Transition::Proceed => {
+                tracing::error!(?t, "not a result: nothing to write");
+                Report::StoreDown
+            }
+        }
+    }
+
+    /// Logs and counts how a run ended.
+    pub(super) fn record(&self, report: &Report) {
+        match report {
+            Report::Final(status) => {
+                tracing::info!(status = status.as_str(), "message final");
+                self.metrics.message_final(status.as_str());
+            }
+            Report::Rescheduled(at) => {
+                tracing::info!(next_attempt_at = %at, "retry scheduled");
+                self.metrics.retry_scheduled();
+            }
+            Report::LeaseLost => {
+                tracing::warn!("lease lost: another instance finished or owns this message");
+            }
+            Report::StoreDown => {
+                tracing::warn!("database unavailable: the message is resumed when its lease ends");
+            }
+            Report::Stopped => tracing::info!("stopped by shutdown"),
+        }
+    }
+
+    /// A fast provider's receipts can overtake our write of its id. Looking
+    /// only after our commit (one cheap read, and a locked attach only when
+    /// there is something to attach), while the receipt path looks again
+    /// after its own commit, means one of the two always sees the other.
+    async fn attach_early_receipts(&self, msg: &MessageRecord, now: OffsetDateTime) {
+        let Some(pmid) = msg.provider_message_id.as_deref() else {
+            return;
+        };
+        let attached = match self.store.has_unmatched_receipts(&msg.provider, pmid).await {
+            Ok(false) => Ok(false),
+            Ok(true) => self.store.attach_receipts(&msg.provider, pmid, now).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = attached {
+            tracing::warn!(error = %e, "could not attach receipts that arrived early");
+        }
+    }
+
+    /// Runs a fenced write, retrying while the database is unavailable and the
+    /// lease lasts. `Err(report)` when it could not be written at all (the
+    /// message is then resumed from the row by whoever claims it next).
+    async fn write<F, Fut>(&self, lease: &Lease, op: F) -> Result<bool, Report>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, StoreError>>,
+    {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match op().await {
+                Ok(done) => return Ok(done),
+                Err(StoreError::Unavailable(e)) if self.clock.now() < lease.expires_at => {
+                    tracing::warn!(error = %e, "database unavailable, retrying the write");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = self.stop.cancelled() => return Err(Report::Stopped),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "could not record the outcome");
+                    return Err(Report::StoreDown);
+                }
+            }
+        }
+    }
+}

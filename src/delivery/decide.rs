@@ -1,0 +1,419 @@
+//! What a delivery does next: a pure function of the message, what just
+//! happened, the time and the retry policy. No I/O and no clock reads, so
+//! every row of the decision table is a unit test.
+//!
+//! | what happened                          | transition                                   |
+//! |----------------------------------------|----------------------------------------------|
+//! | about to send, past validity/deadline  | final `failed` (`unknown` if maybe sent)     |
+//! | about to send, recipient opted out     | final `failed` (`unknown` if maybe sent)     |
+//! | about to send, otherwise               | proceed                                      |
+//! | accepted                               | final `sent`                                 |
+//! | rejected                               | final `failed` (`unknown` if maybe sent and  |
+//! |                                        | the provider does not de-duplicate)          |
+//! | retryable                              | retry at backoff/Retry-After, or give up     |
+//! | ambiguous, provider de-duplicates      | retry (resending cannot send twice)          |
+//! | ambiguous, otherwise                   | reconcile since the current attempt started  |
+//! | reconciled `Sent`                      | final `sent`                                 |
+//! | reconciled `NotSent` after an answer   | as retryable                                 |
+//! | reconciled `NotSent` on resume         | proceed                                      |
+//! | reconciled `Unknown`                   | final `unknown`                              |
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use super::RetryPolicy;
+use crate::clock::to_time;
+use crate::domain::{AttemptOutcome, MessageError, Status};
+use crate::provider::{Reconciled, SendOutcome};
+use crate::store::{AttemptResult, MessageRecord};
+
+/// What the decision needs to know about the message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    /// The number of the current attempt.
+    pub attempt: u32,
+    /// When the current attempt started: the window a reconciliation asks
+    /// about begins here.
+    pub attempt_started_at: OffsetDateTime,
+    /// An earlier attempt may have reached the provider.
+    pub maybe_sent: bool,
+    pub expires_at: Option<OffsetDateTime>,
+    pub deadline_at: OffsetDateTime,
+}
+
+impl Snapshot {
+    /// The snapshot of `msg` whose attempt `attempt` started at `started_at`.
+    pub fn of(msg: &MessageRecord, attempt: u32, started_at: OffsetDateTime) -> Self {
+        Self {
+            attempt,
+            attempt_started_at: started_at,
+            maybe_sent: msg.maybe_sent,
+            expires_at: msg.expires_at,
+            deadline_at: msg.deadline_at,
+        }
+    }
+}
+
+/// What happened.
+#[derive(Clone, Debug)]
+pub enum Event<'a> {
+    /// About to call the provider. `closing`: an attempt this ends if no
+    /// call is made, and how.
+    Starting {
+        opted_out: bool,
+        closing: Option<(u32, AttemptOutcome)>,
+    },
+    /// The provider answered the current attempt.
+    Answered(&'a SendOutcome),
+    /// The provider was asked about the ambiguous answer `after`.
+    Reconciled {
+        after: &'a SendOutcome,
+        answer: &'a Reconciled,
+    },
+    /// The provider was asked about an attempt a previous owner left open,
+    /// before starting a new one.
+    Resumed(&'a Reconciled),
+}
+
+/// What to do next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transition {
+    /// Make the message final; `attempt` closes the open attempt.
+    Final {
+        status: Status,
+        provider_message_id: Option<String>,
+        error: Option<MessageError>,
+        attempt: Option<AttemptResult>,
+    },
+    /// Record the attempt and try again at `at`.
+    Retry {
+        at: OffsetDateTime,
+        error: MessageError,
+        attempt: AttemptResult,
+    },
+    /// Ask the provider whether it sent the message since `since`.
+    Reconcile { since: OffsetDateTime },
+    /// Go on: start (or make) the provider call.
+    Proceed,
+}
+
+/// The transition `event` leads to.
+pub fn decide(
+    snap: &Snapshot,
+    event: &Event<'_>,
+    now: OffsetDateTime,
+    policy: &RetryPolicy,
+    dedupes: bool,
+) -> Transition {
+    match event {
+        Event::Starting { opted_out, closing } => {
+            let why = too_late(snap, now).or_else(|| {
+                opted_out.then(|| {
+                    (
+                        error(
+                            "recipient_opted_out",
+                            "the recipient opted out of messages from this account",
+                            None,
+                        ),
+                        AttemptOutcome::OptedOut,
+                    )
+                })
+            });
+            match why {
+                None => Transition::Proceed,
+                Some((e, outcome)) => Transition::Final {
+                    status: give_up_status(snap.maybe_sent),
+                    provider_message_id: None,
+                    attempt: closing.map(|(n, closing_outcome)| {
+                        // An attempt left open by a crash stays `lost`.
+                        let o = if closing_outcome == AttemptOutcome::Lost {
+                            closing_outcome
+                        } else {
+                            outcome
+                        };
+                        local_result(n, o, Some(e.message.clone()), now)
+                    }),
+                    error: Some(e),
+                },
+            }
+        }
+        Event::Answered(outcome) => answered(snap, outcome, now, policy, dedupes),
+        Event::Reconciled { after, answer } => match answer {
+            Reconciled::Sent {
+                provider_message_id,
+            } => Transition::Final {
+                status: Status::Sent,
+                provider_message_id: Some(provider_message_id.clone()),
+                error: None,
+                attempt: Some(result_from(after, snap.attempt, now)),
+            },
+            // The provider shows no such message: resending is safe.
+            Reconciled::NotSent => {
+                let (_, retry_after, message) = parts(after);
+                retry_or_give_up(snap, after, retry_after, now, policy, false, &message)
+            }
+            Reconciled::Unknown(reason) => Transition::Final {
+                status: Status::Unknown,
+                provider_message_id: None,
+                error: Some(error("outcome_unknown", reason, None)),
+                attempt: Some(result_from(after, snap.attempt, now)),
+            },
+        },
+        Event::Resumed(answer) => match answer {
+            Reconciled::Sent {
+                provider_message_id,
+            } => Transition::Final {
+                status: Status::Sent,
+                provider_message_id: Some(provider_message_id.clone()),
+                error: None,
+                attempt: Some(local_result(
+                    snap.attempt,
+                    AttemptOutcome::Reconciled,
+                    None,
+                    now,
+                )),
+            },
+            Reconciled::NotSent => Transition::Proceed,
+            Reconciled::Unknown(reason) => Transition::Final {
+                status: Status::Unknown,
+                provider_message_id: None,
+                error: Some(error("outcome_unknown", reason, None)),
+                attempt: Some(local_result(
+                    snap.attempt,
+                    AttemptOutcome::Lost,
+                    Some(reason.clone()),
+                    now,
+                )),
+            },
+        },
+    }
+}
+
+fn answered(
+    snap: &Snapshot,
+    outcome: &SendOutcome,
+    now: OffsetDateTime,
+    policy: &RetryPolicy,
+    dedupes: bool,
+) -> Transition {
+    let attempt = Some(result_from(outcome, snap.attempt, now));
+    match outcome {
+        SendOutcome::Accepted {
+            provider_message_id,
+            ..
+        } => Transition::Final {
+            status: Status::Sent,
+            provider_message_id: Some(provider_message_id.clone()),
+            error: None,
+            attempt,
+        },
+        SendOutcome::Rejected {
+            provider_code,
+            message,
+            ..
+        } => Transition::Final {
+            // A definite "no" to this very key: with a de-duplicating
+            // provider that also covers any earlier ambiguous attempt.
+            status: if dedupes {
+                Status::Failed
+            } else {
+                give_up_status(snap.maybe_sent)
+            },
+            provider_message_id: None,
+            error: Some(error("provider_rejected", message, provider_code.clone())),
+            attempt,
+        },
+        SendOutcome::Retryable {
+            retry_after,
+            message,
+            ..
+        } => retry_or_give_up(snap, outcome, *retry_after, now, policy, false, message),
+        SendOutcome::Ambiguous {
+            retry_after,
+            message,
+            ..
+        } => {
+            if dedupes {
+                // Resending with the same key cannot send twice.
+                retry_or_give_up(snap, outcome, *retry_after, now, policy, true, message)
+            } else {
+                Transition::Reconcile {
+                    since: snap.attempt_started_at,
+                }
+            }
+        }
+    }
+}
+
+fn retry_or_give_up(
+    snap: &Snapshot,
+    outcome: &SendOutcome,
+    retry_after: Option<Duration>,
+    now: OffsetDateTime,
+    policy: &RetryPolicy,
+    ambiguous: bool,
+    message: &str,
+) -> Transition {
+    let attempt = snap.attempt;
+    let result = result_from(outcome, attempt, now);
+    let maybe_sent = snap.maybe_sent || ambiguous;
+    let give_up = |code: &str, why: String| Transition::Final {
+        status: give_up_status(maybe_sent),
+        provider_message_id: None,
+        error: Some(error(
+            if maybe_sent { "outcome_unknown" } else { code },
+            &why,
+            None,
+        )),
+        attempt: Some(result.clone()),
+    };
+    if attempt >= policy.max_attempts {
+        return give_up(
+            "retries_exhausted",
+            format!("gave up after {attempt} attempts; last: {message}"),
+        );
+    }
+    let at = now + to_time(policy.delay(attempt, retry_after));
+    if snap.expires_at.is_some_and(|e| at >= e) {
+        return give_up(
+            "validity_expired",
+            format!("the next attempt would fall after the validity period; last: {message}"),
+        );
+    }
+    if at > snap.deadline_at {
+        return give_up(
+            "retries_exhausted",
+            format!("the next attempt would fall after the retry deadline; last: {message}"),
+        );
+    }
+    Transition::Retry {
+        at,
+        error: error(
+            if ambiguous {
+                "provider_ambiguous"
+            } else {
+                "provider_unavailable"
+            },
+            message,
+            None,
+        ),
+        attempt: result,
+    }
+}
+
+pub(crate) fn error(code: &str, message: &str, provider_code: Option<String>) -> MessageError {
+    MessageError {
+        code: code.to_string(),
+        message: message.to_string(),
+        provider_code,
+    }
+}
+
+/// Giving up on a message the provider may have sent ends it `unknown`.
+fn give_up_status(maybe_sent: bool) -> Status {
+    if maybe_sent {
+        Status::Unknown
+    } else {
+        Status::Failed
+    }
+}
+
+/// Why no attempt may start now, if none may, and how the attempt it would
+/// have been ends.
+fn too_late(snap: &Snapshot, now: OffsetDateTime) -> Option<(MessageError, AttemptOutcome)> {
+    if snap.expires_at.is_some_and(|e| now >= e) {
+        return Some((
+            error(
+                "validity_expired",
+                "the message's validity period ended before it could be sent",
+                None,
+            ),
+            AttemptOutcome::Expired,
+        ));
+    }
+    if now >= snap.deadline_at {
+        return Some((
+            error(
+                "retries_exhausted",
+                "the retry deadline passed before the provider accepted the message",
+                None,
+            ),
+            AttemptOutcome::Expired,
+        ));
+    }
+    None
+}
+
+fn local_result(
+    number: u32,
+    outcome: AttemptOutcome,
+    error: Option<String>,
+    now: OffsetDateTime,
+) -> AttemptResult {
+    AttemptResult {
+        number,
+        outcome,
+        http_status: None,
+        provider_code: None,
+        error,
+        provider_message_id: None,
+        finished_at: now,
+    }
+}
+
+fn parts(outcome: &SendOutcome) -> (Option<u16>, Option<Duration>, String) {
+    match outcome {
+        SendOutcome::Accepted { http_status, .. } => (*http_status, None, String::new()),
+        SendOutcome::Rejected {
+            http_status,
+            message,
+            ..
+        } => (*http_status, None, message.clone()),
+        SendOutcome::Retryable {
+            http_status,
+            retry_after,
+            message,
+            ..
+        }
+        | SendOutcome::Ambiguous {
+            http_status,
+            retry_after,
+            message,
+        } => (*http_status, *retry_after, message.clone()),
+    }
+}
+
+fn result_from(outcome: &SendOutcome, number: u32, now: OffsetDateTime) -> AttemptResult {
+    let (http_status, _, message) = parts(outcome);
+    let (name, provider_code, provider_message_id) = match outcome {
+        SendOutcome::Accepted {
+            provider_message_id,
+            ..
+        } => (
+            AttemptOutcome::Sent,
+            None,
+            Some(provider_message_id.clone()),
+        ),
+        SendOutcome::Rejected { provider_code, .. } => {
+            (AttemptOutcome::Rejected, provider_code.clone(), None)
+        }
+        SendOutcome::Retryable { provider_code, .. } => {
+            (AttemptOutcome::Retryable, provider_code.clone(), None)
+        }
+        SendOutcome::Ambiguous { .. } => (AttemptOutcome::Ambiguous, None, None),
+    };
+    AttemptResult {
+        number,
+        outcome: name,
+        http_status,
+        provider_code,
+        error: (!message.is_empty()).then_some(message),
+        provider_message_id,
+        finished_at: now,
+    }
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

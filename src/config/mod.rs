@@ -23,7 +23,7 @@ pub use error::{BoxError, ConfigError};
 pub use limits::LimitSettings;
 pub use provider::{ProviderConfig, ProviderSettings};
 pub use retention::RetentionSettings;
-pub use server::ServerSettings;
+pub use server::{ConnectionLimits, ReceiptSettings, ServerSettings, WaitSettings};
 
 use crate::delivery::DeliverySettings;
 

@@ -170,7 +170,7 @@ fn twilio(
         from: from.map(str::to_string),
         messaging_service_sid: messaging_service_sid.map(str::to_string),
         status_callback: super::server::public_url(a)?
-            .map(|base| format!("{base}{}", crate::http::receipts::TWILIO_STATUS_PATH)),
+            .map(|base| format!("{base}{}", crate::provider::twilio::STATUS_CALLBACK_PATH)),
         timeout,
         connect_timeout,
     })

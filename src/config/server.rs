@@ -5,12 +5,62 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use crate::apikey;
-use crate::http::WaitSettings;
-use crate::http::receipts::ReceiptSettings;
-use crate::http::server::ConnectionLimits;
 
 use super::parse::{DurationVar, Unit, given, number_or, positive_duration};
 use super::{ConfigArgs, ConfigError};
+
+/// Limits a connection must keep to.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// The whole request head must arrive within this.
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers), in bytes.
+    pub max_head_bytes: usize,
+    /// Most connections open at once; further clients wait in the
+    /// listen backlog until one closes.
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            max_head_bytes: 16 * 1024,
+            max_connections: 1024,
+        }
+    }
+}
+
+/// How long a request may wait for a send's outcome.
+#[derive(Clone, Debug)]
+pub struct WaitSettings {
+    /// Default wait when the client states no preference.
+    pub default: Duration,
+    /// Largest wait a client may ask for with `Prefer: wait=N`.
+    pub max: Duration,
+}
+
+/// How receipts are authenticated.
+#[derive(Clone, Default)]
+pub struct ReceiptSettings {
+    /// `SENDONCE_PUBLIC_URL`: the address Twilio calls, which it signs.
+    pub public_url: Option<String>,
+    /// `TWILIO_AUTH_TOKEN`: the key of `X-Twilio-Signature`.
+    pub twilio_auth_token: Option<String>,
+    /// `SENDONCE_RECEIPT_SECRET`: what the `http` provider sends in `X-Receipt-Secret`.
+    pub http_secret: Option<String>,
+}
+
+impl std::fmt::Debug for ReceiptSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |v: &Option<String>| if v.is_some() { "set" } else { "unset" };
+        f.debug_struct("ReceiptSettings")
+            .field("public_url", &self.public_url)
+            .field("twilio_auth_token", &set(&self.twilio_auth_token))
+            .field("http_secret", &set(&self.http_secret))
+            .finish()
+    }
+}
 
 #[derive(Clone)]
 pub struct ServerSettings {

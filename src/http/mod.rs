@@ -28,14 +28,7 @@ pub mod server;
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
-/// How long a request may wait for a send's outcome.
-#[derive(Clone, Debug)]
-pub struct WaitSettings {
-    /// Default wait when the client states no preference.
-    pub default: Duration,
-    /// Largest wait a client may ask for with `Prefer: wait=N`.
-    pub max: Duration,
-}
+pub use crate::config::WaitSettings;
 
 pub struct AppState {
     pub store: Arc<dyn Store>,

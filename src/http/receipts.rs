@@ -41,7 +41,8 @@ use crate::provider::twilio;
 use crate::store::{AttemptRow, NewReceipt, ReceiptOutcome, ReceiptRow};
 
 /// Where Twilio posts status callbacks (`StatusCallback` is this on the public URL).
-pub const TWILIO_STATUS_PATH: &str = "/providers/twilio/status";
+pub use crate::config::ReceiptSettings;
+pub use crate::provider::twilio::STATUS_CALLBACK_PATH as TWILIO_STATUS_PATH;
 /// Where the `http` provider posts receipts.
 pub const HTTP_STATUS_PATH: &str = "/providers/http/status";
 /// The header carrying `SENDONCE_RECEIPT_SECRET` on `http` receipts.
@@ -50,28 +51,6 @@ pub const RECEIPT_SECRET_HEADER: &str = "x-receipt-secret";
 /// Longest provider id, event id or status accepted in a receipt.
 const MAX_ID_LEN: usize = 255;
 const MAX_STATUS_LEN: usize = 64;
-
-/// How receipts are authenticated.
-#[derive(Clone, Default)]
-pub struct ReceiptSettings {
-    /// `SENDONCE_PUBLIC_URL`: the address Twilio calls, which it signs.
-    pub public_url: Option<String>,
-    /// `TWILIO_AUTH_TOKEN`: the key of `X-Twilio-Signature`.
-    pub twilio_auth_token: Option<String>,
-    /// `SENDONCE_RECEIPT_SECRET`: what the `http` provider sends in `X-Receipt-Secret`.
-    pub http_secret: Option<String>,
-}
-
-impl std::fmt::Debug for ReceiptSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let set = |v: &Option<String>| if v.is_some() { "set" } else { "unset" };
-        f.debug_struct("ReceiptSettings")
-            .field("public_url", &self.public_url)
-            .field("twilio_auth_token", &set(&self.twilio_auth_token))
-            .field("http_secret", &set(&self.http_secret))
-            .finish()
-    }
-}
 
 pub fn router() -> Router<SharedState> {
     Router::new()

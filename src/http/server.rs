@@ -25,27 +25,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-/// Limits a connection must keep to.
-#[derive(Clone, Copy, Debug)]
-pub struct ConnectionLimits {
-    /// The whole request head must arrive within this.
-    pub header_read_timeout: Duration,
-    /// Largest request head (request line and headers), in bytes.
-    pub max_head_bytes: usize,
-    /// Most connections open at once; further clients wait in the
-    /// listen backlog until one closes.
-    pub max_connections: usize,
-}
-
-impl Default for ConnectionLimits {
-    fn default() -> Self {
-        Self {
-            header_read_timeout: Duration::from_secs(10),
-            max_head_bytes: 16 * 1024,
-            max_connections: 1024,
-        }
-    }
-}
+pub use crate::config::ConnectionLimits;
 
 /// Serves `router` until `stop` is cancelled, then waits for open requests
 /// to finish (the caller bounds that wait).

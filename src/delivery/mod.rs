@@ -411,11 +411,38 @@ impl Deliverer {
     /// Asks the provider whether it sent `sms` since `since`: the one
     /// reconcile path, for an attempt a previous owner left open and for an
     /// ambiguous answer. `None` when shutdown stopped it.
+    ///
+    /// A provider message id that another message already holds is never
+    /// ours: the provider's single candidate was someone else's SMS, so
+    /// nothing of ours was listed.
     async fn reconcile(&self, sms: &OutgoingSms, since: OffsetDateTime) -> Option<Reconciled> {
-        tokio::select! {
-            r = self.provider.reconcile(sms, since) => Some(r),
-            () = self.stop.cancelled() => None,
-        }
+        let answer = tokio::select! {
+            r = self.provider.reconcile(sms, since) => r,
+            () = self.stop.cancelled() => return None,
+        };
+        let Reconciled::Sent {
+            provider_message_id,
+        } = &answer
+        else {
+            return Some(answer);
+        };
+        let owner = self
+            .store
+            .provider_message_owner(self.provider.name(), provider_message_id)
+            .await;
+        Some(match owner {
+            Ok(Some(owner)) if owner != sms.message_id => {
+                tracing::warn!(
+                    %owner,
+                    "the provider's only candidate belongs to another message: not ours"
+                );
+                Reconciled::NotSent
+            }
+            Ok(_) => answer,
+            Err(e) => Reconciled::Unknown(format!(
+                "could not check who holds provider message {provider_message_id}: {e}"
+            )),
+        })
     }
 
     /// Wakes the scheduler when a retry falls due before its next regular

@@ -94,6 +94,13 @@ pub trait MessageStore: Send + Sync {
     async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError>;
     /// The state of a message by id.
     async fn state_by_id(&self, id: MessageId) -> Result<Option<KeyState>, StoreError>;
+    /// The message that already holds this provider message id, if any
+    /// (reconciliation must never attribute one message's SMS to another).
+    async fn provider_message_owner(
+        &self,
+        provider: &str,
+        provider_message_id: &str,
+    ) -> Result<Option<MessageId>, StoreError>;
     async fn message(
         &self,
         tenant_id: Uuid,

@@ -240,7 +240,49 @@ async fn another_tenants_message_ending_in_ours_is_not_taken_for_it(backend: Bac
 on_both_backends!(
     an_accepted_message_still_queued_is_found_and_not_resent,
     another_tenants_message_ending_in_ours_is_not_taken_for_it,
+    a_sid_another_message_owns_is_never_ours,
 );
+
+// Never a provider message id another message already owns --------------
+
+async fn a_sid_another_message_owns_is_never_ours(backend: Backend) {
+    let a = spawn_with(TestOptions {
+        backend,
+        provider: Some(twilio()),
+        ..TestOptions::default()
+    })
+    .await;
+    let first = a.post("A-2", &sms(TO, "Your code is 654321")).await.json();
+    assert_eq!(first["status"], "sent");
+    let a_sid = first["provider_message_id"].as_str().unwrap().to_string();
+
+    // Tenant B sends the very same text from the same sender; its create
+    // fails with a 500 that created nothing. The lookup lists exactly one
+    // candidate, and it is A's.
+    let b = spawn_with(TestOptions {
+        backend,
+        database: Some(a.database.clone()),
+        mock: Some((a.mock.clone(), a.mock_url.clone())),
+        provider: Some(twilio()),
+        ..TestOptions::default()
+    })
+    .await;
+    a.mock.push([Behaviour::Fail {
+        status: 500,
+        body: json!({"code": 20500, "message": "Internal Server Error"}),
+        retry_after: None,
+    }]);
+    let m = b.post("B-2", &sms(TO, "Your code is 654321")).await.json();
+    assert_ne!(
+        m["provider_message_id"],
+        a_sid.as_str(),
+        "A's SMS attributed to B: {m}"
+    );
+    assert_eq!(m["status"], "sent", "{m}");
+    assert_eq!(m["attempts"], 2, "A's message is not B's: B was resent");
+    assert_eq!(a.mock.deliveries_to(TO, "Your code is 654321"), 2);
+}
+
 
 // (c) ----------------------------------------------------------------------
 

@@ -143,6 +143,21 @@ impl MessageStore for PgStore {
         Ok(row.map(KeyState::from))
     }
 
+    async fn provider_message_owner(
+        &self,
+        provider: &str,
+        provider_message_id: &str,
+    ) -> Result<Option<MessageId>, StoreError> {
+        let row: Option<(uuid::Uuid,)> = sqlx::query_as(
+            "SELECT id FROM messages WHERE provider = $1 AND provider_message_id = $2 LIMIT 1",
+        )
+        .bind(provider)
+        .bind(provider_message_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(id,)| MessageId(id)))
+    }
+
     #[tracing::instrument(name = "store.message", level = "debug", skip_all)]
     async fn message(
         &self,

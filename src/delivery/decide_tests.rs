@@ -253,3 +253,27 @@ fn a_resumed_message_reconciles_from_its_current_attempt() {
         }
     );
 }
+
+#[test]
+fn a_call_starts_under_a_nearly_full_lease() {
+    use crate::delivery::needs_renewal;
+    use std::time::Duration;
+    let now = time::macros::datetime!(2026-01-01 12:00:00 UTC);
+    let lease = Duration::from_secs(30);
+    let s = time::Duration::seconds;
+    let ms = time::Duration::milliseconds;
+    // (left on the lease, renew?)
+    let table = [
+        (s(30), false),
+        (s(29) + ms(1), false),
+        (s(29), false),
+        (s(29) - ms(1), true),
+        (s(12), true),
+        (s(2), true),
+        (s(0), true),
+        (s(-5), true),
+    ];
+    for (left, renew) in table {
+        assert_eq!(needs_renewal(now + left, now, lease), renew, "{left} left");
+    }
+}

@@ -357,15 +357,21 @@ impl Deliverer {
             return self.apply(&mut msg, &lease, registration, t).await;
         }
 
-        // Every call starts under a full lease, however long the wait for a
-        // slot was, so no other instance takes the message over while it runs.
-        lease.expires_at = self.clock.now() + to_time(self.settings.lease);
-        match self.store.renew_lease(msg.id, &lease).await {
-            Ok(true) => {}
-            Ok(false) => return Report::LeaseLost,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not renew the lease");
-                return Report::StoreDown;
+        // Every call starts under a (nearly) full lease, however long the
+        // wait for a slot was, so no other instance takes the message over
+        // while it runs. A lease written within the last second (the insert
+        // of a new message, the start of a resumed attempt) already is one:
+        // renewing it again would cost a round trip per send for nothing.
+        let now = self.clock.now();
+        if needs_renewal(lease.expires_at, now, self.settings.lease) {
+            lease.expires_at = now + to_time(self.settings.lease);
+            match self.store.renew_lease(msg.id, &lease).await {
+                Ok(true) => {}
+                Ok(false) => return Report::LeaseLost,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not renew the lease");
+                    return Report::StoreDown;
+                }
             }
         }
 
@@ -462,4 +468,15 @@ impl Deliverer {
             }
         });
     }
+}
+
+/// How fresh a lease must be for a provider call to start under it without
+/// renewing it first.
+pub const LEASE_FRESHNESS: Duration = Duration::from_secs(1);
+
+/// Whether a lease expiring at `expires_at` must be renewed before a
+/// provider call at `now`: unless it has at least `lease - LEASE_FRESHNESS`
+/// left.
+pub fn needs_renewal(expires_at: OffsetDateTime, now: OffsetDateTime, lease: Duration) -> bool {
+    expires_at - now < to_time(lease.saturating_sub(LEASE_FRESHNESS))
 }

@@ -283,7 +283,6 @@ async fn a_sid_another_message_owns_is_never_ours(backend: Backend) {
     assert_eq!(a.mock.deliveries_to(TO, "Your code is 654321"), 2);
 }
 
-
 // (c) ----------------------------------------------------------------------
 
 #[tokio::test]

@@ -41,6 +41,10 @@ const OLDEST: &str = "sendonce_oldest_processing_age_seconds";
 const TAKEOVERS: &str = "sendonce_rescuer_takeovers_total";
 const RECEIPTS: &str = "sendonce_receipts_total";
 const PURGED: &str = "sendonce_purged_messages_total";
+const INTERRUPTED: &str = "sendonce_deliveries_interrupted_total";
+
+/// The reasons of [`Metrics::delivery_interrupted`], in its counters' order.
+const INTERRUPTIONS: [&str; 3] = ["lease_lost", "store_down", "stopped"];
 
 /// Latency buckets, in seconds.
 const BUCKETS: &[f64] = &[
@@ -54,6 +58,8 @@ pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     retries: Counter,
+    /// By reason: `lease_lost`, `store_down`, `stopped`.
+    interrupted: [Counter; 3],
     takeovers: Counter,
     purged: Counter,
     in_flight: Gauge,
@@ -133,6 +139,10 @@ impl Metrics {
             ),
             (PURGED, "Messages deleted past retention"),
             (
+                INTERRUPTED,
+                "Delivery runs that ended neither final nor rescheduled, by reason (lease_lost, store_down, stopped)",
+            ),
+            (
                 RECEIPTS,
                 "Delivery receipts, by provider and outcome (applied, recorded, duplicate, unmatched)",
             ),
@@ -163,6 +173,15 @@ impl Metrics {
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &META);
         let metrics = Metrics {
             retries: counter(RETRIES),
+            interrupted: INTERRUPTIONS.map(|reason| {
+                recorder.register_counter(
+                    &Key::from_parts(
+                        INTERRUPTED,
+                        vec![Label::from_static_parts("reason", reason)],
+                    ),
+                    &META,
+                )
+            }),
             takeovers: counter(TAKEOVERS),
             purged: counter(PURGED),
             in_flight: gauge(IN_FLIGHT),
@@ -286,6 +305,14 @@ impl Metrics {
             .increment(1);
     }
 
+    /// A delivery run that ended neither final nor rescheduled: `reason` is
+    /// one of `lease_lost`, `store_down`, `stopped` (anything else is
+    /// counted as `stopped`).
+    pub fn delivery_interrupted(&self, reason: &'static str) {
+        let i = INTERRUPTIONS.iter().position(|r| *r == reason).unwrap_or(2);
+        self.interrupted[i].increment(1);
+    }
+
     pub fn takeover(&self) {
         self.takeovers.increment(1);
     }
@@ -372,6 +399,7 @@ mod tests {
         m.receipt("http", "applied");
         m.takeover();
         m.purged(1);
+        m.delivery_interrupted("lease_lost");
         let text = m.render(0, Some(Duration::ZERO));
         let exported: std::collections::BTreeSet<&str> = text
             .lines()
@@ -385,7 +413,11 @@ mod tests {
             .filter_map(|l| l.split('`').next())
             .filter(|name| name.starts_with("sendonce_"))
             .collect();
-        assert_eq!(exported.len(), 11, "{text}");
+        assert_eq!(exported.len(), 12, "{text}");
+        assert!(
+            text.contains("sendonce_deliveries_interrupted_total{reason=\"lease_lost\"} 1"),
+            "{text}"
+        );
         assert_eq!(exported, documented);
     }
 }

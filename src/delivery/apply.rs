@@ -118,11 +118,16 @@ impl Deliverer {
             }
             Report::LeaseLost => {
                 tracing::warn!("lease lost: another instance finished or owns this message");
+                self.metrics.delivery_interrupted("lease_lost");
             }
             Report::StoreDown => {
                 tracing::warn!("database unavailable: the message is resumed when its lease ends");
+                self.metrics.delivery_interrupted("store_down");
             }
-            Report::Stopped => tracing::info!("stopped by shutdown"),
+            Report::Stopped => {
+                tracing::info!("stopped by shutdown");
+                self.metrics.delivery_interrupted("stopped");
+            }
         }
     }
 

@@ -196,21 +196,26 @@ async fn an_accepted_message_still_queued_is_found_and_not_resent(backend: Backe
 
 // (b) ----------------------------------------------------------------------
 
-async fn another_tenants_message_ending_in_ours_is_not_taken_for_it(backend: Backend) {
+/// Tenant A sends `a_body` (sent, then handed to the carrier, so any lookup
+/// lists it); then tenant B, sharing A's database, mock and Twilio account,
+/// sends `b_body` to the same number, and B's first create fails with a 500
+/// that created nothing. Returns A's instance, A's sid and B's final message.
+async fn tenant_b_after_tenant_a(
+    backend: Backend,
+    a_body: &str,
+    b_body: &str,
+) -> (TestApp, String, serde_json::Value) {
     let a = spawn_with(TestOptions {
         backend,
         provider: Some(twilio()),
         ..TestOptions::default()
     })
     .await;
-    let first = a.post("A-1", &sms(TO, "Your code is 123456")).await.json();
+    let first = a.post("A-1", &sms(TO, a_body)).await.json();
     assert_eq!(first["status"], "sent");
     let a_sid = first["provider_message_id"].as_str().unwrap().to_string();
-    // Handed to the carrier: visible to any lookup, `DateSent` or not.
     a.mock.twilio_hand_over();
 
-    // Tenant B, same Twilio account, same number, a body A's ends with; its
-    // create fails with a 500 that created nothing.
     let b = spawn_with(TestOptions {
         backend,
         database: Some(a.database.clone()),
@@ -225,16 +230,34 @@ async fn another_tenants_message_ending_in_ours_is_not_taken_for_it(backend: Bac
         body: json!({"code": 20500, "message": "Internal Server Error"}),
         retry_after: None,
     }]);
-    let m = b.post("B-1", &sms(TO, "123456")).await.json();
+    let m = b.post("B-1", &sms(TO, b_body)).await.json();
     assert_ne!(
         m["provider_message_id"],
         a_sid.as_str(),
         "tenant A's message taken for B's: {m}"
     );
+    (a, a_sid, m)
+}
+
+async fn another_tenants_message_ending_in_ours_is_not_taken_for_it(backend: Backend) {
+    // B's body is one A's ends with.
+    let (a, _, m) = tenant_b_after_tenant_a(backend, "Your code is 123456", "123456").await;
     assert_eq!(m["status"], "sent", "{m}");
     assert_eq!(m["attempts"], 2, "nothing of B's was listed: resent");
     assert_eq!(a.mock.deliveries_to(TO, "123456"), 1);
     assert_eq!(a.mock.deliveries_to(TO, "Your code is 123456"), 1);
+}
+
+// Never a provider message id another message already owns --------------
+
+async fn a_sid_another_message_owns_is_never_ours(backend: Backend) {
+    // The very same text from the same sender: the lookup lists exactly one
+    // candidate, and it is A's, which A's message already holds.
+    let body = "Your code is 654321";
+    let (a, _, m) = tenant_b_after_tenant_a(backend, body, body).await;
+    assert_eq!(m["status"], "sent", "{m}");
+    assert_eq!(m["attempts"], 2, "A's message is not B's: B was resent");
+    assert_eq!(a.mock.deliveries_to(TO, body), 2);
 }
 
 on_both_backends!(
@@ -242,46 +265,6 @@ on_both_backends!(
     another_tenants_message_ending_in_ours_is_not_taken_for_it,
     a_sid_another_message_owns_is_never_ours,
 );
-
-// Never a provider message id another message already owns --------------
-
-async fn a_sid_another_message_owns_is_never_ours(backend: Backend) {
-    let a = spawn_with(TestOptions {
-        backend,
-        provider: Some(twilio()),
-        ..TestOptions::default()
-    })
-    .await;
-    let first = a.post("A-2", &sms(TO, "Your code is 654321")).await.json();
-    assert_eq!(first["status"], "sent");
-    let a_sid = first["provider_message_id"].as_str().unwrap().to_string();
-
-    // Tenant B sends the very same text from the same sender; its create
-    // fails with a 500 that created nothing. The lookup lists exactly one
-    // candidate, and it is A's.
-    let b = spawn_with(TestOptions {
-        backend,
-        database: Some(a.database.clone()),
-        mock: Some((a.mock.clone(), a.mock_url.clone())),
-        provider: Some(twilio()),
-        ..TestOptions::default()
-    })
-    .await;
-    a.mock.push([Behaviour::Fail {
-        status: 500,
-        body: json!({"code": 20500, "message": "Internal Server Error"}),
-        retry_after: None,
-    }]);
-    let m = b.post("B-2", &sms(TO, "Your code is 654321")).await.json();
-    assert_ne!(
-        m["provider_message_id"],
-        a_sid.as_str(),
-        "A's SMS attributed to B: {m}"
-    );
-    assert_eq!(m["status"], "sent", "{m}");
-    assert_eq!(m["attempts"], 2, "A's message is not B's: B was resent");
-    assert_eq!(a.mock.deliveries_to(TO, "Your code is 654321"), 2);
-}
 
 // (c) ----------------------------------------------------------------------
 

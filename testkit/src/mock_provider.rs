@@ -566,17 +566,7 @@ async fn send(
             retry_after,
         } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let mut resp = (
-                status,
-                [(header::CONTENT_TYPE, "application/json")],
-                body.to_string(),
-            )
-                .into_response();
-            if let Some(secs) = retry_after {
-                resp.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            }
-            resp
+            json_answer(status, &body, retry_after)
         }
         Behaviour::AcceptThenFail { status } => {
             mock.deliver(key.as_deref(), &sms);
@@ -622,6 +612,11 @@ fn twilio_error(status: u16, code: i64, message: &str, retry_after: Option<u64>)
         "more_info": format!("https://www.twilio.com/docs/errors/{code}"),
         "status": status.as_u16(),
     });
+    json_answer(status, &body, retry_after)
+}
+
+/// A JSON answer, with `Retry-After` in seconds when given.
+fn json_answer(status: StatusCode, body: &serde_json::Value, retry_after: Option<u64>) -> Response {
     let mut resp = (
         status,
         [(header::CONTENT_TYPE, "application/json")],

@@ -62,6 +62,25 @@ pub enum TenantCommand {
         name: String,
         countries: Vec<String>,
     },
+    /// The senders (`from`) a tenant may use. Without a list a tenant sends
+    /// only from the provider's default sender; tenant `default` accepts any
+    /// sender until a list is set.
+    Senders {
+        name: String,
+        #[command(subcommand)]
+        command: SendersCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SendersCommand {
+    /// Allow a sender: an E.164 number or an alphanumeric id (1 to 11 characters).
+    Add { sender: String },
+    /// Disallow a sender (removing the last leaves an empty list: the
+    /// provider's default sender only).
+    Remove { sender: String },
+    /// Print the tenant's senders, one a line (`(no list)` when none was set).
+    List,
 }
 
 #[derive(Debug, Subcommand)]

@@ -343,6 +343,17 @@ impl TestApp {
             .request(method, format!("{}{}", self.base, path))
     }
 
+    /// Puts `sender` on this instance's tenant's list of allowed senders.
+    pub async fn allow_sender(&self, sender: &str) {
+        let changed = self
+            .handle
+            .store
+            .edit_senders(&self.tenant, sender, true)
+            .await
+            .expect("edit senders");
+        assert_eq!(changed, Some(true), "tenant {} exists", self.tenant);
+    }
+
     /// Rows in `messages`.
     pub async fn message_count(&self) -> i64 {
         self.db.count("SELECT count(*) FROM messages").await

@@ -93,9 +93,24 @@ pub async fn serve(settings: Settings) -> Result<(), CommandError> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
+    let metrics_listener = match settings.server.metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for metrics"))?,
+        ),
+        None => None,
+    };
     let database = redact_url(&settings.database.url);
-    let app = App::build(settings, store, provider.clone(), Clock::system(), listener)
+    let mut app = App::build(settings, store, provider.clone(), Clock::system(), listener)
         .context("building the app")?;
+    if let Some(listener) = metrics_listener {
+        tracing::info!(
+            metrics_listen = %listener.local_addr().context("reading the metrics address")?,
+            "serving /metrics on its own listener only"
+        );
+        app = app.with_metrics_listener(listener);
+    }
     let addr = app.local_addr().context("reading the listening address")?;
     tracing::info!(
         listen = %addr,

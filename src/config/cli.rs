@@ -130,6 +130,9 @@ pub struct ConfigArgs {
     /// Address to listen on (default 127.0.0.1:8080).
     #[arg(long, env = "SENDONCE_LISTEN", global = true)]
     pub listen: Option<String>,
+    /// Serve GET /metrics on this address instead of on --listen (recommended in production: keep it off the public listener).
+    #[arg(long, env = "SENDONCE_METRICS_LISTEN", global = true)]
+    pub metrics_listen: Option<String>,
     /// Most client connections served at once.
     #[arg(long, env = "SENDONCE_MAX_CONNECTIONS", global = true)]
     pub max_connections: Option<String>,

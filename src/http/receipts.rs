@@ -35,6 +35,7 @@ use time::OffsetDateTime;
 
 use super::messages::read_body;
 use super::{SharedState, Tenant};
+use crate::domain::request::duplicate_key;
 use crate::domain::{FieldError, Status};
 use crate::error::ApiError;
 use crate::provider::twilio;
@@ -207,6 +208,10 @@ async fn http_status(
     let body = read_body(body, state.body_read_timeout).await?;
     let value: serde_json::Value =
         serde_json::from_slice(&body).map_err(|_| ApiError::MalformedJson)?;
+    // Parsers disagree on which duplicate wins: refused, as on POST /messages.
+    if let Some(path) = duplicate_key(&body) {
+        return Err(invalid(&path, "appears more than once in the JSON object"));
+    }
     let Some(object) = value.as_object() else {
         return Err(invalid("", "the request body must be a JSON object"));
     };

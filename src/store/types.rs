@@ -301,6 +301,9 @@ pub struct Reschedule {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AttemptRow {
     pub number: u32,
+    /// The instance (host, pid) that made the attempt: for operators and
+    /// logs, never shown to tenants.
+    #[serde(skip_serializing)]
     pub lease_owner: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,

@@ -189,8 +189,168 @@ async fn the_default_tenant_accepts_any_sender_until_it_has_a_list(backend: Back
     assert_eq!(error_fields(&a), vec!["from"]);
 }
 
+async fn tenants_do_not_see_which_instance_made_an_attempt(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    assert_eq!(
+        app.post("OWNER", &sms("+14155550100", "hi")).await.status,
+        201
+    );
+    let owners = "SELECT count(*) FROM attempts WHERE lease_owner IS NOT NULL";
+    assert_eq!(app.db.count(owners).await, 1, "the owner is recorded");
+    let pid = format!("/{}/", std::process::id());
+    for path in ["/messages/OWNER/attempts", "/messages/OWNER/events"] {
+        let a = app.get(path).await;
+        assert_eq!(a.status, 200);
+        let text = String::from_utf8_lossy(&a.bytes).to_string();
+        assert!(!text.contains("lease_owner"), "{path}: {text}");
+        assert!(!text.contains(&pid), "{path}: {text}");
+        assert_eq!(a.json()["data"][0]["number"], 1, "{text}");
+    }
+}
+
+const RECEIPT_SECRET: &str = "receipt-secret-0123456789";
+
+async fn receipt_app(backend: Backend) -> TestApp {
+    let mut settings = test_settings();
+    settings.server.receipts.http_secret = Some(RECEIPT_SECRET.into());
+    spawn_with(TestOptions {
+        backend,
+        settings,
+        ..TestOptions::default()
+    })
+    .await
+}
+
+async fn post_raw(app: &TestApp, path: &str, body: &str, secret: bool) -> Answer {
+    let mut req = app
+        .request(reqwest::Method::POST, path)
+        .bearer_auth(&app.api_key)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if secret {
+        req = req.header("x-receipt-secret", RECEIPT_SECRET);
+    }
+    answer(req.send().await.expect("POST")).await
+}
+
+async fn opt_out_and_receipt_bodies_refuse_duplicate_keys(backend: Backend) {
+    let app = receipt_app(backend).await;
+    let a = app.post("DUP", &sms("+14155550100", "hi")).await;
+    let id = a.json()["provider_message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let a = post_raw(
+        &app,
+        "/opt-outs",
+        r#"{"number":"+14155550123","number":"+14155550124"}"#,
+        false,
+    )
+    .await;
+    assert_eq!(error_fields(&a), vec!["number"]);
+    let a = post_raw(
+        &app,
+        "/inbound",
+        r#"{"from":"+14155550123","body":"hello","body":"STOP"}"#,
+        false,
+    )
+    .await;
+    assert_eq!(error_fields(&a), vec!["body"]);
+    assert_eq!(app.db.count("SELECT count(*) FROM opt_outs").await, 0);
+
+    let body = format!(r#"{{"id":"{id}","status":"sent","event_id":"e1","status":"delivered"}}"#);
+    let a = post_raw(&app, "/providers/http/status", &body, true).await;
+    assert_eq!(error_fields(&a), vec!["status"]);
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 0);
+    assert_eq!(app.get("/messages/DUP").await.json()["status"], "sent");
+}
+
+async fn unknown_field_names_are_not_echoed_at_length(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let long = "x".repeat(5000);
+    let mut body = sms("+14155550100", "hi");
+    body[long.as_str()] = json!(1);
+    let a = app.post("UNKNOWN-LONG", &body).await;
+    let fields = error_fields(&a);
+    assert_eq!(fields, vec!["x".repeat(40)]);
+    assert!(a.bytes.len() < 1000, "{} bytes", a.bytes.len());
+
+    let mut body = sms("+14155550100", "hi");
+    for i in 0..500 {
+        body[format!("unknown-{i:03}")] = json!(1);
+    }
+    let a = app.post("UNKNOWN-MANY", &body).await;
+    assert_eq!(error_fields(&a).len(), 10);
+
+    let a = post_raw(&app, "/opt-outs", &format!(r#"{{"{long}":1}}"#), false).await;
+    assert_eq!(error_fields(&a), vec!["x".repeat(40)]);
+    // A duplicate deep inside metadata names a short path.
+    let deep =
+        format!(r#"{{"to":"+14155550100","body":"hi","metadata":{{"{long}":"a","{long}":"b"}}}}"#);
+    let req = app
+        .request(reqwest::Method::POST, "/messages")
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", "UNKNOWN-DEEP")
+        .header("content-type", "application/json")
+        .body(deep);
+    let a = answer(req.send().await.unwrap()).await;
+    assert_eq!(
+        error_fields(&a),
+        vec![format!("metadata.{}", "x".repeat(31))]
+    );
+    assert_eq!(app.message_count().await, 0);
+}
+
+async fn the_oldest_processing_query_has_a_partial_index(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let sql = match backend {
+        Backend::Postgres => {
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'messages_processing_created_idx' \
+             AND indexdef LIKE '%(created_at)%' AND indexdef LIKE '%processing%'"
+        }
+        Backend::Sqlite => {
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' \
+             AND name = 'messages_processing_created_idx' \
+             AND sql LIKE '%(created_at)%' AND sql LIKE '%processing%'"
+        }
+    };
+    assert_eq!(app.db.count(sql).await, 1);
+}
+
 on_both_backends!(
     a_changed_bootstrap_key_revokes_only_the_previous_one,
     senders_are_limited_to_the_tenants_list,
     the_default_tenant_accepts_any_sender_until_it_has_a_list,
+    tenants_do_not_see_which_instance_made_an_attempt,
+    opt_out_and_receipt_bodies_refuse_duplicate_keys,
+    unknown_field_names_are_not_echoed_at_length,
+    the_oldest_processing_query_has_a_partial_index,
 );
+
+#[tokio::test]
+async fn metrics_can_have_a_listener_of_their_own() {
+    let together = spawn_app().await;
+    let a = together.get("/metrics").await;
+    assert_eq!(a.status, 200);
+    assert!(together.handle.metrics_addr.is_none());
+
+    let apart = spawn_with(TestOptions {
+        separate_metrics: true,
+        ..TestOptions::default()
+    })
+    .await;
+    let a = apart.get("/metrics").await;
+    assert_eq!(a.status, 404, "the API listener no longer serves /metrics");
+    let addr = apart.handle.metrics_addr.expect("metrics listener");
+    let resp = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("scrape");
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("sendonce_"), "{text}");
+    let resp = reqwest::get(format!("http://{addr}/messages/x"))
+        .await
+        .expect("GET");
+    assert_eq!(resp.status(), 404, "only /metrics there");
+}

@@ -188,6 +188,15 @@ pub trait ReceiptStore: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// A message's receipts in arrival order.
     async fn receipts(&self, id: MessageId) -> Result<Vec<ReceiptRow>, StoreError>;
+    /// At most `limit` of a message's receipts in (received_at, seq) order,
+    /// after the position `after` (received at, seq) when given: one page of
+    /// its history.
+    async fn receipts_after(
+        &self,
+        id: MessageId,
+        after: Option<(OffsetDateTime, i64)>,
+        limit: u32,
+    ) -> Result<Vec<ReceiptRow>, StoreError>;
     /// Receipts that matched no message, newest first.
     async fn unmatched_receipts(&self, limit: u32) -> Result<Vec<ReceiptRow>, StoreError>;
 }

@@ -322,8 +322,9 @@ pub struct NewReceipt {
     /// The endpoint that received it: `twilio` or `http` (the provider name
     /// stored on messages, which is how a receipt finds its message).
     pub provider: String,
-    /// The provider's identity of this event: a second receipt with the same
-    /// one is a duplicate and changes nothing.
+    /// The identity of this event: a second receipt with the same one is a
+    /// duplicate and changes nothing. Built from what the provider
+    /// authenticated (see `http::receipts::receipt_identity`).
     pub event_id: String,
     pub provider_message_id: String,
     /// The status as the provider spelled it.
@@ -348,6 +349,9 @@ pub struct ReceiptOutcome {
 /// A recorded receipt.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ReceiptRow {
+    /// Arrival order.
+    #[serde(skip)]
+    pub seq: i64,
     pub provider: String,
     pub event_id: String,
     pub provider_message_id: String,

@@ -354,3 +354,139 @@ async fn metrics_can_have_a_listener_of_their_own() {
         .expect("GET");
     assert_eq!(resp.status(), 404, "only /metrics there");
 }
+
+/// A Twilio status callback for `sid`, signed, with `token` as the
+/// (unsigned) idempotency header.
+async fn twilio_callback(app: &TestApp, sid: &str, status: &str, token: &str) -> Answer {
+    use crate::twilio::{ACCOUNT, AUTH_TOKEN};
+    let url = format!("{}/providers/twilio/status", app.base);
+    let params: Vec<(String, String)> = [
+        ("AccountSid", ACCOUNT),
+        ("MessageSid", sid),
+        ("MessageStatus", status),
+        ("To", "+14155550100"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let signature = sendonce::provider::twilio::signature(AUTH_TOKEN, &url, &params);
+    let req = app
+        .client
+        .post(&url)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .header("X-Twilio-Signature", signature)
+        .header("I-Twilio-Idempotency-Token", token)
+        .body(sendonce::provider::twilio::encode_form(&params));
+    answer(req.send().await.expect("callback")).await
+}
+
+async fn replayed_receipts_with_fresh_tokens_are_stored_once(backend: Backend) {
+    let app = crate::twilio::spawn_twilio(backend).await;
+    let a = app.post("REPLAY", &sms("+14155550100", "hi")).await;
+    assert_eq!(a.status, 201);
+    let sid = a.json()["provider_message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let first = twilio_callback(&app, &sid, "delivered", "tok-1").await;
+    assert_eq!(first.json()["duplicate"], false);
+    for i in 2..20 {
+        let again = twilio_callback(&app, &sid, "delivered", &format!("tok-{i}")).await;
+        assert_eq!(again.status, 200);
+        assert_eq!(again.json()["duplicate"], true, "replay {i}");
+    }
+    // Another status is another event.
+    let other = twilio_callback(&app, &sid, "read", "tok-x").await;
+    assert_eq!(other.json()["duplicate"], false);
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 2);
+
+    // The http provider's receipts: a fresh event_id does not make a replay new.
+    let http = receipt_app(backend).await;
+    let a = http.post("REPLAY-HTTP", &sms("+14155550100", "hi")).await;
+    let id = a.json()["provider_message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for i in 0..10 {
+        let body = json!({"id": id, "status": "delivered", "event_id": format!("ev-{i}")});
+        let a = post_raw(&http, "/providers/http/status", &body.to_string(), true).await;
+        assert_eq!(a.status, 200);
+        assert_eq!(a.json()["duplicate"], i > 0, "receipt {i}");
+    }
+    let body = json!({"id": id, "status": "undelivered", "event_id": "ev-u", "error_code": 30003});
+    let a = post_raw(&http, "/providers/http/status", &body.to_string(), true).await;
+    assert_eq!(a.json()["duplicate"], false);
+    assert_eq!(http.db.count("SELECT count(*) FROM receipts").await, 2);
+}
+
+async fn events_are_paged_with_a_cursor(backend: Backend) {
+    let app = receipt_app(backend).await;
+    let a = app.post("PAGED", &sms("+14155550100", "hi")).await;
+    let id = a.json()["provider_message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for status in [
+        "queued",
+        "sending",
+        "sent",
+        "delivered",
+        "read",
+        "x-1",
+        "x-2",
+    ] {
+        let body = json!({"id": id, "status": status, "event_id": status});
+        let a = post_raw(&app, "/providers/http/status", &body.to_string(), true).await;
+        assert_eq!(a.status, 200, "{status}");
+    }
+    let all = app.get("/messages/PAGED/events").await.json();
+    let all = all["data"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 8, "one attempt and seven receipts");
+    assert_eq!(
+        app.get("/messages/PAGED/events").await.json()["next_cursor"],
+        serde_json::Value::Null
+    );
+
+    let mut paged = Vec::new();
+    let mut path = "/messages/PAGED/events?limit=3".to_string();
+    let mut pages = 0;
+    loop {
+        let a = app.get(&path).await;
+        assert_eq!(a.status, 200);
+        let body = a.json();
+        let data = body["data"].as_array().unwrap();
+        assert!(data.len() <= 3);
+        paged.extend(data.iter().cloned());
+        pages += 1;
+        match body["next_cursor"].as_str() {
+            Some(c) => path = format!("/messages/PAGED/events?limit=3&cursor={c}"),
+            None => break,
+        }
+        assert!(pages < 10, "pages end");
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(
+        paged, all,
+        "the pages are the whole history, in order, once"
+    );
+
+    for bad in [
+        "limit=0",
+        "limit=501",
+        "limit=x",
+        "cursor=nope",
+        "cursor=MS4yLjM",
+    ] {
+        let a = app.get(&format!("/messages/PAGED/events?{bad}")).await;
+        assert_eq!(a.status, 400, "{bad}");
+        assert_eq!(a.slug(), "validation", "{bad}");
+    }
+}
+
+mod receipts {
+    use super::*;
+    on_both_backends!(
+        replayed_receipts_with_fresh_tokens_are_stored_once,
+        events_are_paged_with_a_cursor,
+    );
+}

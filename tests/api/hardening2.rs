@@ -490,3 +490,68 @@ mod receipts {
         events_are_paged_with_a_cursor,
     );
 }
+
+/// `sendonce tenant senders NAME add|remove|list`, as operators run it.
+#[tokio::test]
+async fn the_senders_command_edits_and_lists_a_tenants_senders() {
+    let database = fresh_database().await;
+    let run = |args: Vec<&str>| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sendonce"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATABASE_URL", &database)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        async move {
+            let out = cmd.output().await.expect("run sendonce");
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        }
+    };
+    let (ok, key, _) = run(vec!["tenant", "create", "acme"]).await;
+    assert!(ok);
+    let (ok, out, _) = run(vec!["tenant", "senders", "acme", "list"]).await;
+    assert!(ok);
+    assert_eq!(out, "(no list)\n");
+    assert!(
+        run(vec!["tenant", "senders", "acme", "add", "ACME"])
+            .await
+            .0
+    );
+    assert!(
+        run(vec!["tenant", "senders", "acme", "add", "+1 415 555 0199"])
+            .await
+            .0
+    );
+    let (ok, _, err) = run(vec!["tenant", "senders", "acme", "add", "ACME"]).await;
+    assert!(ok && err.contains("already on"), "{err}");
+    let (ok, _, err) = run(vec!["tenant", "senders", "acme", "add", "NOT A SENDER ID"]).await;
+    assert!(!ok && err.contains("not a sender"), "{err}");
+    let (ok, _, err) = run(vec!["tenant", "senders", "nobody", "add", "ACME"]).await;
+    assert!(!ok && err.contains("no tenant"), "{err}");
+    let (ok, out, _) = run(vec!["tenant", "senders", "acme", "list"]).await;
+    assert!(ok);
+    assert_eq!(out, "ACME\n+14155550199\n");
+
+    let app = spawn_with(TestOptions {
+        database: Some(database.clone()),
+        api_key: Some(key.trim().to_string()),
+        ..TestOptions::default()
+    })
+    .await;
+    let with_from = |from: &str| json!({"to": "+14155550100", "body": "hi", "from": from});
+    assert_eq!(app.post("CLI-1", &with_from("ACME")).await.status, 201);
+    assert!(
+        run(vec!["tenant", "senders", "acme", "remove", "ACME"])
+            .await
+            .0
+    );
+    let a = app.post("CLI-2", &with_from("ACME")).await;
+    assert_eq!(error_fields(&a), vec!["from"]);
+    let (_, out, _) = run(vec!["tenant", "senders", "acme", "list"]).await;
+    assert_eq!(out, "+14155550199\n");
+}

@@ -142,7 +142,8 @@ pub async fn bootstrap(settings: &Settings, store: &dyn Store) -> Result<(), Com
         }
         if outcome.configured_key_revoked {
             tracing::warn!(
-                "SENDONCE_BOOTSTRAP_API_KEY names a revoked key: it stays revoked and is refused"
+                "SENDONCE_BOOTSTRAP_API_KEY names a key that is revoked (or another tenant's): \
+                 it is refused, and no other key was revoked"
             );
         }
         return Ok(());

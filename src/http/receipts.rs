@@ -20,9 +20,10 @@
 //! ([`receipt_identity`]). Twilio's `I-Twilio-Idempotency-Token` is not
 //! signed and the http provider's `event_id` adds nothing the secret does
 //! not already cover, so neither is used: a redelivered or replayed receipt
-//! (fresh tokens or not) is answered 200 and changes nothing. Status only moves forward (`sent` to `delivered` or
-//! `undelivered`, never back), and a receipt for a message we do not know is
-//! answered 200 and kept for inspection. The frozen POST response is never
+//! (fresh tokens or not) is answered 200 and changes nothing. Status only
+//! moves forward (`sent` to `delivered` or `undelivered`, never back), and a
+//! receipt for a message we do not know is answered 200 and kept for
+//! inspection. The frozen POST response is never
 //! touched: replays stay byte for byte what they were.
 
 use axum::Router;

@@ -76,7 +76,8 @@ pub struct BootstrapOutcome {
     /// (id, prefix).
     pub revoked: Vec<(Uuid, String)>,
     /// The configured key itself was revoked earlier (by an operator, or by
-    /// an instance started with a newer value): nothing else was revoked.
+    /// an instance started with a newer value), or is another tenant's:
+    /// nothing else was revoked.
     pub configured_key_revoked: bool,
 }
 

@@ -24,3 +24,13 @@ VALID_NUMBERS = [
 ]
 
 schemathesis.openapi.format("phone", st.sampled_from(VALID_NUMBERS))
+
+# `/messages/{key}/events` takes back only cursors it handed out (opaque,
+# base64url of a position); these are well-formed ones.
+VALID_CURSORS = [
+    "MC4wLjA",
+    "MTcwMDAwMDAwMDAwMDAwMC4xLjE",
+    "MTc2NDU0NzIwMDAwMDAwMC4wLjI",
+]
+
+schemathesis.openapi.format("cursor", st.sampled_from(VALID_CURSORS))

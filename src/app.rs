@@ -20,6 +20,8 @@ use crate::store::{Store, StoreError};
 /// A built, not yet running, instance.
 pub struct App {
     listener: TcpListener,
+    /// Serves `GET /metrics` instead of `listener` when set.
+    metrics_listener: Option<TcpListener>,
     state: Arc<AppState>,
     scheduler: Arc<Scheduler>,
     settings: Settings,
@@ -30,6 +32,8 @@ pub struct App {
 #[derive(Clone)]
 pub struct Handle {
     pub addr: SocketAddr,
+    /// The separate metrics listener's address, if there is one.
+    pub metrics_addr: Option<SocketAddr>,
     pub deliverer: Arc<Deliverer>,
     pub scheduler: Arc<Scheduler>,
     pub store: Arc<dyn Store>,
@@ -70,11 +74,19 @@ impl App {
         });
         Ok(App {
             listener,
+            metrics_listener: None,
             state,
             scheduler,
             settings,
             clock,
         })
+    }
+
+    /// Serves `GET /metrics` on `listener` only (the API listener then has
+    /// no `/metrics`).
+    pub fn with_metrics_listener(mut self, listener: TcpListener) -> Self {
+        self.metrics_listener = Some(listener);
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -84,6 +96,11 @@ impl App {
     pub fn handle(&self) -> std::io::Result<Handle> {
         Ok(Handle {
             addr: self.local_addr()?,
+            metrics_addr: self
+                .metrics_listener
+                .as_ref()
+                .map(TcpListener::local_addr)
+                .transpose()?,
             deliverer: Arc::clone(&self.state.deliverer),
             scheduler: Arc::clone(&self.scheduler),
             store: Arc::clone(&self.state.store),
@@ -114,7 +131,15 @@ impl App {
         let upkeep = Arc::clone(self.state.deliverer.metrics()).run_upkeep(stop.clone());
         let upkeep_task = tokio::spawn(upkeep);
 
-        let router = http::router(Arc::clone(&self.state));
+        let router = http::router_with(Arc::clone(&self.state), self.metrics_listener.is_none());
+        let metrics_task = self.metrics_listener.map(|listener| {
+            tokio::spawn(http::server::serve(
+                listener,
+                http::metrics_router(Arc::clone(&self.state)),
+                self.settings.server.connection,
+                stop.clone(),
+            ))
+        });
         let signalled = stop.clone();
         tokio::spawn(async move {
             shutdown.await;
@@ -145,6 +170,9 @@ impl App {
         let _ = scheduler_task.await;
         let _ = purge_task.await;
         let _ = upkeep_task.await;
+        if let Some(task) = metrics_task {
+            let _ = task.await;
+        }
         let released = deliverer.shutdown(deadline).await?;
         if released > 0 {
             tracing::info!(released, "released leases for another instance to resume");

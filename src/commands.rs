@@ -10,8 +10,10 @@ use tokio::net::TcpListener;
 use crate::app::App;
 use crate::clock::Clock;
 use crate::config::{
-    Backend, KeyCommand, ProviderConfig, ReceiptsCommand, Settings, TenantCommand, redact_url,
+    Backend, KeyCommand, ProviderConfig, ReceiptsCommand, SendersCommand, Settings, TenantCommand,
+    redact_url,
 };
+use crate::domain::request::parse_sender;
 use crate::provider::{HttpProvider, Provider, SimulatedProvider};
 use crate::store::postgres::PoolSettings;
 use crate::store::{PgStore, SqliteStore, Store, StoreError};
@@ -91,9 +93,24 @@ pub async fn serve(settings: Settings) -> Result<(), CommandError> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
+    let metrics_listener = match settings.server.metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for metrics"))?,
+        ),
+        None => None,
+    };
     let database = redact_url(&settings.database.url);
-    let app = App::build(settings, store, provider.clone(), Clock::system(), listener)
+    let mut app = App::build(settings, store, provider.clone(), Clock::system(), listener)
         .context("building the app")?;
+    if let Some(listener) = metrics_listener {
+        tracing::info!(
+            metrics_listen = %listener.local_addr().context("reading the metrics address")?,
+            "serving /metrics on its own listener only"
+        );
+        app = app.with_metrics_listener(listener);
+    }
     let addr = app.local_addr().context("reading the listening address")?;
     tracing::info!(
         listen = %addr,
@@ -107,14 +124,29 @@ pub async fn serve(settings: Settings) -> Result<(), CommandError> {
 }
 
 /// Makes sure a first run can be used at once: with a bootstrap key, tenant
-/// `default` accepts it; with none and no tenant at all, tenant `default` is
+/// `default` accepts exactly it (a previous bootstrap key is revoked, and
+/// that is logged); with none and no tenant at all, tenant `default` is
 /// created and its key printed once.
-async fn bootstrap(settings: &Settings, store: &dyn Store) -> Result<(), CommandError> {
+pub async fn bootstrap(settings: &Settings, store: &dyn Store) -> Result<(), CommandError> {
     if let Some(key) = &settings.server.bootstrap_api_key {
-        return store
-            .ensure_tenant_key("default", &apikey::stored_form(key))
+        let outcome = store
+            .ensure_bootstrap_key("default", &apikey::stored_form(key), Clock::system().now())
             .await
-            .context("bootstrapping tenant default");
+            .context("bootstrapping tenant default")?;
+        for (id, prefix) in &outcome.revoked {
+            tracing::warn!(
+                key_id = %id,
+                key_prefix = %prefix,
+                "SENDONCE_BOOTSTRAP_API_KEY changed: the previous bootstrap key is revoked"
+            );
+        }
+        if outcome.configured_key_revoked {
+            tracing::warn!(
+                "SENDONCE_BOOTSTRAP_API_KEY names a key that is revoked (or another tenant's): \
+                 it is refused, and no other key was revoked"
+            );
+        }
+        return Ok(());
     }
     if store.tenant_count().await.context("counting tenants")? > 0 {
         return Ok(());
@@ -176,9 +208,61 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 bail!("no tenant named {name:?}")
             }
         }
+        TenantCommand::Senders { name, command } => senders(store.as_ref(), name, command).await,
         TenantCommand::List => {
             for (id, name, created) in store.list_tenants().await.context("listing tenants")? {
                 println!("{id}\t{name}\t{created}");
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn senders(
+    store: &dyn Store,
+    name: &str,
+    command: &SendersCommand,
+) -> Result<(), CommandError> {
+    let edit = |sender: &str| {
+        parse_sender(sender.trim()).ok_or_else(|| {
+            anyhow!(
+                "{sender:?} is not a sender: an E.164 number (+14155550100) or 1 to 11 \
+                 letters, digits and spaces with at least one letter"
+            )
+        })
+    };
+    let (sender, add) = match command {
+        SendersCommand::List => {
+            match store
+                .allowed_senders(name)
+                .await
+                .context("reading allowed senders")?
+            {
+                None => bail!("no tenant named {name:?}"),
+                Some(None) => println!("(no list)"),
+                Some(Some(list)) => {
+                    for s in list {
+                        println!("{s}");
+                    }
+                }
+            }
+            return Ok(());
+        }
+        SendersCommand::Add { sender } => (edit(sender)?, true),
+        SendersCommand::Remove { sender } => (edit(sender)?, false),
+    };
+    match store
+        .edit_senders(name, &sender, add)
+        .await
+        .context("changing allowed senders")?
+    {
+        None => bail!("no tenant named {name:?}"),
+        Some(changed) => {
+            if !changed {
+                eprintln!(
+                    "{sender:?} was {} the list: nothing changed",
+                    if add { "already on" } else { "not on" }
+                );
             }
             Ok(())
         }

@@ -62,6 +62,25 @@ pub enum TenantCommand {
         name: String,
         countries: Vec<String>,
     },
+    /// The senders (`from`) a tenant may use. Without a list a tenant sends
+    /// only from the provider's default sender; tenant `default` accepts any
+    /// sender until a list is set.
+    Senders {
+        name: String,
+        #[command(subcommand)]
+        command: SendersCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SendersCommand {
+    /// Allow a sender: an E.164 number or an alphanumeric id (1 to 11 characters).
+    Add { sender: String },
+    /// Disallow a sender (removing the last leaves an empty list: the
+    /// provider's default sender only).
+    Remove { sender: String },
+    /// Print the tenant's senders, one a line (`(no list)` when none was set).
+    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -111,6 +130,9 @@ pub struct ConfigArgs {
     /// Address to listen on (default 127.0.0.1:8080).
     #[arg(long, env = "SENDONCE_LISTEN", global = true)]
     pub listen: Option<String>,
+    /// Serve GET /metrics on this address instead of on --listen (recommended in production: keep it off the public listener).
+    #[arg(long, env = "SENDONCE_METRICS_LISTEN", global = true)]
+    pub metrics_listen: Option<String>,
     /// Most client connections served at once.
     #[arg(long, env = "SENDONCE_MAX_CONNECTIONS", global = true)]
     pub max_connections: Option<String>,

@@ -109,6 +109,25 @@ pub fn redact_url(url: &str) -> String {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
             }
+            // libpq and sqlx also take the password (and the client key's
+            // passphrase) as query parameters.
+            let secret = |k: &str| {
+                k.eq_ignore_ascii_case("password") || k.eq_ignore_ascii_case("sslpassword")
+            };
+            if u.query_pairs().any(|(k, _)| secret(&k)) {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if secret(&k) {
+                            "***".into()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
+            }
             u.to_string()
         }
         Err(_) => "<unparseable URL>".into(),

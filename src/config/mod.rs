@@ -15,7 +15,8 @@ mod retention;
 mod server;
 
 pub use cli::{
-    Cli, Command, ConfigArgs, KeyCommand, LogFormat, ProviderKind, ReceiptsCommand, TenantCommand,
+    Cli, Command, ConfigArgs, KeyCommand, LogFormat, ProviderKind, ReceiptsCommand, SendersCommand,
+    TenantCommand,
 };
 pub use database::{Backend, DatabaseSettings, redact_url};
 pub use delivery::SchedulerSettings;

@@ -65,6 +65,8 @@ impl std::fmt::Debug for ReceiptSettings {
 #[derive(Clone)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
+    /// Where `GET /metrics` is served instead of `listen`; `None`: on `listen`.
+    pub metrics_listen: Option<SocketAddr>,
     /// Handed to `http::server::serve`: header timeout, head size, and how
     /// many connections are served at once.
     pub connection: ConnectionLimits,
@@ -84,6 +86,7 @@ impl std::fmt::Debug for ServerSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerSettings")
             .field("listen", &self.listen)
+            .field("metrics_listen", &self.metrics_listen)
             .field("connection", &self.connection)
             .field("body_read_timeout", &self.body_read_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
@@ -101,6 +104,7 @@ impl Default for ServerSettings {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 8080)),
+            metrics_listen: None,
             connection: ConnectionLimits::default(),
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(20),
@@ -167,6 +171,20 @@ impl ServerSettings {
                 source,
             })?,
         };
+        let metrics_listen = match given(&a.metrics_listen) {
+            None => d.metrics_listen,
+            Some(v) => Some(v.parse().map_err(|source| ConfigError::Address {
+                var: "SENDONCE_METRICS_LISTEN",
+                value: v.to_string(),
+                source,
+            })?),
+        };
+        if metrics_listen == Some(listen) {
+            return Err(ConfigError::invalid(
+                "SENDONCE_METRICS_LISTEN",
+                "must differ from SENDONCE_LISTEN",
+            ));
+        }
         let max_connections = number_or(
             "SENDONCE_MAX_CONNECTIONS",
             &a.max_connections,
@@ -215,6 +233,7 @@ impl ServerSettings {
         }
         Ok(Self {
             listen,
+            metrics_listen,
             connection: ConnectionLimits {
                 header_read_timeout,
                 max_connections,

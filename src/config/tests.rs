@@ -195,6 +195,18 @@ fn redacts_passwords() {
         "postgres://u:***@h/db"
     );
     assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+    assert_eq!(
+        redact_url("postgres://u@h/db?sslmode=require&password=secret"),
+        "postgres://u@h/db?sslmode=require&password=***"
+    );
+    assert_eq!(
+        redact_url("postgres://u:a@h/db?PASSWORD=b&sslpassword=c"),
+        "postgres://u:***@h/db?PASSWORD=***&sslpassword=***"
+    );
+    assert_eq!(
+        redact_url("sqlite://sendonce.db?mode=rwc"),
+        "sqlite://sendonce.db?mode=rwc"
+    );
 }
 
 #[test]
@@ -285,4 +297,24 @@ fn a_bad_url_keeps_its_parse_error_as_the_source() {
     let err = args(&["--public-url", "https://"]).unwrap_err();
     assert_eq!(err.var(), "SENDONCE_PUBLIC_URL");
     assert!(std::error::Error::source(&err).is_some(), "{err:?}");
+}
+
+#[test]
+fn the_metrics_listener_is_an_address_other_than_the_api() {
+    assert_eq!(args(&[]).unwrap().server.metrics_listen, None);
+    let c = args(&["--metrics-listen", "127.0.0.1:9090"]).unwrap();
+    assert_eq!(
+        c.server.metrics_listen.map(|a| a.to_string()).as_deref(),
+        Some("127.0.0.1:9090")
+    );
+    assert!(args(&["--metrics-listen", "nowhere"]).is_err());
+    assert!(
+        args(&[
+            "--listen",
+            "127.0.0.1:9090",
+            "--metrics-listen",
+            "127.0.0.1:9090"
+        ])
+        .is_err()
+    );
 }

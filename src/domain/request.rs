@@ -23,6 +23,11 @@ pub const METADATA_MAX_ENTRIES: u64 = 16;
 pub const METADATA_KEY_MAX: usize = 40;
 pub const METADATA_VALUE_MAX: usize = 500;
 pub const SENDER_ID_MAX: usize = 11;
+/// Longest field name echoed back in an error's `field` (longer names, such
+/// as an unknown field or a long path, are cut to this many characters).
+pub const FIELD_LABEL_MAX: usize = 40;
+/// Most unknown fields listed in one answer.
+pub const UNKNOWN_FIELDS_LISTED: usize = 10;
 
 const FIELDS: &[&str] = &["to", "body", "from", "validity_seconds", "metadata"];
 
@@ -98,11 +103,7 @@ impl SendRequest {
             )]));
         };
         let mut errors = Vec::new();
-        for name in map.keys() {
-            if !FIELDS.contains(&name.as_str()) {
-                errors.push(FieldError::new(name.clone(), "unknown field"));
-            }
-        }
+        errors.extend(unknown_fields(map.keys(), FIELDS));
         let mut input = Input::default();
         let string = |name: &str, errors: &mut Vec<FieldError>| match map.get(name) {
             None | Some(Value::Null) => None,
@@ -284,7 +285,7 @@ impl SendRequest {
 /// The path of the first key that appears twice in one JSON object, if any.
 /// JSON parsers disagree on which duplicate wins, so a request that has one
 /// means different things to different readers: it is refused.
-fn duplicate_key(bytes: &[u8]) -> Option<String> {
+pub fn duplicate_key(bytes: &[u8]) -> Option<String> {
     use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
     struct Scan<'a> {
@@ -357,13 +358,27 @@ fn duplicate_key(bytes: &[u8]) -> Option<String> {
         found: &mut found,
     }
     .deserialize(&mut de);
-    found
+    found.map(|path| field_label(&path))
 }
 
-/// A metadata key as shown in an error's `field`, cut short so a huge key is
-/// not echoed back.
-fn field_label(k: &str) -> String {
-    k.chars().take(METADATA_KEY_MAX).collect()
+/// A name as shown in an error's `field`, cut to [`FIELD_LABEL_MAX`]
+/// characters so a huge key is not echoed back.
+pub fn field_label(k: &str) -> String {
+    k.chars().take(FIELD_LABEL_MAX).collect()
+}
+
+/// One "unknown field" error per name not in `known`, at most
+/// [`UNKNOWN_FIELDS_LISTED`] of them, names cut by [`field_label`].
+pub fn unknown_fields<'a>(
+    names: impl IntoIterator<Item = &'a String>,
+    known: &[&str],
+) -> Vec<FieldError> {
+    names
+        .into_iter()
+        .filter(|n| !known.contains(&n.as_str()))
+        .take(UNKNOWN_FIELDS_LISTED)
+        .map(|n| FieldError::new(field_label(n), "unknown field"))
+        .collect()
 }
 
 /// A sender: a valid phone number (returned in E.164), or an alphanumeric

@@ -229,6 +229,17 @@ fn check_policy(
             });
         }
     }
+    if !tenant.may_send_as(request.from.as_deref()) {
+        errors.push(FieldError {
+            field: "from".into(),
+            message: if tenant.allowed_senders.is_some() {
+                "this sender is not on this account's list of allowed senders".into()
+            } else {
+                "this account has no allowed senders: leave `from` out to use the default sender"
+                    .into()
+            },
+        });
+    }
     if errors.is_empty() {
         Ok(())
     } else {

@@ -50,13 +50,21 @@ pub struct AppState {
 pub type SharedState = Arc<AppState>;
 
 pub fn router(state: SharedState) -> Router {
-    Router::new()
+    router_with(state, true)
+}
+
+/// The API; `GET /metrics` only if `serve_metrics` (otherwise it is served
+/// by [`metrics_router`] on its own listener, `SENDONCE_METRICS_LISTEN`).
+pub fn router_with(state: SharedState, serve_metrics: bool) -> Router {
+    let mut api = Router::new()
         .merge(messages::router())
         .merge(opt_outs::router())
         .merge(receipts::router())
-        .merge(health::router())
-        .merge(metrics::router())
-        .fallback(|| async { ApiError::NotFound })
+        .merge(health::router());
+    if serve_metrics {
+        api = api.merge(metrics::router());
+    }
+    api.fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(hygiene))
@@ -64,6 +72,16 @@ pub fn router(state: SharedState) -> Router {
             Arc::clone(&state),
             metrics::observe,
         ))
+        .with_state(state)
+}
+
+/// `GET /metrics` alone, for the separate metrics listener.
+pub fn metrics_router(state: SharedState) -> Router {
+    Router::new()
+        .merge(metrics::router())
+        .fallback(|| async { ApiError::NotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn(hygiene))
         .with_state(state)
 }
 

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use super::{SharedState, Tenant};
 use crate::domain::FieldError;
 use crate::domain::phone;
+use crate::domain::request::{duplicate_key, unknown_fields};
 use crate::error::ApiError;
 
 pub fn router() -> Router<SharedState> {
@@ -72,20 +73,19 @@ async fn json_object(
     }
     let bytes = super::messages::read_body(body, state.body_read_timeout).await?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|_| ApiError::MalformedJson)?;
+    if let Some(path) = duplicate_key(&bytes) {
+        return Err(ApiError::Validation(vec![FieldError {
+            field: path,
+            message: "appears more than once in the JSON object".into(),
+        }]));
+    }
     let Value::Object(map) = value else {
         return Err(ApiError::Validation(vec![FieldError {
             field: String::new(),
             message: "the request body must be a JSON object".into(),
         }]));
     };
-    let unknown: Vec<FieldError> = map
-        .keys()
-        .filter(|k| !fields.contains(&k.as_str()))
-        .map(|k| FieldError {
-            field: k.chars().take(40).collect(),
-            message: "unknown field".into(),
-        })
-        .collect();
+    let unknown = unknown_fields(map.keys(), fields);
     if !unknown.is_empty() {
         return Err(ApiError::Validation(unknown));
     }

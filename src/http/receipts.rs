@@ -7,34 +7,42 @@
 //! - `POST /providers/http/status`: the `http` provider's receipt, JSON
 //!   `{"id","status","event_id","error_code"?}`, authenticated by the shared
 //!   secret `SENDONCE_RECEIPT_SECRET` in `X-Receipt-Secret`.
-//! - `GET /messages/{key}/events`: attempts and receipts, oldest first.
+//! - `GET /messages/{key}/events`: attempts and receipts, oldest first, in
+//!   pages (`limit`, and `cursor` from the previous page's `next_cursor`).
 //!
 //! A receipt that is not authenticated is answered 403 and changes nothing.
 //! The `http` receipt's secret is checked before its body is read; Twilio's
 //! signature covers the body, so only the presence of the signature (and of
 //! a configured token) is. Either body must arrive whole within the same
 //! deadline as `POST /messages` (`body_read_timeout`), or the answer is 408.
-//! An authenticated one is stored once under the provider's event identity
-//! (Twilio's `I-Twilio-Idempotency-Token`, else `MessageSid:MessageStatus`;
-//! the http provider's `event_id`), so a redelivered receipt is answered 200
-//! and changes nothing. Status only moves forward (`sent` to `delivered` or
-//! `undelivered`, never back), and a receipt for a message we do not know is
-//! answered 200 and kept for inspection. The frozen POST response is never
+//! An authenticated one is stored once under an identity built from what was
+//! authenticated: the provider's message id, the status and the error code
+//! ([`receipt_identity`]). Twilio's `I-Twilio-Idempotency-Token` is not
+//! signed and the http provider's `event_id` adds nothing the secret does
+//! not already cover, so neither is used: a redelivered or replayed receipt
+//! (fresh tokens or not) is answered 200 and changes nothing. Status only
+//! moves forward (`sent` to `delivered` or `undelivered`, never back), and a
+//! receipt for a message we do not know is answered 200 and kept for
+//! inspection. The frozen POST response is never
 //! touched: replays stay byte for byte what they were.
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{OriginalUri, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 use time::OffsetDateTime;
 
 use super::messages::read_body;
 use super::{SharedState, Tenant};
+use crate::domain::request::duplicate_key;
 use crate::domain::{FieldError, Status};
 use crate::error::ApiError;
 use crate::provider::twilio;
@@ -70,6 +78,25 @@ pub fn delivery_status(provider_status: &str) -> Option<Status> {
         "undelivered" | "failed" | "canceled" => Some(Status::Undelivered),
         _ => None,
     }
+}
+
+/// The identity a receipt is stored (and de-duplicated) under: what the
+/// provider authenticated about the event, never an unsigned header. The
+/// provider's message id, the status (lower case) and the error code,
+/// joined by `:` (a `:` or `%` inside a part is percent-encoded, so two
+/// different receipts never share an identity).
+pub fn receipt_identity(
+    provider_message_id: &str,
+    status: &str,
+    error_code: Option<&str>,
+) -> String {
+    let part = |s: &str| s.replace('%', "%25").replace(':', "%3A");
+    format!(
+        "{}:{}:{}",
+        part(provider_message_id),
+        part(&status.to_ascii_lowercase()),
+        part(error_code.unwrap_or(""))
+    )
 }
 
 #[derive(Serialize)]
@@ -162,18 +189,16 @@ async fn twilio_status(
     if status.len() > MAX_STATUS_LEN {
         return Err(invalid("MessageStatus", "is longer than 64 characters"));
     }
-    let event_id = headers
-        .get("i-twilio-idempotency-token")
-        .and_then(|v| v.to_str().ok())
-        .filter(|t| !t.is_empty() && t.len() <= MAX_ID_LEN)
-        .map_or_else(|| format!("{sid}:{status}"), str::to_string);
+    // Not the unsigned I-Twilio-Idempotency-Token header: a captured
+    // callback replayed with fresh tokens must still be a duplicate.
+    let error_code = param(&["ErrorCode"]);
     let receipt = NewReceipt {
         provider: "twilio".into(),
-        event_id,
+        event_id: receipt_identity(&sid, &status, error_code.as_deref()),
         provider_message_id: sid,
         status: delivery_status(&status),
         provider_status: status,
-        error_code: param(&["ErrorCode"]),
+        error_code,
         received_at: state.clock.now(),
     };
     record(&state, &receipt).await
@@ -207,6 +232,10 @@ async fn http_status(
     let body = read_body(body, state.body_read_timeout).await?;
     let value: serde_json::Value =
         serde_json::from_slice(&body).map_err(|_| ApiError::MalformedJson)?;
+    // Parsers disagree on which duplicate wins: refused, as on POST /messages.
+    if let Some(path) = duplicate_key(&body) {
+        return Err(invalid(&path, "appears more than once in the JSON object"));
+    }
     let Some(object) = value.as_object() else {
         return Err(invalid("", "the request body must be a JSON object"));
     };
@@ -256,16 +285,19 @@ async fn http_status(
             None
         }
     };
-    let (Some(id), Some(status), Some(event_id)) = (id, status, event_id) else {
+    let (Some(id), Some(status), Some(_event_id)) = (id, status, event_id) else {
         errors.sort_by(|a, b| a.field.cmp(&b.field));
         return Err(ApiError::Validation(errors));
     };
     if !errors.is_empty() {
         return Err(ApiError::Validation(errors));
     }
+    // The provider's `event_id` is required but is not the identity: the
+    // whole body is what the secret authenticates, and a replay of it with
+    // a fresh `event_id` is the same event.
     let receipt = NewReceipt {
         provider: "http".into(),
-        event_id,
+        event_id: receipt_identity(&id, &status, error_code.as_deref()),
         provider_message_id: id,
         status: delivery_status(&status),
         provider_status: status,
@@ -342,25 +374,73 @@ enum Event {
     },
 }
 
-/// Attempts (at their start) and receipts (at their arrival), oldest first.
-fn timeline(attempts: Vec<AttemptRow>, receipts: Vec<ReceiptRow>) -> Vec<Event> {
-    let mut events: Vec<(OffsetDateTime, u8, usize, Event)> = Vec::new();
-    for (i, a) in attempts.into_iter().enumerate() {
+/// Where an event sits in a message's history: its time, attempts before
+/// receipts at the same instant, then the attempt's number or the receipt's
+/// arrival order. Pages of `/events` continue after one of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Position {
+    /// Microseconds since the epoch (the precision both databases keep).
+    micros: i64,
+    /// 0: attempt, 1: receipt.
+    kind: u8,
+    /// Attempt number or receipt `seq`.
+    n: i64,
+}
+
+impl Position {
+    fn at(t: OffsetDateTime, kind: u8, n: i64) -> Self {
+        let micros = i64::try_from(t.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX);
+        Position { micros, kind, n }
+    }
+
+    fn time(self) -> Option<OffsetDateTime> {
+        OffsetDateTime::from_unix_timestamp_nanos(i128::from(self.micros) * 1000).ok()
+    }
+
+    /// The opaque cursor a client hands back.
+    fn cursor(self) -> String {
+        URL_SAFE_NO_PAD.encode(format!("{}.{}.{}", self.micros, self.kind, self.n))
+    }
+
+    fn from_cursor(cursor: &str) -> Option<Self> {
+        if cursor.len() > 64 {
+            return None;
+        }
+        let text = String::from_utf8(URL_SAFE_NO_PAD.decode(cursor).ok()?).ok()?;
+        let mut parts = text.split('.');
+        let position = Position {
+            micros: parts.next()?.parse().ok()?,
+            kind: parts.next()?.parse().ok().filter(|k| *k <= 1)?,
+            n: parts.next()?.parse().ok()?,
+        };
+        (parts.next().is_none() && position.time().is_some()).then_some(position)
+    }
+}
+
+/// One page of a message's history: the attempts and receipts after
+/// `after`, oldest first, at most `limit`, and the position to continue
+/// from when more remain. `receipts` must hold the receipts after `after`
+/// in order (at least `limit + 1` of them if there are that many).
+fn page(
+    attempts: Vec<AttemptRow>,
+    receipts: Vec<ReceiptRow>,
+    after: Option<Position>,
+    limit: usize,
+) -> (Vec<Event>, Option<Position>) {
+    let mut events: Vec<(Position, Event)> = Vec::new();
+    for a in attempts {
+        let at = Position::at(a.started_at, 0, i64::from(a.number));
         events.push((
-            a.started_at,
-            0,
-            i,
+            at,
             Event::Attempt {
                 at: a.started_at,
                 attempt: a,
             },
         ));
     }
-    for (i, r) in receipts.into_iter().enumerate() {
+    for r in receipts {
         events.push((
-            r.received_at,
-            1,
-            i,
+            Position::at(r.received_at, 1, r.seq),
             Event::Receipt {
                 at: r.received_at,
                 provider: r.provider,
@@ -372,19 +452,69 @@ fn timeline(attempts: Vec<AttemptRow>, receipts: Vec<ReceiptRow>) -> Vec<Event> 
             },
         ));
     }
-    events.sort_by_key(|a| (a.0, a.1, a.2));
-    events.into_iter().map(|(_, _, _, e)| e).collect()
+    events.retain(|(p, _)| after.is_none_or(|after| *p > after));
+    events.sort_by_key(|(p, _)| *p);
+    let more = events.len() > limit;
+    events.truncate(limit);
+    let next = more.then(|| events.last().map(|(p, _)| *p)).flatten();
+    (events.into_iter().map(|(_, e)| e).collect(), next)
+}
+
+/// Longest page of `/events`, and the default.
+pub const EVENTS_MAX_LIMIT: u32 = 500;
+pub const EVENTS_DEFAULT_LIMIT: u32 = 100;
+
+#[derive(serde::Deserialize)]
+struct EventsQuery {
+    cursor: Option<String>,
+    limit: Option<u32>,
 }
 
 async fn list_events(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
     key: Result<Path<String>, PathRejection>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let limit_error = || {
+        invalid(
+            "limit",
+            &format!("must be a whole number from 1 to {EVENTS_MAX_LIMIT}"),
+        )
+    };
     let (_, record) = super::messages::message_at(&state, tenant_id, key).await?;
+    let Query(query) = query.map_err(|_| limit_error())?;
+    let limit = query.limit.unwrap_or(EVENTS_DEFAULT_LIMIT);
+    if !(1..=EVENTS_MAX_LIMIT).contains(&limit) {
+        return Err(limit_error());
+    }
+    let after = match query.cursor.as_deref() {
+        None => None,
+        Some(c) => Some(Position::from_cursor(c).ok_or_else(|| {
+            invalid(
+                "cursor",
+                "is not a cursor this endpoint returned (next_cursor)",
+            )
+        })?),
+    };
+    // Receipts after the cursor: an attempt position takes every receipt at
+    // its instant (receipts come after attempts), a receipt position those
+    // after its seq.
+    let receipts_after = after.and_then(|p| {
+        let seq = if p.kind == 0 { 0 } else { p.n };
+        p.time().map(|t| (t, seq))
+    });
     let attempts = state.store.attempts(record.id).await?;
-    let receipts = state.store.receipts(record.id).await?;
-    Ok(axum::Json(serde_json::json!({ "data": timeline(attempts, receipts) })).into_response())
+    let receipts = state
+        .store
+        .receipts_after(record.id, receipts_after, limit + 1)
+        .await?;
+    let (data, next) = page(attempts, receipts, after, limit as usize);
+    Ok(axum::Json(serde_json::json!({
+        "data": data,
+        "next_cursor": next.map(Position::cursor),
+    }))
+    .into_response())
 }
 
 #[cfg(test)]
@@ -401,6 +531,120 @@ mod tests {
         assert_eq!(delivery_status("failed"), Some(Status::Undelivered));
         assert_eq!(delivery_status("receiving"), None);
         assert_eq!(delivery_status(""), None);
+    }
+
+    #[test]
+    fn receipts_are_identified_by_what_was_authenticated() {
+        // (message id, status, error code, identity)
+        #[rustfmt::skip]
+        let cases = [
+            ("SM1", "delivered", None, "SM1:delivered:"),
+            ("SM1", "Delivered", None, "SM1:delivered:"),
+            ("SM1", "undelivered", Some("30003"), "SM1:undelivered:30003"),
+            ("a:b", "c", None, "a%3Ab:c:"),
+            ("a", "b:c", None, "a:b%3Ac:"),
+            ("a%3Ab", "c", None, "a%253Ab:c:"),
+            ("a", "b", Some(":"), "a:b:%3A"),
+        ];
+        for (id, status, code, want) in cases {
+            assert_eq!(
+                receipt_identity(id, status, code),
+                want,
+                "{id} {status} {code:?}"
+            );
+        }
+    }
+
+    fn attempt(number: u32, at: i64) -> AttemptRow {
+        AttemptRow {
+            number,
+            lease_owner: None,
+            started_at: OffsetDateTime::from_unix_timestamp(at).unwrap(),
+            finished_at: None,
+            outcome: None,
+            http_status: None,
+            provider_code: None,
+            error: None,
+            provider_message_id: None,
+        }
+    }
+
+    fn receipt(seq: i64, at: i64) -> ReceiptRow {
+        ReceiptRow {
+            seq,
+            provider: "http".into(),
+            event_id: format!("e{seq}"),
+            provider_message_id: "p".into(),
+            message_id: None,
+            provider_status: "sent".into(),
+            status: None,
+            error_code: None,
+            applied: false,
+            received_at: OffsetDateTime::from_unix_timestamp(at).unwrap(),
+        }
+    }
+
+    /// The (kind, n) of each event on a page.
+    fn names(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Attempt { attempt, .. } => format!("a{}", attempt.number),
+                Event::Receipt { event_id, .. } => event_id.clone(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn history_pages_follow_one_order_without_gaps_or_repeats() {
+        // Attempt 2 and receipt 2 at the same second: the attempt first.
+        let attempts = || vec![attempt(1, 10), attempt(2, 20)];
+        let receipts = || vec![receipt(1, 15), receipt(2, 20), receipt(3, 30)];
+        let (all, next) = page(attempts(), receipts(), None, 10);
+        assert_eq!(names(&all), ["a1", "e1", "a2", "e2", "e3"]);
+        assert_eq!(next, None);
+
+        let mut seen = Vec::new();
+        let mut after = None;
+        for _ in 0..10 {
+            // As the store would: only receipts after the position.
+            let rs: Vec<ReceiptRow> = receipts()
+                .into_iter()
+                .filter(|r| {
+                    after.is_none_or(|p: Position| Position::at(r.received_at, 1, r.seq) > p)
+                })
+                .collect();
+            let (events, next) = page(attempts(), rs, after, 2);
+            assert!(events.len() <= 2);
+            seen.extend(names(&events));
+            let Some(next) = next else { break };
+            let round_trip = Position::from_cursor(&next.cursor());
+            assert_eq!(round_trip, Some(next));
+            after = round_trip;
+        }
+        assert_eq!(seen, ["a1", "e1", "a2", "e2", "e3"]);
+    }
+
+    #[test]
+    fn only_our_cursors_are_accepted() {
+        let p = Position::at(
+            OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap(),
+            1,
+            7,
+        );
+        assert_eq!(Position::from_cursor(&p.cursor()), Some(p));
+        for bad in [
+            "",
+            "x",
+            "not base64!",
+            &URL_SAFE_NO_PAD.encode("1.2.3"),
+            &URL_SAFE_NO_PAD.encode("1.0"),
+            &URL_SAFE_NO_PAD.encode("1.0.1.1"),
+            &URL_SAFE_NO_PAD.encode("a.0.1"),
+            &"A".repeat(100),
+        ] {
+            assert_eq!(Position::from_cursor(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -61,8 +61,18 @@ pub trait TenantStore: Send + Sync {
     async fn tenant_count(&self) -> Result<i64, StoreError>;
     /// Creates a tenant with one key. `Conflict` if the name is taken.
     async fn create_tenant(&self, name: &str, key: &NewApiKey) -> Result<Uuid, StoreError>;
-    /// Makes sure tenant `name` exists and accepts `key` (idempotent).
-    async fn ensure_tenant_key(&self, name: &str, key: &NewApiKey) -> Result<(), StoreError>;
+    /// Makes sure tenant `name` exists and accepts `key` as its bootstrap
+    /// key (idempotent), and revokes any other active bootstrap key, all in
+    /// one transaction. Keys added with [`TenantStore::add_key`] are never
+    /// bootstrap keys. A configured key that was revoked stays revoked and
+    /// then nothing else is revoked (an instance started with an old value
+    /// must not lock out the new one).
+    async fn ensure_bootstrap_key(
+        &self,
+        name: &str,
+        key: &NewApiKey,
+        at: OffsetDateTime,
+    ) -> Result<BootstrapOutcome, StoreError>;
     /// The tenant a key hash belongs to, if the key exists and is not revoked.
     async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError>;
     async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError>;
@@ -79,6 +89,22 @@ pub trait TenantStore: Send + Sync {
         tenant_name: &str,
         countries: Option<&[String]>,
     ) -> Result<bool, StoreError>;
+    /// A tenant's allowed senders: `None` if there is no such tenant,
+    /// `Some(None)` if it has no list.
+    async fn allowed_senders(
+        &self,
+        tenant_name: &str,
+    ) -> Result<Option<Option<Vec<String>>>, StoreError>;
+    /// Adds (`add`) or removes a sender on a tenant's list, creating the
+    /// list if there is none (removing the last sender leaves an empty list:
+    /// the provider's default sender only). `None` if there is no such
+    /// tenant, else whether the list changed.
+    async fn edit_senders(
+        &self,
+        tenant_name: &str,
+        sender: &str,
+        add: bool,
+    ) -> Result<Option<bool>, StoreError>;
 }
 
 /// Messages, their attempts and leases.
@@ -165,6 +191,15 @@ pub trait ReceiptStore: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// A message's receipts in arrival order.
     async fn receipts(&self, id: MessageId) -> Result<Vec<ReceiptRow>, StoreError>;
+    /// At most `limit` of a message's receipts in (received_at, seq) order,
+    /// after the position `after` (received at, seq) when given: one page of
+    /// its history.
+    async fn receipts_after(
+        &self,
+        id: MessageId,
+        after: Option<(OffsetDateTime, i64)>,
+        limit: u32,
+    ) -> Result<Vec<ReceiptRow>, StoreError>;
     /// Receipts that matched no message, newest first.
     async fn unmatched_receipts(&self, limit: u32) -> Result<Vec<ReceiptRow>, StoreError>;
 }

@@ -47,7 +47,7 @@ macro_rules! key_state_columns {
 /// The columns of a receipt row ([`ReceiptDbRow`]).
 macro_rules! receipt_columns {
     () => {
-        "provider, event_id, provider_message_id, message_id, provider_status, status, \
+        "seq, provider, event_id, provider_message_id, message_id, provider_status, status, \
         error_code, applied, received_at"
     };
 }
@@ -265,6 +265,7 @@ impl From<AttemptDbRow> for AttemptRow {
 /// A receipt row ([`receipt_columns`]).
 #[derive(sqlx::FromRow)]
 pub struct ReceiptDbRow {
+    seq: i64,
     provider: String,
     event_id: String,
     provider_message_id: String,
@@ -279,6 +280,7 @@ pub struct ReceiptDbRow {
 impl From<ReceiptDbRow> for ReceiptRow {
     fn from(r: ReceiptDbRow) -> Self {
         ReceiptRow {
+            seq: r.seq,
             provider: r.provider,
             event_id: r.event_id,
             provider_message_id: r.provider_message_id,

@@ -24,6 +24,62 @@ pub struct TenantAuth {
     pub id: Uuid,
     /// ISO 3166-1 alpha-2 codes messages may go to; `None`: anywhere.
     pub allowed_countries: Option<Vec<String>>,
+    /// Senders this tenant may name in `from`; `None`: no list was set.
+    pub allowed_senders: Option<Vec<String>>,
+    /// This is tenant `default`, which accepts any sender until a list is set
+    /// (single-tenant installs keep working).
+    pub bootstrap_tenant: bool,
+}
+
+impl TenantAuth {
+    /// Whether a request naming `from` (already normalised: E.164 or an
+    /// alphanumeric id) may be sent: a sender on the tenant's list; without
+    /// a list only the provider's default sender (no `from`), except on
+    /// tenant `default`, which takes any sender until it has a list.
+    pub fn may_send_as(&self, from: Option<&str>) -> bool {
+        match (from, &self.allowed_senders) {
+            (None, _) => true,
+            (Some(from), Some(list)) => list.iter().any(|s| s == from),
+            (Some(_), None) => self.bootstrap_tenant,
+        }
+    }
+}
+
+/// The sender list to write after adding or removing `sender`, or `None`
+/// when nothing changes. Removing the last sender leaves an empty list (the
+/// provider's default sender only), not "no list"; removing from a tenant
+/// with no list changes nothing.
+pub(crate) fn edited_senders(
+    list: Option<Vec<String>>,
+    sender: &str,
+    add: bool,
+) -> Option<Vec<String>> {
+    let present = list.as_ref().is_some_and(|l| l.iter().any(|s| s == sender));
+    match (add, present) {
+        (true, false) => {
+            let mut list = list.unwrap_or_default();
+            list.push(sender.to_string());
+            Some(list)
+        }
+        (false, true) => {
+            let mut list = list.unwrap_or_default();
+            list.retain(|s| s != sender);
+            Some(list)
+        }
+        _ => None,
+    }
+}
+
+/// What making sure of the bootstrap key did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BootstrapOutcome {
+    /// Previous bootstrap keys revoked because the configured key changed:
+    /// (id, prefix).
+    pub revoked: Vec<(Uuid, String)>,
+    /// The configured key itself was revoked earlier (by an operator, or by
+    /// an instance started with a newer value), or is another tenant's:
+    /// nothing else was revoked.
+    pub configured_key_revoked: bool,
 }
 
 /// A number that asked not to be messaged.
@@ -299,6 +355,9 @@ pub struct Reschedule {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AttemptRow {
     pub number: u32,
+    /// The instance (host, pid) that made the attempt: for operators and
+    /// logs, never shown to tenants.
+    #[serde(skip_serializing)]
     pub lease_owner: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
@@ -317,8 +376,9 @@ pub struct NewReceipt {
     /// The endpoint that received it: `twilio` or `http` (the provider name
     /// stored on messages, which is how a receipt finds its message).
     pub provider: String,
-    /// The provider's identity of this event: a second receipt with the same
-    /// one is a duplicate and changes nothing.
+    /// The identity of this event: a second receipt with the same one is a
+    /// duplicate and changes nothing. Built from what the provider
+    /// authenticated (see `http::receipts::receipt_identity`).
     pub event_id: String,
     pub provider_message_id: String,
     /// The status as the provider spelled it.
@@ -343,6 +403,9 @@ pub struct ReceiptOutcome {
 /// A recorded receipt.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ReceiptRow {
+    /// Arrival order.
+    #[serde(skip)]
+    pub seq: i64,
     pub provider: String,
     pub event_id: String,
     pub provider_message_id: String,
@@ -353,4 +416,69 @@ pub struct ReceiptRow {
     pub applied: bool,
     #[serde(with = "time::serde::rfc3339")]
     pub received_at: OffsetDateTime,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(s: &[&str]) -> Option<Vec<String>> {
+        Some(s.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn who_may_send_as_what() {
+        // (list, bootstrap tenant, from, allowed)
+        type Case<'a> = (Option<Vec<String>>, bool, Option<&'a str>, bool);
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            (None, false, None, true),
+            (None, false, Some("ACME"), false),
+            (None, true, Some("ACME"), true),
+            (None, true, None, true),
+            (list(&[]), false, None, true),
+            (list(&[]), true, Some("ACME"), false),
+            (list(&["ACME"]), false, Some("ACME"), true),
+            (list(&["ACME"]), true, Some("ACME"), true),
+            (list(&["ACME"]), false, Some("acme"), false),
+            (list(&["ACME"]), true, Some("OTHER"), false),
+            (list(&["ACME", "+14155550100"]), false, Some("+14155550100"), true),
+        ];
+        for (allowed_senders, bootstrap_tenant, from, want) in cases {
+            let t = TenantAuth {
+                id: Uuid::nil(),
+                allowed_countries: None,
+                allowed_senders: allowed_senders.clone(),
+                bootstrap_tenant,
+            };
+            assert_eq!(
+                t.may_send_as(from),
+                want,
+                "{allowed_senders:?} {bootstrap_tenant} {from:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn editing_sender_lists() {
+        // (list, sender, add, written)
+        type Case<'a> = (Option<Vec<String>>, &'a str, bool, Option<Vec<String>>);
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            (None, "ACME", true, list(&["ACME"])),
+            (None, "ACME", false, None),
+            (list(&["ACME"]), "ACME", true, None),
+            (list(&["ACME"]), "ACME", false, list(&[])),
+            (list(&["ACME", "B"]), "B", false, list(&["ACME"])),
+            (list(&[]), "B", false, None),
+            (list(&["ACME"]), "B", true, list(&["ACME", "B"])),
+        ];
+        for (before, sender, add, want) in cases {
+            assert_eq!(
+                edited_senders(before.clone(), sender, add),
+                want,
+                "{before:?} {sender} {add}"
+            );
+        }
+    }
 }

@@ -9,6 +9,7 @@ use crate::helpers::*;
 
 async fn first_post_sends_and_answers_201_with_the_message(backend: Backend) {
     let app = spawn_app_on(backend).await;
+    app.allow_sender("ACME").await;
     let body = json!({
         "to": "+14155550100",
         "body": "Your order 92831 is confirmed",

@@ -139,6 +139,8 @@ pub struct TestOptions {
     pub db_acquire_timeout: Option<Duration>,
     /// Builds the provider instead of the `http` one aimed at the mock.
     pub provider: Option<ProviderFactory>,
+    /// Serve `/metrics` on a listener of its own (`Handle::metrics_addr`).
+    pub separate_metrics: bool,
 }
 
 /// Builds a provider from the mock's base URL (`http://host:port`) and the
@@ -157,6 +159,7 @@ impl Default for TestOptions {
             api_key: None,
             db_acquire_timeout: None,
             provider: None,
+            separate_metrics: false,
         }
     }
 }
@@ -239,7 +242,11 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
             key.secret
         }
     };
-    let app = App::build(settings, store, provider, opts.clock.clone(), listener).expect("app");
+    let mut app = App::build(settings, store, provider, opts.clock.clone(), listener).expect("app");
+    if opts.separate_metrics {
+        let metrics = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        app = app.with_metrics_listener(metrics);
+    }
     let handle = app.handle().expect("handle");
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -359,6 +366,17 @@ impl TestApp {
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         self.client
             .request(method, format!("{}{}", self.base, path))
+    }
+
+    /// Puts `sender` on this instance's tenant's list of allowed senders.
+    pub async fn allow_sender(&self, sender: &str) {
+        let changed = self
+            .handle
+            .store
+            .edit_senders(&self.tenant, sender, true)
+            .await
+            .expect("edit senders");
+        assert_eq!(changed, Some(true), "tenant {} exists", self.tenant);
     }
 
     /// Rows in `messages`.

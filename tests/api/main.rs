@@ -31,6 +31,7 @@ mod contract;
 mod delivery;
 mod durability;
 mod hardening;
+mod hardening2;
 mod helpers;
 mod lifecycle;
 mod observability;

@@ -84,6 +84,7 @@ fn twilio_calls(app: &TestApp) -> Vec<serde_json::Value> {
 
 async fn sends_form_encoded_with_basic_auth_and_keeps_the_sid(backend: Backend) {
     let app = spawn_twilio(backend).await;
+    app.allow_sender("ACME").await;
     let mut body = sms("+14155550100", "Your order 92831 is confirmed.");
     body["from"] = json!("ACME");
     body["validity_seconds"] = json!(300);

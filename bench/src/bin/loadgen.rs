@@ -709,7 +709,11 @@ async fn floor(
         )
         .map_err(|e| e.to_string())?;
         store
-            .ensure_tenant_key("default", &key.stored)
+            .ensure_bootstrap_key(
+                "default",
+                &key.stored,
+                sendonce::clock::Clock::system().now(),
+            )
             .await
             .map_err(|e| e.to_string())?;
         store.pool().close().await;

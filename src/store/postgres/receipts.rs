@@ -103,6 +103,28 @@ impl ReceiptStore for PgStore {
         Ok(rows.into_iter().map(ReceiptRow::from).collect())
     }
 
+    async fn receipts_after(
+        &self,
+        id: MessageId,
+        after: Option<(OffsetDateTime, i64)>,
+        limit: u32,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        let rows: Vec<ReceiptDbRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            receipt_columns!(),
+            " FROM receipts WHERE message_id = $1 \
+             AND ($2::timestamptz IS NULL OR received_at > $2 OR (received_at = $2 AND seq > $3)) \
+             ORDER BY received_at, seq LIMIT $4"
+        ))
+        .bind(id.0)
+        .bind(after.map(|(t, _)| db(t)))
+        .bind(after.map_or(0, |(_, seq)| seq))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(ReceiptRow::from).collect())
+    }
+
     async fn unmatched_receipts(&self, limit: u32) -> Result<Vec<ReceiptRow>, StoreError> {
         let rows: Vec<ReceiptDbRow> = sqlx::query_as(concat!(
             "SELECT ",

@@ -7,7 +7,10 @@ use uuid::Uuid;
 use super::PgStore;
 use crate::store::row::ApiKeyRow;
 use crate::store::time::{DbTime, db};
-use crate::store::{ApiKeyInfo, NewApiKey, SqlxResultExt, StoreError, TenantAuth, TenantStore};
+use crate::store::types::edited_senders;
+use crate::store::{
+    ApiKeyInfo, BootstrapOutcome, NewApiKey, SqlxResultExt, StoreError, TenantAuth, TenantStore,
+};
 
 #[async_trait]
 impl TenantStore for PgStore {
@@ -39,41 +42,74 @@ impl TenantStore for PgStore {
         Ok(id)
     }
 
-    async fn ensure_tenant_key(&self, name: &str, key: &NewApiKey) -> Result<(), StoreError> {
+    async fn ensure_bootstrap_key(
+        &self,
+        name: &str,
+        key: &NewApiKey,
+        at: OffsetDateTime,
+    ) -> Result<BootstrapOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
             .bind(Uuid::now_v7())
             .bind(name)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
-             SELECT $1, t.id, $3, $4 FROM tenants t WHERE t.name = $2 \
-             ON CONFLICT (key_hash) DO NOTHING",
+        // A key already there (a restart with the same value, or the first
+        // start after the upgrade that added the flag) becomes the bootstrap
+        // key, if it is this tenant's.
+        let configured: Option<(bool,)> = sqlx::query_as(
+            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, bootstrap) \
+             SELECT $1, t.id, $3, $4, true FROM tenants t WHERE t.name = $2 \
+             ON CONFLICT (key_hash) DO UPDATE SET bootstrap = true \
+             WHERE api_keys.tenant_id = excluded.tenant_id \
+             RETURNING revoked_at IS NOT NULL",
         )
         .bind(key.id)
         .bind(name)
         .bind(&key.hash)
         .bind(&key.prefix)
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
-        tx.commit().await.store_err()
+        let mut outcome = BootstrapOutcome::default();
+        match configured {
+            Some((false,)) => {
+                let revoked: Vec<(Uuid, String)> = sqlx::query_as(
+                    "UPDATE api_keys SET revoked_at = $2 \
+                     WHERE bootstrap AND revoked_at IS NULL AND key_hash <> $1 \
+                     RETURNING id, key_prefix",
+                )
+                .bind(&key.hash)
+                .bind(db(at))
+                .fetch_all(&mut *tx)
+                .await?;
+                outcome.revoked = revoked;
+            }
+            // Revoked earlier, or (never in practice) another tenant's key.
+            _ => outcome.configured_key_revoked = true,
+        }
+        tx.commit().await?;
+        Ok(outcome)
     }
 
     #[tracing::instrument(name = "store.tenant_for_key", level = "debug", skip_all)]
     async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError> {
-        let row: Option<(Uuid, Option<Vec<String>>)> = sqlx::query_as(
-            "SELECT k.tenant_id, t.allowed_countries FROM api_keys k \
+        let row: Option<(Uuid, Option<Vec<String>>, Option<Vec<String>>, bool)> = sqlx::query_as(
+            "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, t.name = 'default' \
+             FROM api_keys k \
              JOIN tenants t ON t.id = k.tenant_id \
              WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
         )
         .bind(key_hash)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|(id, allowed_countries)| TenantAuth {
-            id,
-            allowed_countries,
-        }))
+        Ok(row.map(
+            |(id, allowed_countries, allowed_senders, bootstrap_tenant)| TenantAuth {
+                id,
+                allowed_countries,
+                allowed_senders,
+                bootstrap_tenant,
+            },
+        ))
     }
 
     async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError> {
@@ -136,5 +172,44 @@ impl TenantStore for PgStore {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn allowed_senders(
+        &self,
+        tenant_name: &str,
+    ) -> Result<Option<Option<Vec<String>>>, StoreError> {
+        let row: Option<(Option<Vec<String>>,)> =
+            sqlx::query_as("SELECT allowed_senders FROM tenants WHERE name = $1")
+                .bind(tenant_name)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(s,)| s))
+    }
+
+    async fn edit_senders(
+        &self,
+        tenant_name: &str,
+        sender: &str,
+        add: bool,
+    ) -> Result<Option<bool>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row: Option<(Option<Vec<String>>,)> =
+            sqlx::query_as("SELECT allowed_senders FROM tenants WHERE name = $1 FOR UPDATE")
+                .bind(tenant_name)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((list,)) = row else {
+            return Ok(None);
+        };
+        let Some(list) = edited_senders(list, sender, add) else {
+            return Ok(Some(false));
+        };
+        sqlx::query("UPDATE tenants SET allowed_senders = $2 WHERE name = $1")
+            .bind(tenant_name)
+            .bind(&list)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(true))
     }
 }

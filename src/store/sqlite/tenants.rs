@@ -7,7 +7,10 @@ use uuid::Uuid;
 use super::SqliteStore;
 use crate::store::row::ApiKeyRow;
 use crate::store::time::{DbTime, db};
-use crate::store::{ApiKeyInfo, NewApiKey, SqlxResultExt, StoreError, TenantAuth, TenantStore};
+use crate::store::types::edited_senders;
+use crate::store::{
+    ApiKeyInfo, BootstrapOutcome, NewApiKey, SqlxResultExt, StoreError, TenantAuth, TenantStore,
+};
 
 #[async_trait]
 impl TenantStore for SqliteStore {
@@ -39,47 +42,71 @@ impl TenantStore for SqliteStore {
         Ok(id)
     }
 
-    async fn ensure_tenant_key(&self, name: &str, key: &NewApiKey) -> Result<(), StoreError> {
+    async fn ensure_bootstrap_key(
+        &self,
+        name: &str,
+        key: &NewApiKey,
+        at: OffsetDateTime,
+    ) -> Result<BootstrapOutcome, StoreError> {
         let mut tx = self.begin().await?;
         sqlx::query("INSERT INTO tenants (id, name) VALUES (?, ?) ON CONFLICT (name) DO NOTHING")
             .bind(Uuid::now_v7())
             .bind(name)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
-             SELECT ?, t.id, ?, ? FROM tenants t WHERE t.name = ? \
-             ON CONFLICT (key_hash) DO NOTHING",
+        let configured: Option<(bool,)> = sqlx::query_as(
+            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, bootstrap) \
+             SELECT ?, t.id, ?, ?, 1 FROM tenants t WHERE t.name = ? \
+             ON CONFLICT (key_hash) DO UPDATE SET bootstrap = 1 \
+             WHERE api_keys.tenant_id = excluded.tenant_id \
+             RETURNING revoked_at IS NOT NULL",
         )
         .bind(key.id)
         .bind(&key.hash)
         .bind(&key.prefix)
         .bind(name)
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
-        tx.commit().await.store_err()
+        let mut outcome = BootstrapOutcome::default();
+        match configured {
+            Some((false,)) => {
+                let revoked: Vec<(Uuid, String)> = sqlx::query_as(
+                    "UPDATE api_keys SET revoked_at = ? \
+                     WHERE bootstrap AND revoked_at IS NULL AND key_hash <> ? \
+                     RETURNING id, key_prefix",
+                )
+                .bind(db(at))
+                .bind(&key.hash)
+                .fetch_all(&mut *tx)
+                .await?;
+                outcome.revoked = revoked;
+            }
+            _ => outcome.configured_key_revoked = true,
+        }
+        tx.commit().await?;
+        Ok(outcome)
     }
 
     #[tracing::instrument(name = "store.tenant_for_key", level = "debug", skip_all)]
     async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError> {
-        let row: Option<(Uuid, Option<String>)> = sqlx::query_as(
-            "SELECT k.tenant_id, t.allowed_countries FROM api_keys k \
+        let row: Option<(Uuid, Option<String>, Option<String>, bool)> = sqlx::query_as(
+            "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, t.name = 'default' \
+             FROM api_keys k \
              JOIN tenants t ON t.id = k.tenant_id \
              WHERE k.key_hash = ? AND k.revoked_at IS NULL",
         )
         .bind(key_hash)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|(id, countries)| TenantAuth {
-            id,
-            // Stored comma-separated: SQLite has no arrays.
-            allowed_countries: countries.map(|c| {
-                c.split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect()
+        Ok(
+            row.map(|(id, countries, senders, bootstrap_tenant)| TenantAuth {
+                id,
+                // Stored comma-separated: SQLite has no arrays.
+                allowed_countries: countries.as_deref().map(split_list),
+                allowed_senders: senders.as_deref().map(split_list),
+                bootstrap_tenant,
             }),
-        }))
+        )
     }
 
     async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError> {
@@ -143,4 +170,51 @@ impl TenantStore for SqliteStore {
             .await?;
         Ok(done.rows_affected() == 1)
     }
+
+    async fn allowed_senders(
+        &self,
+        tenant_name: &str,
+    ) -> Result<Option<Option<Vec<String>>>, StoreError> {
+        let row: Option<(Option<String>,)> =
+            sqlx::query_as("SELECT allowed_senders FROM tenants WHERE name = ?")
+                .bind(tenant_name)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(s,)| s.as_deref().map(split_list)))
+    }
+
+    async fn edit_senders(
+        &self,
+        tenant_name: &str,
+        sender: &str,
+        add: bool,
+    ) -> Result<Option<bool>, StoreError> {
+        let mut tx = self.begin().await?;
+        let row: Option<(Option<String>,)> =
+            sqlx::query_as("SELECT allowed_senders FROM tenants WHERE name = ?")
+                .bind(tenant_name)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((list,)) = row else {
+            return Ok(None);
+        };
+        let Some(list) = edited_senders(list.as_deref().map(split_list), sender, add) else {
+            return Ok(Some(false));
+        };
+        sqlx::query("UPDATE tenants SET allowed_senders = ? WHERE name = ?")
+            .bind(list.join(","))
+            .bind(tenant_name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(true))
+    }
+}
+
+/// A comma-separated list as stored (SQLite has no arrays); empty: no entries.
+fn split_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
 }

@@ -84,7 +84,14 @@ pub async fn migrate(settings: &Settings) -> Result<(), CommandError> {
 }
 
 pub async fn serve(settings: Settings) -> Result<(), CommandError> {
-    let provider = provider(&settings.provider.kind, settings.log.bodies)?;
+    let providers = settings
+        .provider
+        .all()
+        .into_iter()
+        .map(|p| provider(p, settings.log.bodies))
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<&str> = providers.iter().map(|p| p.name()).collect();
+    let names = names.join(",");
     let store = migrated_store(&settings).await?;
     bootstrap(&settings, store.as_ref()).await?;
     let listen = settings.server.listen;
@@ -92,13 +99,13 @@ pub async fn serve(settings: Settings) -> Result<(), CommandError> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let database = redact_url(&settings.database.url);
-    let app = App::build(settings, store, provider.clone(), Clock::system(), listener)
+    let app = App::build_routed(settings, store, providers, Clock::system(), listener)
         .context("building the app")?;
     let addr = app.local_addr().context("reading the listening address")?;
     tracing::info!(
         listen = %addr,
         database = %database,
-        provider = provider.name(),
+        providers = %names,
         "sendonce listening"
     );
     app.run(shutdown::signal()).await.context("serving")?;

@@ -29,8 +29,8 @@ pub enum Report {
 }
 
 impl Deliverer {
-    /// Writes `t`, fenced on `lease`. `Proceed` and `Reconcile` are not
-    /// results and are never handed here.
+    /// Writes `t`, fenced on `lease`. `Proceed`, `Reconcile` and `MoveOn`
+    /// are not results and are never handed here.
     pub(super) async fn apply(
         &self,
         msg: &mut MessageRecord,
@@ -98,7 +98,7 @@ impl Deliverer {
                     Err(report) => report,
                 }
             }
-            Transition::Reconcile { .. } | Transition::Proceed => {
+            Transition::Reconcile { .. } | Transition::Proceed | Transition::MoveOn { .. } => {
                 tracing::error!(?t, "not a result: nothing to write");
                 Report::StoreDown
             }
@@ -152,7 +152,7 @@ impl Deliverer {
     /// Runs a fenced write, retrying while the database is unavailable and the
     /// lease lasts. `Err(report)` when it could not be written at all (the
     /// message is then resumed from the row by whoever claims it next).
-    async fn write<F, Fut>(&self, lease: &Lease, op: F) -> Result<bool, Report>
+    pub(super) async fn write<F, Fut>(&self, lease: &Lease, op: F) -> Result<bool, Report>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<bool, StoreError>>,

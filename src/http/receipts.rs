@@ -7,7 +7,8 @@
 //! - `POST /providers/http/status`: the `http` provider's receipt, JSON
 //!   `{"id","status","event_id","error_code"?}`, authenticated by the shared
 //!   secret `SENDONCE_RECEIPT_SECRET` in `X-Receipt-Secret`.
-//! - `GET /messages/{key}/events`: attempts and receipts, oldest first.
+//! - `GET /messages/{key}/events`: attempts, failovers, circuit changes and
+//!   receipts, oldest first.
 //!
 //! A receipt that is not authenticated is answered 403 and changes nothing.
 //! The `http` receipt's secret is checked before its body is read; Twilio's
@@ -330,6 +331,22 @@ enum Event {
         #[serde(flatten)]
         attempt: AttemptRow,
     },
+    /// The message moved on from provider `from` to `to`.
+    Failover {
+        #[serde(with = "time::serde::rfc3339")]
+        at: OffsetDateTime,
+        from: String,
+        to: String,
+        reason: String,
+    },
+    /// An answer to this message opened or closed its provider's circuit.
+    Circuit {
+        #[serde(with = "time::serde::rfc3339")]
+        at: OffsetDateTime,
+        provider: String,
+        state: &'static str,
+        detail: String,
+    },
     Receipt {
         #[serde(with = "time::serde::rfc3339")]
         at: OffsetDateTime,
@@ -342,9 +359,37 @@ enum Event {
     },
 }
 
-/// Attempts (at their start) and receipts (at their arrival), oldest first.
-fn timeline(attempts: Vec<AttemptRow>, receipts: Vec<ReceiptRow>) -> Vec<Event> {
+/// Attempts (at their start), routing events and receipts (at their
+/// arrival), oldest first.
+fn timeline(
+    attempts: Vec<AttemptRow>,
+    receipts: Vec<ReceiptRow>,
+    routing: Vec<crate::store::MessageEvent>,
+) -> Vec<Event> {
     let mut events: Vec<(OffsetDateTime, u8, usize, Event)> = Vec::new();
+    for (i, e) in routing.into_iter().enumerate() {
+        let event = if e.kind == "failover" {
+            Event::Failover {
+                at: e.at,
+                from: e.provider,
+                to: e.to_provider.unwrap_or_default(),
+                reason: e.detail,
+            }
+        } else {
+            Event::Circuit {
+                at: e.at,
+                provider: e.provider,
+                state: if e.kind == "circuit_closed" {
+                    "closed"
+                } else {
+                    "open"
+                },
+                detail: e.detail,
+            }
+        };
+        // After the attempt that caused it, which started no later.
+        events.push((e.at, 1, i, event));
+    }
     for (i, a) in attempts.into_iter().enumerate() {
         events.push((
             a.started_at,
@@ -359,7 +404,7 @@ fn timeline(attempts: Vec<AttemptRow>, receipts: Vec<ReceiptRow>) -> Vec<Event> 
     for (i, r) in receipts.into_iter().enumerate() {
         events.push((
             r.received_at,
-            1,
+            2,
             i,
             Event::Receipt {
                 at: r.received_at,
@@ -384,7 +429,11 @@ async fn list_events(
     let (_, record) = super::messages::message_at(&state, tenant_id, key).await?;
     let attempts = state.store.attempts(record.id).await?;
     let receipts = state.store.receipts(record.id).await?;
-    Ok(axum::Json(serde_json::json!({ "data": timeline(attempts, receipts) })).into_response())
+    let routing = state.store.message_events(record.id).await?;
+    Ok(
+        axum::Json(serde_json::json!({ "data": timeline(attempts, receipts, routing) }))
+            .into_response(),
+    )
 }
 
 #[cfg(test)]

@@ -139,6 +139,8 @@ pub struct TestOptions {
     pub db_acquire_timeout: Option<Duration>,
     /// Builds the provider instead of the `http` one aimed at the mock.
     pub provider: Option<ProviderFactory>,
+    /// Providers that take over, in order, after the one above.
+    pub fallbacks: Vec<Arc<dyn Provider>>,
 }
 
 /// Builds a provider from the mock's base URL (`http://host:port`) and the
@@ -157,6 +159,7 @@ impl Default for TestOptions {
             api_key: None,
             db_acquire_timeout: None,
             provider: None,
+            fallbacks: Vec::new(),
         }
     }
 }
@@ -239,7 +242,9 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
             key.secret
         }
     };
-    let app = App::build(settings, store, provider, opts.clock.clone(), listener).expect("app");
+    let providers = std::iter::once(provider).chain(opts.fallbacks).collect();
+    let app =
+        App::build_routed(settings, store, providers, opts.clock.clone(), listener).expect("app");
     let handle = app.handle().expect("handle");
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {

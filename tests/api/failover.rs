@@ -191,7 +191,45 @@ async fn twilio_refusing_the_account_moves_on(backend: Backend) {
     );
 }
 
+async fn a_receipt_from_the_secondary_matches_the_failed_over_message(backend: Backend) {
+    let mut settings = test_settings();
+    let secret = "failover-receipt-secret-0123456789";
+    settings.server.receipts.http_secret = Some(secret.into());
+    let (second, fallback) = secondary().await;
+    let app = spawn_with(TestOptions {
+        backend,
+        settings,
+        provider: Some(primary(None)),
+        fallbacks: vec![fallback],
+        ..TestOptions::default()
+    })
+    .await;
+    app.mock.push([Behaviour::Fail {
+        status: 429,
+        body: serde_json::json!({"code": 20429, "message": "Too Many Requests", "status": 429}),
+        retry_after: Some(1),
+    }]);
+    let a = app.post("dlr-1", &sms(TO, "dlr")).await;
+    assert_eq!(a.json()["provider"], "http", "{}", a.json());
+    assert_eq!(second.deliveries_to(TO, "dlr"), 1);
+    let id = a.json()["provider_message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = app
+        .client
+        .post(format!("{}/providers/http/status", app.base))
+        .header("X-Receipt-Secret", secret)
+        .json(&serde_json::json!({"id": id, "status": "delivered", "event_id": "ev-1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    app.wait_for_status("dlr-1", "delivered").await;
+}
+
 on_both_backends!(
+    a_receipt_from_the_secondary_matches_the_failed_over_message,
     primary_down_sends_on_the_secondary_once,
     an_invalid_number_fails_and_the_secondary_is_never_called,
     a_dropped_answer_is_reconciled_on_the_primary,

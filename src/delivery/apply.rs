@@ -2,6 +2,7 @@
 //! result (fenced on the lease) and the one place the run's [`Report`] is
 //! logged and counted.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use time::OffsetDateTime;
@@ -175,5 +176,23 @@ impl Deliverer {
                 }
             }
         }
+    }
+
+    /// Wakes the scheduler when a retry falls due before its next regular
+    /// scan. The timer is not a delivery: shutdown does not wait for it.
+    pub(super) fn nudge_at(&self, at: OffsetDateTime) {
+        let wait = Duration::try_from(at - self.clock.now()).unwrap_or(Duration::ZERO);
+        if self.clock.is_manual() || wait > Duration::from_secs(60) {
+            return;
+        }
+        let nudge = Arc::clone(&self.nudge);
+        let timers = self.timers.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                // A little after the due time, so the claim finds it due.
+                () = tokio::time::sleep(wait + Duration::from_millis(2)) => nudge.notify_one(),
+                () = timers.cancelled() => {}
+            }
+        });
     }
 }

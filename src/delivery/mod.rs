@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::clock::{Clock, to_time};
 use crate::domain::{AttemptOutcome, MessageId};
-use crate::provider::{OutgoingSms, Provider, Reconciled, SendOutcome};
+use crate::provider::{OutgoingSms, Provider, SendOutcome};
 use crate::store::{Lease, MessageRecord, Store, StoreError, StoredResponse};
 
 pub mod apply;
@@ -27,6 +27,7 @@ pub mod circuit;
 pub mod decide;
 pub mod hub;
 pub mod purge;
+mod reconcile;
 pub mod retry;
 pub mod route;
 mod routing;
@@ -573,73 +574,6 @@ impl Deliverer {
             p = Arc::clone(&self.permits).acquire_owned() => p.ok(),
             () = self.stop.cancelled() => None,
         }
-    }
-
-    /// Asks `provider` (called `name`) whether it sent `sms` since `since`:
-    /// the one reconcile path, for an attempt a previous owner left open and
-    /// for an ambiguous answer. `None` when shutdown stopped it. A provider
-    /// no longer configured cannot be asked.
-    ///
-    /// A provider message id that another message already holds is never
-    /// ours: the provider's single candidate was someone else's SMS, so
-    /// nothing of ours was listed.
-    async fn reconcile(
-        &self,
-        provider: Option<&dyn Provider>,
-        name: &str,
-        sms: &OutgoingSms,
-        since: OffsetDateTime,
-    ) -> Option<Reconciled> {
-        let Some(provider) = provider else {
-            return Some(Reconciled::Unknown(format!(
-                "the {name} provider is no longer configured and cannot be asked"
-            )));
-        };
-        let answer = tokio::select! {
-            r = provider.reconcile(sms, since) => r,
-            () = self.stop.cancelled() => return None,
-        };
-        let Reconciled::Sent {
-            provider_message_id,
-        } = &answer
-        else {
-            return Some(answer);
-        };
-        let owner = self
-            .store
-            .provider_message_owner(provider.name(), provider_message_id)
-            .await;
-        Some(match owner {
-            Ok(Some(owner)) if owner != sms.message_id => {
-                tracing::warn!(
-                    %owner,
-                    "the provider's only candidate belongs to another message: not ours"
-                );
-                Reconciled::NotSent
-            }
-            Ok(_) => answer,
-            Err(e) => Reconciled::Unknown(format!(
-                "could not check who holds provider message {provider_message_id}: {e}"
-            )),
-        })
-    }
-
-    /// Wakes the scheduler when a retry falls due before its next regular
-    /// scan. The timer is not a delivery: shutdown does not wait for it.
-    fn nudge_at(&self, at: OffsetDateTime) {
-        let wait = Duration::try_from(at - self.clock.now()).unwrap_or(Duration::ZERO);
-        if self.clock.is_manual() || wait > Duration::from_secs(60) {
-            return;
-        }
-        let nudge = Arc::clone(&self.nudge);
-        let timers = self.timers.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                // A little after the due time, so the claim finds it due.
-                () = tokio::time::sleep(wait + Duration::from_millis(2)) => nudge.notify_one(),
-                () = timers.cancelled() => {}
-            }
-        });
     }
 }
 

@@ -236,6 +236,7 @@ on_both_backends!(
     twilio_refusing_the_account_moves_on,
     the_circuit_opens_under_503s_and_closes_after_recovery,
     three_instances_share_the_circuit,
+    circuit_writes_are_compare_and_set,
 );
 
 /// Opens after 3 failures in a row; a probe is due 30 s later (on the
@@ -436,4 +437,41 @@ async fn three_instances_share_the_circuit(backend: Backend) {
     for app in &others {
         assert_eq!(circuit_of(app, "twilio").await, "closed");
     }
+}
+
+/// Circuits change by compare-and-set: of two writes from the same version
+/// one wins, and a write from a stale version changes nothing.
+async fn circuit_writes_are_compare_and_set(backend: Backend) {
+    use sendonce::store::{Circuit, CircuitState};
+    let url = fresh_database_on(backend).await;
+    let (store, _) = open_store(&url, Duration::from_secs(2));
+    let now = time::OffsetDateTime::now_utc();
+    let base = Circuit::closed("twilio", now);
+    let first = Circuit {
+        failures: 1,
+        version: 1,
+        ..base.clone()
+    };
+    assert!(store.put_circuit(&first).await.unwrap());
+    // Another instance that also started from "no row" loses.
+    assert!(!store.put_circuit(&first).await.unwrap());
+    let open = Circuit {
+        state: CircuitState::Open,
+        failures: 3,
+        opened_at: Some(now),
+        version: 2,
+        ..first.clone()
+    };
+    let probe = Circuit {
+        state: CircuitState::HalfOpen,
+        version: 2,
+        ..first.clone()
+    };
+    assert!(store.put_circuit(&open).await.unwrap());
+    assert!(!store.put_circuit(&probe).await.unwrap());
+    let stored = store.circuits().await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].state, CircuitState::Open);
+    assert_eq!(stored[0].failures, 3);
+    assert_eq!(stored[0].version, 2);
 }

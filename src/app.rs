@@ -47,10 +47,23 @@ impl App {
         clock: Clock,
         listener: TcpListener,
     ) -> std::io::Result<App> {
+        Self::build_routed(settings, store, vec![provider], clock, listener)
+    }
+
+    /// An instance that sends through `providers` in order (the first is
+    /// the primary), with the circuit policy of `settings.provider`.
+    pub fn build_routed(
+        settings: Settings,
+        store: Arc<dyn Store>,
+        providers: Vec<Arc<dyn Provider>>,
+        clock: Clock,
+        listener: TcpListener,
+    ) -> std::io::Result<App> {
         let owner = instance_id();
-        let deliverer = Deliverer::new(
+        let deliverer = Deliverer::routed(
             Arc::clone(&store),
-            provider,
+            providers,
+            settings.provider.circuit.clone(),
             clock.clone(),
             settings.delivery.clone(),
             owner,

@@ -86,7 +86,14 @@ pub async fn migrate(settings: &Settings) -> Result<(), CommandError> {
 }
 
 pub async fn serve(settings: Settings) -> Result<(), CommandError> {
-    let provider = provider(&settings.provider.kind, settings.log.bodies)?;
+    let providers = settings
+        .provider
+        .all()
+        .into_iter()
+        .map(|p| provider(p, settings.log.bodies))
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<&str> = providers.iter().map(|p| p.name()).collect();
+    let names = names.join(",");
     let store = migrated_store(&settings).await?;
     bootstrap(&settings, store.as_ref()).await?;
     let listen = settings.server.listen;
@@ -102,7 +109,7 @@ pub async fn serve(settings: Settings) -> Result<(), CommandError> {
         None => None,
     };
     let database = redact_url(&settings.database.url);
-    let mut app = App::build(settings, store, provider.clone(), Clock::system(), listener)
+    let mut app = App::build_routed(settings, store, providers, Clock::system(), listener)
         .context("building the app")?;
     if let Some(listener) = metrics_listener {
         tracing::info!(
@@ -115,7 +122,7 @@ pub async fn serve(settings: Settings) -> Result<(), CommandError> {
     tracing::info!(
         listen = %addr,
         database = %database,
-        provider = provider.name(),
+        providers = %names,
         "sendonce listening"
     );
     app.run(shutdown::signal()).await.context("serving")?;

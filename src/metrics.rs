@@ -42,6 +42,8 @@ const TAKEOVERS: &str = "sendonce_rescuer_takeovers_total";
 const RECEIPTS: &str = "sendonce_receipts_total";
 const PURGED: &str = "sendonce_purged_messages_total";
 const INTERRUPTED: &str = "sendonce_deliveries_interrupted_total";
+const FAILOVERS: &str = "sendonce_provider_failovers_total";
+const CIRCUIT: &str = "sendonce_provider_circuit_state";
 
 /// The reasons of [`Metrics::delivery_interrupted`], in its counters' order.
 const INTERRUPTIONS: [&str; 3] = ["lease_lost", "store_down", "stopped"];
@@ -72,6 +74,8 @@ pub struct Metrics {
     provider_seconds: Handles<&'static str, Histogram>,
     finals: Handles<(), Counter>,
     receipts: Handles<&'static str, Counter>,
+    failovers: Handles<(), Counter>,
+    circuits: Handles<(), Gauge>,
 }
 
 /// Handles by a fixed part `K` and one free-text label value (a route, a
@@ -146,6 +150,10 @@ impl Metrics {
                 RECEIPTS,
                 "Delivery receipts, by provider and outcome (applied, recorded, duplicate, unmatched)",
             ),
+            (
+                FAILOVERS,
+                "Messages moved on to the next provider, by the provider left and the one taken",
+            ),
         ] {
             recorder.describe_counter(KeyName::from_const_str(name), None, text(what));
         }
@@ -168,6 +176,11 @@ impl Metrics {
             KeyName::from_const_str(OLDEST),
             Some(Unit::Seconds),
             text("Age of the oldest message still processing (0 when none)"),
+        );
+        recorder.describe_gauge(
+            KeyName::from_const_str(CIRCUIT),
+            None,
+            text("Each provider's circuit breaker: 0 closed, 1 half-open, 2 open"),
         );
         let counter = |name: &'static str| recorder.register_counter(&Key::from_name(name), &META);
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &META);
@@ -194,6 +207,8 @@ impl Metrics {
             provider_seconds: Handles::new(),
             finals: Handles::new(),
             receipts: Handles::new(),
+            failovers: Handles::new(),
+            circuits: Handles::new(),
         };
         // The series a dashboard looks for first exist from the start, at 0.
         for outcome in ["created", "replayed"] {
@@ -250,7 +265,8 @@ impl Metrics {
             .record(elapsed.as_secs_f64());
     }
 
-    /// One provider call; `class` is `ok`, `permanent`, `retryable` or `ambiguous`.
+    /// One provider call; `class` is `ok`, `permanent`, `refused`,
+    /// `retryable` or `ambiguous`.
     pub fn provider_attempt(&self, provider: &'static str, class: &'static str, elapsed: Duration) {
         let labels = || {
             vec![
@@ -311,6 +327,44 @@ impl Metrics {
     pub fn delivery_interrupted(&self, reason: &'static str) {
         let i = INTERRUPTIONS.iter().position(|r| *r == reason).unwrap_or(2);
         self.interrupted[i].increment(1);
+    }
+
+    /// A message moved from provider `from` to provider `to`.
+    pub fn failover(&self, from: &str, to: &str) {
+        self.failovers
+            .get((), &format!("{from}\n{to}"), || {
+                self.counter(
+                    FAILOVERS,
+                    vec![
+                        Label::new("from", from.to_owned()),
+                        Label::new("to", to.to_owned()),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+
+    /// A provider's circuit as this instance last read it (`value`: 0
+    /// closed, 1 half-open, 2 open).
+    pub fn circuit(&self, provider: &str, value: f64) {
+        self.circuits
+            .get((), provider, || {
+                self.recorder.register_gauge(
+                    &Key::from_parts(CIRCUIT, vec![Label::new("provider", provider.to_owned())]),
+                    &META,
+                )
+            })
+            .set(value);
+    }
+
+    /// A circuit change this instance wrote (logged; the gauge follows).
+    pub fn circuit_change(&self, provider: &str, state: &str) {
+        let value = match state {
+            "closed" => 0.0,
+            "half_open" => 1.0,
+            _ => 2.0,
+        };
+        self.circuit(provider, value);
     }
 
     pub fn takeover(&self) {
@@ -400,6 +454,8 @@ mod tests {
         m.takeover();
         m.purged(1);
         m.delivery_interrupted("lease_lost");
+        m.failover("twilio", "http");
+        m.circuit("twilio", 2.0);
         let text = m.render(0, Some(Duration::ZERO));
         let exported: std::collections::BTreeSet<&str> = text
             .lines()
@@ -413,7 +469,11 @@ mod tests {
             .filter_map(|l| l.split('`').next())
             .filter(|name| name.starts_with("sendonce_"))
             .collect();
-        assert_eq!(exported.len(), 12, "{text}");
+        assert_eq!(exported.len(), 14, "{text}");
+        assert!(
+            text.contains("sendonce_provider_circuit_state{provider=\"twilio\"} 2"),
+            "{text}"
+        );
         assert!(
             text.contains("sendonce_deliveries_interrupted_total{reason=\"lease_lost\"} 1"),
             "{text}"

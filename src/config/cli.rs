@@ -186,9 +186,29 @@ pub struct ConfigArgs {
     )]
     pub bootstrap_api_key: Option<String>,
     // Provider.
-    /// SMS provider (default simulated).
-    #[arg(long, env = "SENDONCE_PROVIDER", global = true, value_enum)]
-    pub provider: Option<ProviderKind>,
+    /// SMS providers in order, comma-separated (default simulated): the
+    /// first is the primary, the others take over when it certainly did not
+    /// send a message.
+    #[arg(
+        long,
+        env = "SENDONCE_PROVIDER",
+        global = true,
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub provider: Vec<ProviderKind>,
+    /// Provider failures in a row that open its circuit (0: never).
+    #[arg(long, env = "SENDONCE_CIRCUIT_FAILURES", global = true)]
+    pub circuit_failures: Option<String>,
+    /// A run of failures counts only within this window (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_CIRCUIT_WINDOW", global = true)]
+    pub circuit_window: Option<String>,
+    /// How long an open circuit stays open before one send probes the provider (a duration).
+    #[arg(long, env = "SENDONCE_CIRCUIT_OPEN_FOR", global = true)]
+    pub circuit_open_for: Option<String>,
+    /// How long an instance uses its copy of the shared circuits before reading them again (a duration).
+    #[arg(long, env = "SENDONCE_CIRCUIT_REFRESH", global = true)]
+    pub circuit_refresh: Option<String>,
     /// URL the `http` provider POSTs to.
     #[arg(long, env = "SENDONCE_HTTP_PROVIDER_URL", global = true)]
     pub http_provider_url: Option<String>,

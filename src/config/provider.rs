@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
+use crate::delivery::CircuitPolicy;
 use crate::provider::TwilioSettings;
 use crate::provider::twilio::DEFAULT_BASE_URL;
 
-use super::parse::{DurationVar, Unit, given, positive_duration};
+use super::parse::{DurationVar, Unit, given, number_or, positive_duration};
 use super::{ConfigArgs, ConfigError, ProviderKind};
 
 /// A provider ready to be built.
@@ -45,7 +46,13 @@ impl std::fmt::Debug for ProviderConfig {
 
 #[derive(Clone, Debug)]
 pub struct ProviderSettings {
+    /// The primary provider.
     pub kind: ProviderConfig,
+    /// The providers that take over, in order, when the one before certainly
+    /// did not send a message.
+    pub fallbacks: Vec<ProviderConfig>,
+    /// When a provider's circuit opens, and for how long.
+    pub circuit: CircuitPolicy,
     /// Upper bound of connecting to the provider (the upper bound of a whole
     /// call is `delivery.provider_timeout`).
     pub connect_timeout: Duration,
@@ -55,6 +62,8 @@ impl Default for ProviderSettings {
     fn default() -> Self {
         Self {
             kind: ProviderConfig::Simulated,
+            fallbacks: Vec::new(),
+            circuit: CircuitPolicy::default(),
             connect_timeout: Duration::from_secs(3),
         }
     }
@@ -100,31 +109,98 @@ impl ProviderSettings {
             d.connect_timeout,
         )?
         .value;
-        let kind = match a.provider {
-            None => d.kind.clone(),
-            Some(ProviderKind::Simulated) => ProviderConfig::Simulated,
-            Some(ProviderKind::Http) => {
-                let url = given(&a.http_provider_url).ok_or(ConfigError::Missing {
-                    var: "SENDONCE_HTTP_PROVIDER_URL",
-                    needed_by: "SENDONCE_PROVIDER=http",
-                })?;
-                http_url("SENDONCE_HTTP_PROVIDER_URL", url, false)?;
-                ProviderConfig::Http {
-                    url: url.to_string(),
-                    token: given(&a.http_provider_token).map(str::to_string),
-                    timeout,
-                    connect_timeout,
-                }
+        let mut kinds: Vec<ProviderConfig> = Vec::new();
+        for (i, k) in a.provider.iter().enumerate() {
+            if a.provider[..i].contains(k) {
+                return Err(ConfigError::invalid(
+                    "SENDONCE_PROVIDER",
+                    "names a provider twice",
+                ));
             }
-            Some(ProviderKind::Twilio) => {
-                ProviderConfig::Twilio(twilio(a, timeout, connect_timeout)?)
-            }
+            kinds.push(one(a, *k, timeout, connect_timeout)?);
+        }
+        let (kind, fallbacks) = if kinds.is_empty() {
+            (d.kind.clone(), d.fallbacks.clone())
+        } else {
+            let kind = kinds.remove(0);
+            (kind, kinds)
         };
+        let circuit = circuit(a, &d.circuit)?;
         Ok(Self {
             kind,
+            fallbacks,
+            circuit,
             connect_timeout,
         })
     }
+
+    /// Every provider, the primary first.
+    pub fn all(&self) -> Vec<&ProviderConfig> {
+        std::iter::once(&self.kind).chain(&self.fallbacks).collect()
+    }
+}
+
+/// One provider of the list, configured by its own variables.
+fn one(
+    a: &ConfigArgs,
+    kind: ProviderKind,
+    timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<ProviderConfig, ConfigError> {
+    Ok(match kind {
+        ProviderKind::Simulated => ProviderConfig::Simulated,
+        ProviderKind::Http => {
+            let url = given(&a.http_provider_url).ok_or(ConfigError::Missing {
+                var: "SENDONCE_HTTP_PROVIDER_URL",
+                needed_by: "SENDONCE_PROVIDER=http",
+            })?;
+            http_url("SENDONCE_HTTP_PROVIDER_URL", url, false)?;
+            ProviderConfig::Http {
+                url: url.to_string(),
+                token: given(&a.http_provider_token).map(str::to_string),
+                timeout,
+                connect_timeout,
+            }
+        }
+        ProviderKind::Twilio => ProviderConfig::Twilio(twilio(a, timeout, connect_timeout)?),
+    })
+}
+
+fn circuit_duration(
+    var: &'static str,
+    v: &Option<String>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    let Some(v) = given(v) else {
+        return Ok(default);
+    };
+    humantime::parse_duration(v.trim()).map_err(|source| ConfigError::Duration {
+        var,
+        value: v.to_string(),
+        source,
+    })
+}
+
+fn circuit(a: &ConfigArgs, d: &CircuitPolicy) -> Result<CircuitPolicy, ConfigError> {
+    let c = CircuitPolicy {
+        failures: number_or("SENDONCE_CIRCUIT_FAILURES", &a.circuit_failures, d.failures)?,
+        window: circuit_duration("SENDONCE_CIRCUIT_WINDOW", &a.circuit_window, d.window)?,
+        open_for: circuit_duration("SENDONCE_CIRCUIT_OPEN_FOR", &a.circuit_open_for, d.open_for)?,
+        refresh: circuit_duration("SENDONCE_CIRCUIT_REFRESH", &a.circuit_refresh, d.refresh)?,
+    };
+    if c.window.is_zero() {
+        return Err(ConfigError::invalid(
+            "SENDONCE_CIRCUIT_WINDOW",
+            "must be greater than 0",
+        ));
+    }
+    if c.open_for.is_zero() {
+        return Err(ConfigError::invalid(
+            "SENDONCE_CIRCUIT_OPEN_FOR",
+            "must be greater than 0",
+        ));
+    }
+    Ok(c)
 }
 
 fn twilio(

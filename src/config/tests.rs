@@ -318,3 +318,67 @@ fn the_metrics_listener_is_an_address_other_than_the_api() {
         .is_err()
     );
 }
+
+#[test]
+fn providers_in_order_and_the_circuit() {
+    let sid = "AC0123456789abcdef0123456789abcdef";
+    let base = [
+        "--twilio-account-sid",
+        sid,
+        "--twilio-auth-token",
+        "tok",
+        "--twilio-from",
+        "+14155550000",
+        "--http-provider-url",
+        "http://127.0.0.1:9/messages",
+    ];
+    let with = |provider: &'static str, extra: &[&'static str]| {
+        let mut v = base.to_vec();
+        v.extend(["--provider", provider]);
+        v.extend_from_slice(extra);
+        args(&v)
+    };
+    let c = with("twilio,http", &[]).unwrap();
+    assert!(matches!(c.provider.kind, ProviderConfig::Twilio(_)));
+    assert!(matches!(
+        c.provider.fallbacks.as_slice(),
+        [ProviderConfig::Http { .. }]
+    ));
+    assert_eq!(c.provider.all().len(), 2);
+    assert_eq!(
+        c.provider.circuit,
+        crate::delivery::CircuitPolicy::default()
+    );
+    let c = with("http", &[]).unwrap();
+    assert!(c.provider.fallbacks.is_empty());
+    let e = with("twilio,http,twilio", &[]).unwrap_err();
+    assert!(e.to_string().contains("SENDONCE_PROVIDER"), "{e}");
+    // Each provider of the list needs its own variables.
+    let e = args(&["--provider", "simulated,http"]).unwrap_err();
+    assert!(e.to_string().contains("SENDONCE_HTTP_PROVIDER_URL"), "{e}");
+    let c = with(
+        "twilio,http",
+        &[
+            "--circuit-failures",
+            "10",
+            "--circuit-window",
+            "1m",
+            "--circuit-open-for",
+            "2m",
+            "--circuit-refresh",
+            "0s",
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        c.provider.circuit,
+        crate::delivery::CircuitPolicy {
+            failures: 10,
+            window: Duration::from_secs(60),
+            open_for: Duration::from_secs(120),
+            refresh: Duration::ZERO,
+        }
+    );
+    assert!(with("twilio,http", &["--circuit-open-for", "0s"]).is_err());
+    assert!(with("twilio,http", &["--circuit-failures", "many"]).is_err());
+}

@@ -2,6 +2,7 @@
 //! result (fenced on the lease) and the one place the run's [`Report`] is
 //! logged and counted.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use time::OffsetDateTime;
@@ -29,8 +30,8 @@ pub enum Report {
 }
 
 impl Deliverer {
-    /// Writes `t`, fenced on `lease`. `Proceed` and `Reconcile` are not
-    /// results and are never handed here.
+    /// Writes `t`, fenced on `lease`. `Proceed`, `Reconcile` and `MoveOn`
+    /// are not results and are never handed here.
     pub(super) async fn apply(
         &self,
         msg: &mut MessageRecord,
@@ -98,7 +99,7 @@ impl Deliverer {
                     Err(report) => report,
                 }
             }
-            Transition::Reconcile { .. } | Transition::Proceed => {
+            Transition::Reconcile { .. } | Transition::Proceed | Transition::MoveOn { .. } => {
                 tracing::error!(?t, "not a result: nothing to write");
                 Report::StoreDown
             }
@@ -152,7 +153,7 @@ impl Deliverer {
     /// Runs a fenced write, retrying while the database is unavailable and the
     /// lease lasts. `Err(report)` when it could not be written at all (the
     /// message is then resumed from the row by whoever claims it next).
-    async fn write<F, Fut>(&self, lease: &Lease, op: F) -> Result<bool, Report>
+    pub(super) async fn write<F, Fut>(&self, lease: &Lease, op: F) -> Result<bool, Report>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<bool, StoreError>>,
@@ -175,5 +176,23 @@ impl Deliverer {
                 }
             }
         }
+    }
+
+    /// Wakes the scheduler when a retry falls due before its next regular
+    /// scan. The timer is not a delivery: shutdown does not wait for it.
+    pub(super) fn nudge_at(&self, at: OffsetDateTime) {
+        let wait = Duration::try_from(at - self.clock.now()).unwrap_or(Duration::ZERO);
+        if self.clock.is_manual() || wait > Duration::from_secs(60) {
+            return;
+        }
+        let nudge = Arc::clone(&self.nudge);
+        let timers = self.timers.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                // A little after the due time, so the claim finds it due.
+                () = tokio::time::sleep(wait + Duration::from_millis(2)) => nudge.notify_one(),
+                () = timers.cancelled() => {}
+            }
+        });
     }
 }

@@ -10,6 +10,7 @@
 //! | accepted                               | final `sent`                                 |
 //! | rejected                               | final `failed` (`unknown` if maybe sent and  |
 //! |                                        | the provider does not de-duplicate)          |
+//! | refused (the account, not the message) | final `failed` (`unknown` if maybe sent)     |
 //! | retryable                              | retry at backoff/Retry-After, or give up     |
 //! | ambiguous, provider de-duplicates      | retry (resending cannot send twice)          |
 //! | ambiguous, otherwise                   | reconcile since the current attempt started  |
@@ -17,6 +18,9 @@
 //! | reconciled `NotSent` after an answer   | as retryable                                 |
 //! | reconciled `NotSent` on resume         | proceed                                      |
 //! | reconciled `Unknown`                   | final `unknown`                              |
+//!
+//! With several providers, [`route`](super::route::route) turns some of
+//! these into moving on to the next provider.
 
 use std::time::Duration;
 
@@ -96,6 +100,15 @@ pub enum Transition {
     Reconcile { since: OffsetDateTime },
     /// Go on: start (or make) the provider call.
     Proceed,
+    /// Move the message to provider `to` and go on there at once (see
+    /// [`route`](super::route::route)). `attempt` closes the current attempt
+    /// when the provider answered it; `None`: no call was made, and the open
+    /// attempt moves as it is.
+    MoveOn {
+        to: String,
+        reason: String,
+        attempt: Option<AttemptResult>,
+    },
 }
 
 /// The transition `event` leads to.
@@ -224,6 +237,18 @@ fn answered(
             error: Some(error("provider_rejected", message, provider_code.clone())),
             attempt,
         },
+        // With one provider, a refusal of the account is final: nothing
+        // sent it, and retrying here will not help.
+        SendOutcome::Refused {
+            provider_code,
+            message,
+            ..
+        } => Transition::Final {
+            status: give_up_status(snap.maybe_sent),
+            provider_message_id: None,
+            error: Some(error("provider_refused", message, provider_code.clone())),
+            attempt,
+        },
         SendOutcome::Retryable {
             retry_after,
             message,
@@ -246,7 +271,7 @@ fn answered(
     }
 }
 
-fn retry_or_give_up(
+pub(super) fn retry_or_give_up(
     snap: &Snapshot,
     outcome: &SendOutcome,
     retry_after: Option<Duration>,
@@ -321,7 +346,10 @@ fn give_up_status(maybe_sent: bool) -> Status {
 
 /// Why no attempt may start now, if none may, and how the attempt it would
 /// have been ends.
-fn too_late(snap: &Snapshot, now: OffsetDateTime) -> Option<(MessageError, AttemptOutcome)> {
+pub(super) fn too_late(
+    snap: &Snapshot,
+    now: OffsetDateTime,
+) -> Option<(MessageError, AttemptOutcome)> {
     if snap.expires_at.is_some_and(|e| now >= e) {
         return Some((
             error(
@@ -369,6 +397,11 @@ fn parts(outcome: &SendOutcome) -> (Option<u16>, Option<Duration>, String) {
             http_status,
             message,
             ..
+        }
+        | SendOutcome::Refused {
+            http_status,
+            message,
+            ..
         } => (*http_status, None, message.clone()),
         SendOutcome::Retryable {
             http_status,
@@ -384,7 +417,11 @@ fn parts(outcome: &SendOutcome) -> (Option<u16>, Option<Duration>, String) {
     }
 }
 
-fn result_from(outcome: &SendOutcome, number: u32, now: OffsetDateTime) -> AttemptResult {
+pub(super) fn result_from(
+    outcome: &SendOutcome,
+    number: u32,
+    now: OffsetDateTime,
+) -> AttemptResult {
     let (http_status, _, message) = parts(outcome);
     let (name, provider_code, provider_message_id) = match outcome {
         SendOutcome::Accepted {
@@ -397,6 +434,9 @@ fn result_from(outcome: &SendOutcome, number: u32, now: OffsetDateTime) -> Attem
         ),
         SendOutcome::Rejected { provider_code, .. } => {
             (AttemptOutcome::Rejected, provider_code.clone(), None)
+        }
+        SendOutcome::Refused { provider_code, .. } => {
+            (AttemptOutcome::Refused, provider_code.clone(), None)
         }
         SendOutcome::Retryable { provider_code, .. } => {
             (AttemptOutcome::Retryable, provider_code.clone(), None)

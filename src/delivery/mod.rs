@@ -18,21 +18,27 @@ use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::domain::{AttemptOutcome, MessageId};
-use crate::provider::{OutgoingSms, Provider, Reconciled, SendOutcome};
+use crate::provider::{OutgoingSms, Provider, SendOutcome};
 use crate::store::{Lease, MessageRecord, Store, StoreError, StoredResponse};
 
 pub mod apply;
+pub mod circuit;
 pub mod decide;
 pub mod hub;
 pub mod purge;
+mod reconcile;
 pub mod retry;
+pub mod route;
+mod routing;
 pub mod scheduler;
 
 pub use apply::Report;
+pub use circuit::CircuitPolicy;
 pub use decide::{Event, Snapshot, Transition, decide};
 pub use hub::Hub;
 pub use purge::Purger;
 pub use retry::RetryPolicy;
+pub use route::Route;
 pub use scheduler::Scheduler;
 
 /// Settings for delivery.
@@ -50,7 +56,11 @@ pub struct DeliverySettings {
 /// Runs deliveries for this instance.
 pub struct Deliverer {
     store: Arc<dyn Store>,
-    provider: Arc<dyn Provider>,
+    /// In order: the first is the primary. Never empty.
+    providers: Vec<Arc<dyn Provider>>,
+    circuit_policy: CircuitPolicy,
+    /// This instance's copy of the circuits shared through the store.
+    circuits: std::sync::Mutex<routing::CircuitCache>,
     clock: Clock,
     settings: DeliverySettings,
     /// Who this instance is, in leases.
@@ -77,10 +87,38 @@ impl Deliverer {
         settings: DeliverySettings,
         owner: String,
     ) -> Arc<Self> {
+        Self::routed(
+            store,
+            vec![provider],
+            CircuitPolicy::default(),
+            clock,
+            settings,
+            owner,
+        )
+    }
+
+    /// A deliverer that sends through `providers` in order (the first is
+    /// the primary), failing over as [`route`](route::route) decides.
+    /// An empty list is one simulated provider.
+    pub fn routed(
+        store: Arc<dyn Store>,
+        mut providers: Vec<Arc<dyn Provider>>,
+        circuit_policy: CircuitPolicy,
+        clock: Clock,
+        settings: DeliverySettings,
+        owner: String,
+    ) -> Arc<Self> {
+        if providers.is_empty() {
+            providers.push(Arc::new(crate::provider::SimulatedProvider {
+                log_bodies: false,
+            }));
+        }
         let permits = Arc::new(Semaphore::new(settings.max_concurrent_sends.max(1)));
         Arc::new(Self {
             store,
-            provider,
+            providers,
+            circuit_policy,
+            circuits: routing::cache(),
             clock,
             settings,
             owner,
@@ -98,8 +136,14 @@ impl Deliverer {
         &self.owner
     }
 
+    /// The primary provider's name: where new messages start.
     pub fn provider_name(&self) -> &'static str {
-        self.provider.name()
+        self.providers[0].name()
+    }
+
+    /// The configured providers' names, in order.
+    pub fn provider_names(&self) -> Vec<&'static str> {
+        self.providers.iter().map(|p| p.name()).collect()
     }
 
     pub fn clock(&self) -> &Clock {
@@ -263,13 +307,20 @@ impl Deliverer {
         report
     }
 
-    fn decide(&self, snap: &Snapshot, event: &Event<'_>) -> Transition {
-        decide(
+    fn decide(
+        &self,
+        snap: &Snapshot,
+        event: &Event<'_>,
+        dedupes: bool,
+        r: &Route<'_>,
+    ) -> Transition {
+        route::route(
             snap,
             event,
             self.clock.now(),
             &self.settings.retry,
-            self.provider.dedupes_by_key(),
+            dedupes,
+            r,
         )
     }
 
@@ -281,32 +332,42 @@ impl Deliverer {
         permit: Option<OwnedSemaphorePermit>,
         registration: &hub::Registration,
     ) -> Report {
-        let permit = match permit {
+        let mut permit = Some(match permit {
             Some(p) => p,
-            None => tokio::select! {
-                p = Arc::clone(&self.permits).acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return Report::Stopped,
-                },
-                () = self.stop.cancelled() => return Report::Stopped,
+            None => match self.acquire().await {
+                Some(p) => p,
+                None => return Report::Stopped,
             },
-        };
+        });
         let now = self.clock.now();
-        let sms = self.sms(&msg, now);
         let previous_start = msg.last_attempt_started_at.unwrap_or(msg.created_at);
+        // Routing as of a message that is not moving: decisions before a
+        // send never move it except through `route_state`.
+        let stay = Route {
+            current: "",
+            current_open: false,
+            next: None,
+        };
 
-        let (attempt, started_at) = if fresh {
+        let (mut attempt, mut started_at) = if fresh {
             (msg.attempts, previous_start)
         } else {
             let open = msg.last_attempt_open;
-            if open && !self.provider.dedupes_by_key() {
+            let provider = self.provider_named(&msg.provider);
+            let dedupes = provider.as_ref().is_some_and(|p| p.dedupes_by_key());
+            if open && !dedupes {
                 // The previous owner may have sent it and cannot tell us:
-                // ask the provider before sending anything again.
+                // ask the provider it was sending with before sending
+                // anything again.
+                let sms = self.sms(&msg, now);
                 let snap = Snapshot::of(&msg, msg.attempts, previous_start);
-                let Some(answer) = self.reconcile(&sms, previous_start).await else {
+                let Some(answer) = self
+                    .reconcile(provider.as_deref(), &msg.provider, &sms, previous_start)
+                    .await
+                else {
                     return Report::Stopped;
                 };
-                let t = self.decide(&snap, &Event::Resumed(&answer));
+                let t = self.decide(&snap, &Event::Resumed(&answer), dedupes, &stay);
                 if t != Transition::Proceed {
                     return self.apply(&mut msg, &lease, registration, t).await;
                 }
@@ -320,6 +381,8 @@ impl Deliverer {
                     opted_out: false,
                     closing,
                 },
+                dedupes,
+                &stay,
             );
             if t != Transition::Proceed {
                 return self.apply(&mut msg, &lease, registration, t).await;
@@ -338,135 +401,180 @@ impl Deliverer {
                 }
             }
         };
-        let snap = Snapshot::of(&msg, attempt, started_at);
 
-        // Past its validity (perhaps after waiting for a send slot), or to a
-        // number that opted out (read with the row, the insert or the
-        // claim): the provider is not called.
-        let t = self.decide(
-            &snap,
-            &Event::Starting {
-                opted_out: msg.recipient_opted_out,
-                closing: Some((attempt, AttemptOutcome::Expired)),
-            },
-        );
-        if t != Transition::Proceed {
-            return self.apply(&mut msg, &lease, registration, t).await;
-        }
+        // One provider call per pass; a message that moves on to the next
+        // provider goes round again at once.
+        loop {
+            let snap = Snapshot::of(&msg, attempt, started_at);
+            let routing = self.route_state(&msg).await;
+            let current = msg.provider.clone();
+            let r = Route {
+                current: &current,
+                current_open: routing.current_open,
+                next: routing.next,
+            };
+            let dedupes = routing
+                .provider
+                .as_ref()
+                .is_some_and(|p| p.dedupes_by_key());
 
-        // Every call starts under a (nearly) full lease, however long the
-        // wait for a slot was, so no other instance takes the message over
-        // while it runs. A lease whose latest write started within the last
-        // second (the insert of a new message, the claim or the start of a
-        // resumed attempt) already is one: renewing it again would cost a
-        // round trip per send for nothing. The age is measured on this
-        // instance's monotonic clock, from before that write, so neither a
-        // skewed nor a hand-moved wall clock bears on it; the lease itself
-        // runs on the database's clock, which advances at the same rate.
-        if needs_renewal(lease.age()) {
-            let written = std::time::Instant::now();
-            match self.store.renew_lease(msg.id, &lease).await {
-                Ok(true) => lease.written = written,
-                Ok(false) => return Report::LeaseLost,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not renew the lease");
-                    return Report::StoreDown;
+            // Past its validity (perhaps after waiting for a send slot), or
+            // to a number that opted out (read with the row, the insert or
+            // the claim): no provider is called. A circuit that is open
+            // sends the message on to the next provider.
+            let t = self.decide(
+                &snap,
+                &Event::Starting {
+                    opted_out: msg.recipient_opted_out,
+                    closing: Some((attempt, AttemptOutcome::Expired)),
+                },
+                dedupes,
+                &r,
+            );
+            match t {
+                Transition::Proceed => {}
+                Transition::MoveOn {
+                    to,
+                    reason,
+                    attempt: closing,
+                } => {
+                    let moved_attempt = closing.is_some();
+                    match self
+                        .move_on(&mut msg, &mut lease, to, reason, closing)
+                        .await
+                    {
+                        Ok(n) => {
+                            attempt = n;
+                            if moved_attempt {
+                                started_at = self.clock.now();
+                            }
+                            continue;
+                        }
+                        Err(report) => return report,
+                    }
+                }
+                t => return self.apply(&mut msg, &lease, registration, t).await,
+            }
+            let Some(provider) = routing.provider else {
+                // Its provider is no longer configured and something may
+                // have been sent through it: nobody can tell.
+                let t = Transition::Final {
+                    status: crate::domain::Status::Unknown,
+                    provider_message_id: None,
+                    error: Some(decide::error(
+                        "outcome_unknown",
+                        &format!(
+                            "the {} provider is no longer configured and may have sent it",
+                            msg.provider
+                        ),
+                        None,
+                    )),
+                    attempt: None,
+                };
+                return self.apply(&mut msg, &lease, registration, t).await;
+            };
+
+            // Every call starts under a (nearly) full lease, however long
+            // the wait for a slot was, so no other instance takes the
+            // message over while it runs. A lease whose latest write started
+            // within the last second (the insert of a new message, the claim,
+            // the start of a resumed attempt or a move to the next provider)
+            // already is one: renewing it again would cost a round trip per
+            // send for nothing. The age is measured on this instance's
+            // monotonic clock, from before that write, so neither a skewed
+            // nor a hand-moved wall clock bears on it; the lease itself runs
+            // on the database's clock, which advances at the same rate.
+            let now = self.clock.now();
+            if needs_renewal(lease.age()) {
+                let written = std::time::Instant::now();
+                match self.store.renew_lease(msg.id, &lease).await {
+                    Ok(true) => lease.written = written,
+                    Ok(false) => return Report::LeaseLost,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not renew the lease");
+                        return Report::StoreDown;
+                    }
                 }
             }
-        }
-
-        let started = Instant::now();
-        let outcome = tokio::select! {
-            o = tokio::time::timeout(self.settings.provider_timeout, self.provider.send(&sms)) => {
-                o.unwrap_or_else(|_| SendOutcome::Ambiguous {
-                    http_status: None,
-                    retry_after: None,
-                    message: "the provider did not answer in time".into(),
-                })
-            }
-            // Shutdown grace is over: the attempt stays open and whoever
-            // resumes the message treats it as ambiguous.
-            () = self.stop.cancelled() => return Report::Stopped,
-        };
-        let class = outcome.class();
-        self.metrics
-            .provider_attempt(self.provider.name(), class, started.elapsed());
-        tracing::debug!(
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            ?outcome,
-            "provider answered"
-        );
-        drop(permit);
-
-        let mut t = self.decide(&snap, &Event::Answered(&outcome));
-        if let Transition::Reconcile { since } = t {
-            let Some(answer) = self.reconcile(&sms, since).await else {
-                return Report::Stopped;
-            };
-            t = self.decide(
-                &snap,
-                &Event::Reconciled {
-                    after: &outcome,
-                    answer: &answer,
+            let slot = match permit.take() {
+                Some(p) => p,
+                None => match self.acquire().await {
+                    Some(p) => p,
+                    None => return Report::Stopped,
                 },
+            };
+
+            let sms = self.sms(&msg, now);
+            let started = Instant::now();
+            let outcome = tokio::select! {
+                o = tokio::time::timeout(self.settings.provider_timeout, provider.send(&sms)) => {
+                    o.unwrap_or_else(|_| SendOutcome::Ambiguous {
+                        http_status: None,
+                        retry_after: None,
+                        message: "the provider did not answer in time".into(),
+                    })
+                }
+                // Shutdown grace is over: the attempt stays open and whoever
+                // resumes the message treats it as ambiguous.
+                () = self.stop.cancelled() => return Report::Stopped,
+            };
+            let class = outcome.class();
+            self.metrics
+                .provider_attempt(provider.name(), class, started.elapsed());
+            tracing::debug!(
+                provider = provider.name(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                ?outcome,
+                "provider answered"
             );
-        }
-        self.apply(&mut msg, &lease, registration, t).await
-    }
+            drop(slot);
+            self.record_circuit(provider.name(), outcome.provider_works(), &msg)
+                .await;
 
-    /// Asks the provider whether it sent `sms` since `since`: the one
-    /// reconcile path, for an attempt a previous owner left open and for an
-    /// ambiguous answer. `None` when shutdown stopped it.
-    ///
-    /// A provider message id that another message already holds is never
-    /// ours: the provider's single candidate was someone else's SMS, so
-    /// nothing of ours was listed.
-    async fn reconcile(&self, sms: &OutgoingSms, since: OffsetDateTime) -> Option<Reconciled> {
-        let answer = tokio::select! {
-            r = self.provider.reconcile(sms, since) => r,
-            () = self.stop.cancelled() => return None,
-        };
-        let Reconciled::Sent {
-            provider_message_id,
-        } = &answer
-        else {
-            return Some(answer);
-        };
-        let owner = self
-            .store
-            .provider_message_owner(self.provider.name(), provider_message_id)
-            .await;
-        Some(match owner {
-            Ok(Some(owner)) if owner != sms.message_id => {
-                tracing::warn!(
-                    %owner,
-                    "the provider's only candidate belongs to another message: not ours"
+            let mut t = self.decide(&snap, &Event::Answered(&outcome), dedupes, &r);
+            if let Transition::Reconcile { since } = t {
+                let Some(answer) = self
+                    .reconcile(Some(provider.as_ref()), provider.name(), &sms, since)
+                    .await
+                else {
+                    return Report::Stopped;
+                };
+                t = self.decide(
+                    &snap,
+                    &Event::Reconciled {
+                        after: &outcome,
+                        answer: &answer,
+                    },
+                    dedupes,
+                    &r,
                 );
-                Reconciled::NotSent
             }
-            Ok(_) => answer,
-            Err(e) => Reconciled::Unknown(format!(
-                "could not check who holds provider message {provider_message_id}: {e}"
-            )),
-        })
+            match t {
+                Transition::MoveOn {
+                    to,
+                    reason,
+                    attempt: closing,
+                } => match self
+                    .move_on(&mut msg, &mut lease, to, reason, closing)
+                    .await
+                {
+                    Ok(n) => {
+                        attempt = n;
+                        started_at = self.clock.now();
+                    }
+                    Err(report) => return report,
+                },
+                t => return self.apply(&mut msg, &lease, registration, t).await,
+            }
+        }
     }
 
-    /// Wakes the scheduler when a retry falls due before its next regular
-    /// scan. The timer is not a delivery: shutdown does not wait for it.
-    fn nudge_at(&self, at: OffsetDateTime) {
-        let wait = Duration::try_from(at - self.clock.now()).unwrap_or(Duration::ZERO);
-        if self.clock.is_manual() || wait > Duration::from_secs(60) {
-            return;
+    /// A provider-call slot; `None` when shutdown stopped the wait.
+    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        tokio::select! {
+            p = Arc::clone(&self.permits).acquire_owned() => p.ok(),
+            () = self.stop.cancelled() => None,
         }
-        let nudge = Arc::clone(&self.nudge);
-        let timers = self.timers.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                // A little after the due time, so the claim finds it due.
-                () = tokio::time::sleep(wait + Duration::from_millis(2)) => nudge.notify_one(),
-                () = timers.cancelled() => {}
-            }
-        });
     }
 }
 

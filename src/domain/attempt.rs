@@ -11,6 +11,9 @@ pub enum AttemptOutcome {
     Sent,
     /// The provider refused the message itself: no retry helps.
     Rejected,
+    /// The provider refused everything we send (bad credentials, suspended
+    /// account): it did not send it; another provider may.
+    Refused,
     /// The provider certainly did not send it; a retry may succeed.
     Retryable,
     /// No clear answer: the provider may have sent it.
@@ -31,6 +34,7 @@ impl AttemptOutcome {
         match self {
             Self::Sent => "sent",
             Self::Rejected => "rejected",
+            Self::Refused => "refused",
             Self::Retryable => "retryable",
             Self::Ambiguous => "ambiguous",
             Self::Reconciled => "reconciled",
@@ -45,6 +49,7 @@ impl AttemptOutcome {
         Some(match s {
             "sent" => Self::Sent,
             "rejected" => Self::Rejected,
+            "refused" => Self::Refused,
             "retryable" => Self::Retryable,
             "ambiguous" => Self::Ambiguous,
             "reconciled" => Self::Reconciled,
@@ -76,6 +81,7 @@ mod tests {
         let all = [
             (Sent, "sent"),
             (Rejected, "rejected"),
+            (Refused, "refused"),
             (Retryable, "retryable"),
             (Ambiguous, "ambiguous"),
             (Reconciled, "reconciled"),

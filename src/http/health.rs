@@ -19,8 +19,17 @@ async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// The database answers; otherwise 503.
+/// The database answers; otherwise 503. The detail lists the providers in
+/// order with their circuits: an open circuit does not make the instance
+/// unready (the next provider takes its messages).
 async fn readyz(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
     state.store.ping().await?;
-    Ok(Json(json!({"status": "ok"})))
+    let providers: Vec<Value> = state
+        .deliverer
+        .circuits()
+        .await
+        .into_iter()
+        .map(|c| json!({"name": c.provider, "circuit": c.state.as_str()}))
+        .collect();
+    Ok(Json(json!({"status": "ok", "providers": providers})))
 }

@@ -112,6 +112,9 @@ async fn scrape(State(state): State<SharedState>) -> Response {
             None
         }
     };
+    for c in state.deliverer.circuits().await {
+        state.metrics.circuit(&c.provider, c.state.gauge());
+    }
     let body = state.metrics.render(state.deliverer.in_flight(), oldest);
     (
         [(

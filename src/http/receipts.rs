@@ -7,8 +7,9 @@
 //! - `POST /providers/http/status`: the `http` provider's receipt, JSON
 //!   `{"id","status","event_id","error_code"?}`, authenticated by the shared
 //!   secret `SENDONCE_RECEIPT_SECRET` in `X-Receipt-Secret`.
-//! - `GET /messages/{key}/events`: attempts and receipts, oldest first, in
-//!   pages (`limit`, and `cursor` from the previous page's `next_cursor`).
+//! - `GET /messages/{key}/events`: attempts, failovers, circuit changes and
+//!   receipts, oldest first, in pages (`limit`, and `cursor` from the
+//!   previous page's `next_cursor`).
 //!
 //! A receipt that is not authenticated is answered 403 and changes nothing.
 //! The `http` receipt's secret is checked before its body is read; Twilio's
@@ -362,6 +363,22 @@ enum Event {
         #[serde(flatten)]
         attempt: AttemptRow,
     },
+    /// The message moved on from provider `from` to `to`.
+    Failover {
+        #[serde(with = "time::serde::rfc3339")]
+        at: OffsetDateTime,
+        from: String,
+        to: String,
+        reason: String,
+    },
+    /// An answer to this message opened or closed its provider's circuit.
+    Circuit {
+        #[serde(with = "time::serde::rfc3339")]
+        at: OffsetDateTime,
+        provider: String,
+        state: &'static str,
+        detail: String,
+    },
     Receipt {
         #[serde(with = "time::serde::rfc3339")]
         at: OffsetDateTime,
@@ -374,16 +391,17 @@ enum Event {
     },
 }
 
-/// Where an event sits in a message's history: its time, attempts before
-/// receipts at the same instant, then the attempt's number or the receipt's
-/// arrival order. Pages of `/events` continue after one of these.
+/// Where an event sits in a message's history: its time, then attempts,
+/// routing events (failovers, circuit changes) and receipts at the same
+/// instant, then the attempt's number, the routing event's place in the
+/// message's routing history or the receipt's arrival order. Pages of `/events` continue after one of these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Position {
     /// Microseconds since the epoch (the precision both databases keep).
     micros: i64,
-    /// 0: attempt, 1: receipt.
+    /// 0: attempt, 1: routing event, 2: receipt.
     kind: u8,
-    /// Attempt number or receipt `seq`.
+    /// Attempt number, routing event index or receipt `seq`.
     n: i64,
 }
 
@@ -410,24 +428,50 @@ impl Position {
         let mut parts = text.split('.');
         let position = Position {
             micros: parts.next()?.parse().ok()?,
-            kind: parts.next()?.parse().ok().filter(|k| *k <= 1)?,
+            kind: parts.next()?.parse().ok().filter(|k| *k <= 2)?,
             n: parts.next()?.parse().ok()?,
         };
         (parts.next().is_none() && position.time().is_some()).then_some(position)
     }
 }
 
-/// One page of a message's history: the attempts and receipts after
+/// One page of a message's history: the attempts, routing events and
+/// receipts after
 /// `after`, oldest first, at most `limit`, and the position to continue
 /// from when more remain. `receipts` must hold the receipts after `after`
 /// in order (at least `limit + 1` of them if there are that many).
 fn page(
     attempts: Vec<AttemptRow>,
+    routing: Vec<crate::store::MessageEvent>,
     receipts: Vec<ReceiptRow>,
     after: Option<Position>,
     limit: usize,
 ) -> (Vec<Event>, Option<Position>) {
     let mut events: Vec<(Position, Event)> = Vec::new();
+    for (i, e) in routing.into_iter().enumerate() {
+        let event = if e.kind == "failover" {
+            Event::Failover {
+                at: e.at,
+                from: e.provider,
+                to: e.to_provider.unwrap_or_default(),
+                reason: e.detail,
+            }
+        } else {
+            Event::Circuit {
+                at: e.at,
+                provider: e.provider,
+                state: if e.kind == "circuit_closed" {
+                    "closed"
+                } else {
+                    "open"
+                },
+                detail: e.detail,
+            }
+        };
+        // After the attempt that caused it, which started no later.
+        let n = i64::try_from(i).unwrap_or(i64::MAX);
+        events.push((Position::at(e.at, 1, n), event));
+    }
     for a in attempts {
         let at = Position::at(a.started_at, 0, i64::from(a.number));
         events.push((
@@ -440,7 +484,7 @@ fn page(
     }
     for r in receipts {
         events.push((
-            Position::at(r.received_at, 1, r.seq),
+            Position::at(r.received_at, 2, r.seq),
             Event::Receipt {
                 at: r.received_at,
                 provider: r.provider,
@@ -501,15 +545,16 @@ async fn list_events(
     // its instant (receipts come after attempts), a receipt position those
     // after its seq.
     let receipts_after = after.and_then(|p| {
-        let seq = if p.kind == 0 { 0 } else { p.n };
+        let seq = if p.kind < 2 { 0 } else { p.n };
         p.time().map(|t| (t, seq))
     });
     let attempts = state.store.attempts(record.id).await?;
+    let routing = state.store.message_events(record.id).await?;
     let receipts = state
         .store
         .receipts_after(record.id, receipts_after, limit + 1)
         .await?;
-    let (data, next) = page(attempts, receipts, after, limit as usize);
+    let (data, next) = page(attempts, routing, receipts, after, limit as usize);
     Ok(axum::Json(serde_json::json!({
         "data": data,
         "next_cursor": next.map(Position::cursor),
@@ -566,6 +611,17 @@ mod tests {
             provider_code: None,
             error: None,
             provider_message_id: None,
+            provider: "twilio".into(),
+        }
+    }
+
+    fn failover(at: i64) -> crate::store::MessageEvent {
+        crate::store::MessageEvent {
+            at: OffsetDateTime::from_unix_timestamp(at).unwrap(),
+            kind: "failover".into(),
+            provider: "twilio".into(),
+            to_provider: Some("http".into()),
+            detail: "not reachable".into(),
         }
     }
 
@@ -591,17 +647,21 @@ mod tests {
             .map(|e| match e {
                 Event::Attempt { attempt, .. } => format!("a{}", attempt.number),
                 Event::Receipt { event_id, .. } => event_id.clone(),
+                Event::Failover { to, .. } => format!("f{to}"),
+                Event::Circuit { provider, .. } => format!("c{provider}"),
             })
             .collect()
     }
 
     #[test]
     fn history_pages_follow_one_order_without_gaps_or_repeats() {
-        // Attempt 2 and receipt 2 at the same second: the attempt first.
+        // Attempt 2, a failover and receipt 2 at the same second: the
+        // attempt first, then the failover, then the receipt.
         let attempts = || vec![attempt(1, 10), attempt(2, 20)];
+        let routing = || vec![failover(20)];
         let receipts = || vec![receipt(1, 15), receipt(2, 20), receipt(3, 30)];
-        let (all, next) = page(attempts(), receipts(), None, 10);
-        assert_eq!(names(&all), ["a1", "e1", "a2", "e2", "e3"]);
+        let (all, next) = page(attempts(), routing(), receipts(), None, 10);
+        assert_eq!(names(&all), ["a1", "e1", "a2", "fhttp", "e2", "e3"]);
         assert_eq!(next, None);
 
         let mut seen = Vec::new();
@@ -611,10 +671,10 @@ mod tests {
             let rs: Vec<ReceiptRow> = receipts()
                 .into_iter()
                 .filter(|r| {
-                    after.is_none_or(|p: Position| Position::at(r.received_at, 1, r.seq) > p)
+                    after.is_none_or(|p: Position| Position::at(r.received_at, 2, r.seq) > p)
                 })
                 .collect();
-            let (events, next) = page(attempts(), rs, after, 2);
+            let (events, next) = page(attempts(), routing(), rs, after, 2);
             assert!(events.len() <= 2);
             seen.extend(names(&events));
             let Some(next) = next else { break };
@@ -622,7 +682,7 @@ mod tests {
             assert_eq!(round_trip, Some(next));
             after = round_trip;
         }
-        assert_eq!(seen, ["a1", "e1", "a2", "e2", "e3"]);
+        assert_eq!(seen, ["a1", "e1", "a2", "fhttp", "e2", "e3"]);
     }
 
     #[test]
@@ -637,7 +697,7 @@ mod tests {
             "",
             "x",
             "not base64!",
-            &URL_SAFE_NO_PAD.encode("1.2.3"),
+            &URL_SAFE_NO_PAD.encode("1.3.3"),
             &URL_SAFE_NO_PAD.encode("1.0"),
             &URL_SAFE_NO_PAD.encode("1.0.1.1"),
             &URL_SAFE_NO_PAD.encode("a.0.1"),

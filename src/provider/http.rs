@@ -203,6 +203,13 @@ fn classify_status(
             retry_after,
             message,
         },
+        // Bad or insufficient credentials: a refusal of everything we
+        // send, not of this message.
+        401 | 403 => SendOutcome::Refused {
+            http_status,
+            provider_code: code,
+            message,
+        },
         // 4xx: a permanent refusal. 3xx: we were redirected (a
         // misconfigured URL), and the provider did not act on this request.
         300..=499 => SendOutcome::Rejected {
@@ -234,6 +241,8 @@ mod tests {
         };
         assert!(matches!(c(400, None), SendOutcome::Rejected { .. }));
         assert!(matches!(c(404, None), SendOutcome::Rejected { .. }));
+        assert!(matches!(c(401, None), SendOutcome::Refused { .. }));
+        assert!(matches!(c(403, None), SendOutcome::Refused { .. }));
         assert!(matches!(c(408, None), SendOutcome::Retryable { .. }));
         assert!(matches!(c(425, None), SendOutcome::Retryable { .. }));
         assert!(

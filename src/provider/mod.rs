@@ -6,8 +6,13 @@
 //! | class       | meaning                                   | next step                         |
 //! |-------------|-------------------------------------------|-----------------------------------|
 //! | `Accepted`  | the provider took the message             | `sent`                            |
-//! | `Rejected`  | a permanent refusal (4xx but 408/425/429) | `failed`, no retry                |
-//! | `Retryable` | the provider certainly did not act        | retry with backoff / Retry-After  |
+//! | `Rejected`  | a refusal of this message (4xx but        | `failed`, no retry, no other      |
+//! |             | 401/403/408/425/429)                      | provider                          |
+//! | `Refused`   | the provider refuses to send anything for | next provider, else `failed`      |
+//! |             | us (bad credentials, suspended account);  |                                   |
+//! |             | it did not act                            |                                   |
+//! | `Retryable` | the provider certainly did not act        | next provider, else retry with    |
+//! |             |                                           | backoff / Retry-After             |
 //! | `Ambiguous` | it may have acted (timeout after sending, | retry only through a provider     |
 //! |             | 5xx, connection reset mid-response)       | that de-duplicates on our key;    |
 //! |             |                                           | otherwise reconcile or `unknown`  |
@@ -68,6 +73,14 @@ pub enum SendOutcome {
         provider_code: Option<String>,
         message: String,
     },
+    /// The provider refuses to send anything for this account (bad
+    /// credentials, a suspended account): it did not act, and nothing about
+    /// the message itself was refused, so another provider may send it.
+    Refused {
+        http_status: Option<u16>,
+        provider_code: Option<String>,
+        message: String,
+    },
     Retryable {
         http_status: Option<u16>,
         provider_code: Option<String>,
@@ -83,14 +96,28 @@ pub enum SendOutcome {
 
 impl SendOutcome {
     /// The outcome's class, as a metric label: `ok`, `permanent`,
-    /// `retryable` or `ambiguous`.
+    /// `refused`, `retryable` or `ambiguous`.
     pub fn class(&self) -> &'static str {
         match self {
             SendOutcome::Accepted { .. } => "ok",
             SendOutcome::Rejected { .. } => "permanent",
+            SendOutcome::Refused { .. } => "refused",
             SendOutcome::Retryable { .. } => "retryable",
             SendOutcome::Ambiguous { .. } => "ambiguous",
         }
+    }
+}
+
+impl SendOutcome {
+    /// Whether the answer tells that the provider is working: it accepted
+    /// the message or refused something about the message itself. Anything
+    /// else (it refused everything, was not reachable, or gave no clear
+    /// answer) is a failure for its circuit breaker.
+    pub fn provider_works(&self) -> bool {
+        matches!(
+            self,
+            SendOutcome::Accepted { .. } | SendOutcome::Rejected { .. }
+        )
     }
 }
 

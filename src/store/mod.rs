@@ -18,6 +18,7 @@ use crate::domain::{MessageError, MessageId};
 
 pub mod error;
 pub mod postgres;
+pub mod routing;
 pub(crate) mod row;
 pub mod sqlite;
 pub mod time;
@@ -25,6 +26,7 @@ pub mod types;
 
 pub use error::{SqlxResultExt, StoreError};
 pub use postgres::PgStore;
+pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
 pub use sqlite::SqliteStore;
 pub use types::*;
 
@@ -39,7 +41,15 @@ pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> Messag
 
 /// Everything the service runs on: callers hold an `Arc<dyn Store>`.
 pub trait Store:
-    TenantStore + MessageStore + ReceiptStore + OptOutStore + MaintenanceStore + Send + Sync + 'static
+    TenantStore
+    + MessageStore
+    + ReceiptStore
+    + OptOutStore
+    + MaintenanceStore
+    + RoutingStore
+    + Send
+    + Sync
+    + 'static
 {
 }
 
@@ -49,6 +59,7 @@ impl<T> Store for T where
         + ReceiptStore
         + OptOutStore
         + MaintenanceStore
+        + RoutingStore
         + Send
         + Sync
         + 'static

@@ -56,7 +56,8 @@ macro_rules! receipt_columns {
 macro_rules! attempt_columns {
     () => {
         "number, lease_owner, started_at, finished_at, outcome, http_status, provider_code, \
-        error, provider_message_id"
+        error, provider_message_id, COALESCE(provider, \
+            (SELECT m.provider FROM messages m WHERE m.id = attempts.message_id)) AS provider"
     };
 }
 
@@ -244,6 +245,7 @@ pub struct AttemptDbRow {
     provider_code: Option<String>,
     error: Option<String>,
     provider_message_id: Option<String>,
+    provider: Option<String>,
 }
 
 impl From<AttemptDbRow> for AttemptRow {
@@ -258,6 +260,7 @@ impl From<AttemptDbRow> for AttemptRow {
             provider_code: r.provider_code,
             error: r.error,
             provider_message_id: r.provider_message_id,
+            provider: r.provider.unwrap_or_default(),
         }
     }
 }

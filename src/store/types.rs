@@ -368,6 +368,8 @@ pub struct AttemptRow {
     pub provider_code: Option<String>,
     pub error: Option<String>,
     pub provider_message_id: Option<String>,
+    /// The provider the attempt was made with.
+    pub provider: String,
 }
 
 /// A delivery receipt as received, to record under its event identity.

@@ -141,6 +141,8 @@ pub struct TestOptions {
     pub provider: Option<ProviderFactory>,
     /// Serve `/metrics` on a listener of its own (`Handle::metrics_addr`).
     pub separate_metrics: bool,
+    /// Providers that take over, in order, after the one above.
+    pub fallbacks: Vec<Arc<dyn Provider>>,
 }
 
 /// Builds a provider from the mock's base URL (`http://host:port`) and the
@@ -160,6 +162,7 @@ impl Default for TestOptions {
             db_acquire_timeout: None,
             provider: None,
             separate_metrics: false,
+            fallbacks: Vec::new(),
         }
     }
 }
@@ -242,7 +245,9 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
             key.secret
         }
     };
-    let mut app = App::build(settings, store, provider, opts.clock.clone(), listener).expect("app");
+    let providers = std::iter::once(provider).chain(opts.fallbacks).collect();
+    let mut app =
+        App::build_routed(settings, store, providers, opts.clock.clone(), listener).expect("app");
     if opts.separate_metrics {
         let metrics = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         app = app.with_metrics_listener(metrics);

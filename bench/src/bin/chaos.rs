@@ -6,6 +6,13 @@
 //! and exits non-zero if any key is stuck, delivered twice, or acknowledged
 //! and then lost.
 //!
+//! With `--two-providers` every instance runs `SENDONCE_PROVIDER=twilio,http`,
+//! both aimed at the one mock (its Twilio API and its `/messages`), so the
+//! faults hit both providers, messages fail over and circuits open and close;
+//! a phone getting one SMS twice through either or both providers counts as a
+//! duplicate (the mock counts deliveries by recipient and body over both
+//! protocols; every key has its own body).
+//!
 //! `scripts/chaos.sh` builds the binaries and runs it.
 
 use std::collections::{HashMap, HashSet};
@@ -74,6 +81,11 @@ struct Args {
     accept_then_drop: f64,
     #[arg(long, default_value_t = 0.02)]
     accept_then_500: f64,
+    /// Run every instance with two providers (Twilio first, then http),
+    /// both on the mock, with a circuit that opens after 3 failures in a
+    /// row and probes after 2 s.
+    #[arg(long)]
+    two_providers: bool,
 }
 
 struct Instance {
@@ -97,8 +109,21 @@ struct Run {
 impl Run {
     fn sendonce(&self) -> Command {
         let mut cmd = Command::new(self.bin_dir.join("sendonce"));
+        if self.args.two_providers {
+            cmd.env("SENDONCE_PROVIDER", "twilio,http")
+                .env(
+                    "TWILIO_BASE_URL",
+                    self.mock_url.trim_end_matches("/messages"),
+                )
+                .env("TWILIO_ACCOUNT_SID", "AC0123456789abcdef0123456789abcdef")
+                .env("TWILIO_AUTH_TOKEN", "chaos-twilio-token")
+                .env("TWILIO_FROM", "+14155550000")
+                .env("SENDONCE_CIRCUIT_FAILURES", "3")
+                .env("SENDONCE_CIRCUIT_OPEN_FOR", "2s");
+        } else {
+            cmd.env("SENDONCE_PROVIDER", "http");
+        }
         cmd.env("DATABASE_URL", &self.database_url)
-            .env("SENDONCE_PROVIDER", "http")
             .env("SENDONCE_HTTP_PROVIDER_URL", &self.mock_url)
             .env("SENDONCE_BOOTSTRAP_API_KEY", &self.api_key)
             .env("SENDONCE_PROVIDER_TIMEOUT_MS", "1000")
@@ -171,6 +196,9 @@ struct Outcome {
     statuses: HashMap<String, i64>,
     stored: HashSet<String>,
     stats: serde_json::Value,
+    /// Messages by the provider that has them, and failovers recorded.
+    by_provider: Vec<(String, i64)>,
+    failovers: i64,
 }
 
 async fn run(args: Args) -> Result<bool, String> {
@@ -448,7 +476,20 @@ async fn settle(run: &Run, database_url: &str, mock_port: u16) -> Result<Outcome
         .into_iter()
         .collect();
     let stats = mock_stats(&run.client, mock_port).await?;
+    let by_provider: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT provider, count(*) FROM messages GROUP BY provider ORDER BY provider",
+    )
+    .fetch_all(&mut db)
+    .await
+    .map_err(|e| e.to_string())?;
+    let failovers: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM message_events WHERE kind = 'failover'")
+            .fetch_one(&mut db)
+            .await
+            .map_err(|e| e.to_string())?;
     Ok(Outcome {
+        by_provider,
+        failovers,
         load_secs: 0.0,
         kills: 0,
         pg_restarted: false,
@@ -477,7 +518,13 @@ fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
         .filter(|(s, _)| s.as_str() != "processing")
         .map(|(_, n)| n)
         .sum();
-    let duplicates = o.stats["duplicate_keys"].as_u64().unwrap_or(u64::MAX);
+    // Keys the http API got twice, and (To, Body) pairs delivered twice
+    // over either or both protocols: each key has its own body.
+    let duplicates = o.stats["duplicate_keys"].as_u64().unwrap_or(u64::MAX).max(
+        o.stats["duplicate_recipient_bodies"]
+            .as_u64()
+            .unwrap_or(u64::MAX),
+    );
     let max_sends = o.stats["max_deliveries_per_key"].as_u64().unwrap_or(0);
     let reused = load.reused.load(Ordering::SeqCst);
     let gave_up = load.gave_up.load(Ordering::SeqCst);
@@ -493,8 +540,12 @@ fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
     println!("keys stuck:         {}", o.processing);
     println!("keys lost:          {lost}  (acknowledged 201/202, no row)");
     println!("provider calls:     {}", o.stats["calls"]);
+    println!("by provider:        {:?}", o.by_provider);
+    println!("failovers:          {}", o.failovers);
     println!("max sends per key:  {max_sends}");
-    println!("duplicates:         {duplicates}  (keys delivered more than once)");
+    println!(
+        "duplicates:         {duplicates}  (keys delivered more than once, over both providers)"
+    );
     println!("422 on a retry:     {reused}");
     println!("clients gave up:    {gave_up}");
 

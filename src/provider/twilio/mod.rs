@@ -342,6 +342,11 @@ fn code_string(code: Option<&serde_json::Value>) -> Option<String> {
     }
 }
 
+/// Twilio errors that refuse the account rather than the message: 20003
+/// (authentication failed), 20005 and 10001 (account not active, e.g.
+/// suspended). Another provider may send the message.
+const ACCOUNT_REFUSALS: [i64; 3] = [20003, 20005, 10001];
+
 /// Classifies a non-2xx answer with Twilio's error body, if it had one.
 fn classify_status(
     status: StatusCode,
@@ -374,9 +379,21 @@ fn classify_status(
             message,
         };
     }
+    let account_refused = status == StatusCode::UNAUTHORIZED
+        || code
+            .as_deref()
+            .and_then(|c| c.parse::<i64>().ok())
+            .is_some_and(|c| ACCOUNT_REFUSALS.contains(&c));
+    if account_refused && status.is_client_error() {
+        return SendOutcome::Refused {
+            http_status,
+            provider_code: code,
+            message,
+        };
+    }
     match status.as_u16() {
-        // A refusal of this request (21211, 21610, 21408, 21614, bad
-        // credentials, ...), or a redirect: Twilio did not create a message.
+        // A refusal of this request (21211, 21610, 21408, 21614, ...), or a
+        // redirect: Twilio did not create a message.
         300..=499 => SendOutcome::Rejected {
             http_status,
             provider_code: code,

@@ -78,7 +78,9 @@ fn error_classes() {
     }
     assert!(matches!(c(429, err(20429)), SendOutcome::Retryable { .. }));
     assert!(matches!(c(400, err(20429)), SendOutcome::Retryable { .. }));
-    assert!(matches!(c(401, err(20003)), SendOutcome::Rejected { .. }));
+    assert!(matches!(c(401, err(20003)), SendOutcome::Refused { .. }));
+    assert!(matches!(c(403, err(20005)), SendOutcome::Refused { .. }));
+    assert!(matches!(c(400, err(21211)), SendOutcome::Rejected { .. }));
     assert!(matches!(c(404, None), SendOutcome::Rejected { .. }));
     assert!(matches!(c(500, err(20500)), SendOutcome::Ambiguous { .. }));
     assert!(matches!(c(503, None), SendOutcome::Ambiguous { .. }));

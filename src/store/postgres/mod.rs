@@ -16,6 +16,7 @@ mod maintenance;
 mod messages;
 mod opt_outs;
 mod receipts;
+mod routing;
 mod tenants;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");

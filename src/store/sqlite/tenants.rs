@@ -19,45 +19,57 @@ impl TenantStore for SqliteStore {
     }
 
     async fn create_tenant(&self, name: &str, key: &NewApiKey) -> Result<Uuid, StoreError> {
-        let mut tx = self.begin().await?;
-        let id = Uuid::now_v7();
-        sqlx::query("INSERT INTO tenants (id, name) VALUES (?, ?)")
-            .bind(id)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) VALUES (?, ?, ?, ?)",
-        )
-        .bind(key.id)
-        .bind(id)
-        .bind(&key.hash)
-        .bind(&key.prefix)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(id)
+        let (name, key) = (name.to_string(), key.clone());
+        self.write(move |c| {
+            Box::pin(async move {
+                let id = Uuid::now_v7();
+                sqlx::query("INSERT INTO tenants (id, name) VALUES (?, ?)")
+                    .bind(id)
+                    .bind(&name)
+                    .execute(&mut *c)
+                    .await?;
+                sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
+                     VALUES (?, ?, ?, ?)",
+                )
+                .bind(key.id)
+                .bind(id)
+                .bind(&key.hash)
+                .bind(&key.prefix)
+                .execute(&mut *c)
+                .await?;
+                Ok(id)
+            })
+        })
+        .await
     }
 
     async fn ensure_tenant_key(&self, name: &str, key: &NewApiKey) -> Result<(), StoreError> {
-        let mut tx = self.begin().await?;
-        sqlx::query("INSERT INTO tenants (id, name) VALUES (?, ?) ON CONFLICT (name) DO NOTHING")
-            .bind(Uuid::now_v7())
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
-             SELECT ?, t.id, ?, ? FROM tenants t WHERE t.name = ? \
-             ON CONFLICT (key_hash) DO NOTHING",
-        )
-        .bind(key.id)
-        .bind(&key.hash)
-        .bind(&key.prefix)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await.store_err()
+        let (name, key) = (name.to_string(), key.clone());
+        self.write(move |c| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO tenants (id, name) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                )
+                .bind(Uuid::now_v7())
+                .bind(&name)
+                .execute(&mut *c)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
+                     SELECT ?, t.id, ?, ? FROM tenants t WHERE t.name = ? \
+                     ON CONFLICT (key_hash) DO NOTHING",
+                )
+                .bind(key.id)
+                .bind(&key.hash)
+                .bind(&key.prefix)
+                .bind(&name)
+                .execute(&mut *c)
+                .await?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     #[tracing::instrument(name = "store.tenant_for_key", level = "debug", skip_all)]
@@ -98,27 +110,39 @@ impl TenantStore for SqliteStore {
         tenant_name: &str,
         key: &NewApiKey,
     ) -> Result<Option<Uuid>, StoreError> {
-        let done = sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
-             SELECT ?, t.id, ?, ? FROM tenants t WHERE t.name = ?",
-        )
-        .bind(key.id)
-        .bind(&key.hash)
-        .bind(&key.prefix)
-        .bind(tenant_name)
-        .execute(&self.pool)
-        .await?;
-        Ok((done.rows_affected() == 1).then_some(key.id))
+        let (tenant_name, key) = (tenant_name.to_string(), key.clone());
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
+                     SELECT ?, t.id, ?, ? FROM tenants t WHERE t.name = ?",
+                )
+                .bind(key.id)
+                .bind(&key.hash)
+                .bind(&key.prefix)
+                .bind(&tenant_name)
+                .execute(&mut *c)
+                .await?;
+                Ok((done.rows_affected() == 1).then_some(key.id))
+            })
+        })
+        .await
     }
 
     async fn revoke_key(&self, key_id: Uuid, at: OffsetDateTime) -> Result<bool, StoreError> {
-        let done =
-            sqlx::query("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?")
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?",
+                )
                 .bind(db(at))
                 .bind(key_id)
-                .execute(&self.pool)
+                .execute(&mut *c)
                 .await?;
-        Ok(done.rows_affected() == 1)
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
     }
 
     async fn list_keys(&self) -> Result<Vec<ApiKeyInfo>, StoreError> {
@@ -136,11 +160,17 @@ impl TenantStore for SqliteStore {
         tenant_name: &str,
         countries: Option<&[String]>,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE tenants SET allowed_countries = ? WHERE name = ?")
-            .bind(countries.map(|c| c.join(",")))
-            .bind(tenant_name)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let (countries, tenant_name) = (countries.map(|c| c.join(",")), tenant_name.to_string());
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query("UPDATE tenants SET allowed_countries = ? WHERE name = ?")
+                    .bind(&countries)
+                    .bind(&tenant_name)
+                    .execute(&mut *c)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
     }
 }

@@ -135,8 +135,7 @@ async fn run_mix(store: Arc<dyn Store>, tenant: uuid::Uuid) -> Duration {
     for t in tasks {
         t.await.expect("task");
     }
-    let worst = *worst.lock().unwrap();
-    worst
+    *worst.lock().unwrap()
 }
 
 #[tokio::test]

@@ -51,6 +51,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    sendonce::install_crypto_provider();
     let args = Args::parse();
     match run(&args).await {
         Ok(()) => ExitCode::SUCCESS,

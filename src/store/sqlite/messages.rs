@@ -253,7 +253,8 @@ async fn claim_due(
     limit: u32,
     written: Instant,
 ) -> Result<Vec<(MessageRecord, Lease)>, StoreError> {
-    // The write lock taken by BEGIN IMMEDIATE makes this claim exclusive.
+    // The writer's transaction (BEGIN IMMEDIATE, the file's write lock) makes this
+    // claim exclusive, against another process on the file too.
     // Due times are the caller's clock (`now`); lease expiry is the
     // database's only.
     let ids: Vec<Uuid> = sqlx::query_scalar(concat!(

@@ -286,3 +286,74 @@ async fn a_sigkill_during_group_commits_loses_nothing_acknowledged() {
         acked.len()
     );
 }
+
+/// Two processes on one SQLite file (each with its own writer) stay safe:
+/// every key sent to both at once is created once and sent once.
+#[tokio::test]
+async fn two_processes_on_one_file_send_each_key_once() {
+    let database = fresh_database_on(Backend::Sqlite).await;
+    let (mock, mock_url, _) = MockProvider::start().await.unwrap();
+    let key = "so_sqlite-two-processes-aaaaaaaaaaaaaaaaa";
+    let env = [
+        ("SENDONCE_BOOTSTRAP_API_KEY", key),
+        ("SENDONCE_RATE_TENANT_RPS", "0"),
+        ("SENDONCE_RATE_NUMBER_PER_HOUR", "0"),
+        ("SENDONCE_RATE_PREFIX_PER_HOUR", "0"),
+        ("RUST_LOG", "warn"),
+    ];
+    let (mut a, _) = start_server(&database, &mock_url, &env).await;
+    let (mut b, _) = start_server(&database, &mock_url, &env).await;
+    for server in [&mut a, &mut b] {
+        if let Some(mut err) = server.child.stderr.take() {
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut err, &mut tokio::io::sink()).await;
+            });
+        }
+    }
+    let client = reqwest::Client::new();
+    let keys: Vec<String> = (0..60).map(|i| format!("TWO-{i}")).collect();
+    let answers = crate::delivery::futures_join_all(keys.iter().flat_map(|k| {
+        [a.base.clone(), b.base.clone()].map(|base| {
+            let (client, k) = (client.clone(), k.clone());
+            async move {
+                client
+                    .post(format!("{base}/messages"))
+                    .bearer_auth(key)
+                    .header("Idempotency-Key", &k)
+                    .header("Prefer", "wait=10")
+                    .json(&sms("+14155550100", "hi"))
+                    .send()
+                    .await
+                    .expect("an answer")
+                    .status()
+                    .as_u16()
+            }
+        })
+    }))
+    .await;
+    assert!(
+        answers.iter().all(|s| *s == 201 || *s == 409),
+        "{answers:?}"
+    );
+    let (store, _) = open_store(&database, Duration::from_secs(5));
+    let tenant = store
+        .tenant_for_key(&sendonce::apikey::hash(key))
+        .await
+        .unwrap()
+        .expect("tenant")
+        .id;
+    for k in &keys {
+        let state = eventually("the key to be final", || async {
+            store
+                .key_state(tenant, k)
+                .await
+                .unwrap()
+                .filter(|s| s.status.is_final())
+        })
+        .await;
+        assert_eq!(state.status, sendonce::domain::Status::Sent, "{k}");
+    }
+    assert_eq!(mock.call_count(), keys.len(), "one provider call per key");
+    a.child.kill().await.unwrap();
+    b.child.kill().await.unwrap();
+}

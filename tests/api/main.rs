@@ -39,6 +39,7 @@ mod observability;
 mod outage;
 mod process;
 mod receipts;
+mod sqlite_writer;
 mod store;
 mod twilio;
 mod twilio_reconcile;

@@ -12,7 +12,7 @@ use crate::helpers::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sendonce");
 
-fn sendonce(database: &str) -> Command {
+pub(crate) fn sendonce(database: &str) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -138,12 +138,16 @@ async fn tenant_create_prints_only_the_key_and_it_works() {
     );
 }
 
-struct Server {
-    child: Child,
-    base: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) base: String,
 }
 
-async fn start_server(database: &str, mock_url: &str, extra: &[(&str, &str)]) -> (Server, String) {
+pub(crate) async fn start_server(
+    database: &str,
+    mock_url: &str,
+    extra: &[(&str, &str)],
+) -> (Server, String) {
     let port = free_port().await;
     let mut cmd = sendonce(database);
     cmd.env("SENDONCE_LISTEN", format!("127.0.0.1:{port}"))

@@ -23,30 +23,41 @@ impl MaintenanceStore for SqliteStore {
 
     #[tracing::instrument(name = "store.release_leases", level = "debug", skip_all)]
     async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "UPDATE messages SET lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
-                next_attempt_at = ? \
-             WHERE lease_owner = ? AND status = 'processing'",
-        )
-        .bind(db(now))
-        .bind(owner)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        let owner = owner.to_string();
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE messages SET lease_token = NULL, lease_owner = NULL, \
+                        lease_expires_at = NULL, next_attempt_at = ? \
+                     WHERE lease_owner = ? AND status = 'processing'",
+                )
+                .bind(db(now))
+                .bind(&owner)
+                .execute(&mut *c)
+                .await?;
+                Ok(done.rows_affected())
+            })
+        })
+        .await
     }
 
     #[tracing::instrument(name = "store.purge", level = "debug", skip_all)]
     async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM messages WHERE id IN ( \
-                SELECT id FROM messages WHERE created_at < ? AND status <> 'processing' \
-                ORDER BY created_at LIMIT ?)",
-        )
-        .bind(db(cutoff))
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "DELETE FROM messages WHERE id IN ( \
+                        SELECT id FROM messages WHERE created_at < ? AND status <> 'processing' \
+                        ORDER BY created_at LIMIT ?)",
+                )
+                .bind(db(cutoff))
+                .bind(i64::from(batch))
+                .execute(&mut *c)
+                .await?;
+                Ok(done.rows_affected())
+            })
+        })
+        .await
     }
 
     async fn purge_unmatched_receipts(
@@ -54,16 +65,21 @@ impl MaintenanceStore for SqliteStore {
         cutoff: OffsetDateTime,
         batch: u32,
     ) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM receipts WHERE seq IN ( \
-                SELECT seq FROM receipts WHERE message_id IS NULL AND received_at < ? \
-                ORDER BY received_at LIMIT ?)",
-        )
-        .bind(db(cutoff))
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "DELETE FROM receipts WHERE seq IN ( \
+                        SELECT seq FROM receipts WHERE message_id IS NULL AND received_at < ? \
+                        ORDER BY received_at LIMIT ?)",
+                )
+                .bind(db(cutoff))
+                .bind(i64::from(batch))
+                .execute(&mut *c)
+                .await?;
+                Ok(done.rows_affected())
+            })
+        })
+        .await
     }
 
     async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError> {

@@ -1,20 +1,26 @@
 //! The SQLite store: the embedded default, for one instance.
 //!
 //! Same semantics as Postgres, different means. SQLite has one writer at a
-//! time, so multi-row changes are `BEGIN IMMEDIATE` transactions (they take
-//! the write lock up front and never fail half-way on a lock upgrade), and
-//! claiming due rows needs no `SKIP LOCKED`: the write lock already hands
-//! each row to one claimer. WAL mode lets readers (replays, GETs) run beside
-//! the writer; a busy timeout makes writers queue instead of failing. Times
-//! are stored as integer microseconds since the epoch so that comparisons
-//! are numeric ([`DbTime`](crate::store::time::DbTime)). One file per kind
-//! of record, as the traits are split.
+//! time, so this process has one too: every write goes to the single writer
+//! task ([`writer`]), which commits whatever writes are waiting as one
+//! `BEGIN IMMEDIATE` transaction (group commit, `synchronous=FULL`) and
+//! answers each caller after the commit. Claiming due rows needs no
+//! `SKIP LOCKED`: the writer hands each row to one claimer. Reads (replays,
+//! GETs, authentication) use a pool of their own beside it (WAL mode), so
+//! they never queue behind writes. A busy timeout remains for a second
+//! process on the same file, which stays safe (the file lock still decides)
+//! but then waits for the lock. Times are stored as integer microseconds
+//! since the epoch so that comparisons are numeric
+//! ([`DbTime`](crate::store::time::DbTime)). One file per kind of record, as
+//! the traits are split.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{ConnectOptions, SqliteConnection, SqlitePool};
+use tokio::sync::{OnceCell, mpsc};
 
 use super::{SqlxResultExt, StoreError};
 
@@ -24,12 +30,18 @@ mod opt_outs;
 mod receipts;
 mod routing;
 mod tenants;
+mod writer;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
+    /// Readers (and migrations, run before any write).
     pool: SqlitePool,
+    /// How the writer's connection is opened.
+    write_options: SqliteConnectOptions,
+    /// The writer's queue, started with the first write.
+    writer: Arc<OnceCell<mpsc::Sender<writer::Job>>>,
 }
 
 impl SqliteStore {
@@ -43,27 +55,61 @@ impl SqliteStore {
             .map_err(StoreError::Other)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            // WAL + NORMAL: a commit survives a process crash; only an OS
-            // crash or power loss can lose the last transactions.
-            .synchronous(SqliteSynchronous::Normal)
+            // WAL + FULL: a commit is on disk (fsync of the WAL) before any
+            // caller is told, so no acknowledged write is lost even on power
+            // failure. Group commit pays that once per group.
+            .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true);
+        // Checkpoints are the writer's, between groups, never a commit's.
+        let write_options = options.clone().pragma("wal_autocheckpoint", "0");
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
             .min_connections(0)
             .acquire_timeout(acquire_timeout)
             .connect_lazy_with(options);
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            write_options,
+            writer: Arc::default(),
+        })
     }
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
 
-    /// A write transaction that holds the write lock from its first statement.
-    async fn begin(&self) -> Result<Tx, StoreError> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await.store_err()
+    /// Runs `f` on the writer's connection in its next group commit and
+    /// returns its result once that commit is durable. `f` runs inside a
+    /// transaction (and a savepoint of its own): it must not begin or end
+    /// one. Once handed over, the write happens even if the caller goes away.
+    async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> writer::BoxFuture<'c, Result<T, StoreError>>
+            + Send
+            + 'static,
+    {
+        let queue = self
+            .writer
+            .get_or_try_init(|| async {
+                let conn = self.write_options.connect().await.store_err()?;
+                let (tx, rx) = mpsc::channel(writer::QUEUE);
+                tokio::spawn(writer::run(conn, rx));
+                Ok::<_, StoreError>(tx)
+            })
+            .await?;
+        let (job, answer) = writer::job(f);
+        queue.send(job).await.map_err(|_| writer_stopped())?;
+        let value = answer.await.map_err(|_| writer_stopped())??;
+        value
+            .downcast::<T>()
+            .map(|v| *v)
+            .map_err(|_| StoreError::Invariant("the SQLite writer answered with another type"))
     }
 }
 
-type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+/// What a caller sees when the writer dropped its job (it logged why).
+fn writer_stopped() -> StoreError {
+    StoreError::Unavailable(sqlx::Error::WorkerCrashed)
+}

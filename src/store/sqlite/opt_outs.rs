@@ -17,26 +17,38 @@ impl OptOutStore for SqliteStore {
         source: &str,
         at: OffsetDateTime,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "INSERT INTO opt_outs (tenant_id, number, source, created_at) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (tenant_id, number) DO NOTHING",
-        )
-        .bind(tenant_id)
-        .bind(number)
-        .bind(source)
-        .bind(db(at))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        let (number, source) = (number.to_string(), source.to_string());
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "INSERT INTO opt_outs (tenant_id, number, source, created_at) \
+                     VALUES (?, ?, ?, ?) ON CONFLICT (tenant_id, number) DO NOTHING",
+                )
+                .bind(tenant_id)
+                .bind(&number)
+                .bind(&source)
+                .bind(db(at))
+                .execute(&mut *c)
+                .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
     }
 
     async fn remove_opt_out(&self, tenant_id: Uuid, number: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM opt_outs WHERE tenant_id = ? AND number = ?")
-            .bind(tenant_id)
-            .bind(number)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let number = number.to_string();
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query("DELETE FROM opt_outs WHERE tenant_id = ? AND number = ?")
+                    .bind(tenant_id)
+                    .bind(&number)
+                    .execute(&mut *c)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
     }
 
     async fn list_opt_outs(

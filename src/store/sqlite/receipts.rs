@@ -5,7 +5,9 @@ use sqlx::types::Json;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{SqliteStore, Tx};
+use sqlx::SqliteConnection;
+
+use super::SqliteStore;
 use crate::domain::{MessageId, Status};
 use crate::store::row::{FirstFinalReceipt, ReceiptDbRow, receipt_columns};
 use crate::store::time::db;
@@ -16,48 +18,11 @@ use crate::store::{
 #[async_trait]
 impl ReceiptStore for SqliteStore {
     async fn record_receipt(&self, r: &NewReceipt) -> Result<ReceiptOutcome, StoreError> {
-        // BEGIN IMMEDIATE: the write lock serialises this with every other
-        // receipt and with the delivery task's attach_receipts.
-        let mut tx = self.begin().await?;
-        let inserted: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO receipts (provider, event_id, provider_message_id, provider_status, \
-                status, error_code, received_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (provider, event_id) DO NOTHING RETURNING seq",
-        )
-        .bind(&r.provider)
-        .bind(&r.event_id)
-        .bind(&r.provider_message_id)
-        .bind(&r.provider_status)
-        .bind(r.status)
-        .bind(&r.error_code)
-        .bind(db(r.received_at))
-        .fetch_optional(&mut *tx)
-        .await?;
-        if inserted.is_none() {
-            let earlier: Option<Option<Uuid>> = sqlx::query_scalar(
-                "SELECT message_id FROM receipts WHERE provider = ? AND event_id = ?",
-            )
-            .bind(&r.provider)
-            .bind(&r.event_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            return Ok(ReceiptOutcome {
-                duplicate: true,
-                message_id: earlier.flatten().map(MessageId),
-                applied: false,
-            });
-        }
-        let (message_id, applied) =
-            link_and_apply_receipts(&mut tx, &r.provider, &r.provider_message_id, r.received_at)
-                .await?;
-        tx.commit().await?;
-        Ok(ReceiptOutcome {
-            duplicate: false,
-            message_id,
-            applied,
-        })
+        // The single writer serialises this with every other receipt and
+        // with the delivery task's attach_receipts.
+        let r = r.clone();
+        self.write(move |c| Box::pin(async move { record_receipt(c, &r).await }))
+            .await
     }
 
     async fn has_unmatched_receipts(
@@ -82,11 +47,14 @@ impl ReceiptStore for SqliteStore {
         provider_message_id: &str,
         now: OffsetDateTime,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.begin().await?;
-        let (_, applied) =
-            link_and_apply_receipts(&mut tx, provider, provider_message_id, now).await?;
-        tx.commit().await?;
-        Ok(applied)
+        let (provider, pmid) = (provider.to_string(), provider_message_id.to_string());
+        self.write(move |c| {
+            Box::pin(async move {
+                let (_, applied) = link_and_apply_receipts(c, &provider, &pmid, now).await?;
+                Ok(applied)
+            })
+        })
+        .await
     }
 
     async fn receipts(&self, id: MessageId) -> Result<Vec<ReceiptRow>, StoreError> {
@@ -136,11 +104,53 @@ impl ReceiptStore for SqliteStore {
     }
 }
 
+async fn record_receipt(
+    c: &mut SqliteConnection,
+    r: &NewReceipt,
+) -> Result<ReceiptOutcome, StoreError> {
+    let inserted: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO receipts (provider, event_id, provider_message_id, provider_status, \
+            status, error_code, received_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?) \
+         ON CONFLICT (provider, event_id) DO NOTHING RETURNING seq",
+    )
+    .bind(&r.provider)
+    .bind(&r.event_id)
+    .bind(&r.provider_message_id)
+    .bind(&r.provider_status)
+    .bind(r.status)
+    .bind(&r.error_code)
+    .bind(db(r.received_at))
+    .fetch_optional(&mut *c)
+    .await?;
+    if inserted.is_none() {
+        let earlier: Option<Option<Uuid>> = sqlx::query_scalar(
+            "SELECT message_id FROM receipts WHERE provider = ? AND event_id = ?",
+        )
+        .bind(&r.provider)
+        .bind(&r.event_id)
+        .fetch_optional(&mut *c)
+        .await?;
+        return Ok(ReceiptOutcome {
+            duplicate: true,
+            message_id: earlier.flatten().map(MessageId),
+            applied: false,
+        });
+    }
+    let (message_id, applied) =
+        link_and_apply_receipts(c, &r.provider, &r.provider_message_id, r.received_at).await?;
+    Ok(ReceiptOutcome {
+        duplicate: false,
+        message_id,
+        applied,
+    })
+}
+
 /// Links the unlinked receipts of a provider message id to its message and
 /// moves a `sent` message to the first final delivery status reported.
 /// Returns the message (if any) and whether its status moved.
 async fn link_and_apply_receipts(
-    tx: &mut Tx,
+    tx: &mut SqliteConnection,
     provider: &str,
     provider_message_id: &str,
     now: OffsetDateTime,
@@ -151,7 +161,7 @@ async fn link_and_apply_receipts(
     )
     .bind(provider)
     .bind(provider_message_id)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *tx)
     .await?;
     let Some((id, status)) = message else {
         return Ok((None, false));
@@ -163,7 +173,7 @@ async fn link_and_apply_receipts(
     .bind(id)
     .bind(provider)
     .bind(provider_message_id)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     if status != Status::Sent {
         return Ok((Some(MessageId(id)), false));
@@ -176,7 +186,7 @@ async fn link_and_apply_receipts(
     .bind(id)
     .bind(Status::Delivered)
     .bind(Status::Undelivered)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *tx)
     .await?;
     let Some(first) = first else {
         return Ok((Some(MessageId(id)), false));
@@ -194,12 +204,12 @@ async fn link_and_apply_receipts(
     .bind(error.map(Json))
     .bind(id)
     .bind(Status::Sent)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     if done.rows_affected() == 1 {
         sqlx::query("UPDATE receipts SET applied = 1 WHERE seq = ?")
             .bind(first.seq)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await?;
     }
     Ok((Some(MessageId(id)), done.rows_affected() == 1))

@@ -60,8 +60,11 @@ impl RoutingStore for SqliteStore {
     }
 
     async fn put_circuit(&self, c: &Circuit) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "INSERT INTO provider_circuits (provider, state, failures, window_started_at, \
+        let c = c.clone();
+        self.write(move |conn| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "INSERT INTO provider_circuits (provider, state, failures, window_started_at, \
                 opened_at, probe_started_at, version, updated_at) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (provider) DO UPDATE SET state = EXCLUDED.state, \
@@ -69,71 +72,75 @@ impl RoutingStore for SqliteStore {
                 opened_at = EXCLUDED.opened_at, probe_started_at = EXCLUDED.probe_started_at, \
                 version = EXCLUDED.version, updated_at = EXCLUDED.updated_at \
              WHERE provider_circuits.version = EXCLUDED.version - 1",
-        )
-        .bind(&c.provider)
-        .bind(c.state.as_str())
-        .bind(i64::from(c.failures))
-        .bind(c.window_started_at.map(db))
-        .bind(c.opened_at.map(db))
-        .bind(c.probe_started_at.map(db))
-        .bind(c.version)
-        .bind(db(c.updated_at))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+                )
+                .bind(&c.provider)
+                .bind(c.state.as_str())
+                .bind(i64::from(c.failures))
+                .bind(c.window_started_at.map(db))
+                .bind(c.opened_at.map(db))
+                .bind(c.probe_started_at.map(db))
+                .bind(c.version)
+                .bind(db(c.updated_at))
+                .execute(&mut *conn)
+                .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
     }
 
     async fn move_on(&self, m: &MoveOn) -> Result<Option<u32>, StoreError> {
-        let mut tx = self.begin().await?;
-        let attempts: Option<i64> = sqlx::query_scalar(
-            // The lease runs on the database's clock, as in messages.rs.
-            "UPDATE messages SET provider = ?, \
+        let m = m.clone();
+        self.write(move |tx| {
+            Box::pin(async move {
+                let attempts: Option<i64> = sqlx::query_scalar(
+                    // The lease runs on the database's clock, as in messages.rs.
+                    "UPDATE messages SET provider = ?, \
                 lease_expires_at = CAST(unixepoch('subsec') * 1000000 AS INTEGER) + ?, \
                 updated_at = ?, \
                 attempts = attempts + ? \
              WHERE id = ? AND lease_token = ? AND status = 'processing' AND provider = ? \
              RETURNING attempts",
-        )
-        .bind(&m.to)
-        .bind(crate::store::time::micros(m.lease.ttl))
-        .bind(db(m.now))
-        .bind(i64::from(m.closing.is_some()))
-        .bind(m.id.0)
-        .bind(m.lease.token)
-        .bind(&m.from)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(number) = attempts else {
-            tx.rollback().await?;
-            return Ok(None);
-        };
-        // Every attempt so far that names no provider was made with `from`.
-        sqlx::query(
-            "UPDATE attempts SET provider = ? \
+                )
+                .bind(&m.to)
+                .bind(crate::store::time::micros(m.lease.ttl))
+                .bind(db(m.now))
+                .bind(i64::from(m.closing.is_some()))
+                .bind(m.id.0)
+                .bind(m.lease.token)
+                .bind(&m.from)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(number) = attempts else {
+                    return Ok(None);
+                };
+                // Every attempt so far that names no provider was made with `from`.
+                sqlx::query(
+                    "UPDATE attempts SET provider = ? \
              WHERE message_id = ? AND provider IS NULL AND finished_at IS NOT NULL",
-        )
-        .bind(&m.from)
-        .bind(m.id.0)
-        .execute(&mut *tx)
-        .await?;
-        if let Some(a) = &m.closing {
-            sqlx::query(
-                "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?, \
+                )
+                .bind(&m.from)
+                .bind(m.id.0)
+                .execute(&mut *tx)
+                .await?;
+                if let Some(a) = &m.closing {
+                    sqlx::query(
+                        "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?, \
                     provider_code = ?, error = ?, provider_message_id = ?, provider = ? \
                  WHERE message_id = ? AND number = ? AND finished_at IS NULL",
-            )
-            .bind(db(a.finished_at))
-            .bind(a.outcome)
-            .bind(a.http_status.map(i64::from))
-            .bind(&a.provider_code)
-            .bind(&a.error)
-            .bind(&a.provider_message_id)
-            .bind(&m.from)
-            .bind(m.id.0)
-            .bind(i64::from(a.number))
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
+                    )
+                    .bind(db(a.finished_at))
+                    .bind(a.outcome)
+                    .bind(a.http_status.map(i64::from))
+                    .bind(&a.provider_code)
+                    .bind(&a.error)
+                    .bind(&a.provider_message_id)
+                    .bind(&m.from)
+                    .bind(m.id.0)
+                    .bind(i64::from(a.number))
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(
                 "INSERT INTO attempts (message_id, number, lease_owner, started_at, provider) \
                  VALUES (?, ?, ?, ?, ?)",
             )
@@ -144,33 +151,38 @@ impl RoutingStore for SqliteStore {
             .bind(&m.to)
             .execute(&mut *tx)
             .await?;
-        } else {
-            sqlx::query("UPDATE attempts SET provider = ? WHERE message_id = ? AND number = ?")
-                .bind(&m.to)
-                .bind(m.id.0)
-                .bind(number)
-                .execute(&mut *tx)
+                } else {
+                    sqlx::query(
+                        "UPDATE attempts SET provider = ? WHERE message_id = ? AND number = ?",
+                    )
+                    .bind(&m.to)
+                    .bind(m.id.0)
+                    .bind(number)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                insert_event(
+                    &mut *tx,
+                    m.id,
+                    &MessageEvent {
+                        at: m.now,
+                        kind: "failover".into(),
+                        provider: m.from.clone(),
+                        to_provider: Some(m.to.clone()),
+                        detail: m.reason.clone(),
+                    },
+                )
                 .await?;
-        }
-        insert_event(
-            &mut tx,
-            m.id,
-            &MessageEvent {
-                at: m.now,
-                kind: "failover".into(),
-                provider: m.from.clone(),
-                to_provider: Some(m.to.clone()),
-                detail: m.reason.clone(),
-            },
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(Some(u32::try_from(number).unwrap_or(0)))
+                Ok(Some(u32::try_from(number).unwrap_or(0)))
+            })
+        })
+        .await
     }
 
     async fn add_message_event(&self, id: MessageId, e: &MessageEvent) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        insert_event(&mut conn, id, e).await
+        let e = e.clone();
+        self.write(move |conn| Box::pin(async move { insert_event(conn, id, &e).await }))
+            .await
     }
 
     async fn message_events(&self, id: MessageId) -> Result<Vec<MessageEvent>, StoreError> {

@@ -22,24 +22,29 @@ impl TenantStore for SqliteStore {
     }
 
     async fn create_tenant(&self, name: &str, key: &NewApiKey) -> Result<Uuid, StoreError> {
-        let mut tx = self.begin().await?;
-        let id = Uuid::now_v7();
-        sqlx::query("INSERT INTO tenants (id, name) VALUES (?, ?)")
-            .bind(id)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) VALUES (?, ?, ?, ?)",
-        )
-        .bind(key.id)
-        .bind(id)
-        .bind(&key.hash)
-        .bind(&key.prefix)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(id)
+        let (name, key) = (name.to_string(), key.clone());
+        self.write(move |c| {
+            Box::pin(async move {
+                let id = Uuid::now_v7();
+                sqlx::query("INSERT INTO tenants (id, name) VALUES (?, ?)")
+                    .bind(id)
+                    .bind(&name)
+                    .execute(&mut *c)
+                    .await?;
+                sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
+                     VALUES (?, ?, ?, ?)",
+                )
+                .bind(key.id)
+                .bind(id)
+                .bind(&key.hash)
+                .bind(&key.prefix)
+                .execute(&mut *c)
+                .await?;
+                Ok(id)
+            })
+        })
+        .await
     }
 
     async fn ensure_bootstrap_key(
@@ -48,43 +53,49 @@ impl TenantStore for SqliteStore {
         key: &NewApiKey,
         at: OffsetDateTime,
     ) -> Result<BootstrapOutcome, StoreError> {
-        let mut tx = self.begin().await?;
-        sqlx::query("INSERT INTO tenants (id, name) VALUES (?, ?) ON CONFLICT (name) DO NOTHING")
-            .bind(Uuid::now_v7())
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        let configured: Option<(bool,)> = sqlx::query_as(
-            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, bootstrap) \
+        let (name, key) = (name.to_string(), key.clone());
+        self.write(move |tx| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO tenants (id, name) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                )
+                .bind(Uuid::now_v7())
+                .bind(&name)
+                .execute(&mut *tx)
+                .await?;
+                let configured: Option<(bool,)> = sqlx::query_as(
+                    "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, bootstrap) \
              SELECT ?, t.id, ?, ?, 1 FROM tenants t WHERE t.name = ? \
              ON CONFLICT (key_hash) DO UPDATE SET bootstrap = 1 \
              WHERE api_keys.tenant_id = excluded.tenant_id \
              RETURNING revoked_at IS NOT NULL",
-        )
-        .bind(key.id)
-        .bind(&key.hash)
-        .bind(&key.prefix)
-        .bind(name)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let mut outcome = BootstrapOutcome::default();
-        match configured {
-            Some((false,)) => {
-                let revoked: Vec<(Uuid, String)> = sqlx::query_as(
-                    "UPDATE api_keys SET revoked_at = ? \
+                )
+                .bind(key.id)
+                .bind(&key.hash)
+                .bind(&key.prefix)
+                .bind(&name)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let mut outcome = BootstrapOutcome::default();
+                match configured {
+                    Some((false,)) => {
+                        let revoked: Vec<(Uuid, String)> = sqlx::query_as(
+                            "UPDATE api_keys SET revoked_at = ? \
                      WHERE bootstrap AND revoked_at IS NULL AND key_hash <> ? \
                      RETURNING id, key_prefix",
-                )
-                .bind(db(at))
-                .bind(&key.hash)
-                .fetch_all(&mut *tx)
-                .await?;
-                outcome.revoked = revoked;
-            }
-            _ => outcome.configured_key_revoked = true,
-        }
-        tx.commit().await?;
-        Ok(outcome)
+                        )
+                        .bind(db(at))
+                        .bind(&key.hash)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                        outcome.revoked = revoked;
+                    }
+                    _ => outcome.configured_key_revoked = true,
+                }
+                Ok(outcome)
+            })
+        })
+        .await
     }
 
     #[tracing::instrument(name = "store.tenant_for_key", level = "debug", skip_all)]
@@ -125,27 +136,39 @@ impl TenantStore for SqliteStore {
         tenant_name: &str,
         key: &NewApiKey,
     ) -> Result<Option<Uuid>, StoreError> {
-        let done = sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
-             SELECT ?, t.id, ?, ? FROM tenants t WHERE t.name = ?",
-        )
-        .bind(key.id)
-        .bind(&key.hash)
-        .bind(&key.prefix)
-        .bind(tenant_name)
-        .execute(&self.pool)
-        .await?;
-        Ok((done.rows_affected() == 1).then_some(key.id))
+        let (tenant_name, key) = (tenant_name.to_string(), key.clone());
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
+                     SELECT ?, t.id, ?, ? FROM tenants t WHERE t.name = ?",
+                )
+                .bind(key.id)
+                .bind(&key.hash)
+                .bind(&key.prefix)
+                .bind(&tenant_name)
+                .execute(&mut *c)
+                .await?;
+                Ok((done.rows_affected() == 1).then_some(key.id))
+            })
+        })
+        .await
     }
 
     async fn revoke_key(&self, key_id: Uuid, at: OffsetDateTime) -> Result<bool, StoreError> {
-        let done =
-            sqlx::query("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?")
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?",
+                )
                 .bind(db(at))
                 .bind(key_id)
-                .execute(&self.pool)
+                .execute(&mut *c)
                 .await?;
-        Ok(done.rows_affected() == 1)
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
     }
 
     async fn list_keys(&self) -> Result<Vec<ApiKeyInfo>, StoreError> {
@@ -163,12 +186,18 @@ impl TenantStore for SqliteStore {
         tenant_name: &str,
         countries: Option<&[String]>,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE tenants SET allowed_countries = ? WHERE name = ?")
-            .bind(countries.map(|c| c.join(",")))
-            .bind(tenant_name)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let (countries, tenant_name) = (countries.map(|c| c.join(",")), tenant_name.to_string());
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query("UPDATE tenants SET allowed_countries = ? WHERE name = ?")
+                    .bind(&countries)
+                    .bind(&tenant_name)
+                    .execute(&mut *c)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
     }
 
     async fn allowed_senders(
@@ -189,25 +218,30 @@ impl TenantStore for SqliteStore {
         sender: &str,
         add: bool,
     ) -> Result<Option<bool>, StoreError> {
-        let mut tx = self.begin().await?;
-        let row: Option<(Option<String>,)> =
-            sqlx::query_as("SELECT allowed_senders FROM tenants WHERE name = ?")
-                .bind(tenant_name)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some((list,)) = row else {
-            return Ok(None);
-        };
-        let Some(list) = edited_senders(list.as_deref().map(split_list), sender, add) else {
-            return Ok(Some(false));
-        };
-        sqlx::query("UPDATE tenants SET allowed_senders = ? WHERE name = ?")
-            .bind(list.join(","))
-            .bind(tenant_name)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Some(true))
+        let (tenant_name, sender) = (tenant_name.to_string(), sender.to_string());
+        self.write(move |tx| {
+            Box::pin(async move {
+                let row: Option<(Option<String>,)> =
+                    sqlx::query_as("SELECT allowed_senders FROM tenants WHERE name = ?")
+                        .bind(&tenant_name)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let Some((list,)) = row else {
+                    return Ok(None);
+                };
+                let Some(list) = edited_senders(list.as_deref().map(split_list), &sender, add)
+                else {
+                    return Ok(Some(false));
+                };
+                sqlx::query("UPDATE tenants SET allowed_senders = ? WHERE name = ?")
+                    .bind(list.join(","))
+                    .bind(&tenant_name)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(Some(true))
+            })
+        })
+        .await
     }
 }
 

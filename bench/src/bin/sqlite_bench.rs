@@ -1,0 +1,355 @@
+//! The SQLite benchmark (issue 19): sendonce on its default SQLite store next
+//! to the naive SQLite floor, in one run.
+//!
+//! - **Floor**: one process, one connection, WAL, `synchronous=FULL`; per
+//!   message one transaction inserting its row and one updating it (two
+//!   commits, two fsyncs), for `--seconds`; then the same with
+//!   `--batch` messages per transaction.
+//! - **sendonce**: the release binary on a fresh SQLite file with the mock
+//!   provider answering at once, rate limits off, everything else default;
+//!   `unique` (every request a new key, waiting for the final answer) and
+//!   `replay` (1,000 completed keys replayed; each must be a 201 with
+//!   `Idempotent-Replayed: true`) at `--concurrency`, for `--seconds` each
+//!   after a 2 s warm-up.
+//!
+//! Prints a Markdown table. Any error or a replay that was not one makes it
+//! exit 1.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use sendonce_bench::procs::{self, free_port};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection, SqliteConnection};
+use tokio::process::Command;
+use tokio::sync::Mutex;
+
+#[derive(Parser, Debug)]
+#[command(about = "sendonce on SQLite against the naive SQLite floor")]
+struct Args {
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Messages per transaction in the batched floor.
+    #[arg(long, default_value_t = 16)]
+    batch: u64,
+    /// Where `sendonce` and `mock-provider` are (default: next to this binary).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Extra `NAME=VALUE` settings for sendonce.
+    #[arg(long = "service-env")]
+    service_env: Vec<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    sendonce::install_crypto_provider();
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sqlite_bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<(), String> {
+    let dir = procs::log_dir("sqlite-bench")?;
+    let bin_dir = procs::bin_dir(args.bin_dir.as_deref(), "cargo build --release")?;
+    let seconds = Duration::from_secs(args.seconds);
+    println!(
+        "SQLite benchmark: concurrency {}, {} s per measurement, files and logs in {}",
+        args.concurrency,
+        args.seconds,
+        dir.display()
+    );
+    let floor1 = floor(&dir.join("floor-1.db"), 1, seconds, 1000).await?;
+    let floor_n = floor(&dir.join("floor-n.db"), args.batch, seconds, 1000).await?;
+    // The same pattern with automatic checkpoints off: what they cost.
+    let floor_nockpt = floor(&dir.join("floor-0.db"), 1, seconds, 0).await?;
+
+    let (unique, replay) = service(args, &bin_dir, &dir, seconds).await?;
+    println!();
+    println!("| what | requests | per second | p50 ms | p99 ms | max ms |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| naive SQLite floor, 1 message per transaction pair | {} | {:.0} | | | |",
+        floor1.0, floor1.1
+    );
+    println!(
+        "| the same, `wal_autocheckpoint=0` (no checkpoints) | {} | {:.0} | | | |",
+        floor_nockpt.0, floor_nockpt.1
+    );
+    println!(
+        "| naive SQLite floor, {} messages per transaction | {} | {:.0} | | | |",
+        args.batch, floor_n.0, floor_n.1
+    );
+    for (name, r) in [
+        ("sendonce unique sends", &unique),
+        ("sendonce replays of 1,000 keys", &replay),
+    ] {
+        println!(
+            "| {name}, c={} | {} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            args.concurrency,
+            r.requests,
+            r.per_second,
+            r.hist.value_at_quantile(0.5) as f64 / 1000.0,
+            r.hist.value_at_quantile(0.99) as f64 / 1000.0,
+            r.hist.max() as f64 / 1000.0
+        );
+    }
+    println!();
+    println!(
+        "unique / floor: {:.2}; replay / unique: {:.2}; unique p99 {:.1} ms",
+        unique.per_second / floor1.1,
+        replay.per_second / unique.per_second,
+        unique.hist.value_at_quantile(0.99) as f64 / 1000.0
+    );
+    Ok(())
+}
+
+/// The naive floor: `per_txn` messages per insert transaction and per update
+/// transaction. Returns (messages, messages per second).
+async fn floor(
+    path: &Path,
+    per_txn: u64,
+    time: Duration,
+    autocheckpoint: u32,
+) -> Result<(u64, f64), String> {
+    let _ = std::fs::remove_file(path);
+    let mut c: SqliteConnection =
+        SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+            .map_err(|e| e.to_string())?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .pragma("wal_autocheckpoint", autocheckpoint.to_string())
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+    let e = |e: sqlx::Error| e.to_string();
+    sqlx::query(
+        "CREATE TABLE messages (id BLOB PRIMARY KEY, tenant_id BLOB NOT NULL, \
+         idempotency_key TEXT NOT NULL, status TEXT NOT NULL, to_number TEXT NOT NULL, \
+         body TEXT NOT NULL, response BLOB, created_at INTEGER NOT NULL, \
+         UNIQUE (tenant_id, idempotency_key))",
+    )
+    .execute(&mut c)
+    .await
+    .map_err(e)?;
+    let tenant = uuid::Uuid::new_v4();
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < time {
+        let ids: Vec<uuid::Uuid> = (0..per_txn).map(|_| uuid::Uuid::new_v4()).collect();
+        let mut tx = c.begin().await.map_err(e)?;
+        for id in &ids {
+            sqlx::query(
+                "INSERT INTO messages (id, tenant_id, idempotency_key, status, to_number, body, \
+                 created_at) VALUES (?, ?, ?, 'processing', '+14155550100', 'Your code is 123456', ?)",
+            )
+            .bind(id.as_bytes().as_slice())
+            .bind(tenant.as_bytes().as_slice())
+            .bind(id.to_string())
+            .bind(n as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(e)?;
+        }
+        tx.commit().await.map_err(e)?;
+        let mut tx = c.begin().await.map_err(e)?;
+        for id in &ids {
+            sqlx::query("UPDATE messages SET status = 'sent', response = ? WHERE id = ?")
+                .bind(b"{\"status\":\"sent\"}".as_slice())
+                .bind(id.as_bytes().as_slice())
+                .execute(&mut *tx)
+                .await
+                .map_err(e)?;
+        }
+        tx.commit().await.map_err(e)?;
+        n += per_txn;
+    }
+    Ok((n, n as f64 / started.elapsed().as_secs_f64()))
+}
+
+struct Measured {
+    requests: u64,
+    per_second: f64,
+    hist: Histogram<u64>,
+}
+
+async fn service(
+    args: &Args,
+    bin_dir: &Path,
+    dir: &Path,
+    time: Duration,
+) -> Result<(Measured, Measured), String> {
+    let db = dir.join("sendonce.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    let mock_port = free_port().map_err(|e| e.to_string())?;
+    let mut mock = procs::spawn_mock(bin_dir, mock_port, &[])?;
+    let api_key = sendonce::apikey::generate().secret;
+    let port = free_port().map_err(|e| e.to_string())?;
+    let log = std::fs::File::create(dir.join("sendonce.log")).map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(bin_dir.join("sendonce"));
+    cmd.env("DATABASE_URL", format!("sqlite://{}", db.display()))
+        .env("SENDONCE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("SENDONCE_PROVIDER", "http")
+        .env(
+            "SENDONCE_HTTP_PROVIDER_URL",
+            format!("http://127.0.0.1:{mock_port}/messages"),
+        )
+        .env("SENDONCE_BOOTSTRAP_API_KEY", &api_key)
+        .env("SENDONCE_RATE_TENANT_RPS", "0")
+        .env("SENDONCE_RATE_NUMBER_PER_HOUR", "0")
+        .env("SENDONCE_RATE_PREFIX_PER_HOUR", "0");
+    for kv in &args.service_env {
+        let (k, v) = kv.split_once('=').ok_or("--service-env wants NAME=VALUE")?;
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("start sendonce: {e}"))?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(args.concurrency + 8)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let base = format!("http://127.0.0.1:{port}");
+    procs::wait_ready(&client, &base, "/readyz", Some(&mut child)).await?;
+    let target = Arc::new(Target {
+        client,
+        base,
+        api_key,
+        next: AtomicU64::new(0),
+    });
+    // Warm-up, then unique sends.
+    load(
+        &target,
+        args.concurrency,
+        Duration::from_secs(2),
+        Kind::Unique,
+    )
+    .await?;
+    let unique = load(&target, args.concurrency, time, Kind::Unique).await?;
+    // 1,000 completed keys, then replays of them.
+    for i in 0..1000u64 {
+        target.post(&format!("replay-{i}"), i, false).await?;
+    }
+    let replay = load(&target, args.concurrency, time, Kind::Replay).await?;
+    procs::kill(&mut child).await;
+    procs::kill(&mut mock).await;
+    Ok((unique, replay))
+}
+
+struct Target {
+    client: reqwest::Client,
+    base: String,
+    api_key: String,
+    next: AtomicU64,
+}
+
+impl Target {
+    /// Sends `key` to a number chosen by `number` (a replay must repeat its
+    /// original's body); `replay`: the answer must be a replay.
+    async fn post(&self, key: &str, number: u64, replay: bool) -> Result<(), String> {
+        let r = self
+            .client
+            .post(format!("{}/messages", self.base))
+            .bearer_auth(&self.api_key)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(format!(
+                "{{\"to\":\"+1415555{:04}\",\"body\":\"Your code is 123456\"}}",
+                number % 10_000
+            ))
+            .send()
+            .await
+            .map_err(|e| format!("{key}: {e}"))?;
+        let status = r.status().as_u16();
+        let replayed = r.headers().contains_key("idempotent-replayed");
+        let _ = r.bytes().await;
+        if status != 201 {
+            return Err(format!("{key}: answered {status}"));
+        }
+        if replay && !replayed {
+            return Err(format!("{key}: a replay without Idempotent-Replayed"));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Unique,
+    Replay,
+}
+
+async fn load(
+    target: &Arc<Target>,
+    c: usize,
+    time: Duration,
+    kind: Kind,
+) -> Result<Measured, String> {
+    let hist = Arc::new(Mutex::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?,
+    ));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..c {
+        let (target, hist) = (Arc::clone(target), Arc::clone(&hist));
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            let mut local =
+                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+            while started.elapsed() < time {
+                let (key, number, replay) = match kind {
+                    Kind::Unique => (
+                        format!("u-{}", uuid::Uuid::new_v4().simple()),
+                        target.next.fetch_add(1, Ordering::Relaxed),
+                        false,
+                    ),
+                    Kind::Replay => {
+                        let k = (w as u64 * 7919 + i * 31) % 1000;
+                        (format!("replay-{k}"), k, true)
+                    }
+                };
+                let t = Instant::now();
+                target.post(&key, number, replay).await?;
+                let _ = local.record(t.elapsed().as_micros() as u64);
+                i += 1;
+            }
+            hist.lock().await.add(&local).map_err(|e| e.to_string())?;
+            Ok::<u64, String>(i)
+        }));
+    }
+    let mut requests = 0;
+    for t in tasks {
+        requests += t.await.map_err(|e| e.to_string())??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let hist = Arc::try_unwrap(hist)
+        .map_err(|_| "histogram still shared".to_string())?
+        .into_inner();
+    Ok(Measured {
+        requests,
+        per_second: requests as f64 / elapsed,
+        hist,
+    })
+}

@@ -1,0 +1,191 @@
+//! The single SQLite writer: one task owns the write connection and commits
+//! whatever writes are waiting as one transaction (group commit).
+//!
+//! SQLite admits one writer at a time and pays one `fsync` per commit
+//! (`synchronous=FULL`). Letting every caller take the write lock in turn made
+//! each send queue for the lock, several commits per send, and the tail was
+//! lock waits. Here a caller hands its write to the writer as a job and waits;
+//! the writer takes every job that is waiting (up to [`MAX_GROUP`]), runs
+//! each in a savepoint of its own inside one `BEGIN IMMEDIATE` transaction,
+//! commits once, and only then answers every caller. A job that fails is
+//! rolled back to its savepoint alone and gets its error; the others commit.
+//! If the commit itself fails, every caller of the group gets an error, and
+//! nothing of the group is acknowledged.
+//!
+//! WAL checkpoints run here too, on the writer's schedule, between groups
+//! (automatic checkpoints are off on this connection, so no commit of a
+//! request pays for one).
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+
+use sqlx::{Connection, SqliteConnection};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::StoreError;
+
+/// The most jobs one group commit takes.
+pub(super) const MAX_GROUP: usize = 256;
+/// Jobs that may wait for the writer before callers wait to hand theirs in.
+pub(super) const QUEUE: usize = 4096;
+/// A passive WAL checkpoint runs when the writer is idle after this many
+/// commits, and after four times as many even when it is not.
+pub(super) const CHECKPOINT_EVERY: u32 = 64;
+
+pub(super) type BoxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
+
+/// What a job's caller is told once the group's commit is known.
+type Reply = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
+
+/// One caller's write: runs on the writer's connection inside the group's
+/// transaction and says whether it succeeded (its savepoint is kept) and how
+/// to answer its caller after the commit.
+pub(super) type Job =
+    Box<dyn for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, (bool, Reply)> + Send>;
+
+/// A job's answer, typed by its caller ([`super::SqliteStore::write`]).
+pub(super) type Answer = oneshot::Receiver<Result<Box<dyn Any + Send>, StoreError>>;
+
+/// Wraps a caller's write as a [`Job`] and the receiver of its answer.
+pub(super) fn job<T, F>(f: F) -> (Job, Answer)
+where
+    T: Send + 'static,
+    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
+        + Send
+        + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    let job: Job = Box::new(move |conn| {
+        Box::pin(async move {
+            let result = f(conn).await;
+            let ok = result.is_ok();
+            let reply: Reply = Box::new(move |commit| {
+                let answer = match commit {
+                    Ok(()) => result.map(|v| Box::new(v) as Box<dyn Any + Send>),
+                    Err(e) => Err(group_failed(e)),
+                };
+                // The caller may have gone (its request was cancelled): the
+                // write stands all the same.
+                let _ = tx.send(answer);
+            });
+            (ok, reply)
+        })
+    });
+    (job, rx)
+}
+
+/// The error each caller of a failed group commit gets (the cause is logged
+/// once by the writer).
+fn group_failed(e: &StoreError) -> StoreError {
+    StoreError::Unavailable(sqlx::Error::Io(std::io::Error::other(format!(
+        "the group commit failed: {e}"
+    ))))
+}
+
+/// The writer's loop: runs until every sender is gone.
+pub(super) async fn run(mut conn: SqliteConnection, mut jobs: mpsc::Receiver<Job>) {
+    let mut group: Vec<Job> = Vec::with_capacity(MAX_GROUP);
+    let mut since_checkpoint = 0u32;
+    loop {
+        let first = match jobs.try_recv() {
+            Ok(job) => job,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                // Idle: the moment to checkpoint, off every request's path.
+                if since_checkpoint >= CHECKPOINT_EVERY {
+                    checkpoint(&mut conn).await;
+                    since_checkpoint = 0;
+                }
+                match jobs.recv().await {
+                    Some(job) => job,
+                    None => break,
+                }
+            }
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+        };
+        group.push(first);
+        while group.len() < MAX_GROUP {
+            match jobs.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        commit_group(&mut conn, &mut group).await;
+        since_checkpoint += 1;
+        if since_checkpoint >= 4 * CHECKPOINT_EVERY {
+            checkpoint(&mut conn).await;
+            since_checkpoint = 0;
+        }
+    }
+    let _ = conn.close().await;
+}
+
+/// Copies what the WAL holds into the database file without waiting for
+/// readers (PASSIVE), so the WAL stays short.
+async fn checkpoint(conn: &mut SqliteConnection) {
+    if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+        .execute(&mut *conn)
+        .await
+    {
+        tracing::warn!(error = %e, "WAL checkpoint failed");
+    }
+}
+
+async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), StoreError> {
+    sqlx::query(sql).execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// Runs `group` as one transaction and answers its callers after the commit.
+/// Jobs not answered (the transaction could not start, or a savepoint
+/// failed) are dropped, which their callers see as the writer failing.
+async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
+    if let Err(e) = exec(conn, "BEGIN IMMEDIATE").await {
+        tracing::warn!(error = %e, jobs = group.len(), "could not start a group commit");
+        group.clear();
+        return;
+    }
+    let mut replies: Vec<Reply> = Vec::with_capacity(group.len());
+    let mut broken: Option<StoreError> = None;
+    for job in group.drain(..) {
+        if broken.is_some() {
+            continue;
+        }
+        if let Err(e) = exec(conn, "SAVEPOINT job").await {
+            broken = Some(e);
+            continue;
+        }
+        let (ok, reply) = job(conn).await;
+        let end = if ok {
+            exec(conn, "RELEASE job").await
+        } else {
+            match exec(conn, "ROLLBACK TO job").await {
+                Ok(()) => exec(conn, "RELEASE job").await,
+                Err(e) => Err(e),
+            }
+        };
+        replies.push(reply);
+        if let Err(e) = end {
+            broken = Some(e);
+        }
+    }
+    let outcome = match broken {
+        Some(e) => {
+            let _ = exec(conn, "ROLLBACK").await;
+            Err(e)
+        }
+        None => match exec(conn, "COMMIT").await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = exec(conn, "ROLLBACK").await;
+                Err(e)
+            }
+        },
+    };
+    if let Err(e) = &outcome {
+        tracing::error!(error = %e, jobs = replies.len(), "a group commit failed");
+    }
+    for reply in replies {
+        reply(outcome.as_ref().map(|_| ()));
+    }
+}

@@ -1,11 +1,12 @@
-//! The wall clock the service reads for timestamps, leases and due times.
+//! The wall clock the service reads for timestamps and due times.
 //!
-//! Every comparison of "now" with a lease expiry or a retry's due time is made
-//! with a time this clock produced and passed to the store as a parameter, so a
-//! test can move time forward by hand (`Clock::manual`) and watch a
-//! `Retry-After: 120` or an expired lease take effect without waiting for it.
-//! Instances compare each other's lease expiries, so their clocks must agree to
-//! well within a lease (NTP does); see docs/architecture.md.
+//! Every comparison of "now" with a retry's due time is made with a time this
+//! clock produced and passed to the store as a parameter, so a test can move
+//! time forward by hand (`Clock::manual`) and watch a `Retry-After: 120` take
+//! effect without waiting for it. Leases are not on this clock: their expiry
+//! is written and compared in the database's clock only, so a skewed (or
+//! hand-moved) clock can neither steal nor shorten one; see
+//! docs/architecture.md.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -161,7 +161,7 @@ impl Deliverer {
         loop {
             match op().await {
                 Ok(done) => return Ok(done),
-                Err(StoreError::Unavailable(e)) if self.clock.now() < lease.expires_at => {
+                Err(StoreError::Unavailable(e)) if !lease.left().is_zero() => {
                     tracing::warn!(error = %e, "database unavailable, retrying the write");
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}

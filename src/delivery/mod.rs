@@ -15,9 +15,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use uuid::Uuid;
 
-use crate::clock::{Clock, to_time};
+use crate::clock::Clock;
 use crate::domain::{AttemptOutcome, MessageId};
 use crate::provider::{OutgoingSms, Provider, Reconciled, SendOutcome};
 use crate::store::{Lease, MessageRecord, Store, StoreError, StoredResponse};
@@ -116,13 +115,10 @@ impl Deliverer {
         &self.settings
     }
 
-    /// A new lease for this instance, from now.
+    /// A new lease for this instance, about to be written (its expiry is
+    /// the database's clock at that write plus the lease duration).
     pub fn new_lease(&self) -> Lease {
-        Lease {
-            token: Uuid::new_v4(),
-            owner: self.owner.clone(),
-            expires_at: self.clock.now() + to_time(self.settings.lease),
-        }
+        Lease::new(&self.owner, self.settings.lease)
     }
 
     /// Free provider-call slots (the scheduler claims no more than this).
@@ -328,9 +324,10 @@ impl Deliverer {
             if t != Transition::Proceed {
                 return self.apply(&mut msg, &lease, registration, t).await;
             }
-            lease.expires_at = now + to_time(self.settings.lease);
+            let written = std::time::Instant::now();
             match self.store.start_attempt(msg.id, &lease, now).await {
                 Ok(Some(n)) => {
+                    lease.written = written;
                     msg.attempts = n;
                     (n, now)
                 }
@@ -359,14 +356,17 @@ impl Deliverer {
 
         // Every call starts under a (nearly) full lease, however long the
         // wait for a slot was, so no other instance takes the message over
-        // while it runs. A lease written within the last second (the insert
-        // of a new message, the start of a resumed attempt) already is one:
-        // renewing it again would cost a round trip per send for nothing.
-        let now = self.clock.now();
-        if needs_renewal(lease.expires_at, now, self.settings.lease) {
-            lease.expires_at = now + to_time(self.settings.lease);
+        // while it runs. A lease whose latest write started within the last
+        // second (the insert of a new message, the claim or the start of a
+        // resumed attempt) already is one: renewing it again would cost a
+        // round trip per send for nothing. The age is measured on this
+        // instance's monotonic clock, from before that write, so neither a
+        // skewed nor a hand-moved wall clock bears on it; the lease itself
+        // runs on the database's clock, which advances at the same rate.
+        if needs_renewal(lease.age()) {
+            let written = std::time::Instant::now();
             match self.store.renew_lease(msg.id, &lease).await {
-                Ok(true) => {}
+                Ok(true) => lease.written = written,
                 Ok(false) => return Report::LeaseLost,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not renew the lease");
@@ -471,12 +471,14 @@ impl Deliverer {
 }
 
 /// How fresh a lease must be for a provider call to start under it without
-/// renewing it first.
+/// renewing it first. The configuration keeps a lease at least twice the
+/// provider timeout plus 2 s, so a call started under a lease this fresh ends
+/// with more than the provider timeout left.
 pub const LEASE_FRESHNESS: Duration = Duration::from_secs(1);
 
-/// Whether a lease expiring at `expires_at` must be renewed before a
-/// provider call at `now`: unless it has at least `lease - LEASE_FRESHNESS`
-/// left.
-pub fn needs_renewal(expires_at: OffsetDateTime, now: OffsetDateTime, lease: Duration) -> bool {
-    expires_at - now < to_time(lease.saturating_sub(LEASE_FRESHNESS))
+/// Whether a lease whose latest write started `age` ago must be renewed
+/// before a provider call: unless that write is less than
+/// [`LEASE_FRESHNESS`] old.
+pub fn needs_renewal(age: Duration) -> bool {
+    age >= LEASE_FRESHNESS
 }

@@ -12,7 +12,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Deliverer;
-use crate::clock::to_time;
 use crate::store::{Store, StoreError};
 
 pub struct Scheduler {
@@ -49,10 +48,14 @@ impl Scheduler {
         }
         let limit = u32::try_from(permits.len()).unwrap_or(u32::MAX);
         let now = self.deliverer.clock().now();
-        let lease_until = now + to_time(self.deliverer.settings().lease);
         let claimed = self
             .store
-            .claim_due(self.deliverer.owner(), now, lease_until, limit)
+            .claim_due(
+                self.deliverer.owner(),
+                now,
+                self.deliverer.settings().lease,
+                limit,
+            )
             .await?;
         let n = claimed.len();
         // Slots left over (fewer messages were due) go back when dropped.

@@ -109,8 +109,8 @@ pub trait MessageStore: Send + Sync {
     async fn message_by_id(&self, id: MessageId) -> Result<Option<MessageRecord>, StoreError>;
     async fn attempts(&self, id: MessageId) -> Result<Vec<AttemptRow>, StoreError>;
 
-    /// Starts attempt `attempts + 1` under the lease (fenced), extending it to
-    /// `lease_expires_at`; an attempt still open is closed as `lost` (its
+    /// Starts attempt `attempts + 1` under the lease (fenced), renewing it
+    /// for its `ttl` from the database's clock; an attempt still open is closed as `lost` (its
     /// owner died before recording an answer). Returns the attempt number, or
     /// `None` when the lease is no longer ours.
     async fn start_attempt(
@@ -119,19 +119,22 @@ pub trait MessageStore: Send + Sync {
         lease: &Lease,
         now: OffsetDateTime,
     ) -> Result<Option<u32>, StoreError>;
-    /// Extends the lease (fenced). False when it is no longer ours.
+    /// Renews the lease for its `ttl` from the database's clock (fenced).
+    /// False when it is no longer ours.
     async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError>;
     /// Makes the message final (fenced). False when the lease is no longer ours.
     async fn finish(&self, f: &Finish) -> Result<bool, StoreError>;
     /// Records the attempt and a due time, releasing the lease (fenced).
     async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError>;
-    /// Claims up to `limit` messages that are due or whose lease expired,
-    /// never handing one row to two claimers.
+    /// Claims up to `limit` messages that are due (`next_attempt_at <= now`,
+    /// the caller's clock) or whose lease expired (in the database's clock),
+    /// leasing each for `ttl` from the database's clock, never handing one
+    /// row to two claimers.
     async fn claim_due(
         &self,
         owner: &str,
         now: OffsetDateTime,
-        lease_expires_at: OffsetDateTime,
+        ttl: std::time::Duration,
         limit: u32,
     ) -> Result<Vec<(MessageRecord, Lease)>, StoreError>;
 }

@@ -12,7 +12,7 @@ use sqlx::{Decode, Encode, Postgres, Sqlite, Type};
 use uuid::Uuid;
 
 use super::time::DbTime;
-use super::types::{AttemptRow, KeyState, Lease, MessageRecord, ReceiptRow, StoredResponse};
+use super::types::{AttemptRow, KeyState, LeaseState, MessageRecord, ReceiptRow, StoredResponse};
 use crate::domain::{
     AttemptOutcome, Encoding, IdempotencyKey, MessageError, MessageId, Phone, Status,
 };
@@ -190,7 +190,7 @@ impl From<MessageRow> for MessageRecord {
             error: r.error.map(|e| e.0),
             response: stored_response(r.response_code, r.response_body),
             lease: match (r.lease_token, r.lease_owner, r.lease_expires_at) {
-                (Some(token), Some(owner), Some(expires_at)) => Some(Lease {
+                (Some(token), Some(owner), Some(expires_at)) => Some(LeaseState {
                     token,
                     owner,
                     expires_at: expires_at.0,

@@ -87,6 +87,12 @@ pub fn db(t: OffsetDateTime) -> DbTime {
     DbTime(t)
 }
 
+/// A lease's length as microseconds (saturating), bound into the SQL that
+/// adds it to the database's own clock.
+pub fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
 //! The records the store reads and writes, shared by both backends.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -65,12 +66,55 @@ pub struct NewMessage {
     pub deadline_at: OffsetDateTime,
 }
 
-/// The right to act on a message until `expires_at`.
+/// The right to act on a message, held by this instance.
+///
+/// Its expiry lives only in the row, in the database's clock: every write of
+/// the lease (insert, claim, start of an attempt, renewal) sets it to the
+/// database's `now()` plus `ttl`, and claims compare it with the database's
+/// `now()`. No instance's wall clock takes part, so a skewed instance can
+/// neither shorten nor steal another's lease. The holder knows how much is
+/// left from its monotonic clock alone ([`Lease::left`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     /// New for every claim; every finishing write is fenced on it.
     pub token: Uuid,
     /// The instance holding it (for operators and for releasing on shutdown).
+    pub owner: String,
+    /// How long each write of the lease makes it last, from the database's
+    /// `now()` at that write.
+    pub ttl: Duration,
+    /// A monotonic instant taken before the lease's latest write (so never
+    /// later than the database's `now()` of that write).
+    pub written: Instant,
+}
+
+impl Lease {
+    /// A new lease for `owner`, about to be written.
+    pub fn new(owner: &str, ttl: Duration) -> Self {
+        Self {
+            token: Uuid::new_v4(),
+            owner: owner.to_string(),
+            ttl,
+            written: Instant::now(),
+        }
+    }
+
+    /// How long ago the latest write of the lease started.
+    pub fn age(&self) -> Duration {
+        self.written.elapsed()
+    }
+
+    /// A lower bound of how long the lease still holds.
+    pub fn left(&self) -> Duration {
+        self.ttl.saturating_sub(self.age())
+    }
+}
+
+/// A lease as the row records it (for reading; expiry in the database's
+/// clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseState {
+    pub token: Uuid,
     pub owner: String,
     pub expires_at: OffsetDateTime,
 }
@@ -97,7 +141,7 @@ pub struct MessageRecord {
     pub maybe_sent: bool,
     pub error: Option<MessageError>,
     pub response: Option<StoredResponse>,
-    pub lease: Option<Lease>,
+    pub lease: Option<LeaseState>,
     pub next_attempt_at: Option<OffsetDateTime>,
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
@@ -118,8 +162,13 @@ pub struct MessageRecord {
 
 impl MessageRecord {
     /// The row `insert_message` just created: `processing`, attempt 1
-    /// started, the lease held.
-    pub fn claimed(m: &NewMessage, lease: &Lease, recipient_opted_out: bool) -> Self {
+    /// started, the lease held until `lease_expires_at` (the database's clock).
+    pub fn claimed(
+        m: &NewMessage,
+        lease: &Lease,
+        lease_expires_at: OffsetDateTime,
+        recipient_opted_out: bool,
+    ) -> Self {
         MessageRecord {
             id: m.id,
             tenant_id: m.tenant_id,
@@ -139,7 +188,11 @@ impl MessageRecord {
             maybe_sent: false,
             error: None,
             response: None,
-            lease: Some(lease.clone()),
+            lease: Some(LeaseState {
+                token: lease.token,
+                owner: lease.owner.clone(),
+                expires_at: lease_expires_at,
+            }),
             next_attempt_at: None,
             created_at: m.created_at,
             updated_at: m.created_at,

@@ -2,7 +2,7 @@
 //! and retention.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sendonce::clock::Clock;
 use testkit::mock_provider::Behaviour;
@@ -73,17 +73,38 @@ async fn three_instances_two_hundred_posts_one_send(backend: Backend) {
     );
 }
 
+/// Settings with a short lease, so a lease really runs out during a test.
+fn short_lease_settings() -> (sendonce::config::Settings, Duration) {
+    let mut s = quiet_settings();
+    let lease = Duration::from_secs(3);
+    s.delivery.lease = lease;
+    (s, lease)
+}
+
+/// A clock `by` ahead of (or, negative, behind) [`manual_clock`].
+fn skewed_clock(by: time::Duration) -> Clock {
+    Clock::manual(time::macros::datetime!(2026-11-29 12:00:00 UTC) + by)
+}
+
 async fn a_crashed_instance_is_taken_over_and_the_message_sent_once(backend: Backend) {
     let clock = manual_clock();
+    let (settings, lease) = short_lease_settings();
     let mut a = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
-        settings: quiet_settings(),
+        settings: settings.clone(),
         ..TestOptions::default()
     })
     .await;
-    let b = spawn_with(sibling(&a, quiet_settings())).await;
+    // b's clock is five minutes (a hundred leases) ahead of a's: leases run
+    // on the database's clock, so that gives b nothing early.
+    let b = spawn_with(TestOptions {
+        clock: skewed_clock(time::Duration::minutes(5)),
+        ..sibling(&a, settings)
+    })
+    .await;
     a.mock.push([Behaviour::Hang]);
+    let posted = Instant::now();
     let first = a
         .post_with(
             Some("CRASH"),
@@ -99,10 +120,14 @@ async fn a_crashed_instance_is_taken_over_and_the_message_sent_once(backend: Bac
     a.crash().await;
 
     // Before the lease runs out nobody may take it.
-    clock.advance(Duration::from_secs(9));
     assert_eq!(b.handle.scheduler.tick().await.unwrap(), 0);
-    clock.advance(Duration::from_secs(1));
-    assert_eq!(b.handle.scheduler.tick().await.unwrap(), 1);
+    assert!(
+        posted.elapsed() < lease,
+        "the scan ran while the lease was live"
+    );
+    // Once it ran out, b takes the message over, and not before.
+    assert_eq!(b.claim_within(Duration::from_secs(15)).await, 1);
+    assert!(posted.elapsed() + Duration::from_millis(2) >= lease);
 
     let m = eventually("b to finish it", || async {
         let got = b.get("/messages/CRASH").await.json();
@@ -130,14 +155,25 @@ async fn a_crashed_instance_is_taken_over_and_the_message_sent_once(backend: Bac
 
 async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) {
     let clock = manual_clock();
+    // a's call outlasts its lease (the configuration forbids that; a stalled
+    // instance does it anyway).
+    let (mut settings, _) = short_lease_settings();
+    settings.delivery.provider_timeout = Duration::from_secs(60);
     let a = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
-        settings: quiet_settings(),
+        settings: settings.clone(),
+        provider_timeout: Duration::from_secs(60),
         ..TestOptions::default()
     })
     .await;
-    let b = spawn_with(sibling(&a, quiet_settings())).await;
+    // b's clock is five minutes behind a's: an expired lease is expired
+    // whatever the claimer's clock says.
+    let b = spawn_with(TestOptions {
+        clock: skewed_clock(time::Duration::minutes(-5)),
+        ..sibling(&a, settings)
+    })
+    .await;
     let slow = Arc::new(Notify::new());
     // a's call hangs until released; b's call is rejected outright.
     a.mock.push([
@@ -162,8 +198,7 @@ async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) 
     .await;
 
     // a is alive but slow: its lease runs out and b takes over.
-    clock.advance(Duration::from_secs(11));
-    assert_eq!(b.handle.scheduler.tick().await.unwrap(), 1);
+    assert_eq!(b.claim_within(Duration::from_secs(15)).await, 1);
     let m = a.wait_for_status("STALE", "failed").await;
     let final_bytes = a.get("/messages/STALE").await.bytes;
 

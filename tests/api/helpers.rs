@@ -305,6 +305,24 @@ impl Answer {
 }
 
 impl TestApp {
+    /// Runs this instance's scheduler until it claims something, up to
+    /// `limit`: a lease runs out in the database's clock, in real time, not
+    /// by moving a test's clock. Returns how many messages it claimed.
+    pub async fn claim_within(&self, limit: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let n = self.handle.scheduler.tick().await.expect("scheduler scan");
+            if n > 0 {
+                return n;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nothing was claimed within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub async fn post_with(
         &self,
         key: Option<&str>,

@@ -187,17 +187,22 @@ async fn a_due_retry_is_not_claimed_without_a_free_slot(backend: Backend) {
 }
 
 /// However long a message waited for a send slot, its provider call starts
-/// under a full lease.
+/// under a full lease, counted from the database's clock: the instance's own
+/// clock (here a hand-moved one, far behind) has no say in it.
 async fn every_provider_call_starts_with_a_full_lease(backend: Backend) {
     let clock = Clock::manual(time::macros::datetime!(2026-11-30 12:00:00 UTC));
     let mut settings = test_settings();
     settings.scheduler.poll_interval = Duration::from_secs(3600);
     settings.delivery.max_concurrent_sends = 1;
+    // The first call holds the only slot until the test lets it go.
+    settings.delivery.provider_timeout = Duration::from_secs(30);
+    settings.delivery.lease = Duration::from_secs(62);
     let lease = settings.delivery.lease;
     let app = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
         settings,
+        provider_timeout: Duration::from_secs(30),
         ..TestOptions::default()
     })
     .await;
@@ -213,19 +218,26 @@ async fn every_provider_call_starts_with_a_full_lease(backend: Backend) {
         uuid::Uuid::parse_str(second["id"].as_str().unwrap().trim_start_matches("msg_")).unwrap(),
     );
 
-    // The second waits for the slot while half of its lease runs out.
-    clock.advance(lease / 2);
+    // The second waits for the slot longer than a lease may age before a
+    // call (the database and this test share the host's clock).
+    let waited = Instant::now();
+    while waited.elapsed() < 2 * sendonce::delivery::LEASE_FRESHNESS {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let released = OffsetDateTime::now_utc();
     gates[0].notify_one();
     eventually("the second call", || async {
         (app.mock.call_count() == 2).then_some(())
     })
     .await;
+    let called = OffsetDateTime::now_utc();
     let row = app.handle.store.message_by_id(id).await.unwrap().unwrap();
     let expires = row.lease.expect("leased during the call").expires_at;
-    assert_eq!(
-        expires,
-        clock.now() + to_time(lease),
-        "the call started with a full lease"
+    // SQLite reads its clock to the millisecond.
+    let ms = time::Duration::milliseconds(1);
+    assert!(
+        expires >= released + to_time(lease) - ms && expires <= called + to_time(lease) + ms,
+        "the call started with a full lease: expires {expires}, slot freed {released}"
     );
     gates[1].notify_one();
     app.wait_for_status("SECOND", "sent").await;
@@ -296,6 +308,8 @@ async fn a_resumed_attempt_is_reconciled_from_its_own_start(backend: Backend) {
     let start = clock.now();
     let mut settings = test_settings();
     settings.scheduler.poll_interval = Duration::from_secs(3600);
+    // A short lease, to run out in real time after the crash.
+    settings.delivery.lease = Duration::from_secs(2);
     let mut a = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
@@ -342,9 +356,10 @@ async fn a_resumed_attempt_is_reconciled_from_its_own_start(backend: Backend) {
         ..TestOptions::default()
     })
     .await;
+    // a's lease runs out (in the database's clock) and b takes over.
     clock.advance(Duration::from_secs(20));
     let resumed_at = clock.now();
-    assert_eq!(b.handle.scheduler.tick().await.unwrap(), 1);
+    assert_eq!(b.claim_within(Duration::from_secs(15)).await, 1);
     let m = b.wait_for_status("RESUMED", "sent").await;
     assert_eq!(m["attempts"], 2);
     assert_eq!(

@@ -476,11 +476,7 @@ async fn a_receipt_that_overtakes_the_send_is_applied_when_the_send_is_recorded(
     assert!(!early.applied);
 
     let m = new_message(tenant, "EARLY");
-    let lease = Lease {
-        token: Uuid::new_v4(),
-        owner: "a".into(),
-        expires_at: T0 + time::Duration::minutes(1),
-    };
+    let lease = Lease::new("a", Duration::from_secs(60));
     let Claim::Created(record) = store.insert_message(&m, &lease).await.unwrap() else {
         panic!("created");
     };

@@ -18,12 +18,13 @@ use crate::helpers::*;
 
 const T0: OffsetDateTime = time::macros::datetime!(2026-11-29 12:00:00 UTC);
 
-fn lease(owner: &str, expires_at: OffsetDateTime) -> Lease {
-    Lease {
-        token: Uuid::new_v4(),
-        owner: owner.into(),
-        expires_at,
-    }
+/// A lease that is live for a good while, in the database's clock.
+const LIVE: Duration = Duration::from_secs(30);
+/// A lease that has expired by the time anything reads it.
+const EXPIRED: Duration = Duration::ZERO;
+
+fn lease(owner: &str, ttl: Duration) -> Lease {
+    Lease::new(owner, ttl)
 }
 
 fn message(tenant_id: Uuid, key: &str) -> NewMessage {
@@ -58,13 +59,13 @@ async fn setup(backend: Backend) -> (std::sync::Arc<dyn Store>, std::sync::Arc<d
 async fn the_key_admits_one_insert(backend: Backend) {
     let (a, _, tenant) = setup(backend).await;
     let first = a
-        .insert_message(&message(tenant, "K"), &lease("a", T0))
+        .insert_message(&message(tenant, "K"), &lease("a", LIVE))
         .await
         .unwrap();
     assert!(matches!(first, Claim::Created(_)));
     let mut other = message(tenant, "K");
     other.fingerprint = vec![2; 32];
-    match a.insert_message(&other, &lease("b", T0)).await.unwrap() {
+    match a.insert_message(&other, &lease("b", LIVE)).await.unwrap() {
         Claim::Existing(state) => {
             assert_eq!(state.fingerprint, vec![1; 32]);
             assert_eq!(state.status, Status::Processing);
@@ -77,44 +78,35 @@ async fn the_key_admits_one_insert(backend: Backend) {
 async fn claims_never_hand_one_row_to_two_claimers(backend: Backend) {
     let (a, b, tenant) = setup(backend).await;
     for i in 0..40 {
-        a.insert_message(&message(tenant, &format!("K{i}")), &lease("dead", T0))
+        a.insert_message(&message(tenant, &format!("K{i}")), &lease("dead", EXPIRED))
             .await
             .unwrap();
     }
     let later = T0 + time::Duration::minutes(1);
-    let until = later + time::Duration::seconds(30);
     let (x, y) = tokio::join!(
-        a.claim_due("a", later, until, 25),
-        b.claim_due("b", later, until, 25)
+        a.claim_due("a", later, LIVE, 25),
+        b.claim_due("b", later, LIVE, 25)
     );
     let (x, y) = (x.unwrap(), y.unwrap());
     assert_eq!(x.len() + y.len(), 40, "every expired lease is claimed once");
     let xs: HashSet<MessageId> = x.iter().map(|(m, _)| m.id).collect();
     let ys: HashSet<MessageId> = y.iter().map(|(m, _)| m.id).collect();
     assert!(xs.is_disjoint(&ys));
-    assert!(
-        x.iter()
-            .all(|(m, l)| m.last_attempt_open && l.owner == "a" && m.lease.as_ref() == Some(l))
-    );
+    assert!(x.iter().all(|(m, l)| m.last_attempt_open
+        && l.owner == "a"
+        && l.ttl == LIVE
+        && m.lease.as_ref().map(|h| (h.token, &h.owner)) == Some((l.token, &l.owner))));
     // Nothing is claimable again until those new leases expire.
-    assert!(
-        a.claim_due("a", later, until, 100)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(a.claim_due("a", later, LIVE, 100).await.unwrap().is_empty());
 }
 
 async fn finishing_writes_are_fenced_on_the_lease(backend: Backend) {
     let (a, _, tenant) = setup(backend).await;
-    let old = lease("old", T0 + time::Duration::seconds(30));
+    let old = lease("old", EXPIRED);
     let m = message(tenant, "FENCE");
     a.insert_message(&m, &old).await.unwrap();
     let later = T0 + time::Duration::seconds(31);
-    let claimed = a
-        .claim_due("new", later, later + time::Duration::seconds(30), 10)
-        .await
-        .unwrap();
+    let claimed = a.claim_due("new", later, LIVE, 10).await.unwrap();
     assert_eq!(claimed.len(), 1);
     let new = claimed[0].1.clone();
     let finish = |token: Uuid, body: &str| Finish {
@@ -156,7 +148,7 @@ async fn finishing_writes_are_fenced_on_the_lease(backend: Backend) {
 
 async fn purge_keeps_what_is_still_processing(backend: Backend) {
     let (a, _, tenant) = setup(backend).await;
-    let l = lease("a", T0 + time::Duration::seconds(30));
+    let l = lease("a", LIVE);
     let done = message(tenant, "DONE");
     a.insert_message(&done, &l).await.unwrap();
     a.finish(&Finish {
@@ -175,7 +167,7 @@ async fn purge_keeps_what_is_still_processing(backend: Backend) {
     })
     .await
     .unwrap();
-    a.insert_message(&message(tenant, "RUNNING"), &lease("a", T0))
+    a.insert_message(&message(tenant, "RUNNING"), &lease("a", LIVE))
         .await
         .unwrap();
     let cutoff = T0 + time::Duration::days(60);
@@ -268,12 +260,11 @@ async fn times_keep_microseconds_and_come_back_in_utc(backend: Backend) {
     let mut m = message(tenant, "TIME");
     m.created_at = at;
     m.deadline_at = at + time::Duration::microseconds(1);
-    a.insert_message(&m, &lease("a", at)).await.unwrap();
+    a.insert_message(&m, &lease("a", LIVE)).await.unwrap();
     let read = a.message_by_id(m.id).await.unwrap().unwrap();
     for (what, t) in [
         ("created_at", read.created_at),
         ("updated_at", read.updated_at),
-        ("lease", read.lease.unwrap().expires_at),
         ("attempt", read.last_attempt_started_at.unwrap()),
     ] {
         assert_eq!(t, want, "{what}");
@@ -326,12 +317,87 @@ async fn times_keep_microseconds_and_come_back_in_utc(backend: Backend) {
 async fn stored_types_come_back_as_types(backend: Backend) {
     let (a, _, tenant) = setup(backend).await;
     let m = message(tenant, "TYPED");
-    a.insert_message(&m, &lease("a", T0)).await.unwrap();
+    a.insert_message(&m, &lease("a", LIVE)).await.unwrap();
     let read = a.message(tenant, "TYPED").await.unwrap().unwrap();
     assert_eq!(read.idempotency_key, m.idempotency_key);
     assert_eq!(read.to, m.to);
     assert_eq!(read.status, Status::Processing);
     assert_eq!(read.encoding, Encoding::Gsm7);
+}
+
+/// Lease expiry is written and compared in the database's clock: a claimer
+/// whose clock is far ahead does not take a live lease, and a renewal from an
+/// instance whose clock is far behind does not shorten it.
+async fn a_live_lease_is_safe_from_a_skewed_claimer(backend: Backend) {
+    let (a, b, tenant) = setup(backend).await;
+    let m = message(tenant, "LIVE");
+    let held = lease("a", LIVE);
+    let wall = OffsetDateTime::now_utc();
+    a.insert_message(&m, &held).await.unwrap();
+    let ahead = wall + time::Duration::days(365);
+    let behind = wall - time::Duration::days(365);
+    for now in [ahead, behind] {
+        assert!(
+            b.claim_due("b", now, LIVE, 10).await.unwrap().is_empty(),
+            "a live lease is not claimed by a clock at {now}"
+        );
+    }
+    // The expiry is the database's now plus the lease, whatever the
+    // instances' clocks say (this host's clock is the database's here).
+    assert!(a.renew_lease(m.id, &held).await.unwrap());
+    let after = OffsetDateTime::now_utc();
+    let expires = a
+        .message_by_id(m.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .lease
+        .unwrap()
+        .expires_at;
+    let live = time::Duration::try_from(LIVE).unwrap();
+    let ms = time::Duration::milliseconds(1);
+    assert!(
+        expires >= wall + live - ms && expires <= after + live + ms,
+        "expiry {expires} is the database's clock plus the lease ({wall}..{after})"
+    );
+    assert!(b.claim_due("b", ahead, LIVE, 10).await.unwrap().is_empty());
+}
+
+/// A lease that really ran out (in the database's clock) is taken over by a
+/// claimer however far behind or ahead its own clock is, and not before.
+async fn an_expired_lease_is_taken_over_whatever_the_claimers_clock(backend: Backend) {
+    let (a, b, tenant) = setup(backend).await;
+    let short = Duration::from_millis(400);
+    let wall = OffsetDateTime::now_utc();
+    for (key, now) in [
+        ("AHEAD", wall + time::Duration::days(365)),
+        ("BEHIND", wall - time::Duration::days(365)),
+    ] {
+        let m = message(tenant, key);
+        let started = std::time::Instant::now();
+        a.insert_message(&m, &lease("a", short)).await.unwrap();
+        let deadline = started + Duration::from_secs(10);
+        let claimed = loop {
+            let claimed = b.claim_due("b", now, LIVE, 10).await.unwrap();
+            if !claimed.is_empty() {
+                break claimed;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the expired lease of {key} was never taken over"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        // SQLite's clock is read to the millisecond.
+        assert!(
+            started.elapsed() + Duration::from_millis(2) >= short,
+            "{key} was taken over {:?} after its lease of {short:?} was written",
+            started.elapsed()
+        );
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(claimed[0].0.id, m.id);
+        assert_eq!(claimed[0].1.owner, "b");
+    }
 }
 
 on_both_backends!(
@@ -343,4 +409,6 @@ on_both_backends!(
     an_unreachable_database_is_unavailable,
     times_keep_microseconds_and_come_back_in_utc,
     stored_types_come_back_as_types,
+    a_live_lease_is_safe_from_a_skewed_claimer,
+    an_expired_lease_is_taken_over_whatever_the_claimers_clock,
 );

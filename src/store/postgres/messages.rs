@@ -1,5 +1,7 @@
 //! Messages, attempts and leases on Postgres.
 
+use std::time::{Duration, Instant};
+
 use async_trait::async_trait;
 use sqlx::types::Json;
 use time::OffsetDateTime;
@@ -11,7 +13,7 @@ use crate::store::row::{
     AttemptDbRow, KeyStateRow, MessageRow, attempt_columns, key_state_columns, message_columns,
     stored_response,
 };
-use crate::store::time::db;
+use crate::store::time::{DbTime, db, micros};
 use crate::store::{
     AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore, NewMessage,
     Reschedule, StoreError,
@@ -27,6 +29,7 @@ struct InsertRow {
     response_code: Option<i16>,
     response_body: Option<Vec<u8>>,
     opted_out: bool,
+    lease_expires_at: Option<DbTime>,
 }
 
 impl PgStore {
@@ -52,9 +55,9 @@ impl PgStore {
                         validity_seconds, provider, attempts, lease_token, lease_owner, \
                         lease_expires_at, created_at, updated_at, expires_at, deadline_at) \
                     VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $8, $9, $10, $11, $12, 1, \
-                        $13, $14, $15, $16, $16, $17, $18) \
+                        $13, $14, now() + $15 * interval '1 microsecond', $16, $16, $17, $18) \
                     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
-                    RETURNING id), \
+                    RETURNING id, lease_expires_at), \
                  att AS ( \
                     INSERT INTO attempts (message_id, number, lease_owner, started_at) \
                     SELECT id, 1, $14, $16 FROM ins) \
@@ -62,11 +65,11 @@ impl PgStore {
                     NULL::text AS status, NULL::smallint AS response_code, \
                     NULL::bytea AS response_body, \
                     EXISTS (SELECT 1 FROM opt_outs o WHERE o.tenant_id = $2 AND o.number = $5) \
-                        AS opted_out \
+                        AS opted_out, ins.lease_expires_at \
                  FROM ins \
                  UNION ALL \
                  SELECT false, m.id, m.fingerprint, m.status, m.response_code, m.response_body, \
-                    false \
+                    false, NULL::timestamptz \
                  FROM messages m \
                  WHERE m.tenant_id = $2 AND m.idempotency_key = $3 \
                     AND NOT EXISTS (SELECT 1 FROM ins)",
@@ -85,7 +88,7 @@ impl PgStore {
             .bind(&m.provider)
             .bind(lease.token)
             .bind(&lease.owner)
-            .bind(db(lease.expires_at))
+            .bind(micros(lease.ttl))
             .bind(db(m.created_at))
             .bind(m.expires_at.map(db))
             .bind(db(m.deadline_at))
@@ -93,9 +96,13 @@ impl PgStore {
             .await?;
             if let Some(row) = row {
                 if row.created {
+                    let expires_at = row
+                        .lease_expires_at
+                        .ok_or(StoreError::Invariant("a new message without its lease"))?;
                     return Ok(Claim::Created(Box::new(MessageRecord::claimed(
                         m,
                         lease,
+                        expires_at.0,
                         row.opted_out,
                     ))));
                 }
@@ -262,7 +269,8 @@ impl MessageStore for PgStore {
     ) -> Result<Option<u32>, StoreError> {
         let number: Option<i32> = sqlx::query_scalar(
             "WITH m AS ( \
-                UPDATE messages SET attempts = attempts + 1, lease_expires_at = $3, \
+                UPDATE messages SET attempts = attempts + 1, \
+                    lease_expires_at = now() + $3 * interval '1 microsecond', \
                     next_attempt_at = NULL, updated_at = $4, \
                     maybe_sent = maybe_sent OR EXISTS (SELECT 1 FROM attempts o \
                         WHERE o.message_id = $1 AND o.finished_at IS NULL) \
@@ -279,7 +287,7 @@ impl MessageStore for PgStore {
         )
         .bind(id.0)
         .bind(lease.token)
-        .bind(db(lease.expires_at))
+        .bind(micros(lease.ttl))
         .bind(db(now))
         .bind(&lease.owner)
         .bind(crate::domain::AttemptOutcome::Lost)
@@ -291,12 +299,12 @@ impl MessageStore for PgStore {
     #[tracing::instrument(name = "store.renew_lease", level = "debug", skip_all, fields(message_id = %id))]
     async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "UPDATE messages SET lease_expires_at = $3 \
+            "UPDATE messages SET lease_expires_at = now() + $3 * interval '1 microsecond' \
              WHERE id = $1 AND lease_token = $2 AND status = 'processing'",
         )
         .bind(id.0)
         .bind(lease.token)
-        .bind(db(lease.expires_at))
+        .bind(micros(lease.ttl))
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -346,19 +354,22 @@ impl MessageStore for PgStore {
         &self,
         owner: &str,
         now: OffsetDateTime,
-        lease_expires_at: OffsetDateTime,
+        ttl: Duration,
         limit: u32,
     ) -> Result<Vec<(MessageRecord, Lease)>, StoreError> {
+        let written = Instant::now();
+        // Due times are the callers' clock (`now`); lease expiry is the
+        // database's (`now()`) only.
         // SKIP LOCKED: two claimers scanning at once never wait for, nor get,
         // the same row; the lock is held only for this statement.
         let rows: Vec<MessageRow> = sqlx::query_as(concat!(
             "UPDATE messages m SET lease_token = gen_random_uuid(), lease_owner = $1, \
-                lease_expires_at = $3 \
+                lease_expires_at = now() + $3 * interval '1 microsecond' \
              WHERE m.id IN ( \
                 SELECT id FROM messages \
                 WHERE status = 'processing' \
                   AND ((lease_token IS NULL AND next_attempt_at <= $2) \
-                       OR lease_expires_at <= $2) \
+                       OR lease_expires_at <= now()) \
                 ORDER BY COALESCE(next_attempt_at, lease_expires_at) \
                 LIMIT $4 FOR UPDATE SKIP LOCKED) \
              RETURNING ",
@@ -366,17 +377,23 @@ impl MessageStore for PgStore {
         ))
         .bind(owner)
         .bind(db(now))
-        .bind(db(lease_expires_at))
+        .bind(micros(ttl))
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
         rows.into_iter()
             .map(|row| {
                 let record = MessageRecord::from(row);
-                let lease = record
+                let held = record
                     .lease
-                    .clone()
+                    .as_ref()
                     .ok_or(StoreError::Invariant("claimed row without a lease"))?;
+                let lease = Lease {
+                    token: held.token,
+                    owner: held.owner.clone(),
+                    ttl,
+                    written,
+                };
                 Ok((record, lease))
             })
             .collect()

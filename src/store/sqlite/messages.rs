@@ -1,5 +1,7 @@
 //! Messages, attempts and leases on SQLite.
 
+use std::time::{Duration, Instant};
+
 use async_trait::async_trait;
 use sqlx::types::Json;
 use time::OffsetDateTime;
@@ -10,7 +12,7 @@ use crate::domain::{AttemptOutcome, MessageId};
 use crate::store::row::{
     AttemptDbRow, KeyStateRow, MessageRow, attempt_columns, key_state_columns, message_columns,
 };
-use crate::store::time::db;
+use crate::store::time::{DbTime, db, micros};
 use crate::store::{
     AttemptResult, AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore,
     NewMessage, Reschedule, StoreError,
@@ -40,20 +42,34 @@ async fn close_attempt(
     Ok(())
 }
 
+/// The database's clock in the time columns' format (microseconds since the
+/// epoch), for lease expiry. SQLite has no server: this is the operating
+/// system clock of the one host whose processes share the file (SQLite's
+/// locking needs them on one host), read at each statement, never an
+/// instance's injectable [`crate::clock::Clock`]. `'subsec'` reads it to the
+/// millisecond.
+macro_rules! db_now {
+    () => {
+        "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
+    };
+}
+
 #[async_trait]
 impl MessageStore for SqliteStore {
     #[tracing::instrument(name = "store.insert_message", level = "debug", skip_all, fields(message_id = %m.id))]
     async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError> {
         for _ in 0..3 {
             let mut tx = self.begin().await?;
-            let inserted: Option<Uuid> = sqlx::query_scalar(
+            let inserted: Option<DbTime> = sqlx::query_scalar(concat!(
                 "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                     to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
                     provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
                     updated_at, expires_at, deadline_at) \
-                 VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?) \
-                 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id",
-            )
+                 VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ",
+                db_now!(),
+                " + ?, ?, ?, ?, ?) \
+                 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING lease_expires_at",
+            ))
             .bind(m.id.0)
             .bind(m.tenant_id)
             .bind(&m.idempotency_key)
@@ -68,14 +84,14 @@ impl MessageStore for SqliteStore {
             .bind(&m.provider)
             .bind(lease.token)
             .bind(&lease.owner)
-            .bind(db(lease.expires_at))
+            .bind(micros(lease.ttl))
             .bind(db(m.created_at))
             .bind(db(m.created_at))
             .bind(m.expires_at.map(db))
             .bind(db(m.deadline_at))
             .fetch_optional(&mut *tx)
             .await?;
-            if inserted.is_some() {
+            if let Some(lease_expires_at) = inserted {
                 sqlx::query(
                     "INSERT INTO attempts (message_id, number, lease_owner, started_at) \
                      VALUES (?, 1, ?, ?)",
@@ -94,7 +110,10 @@ impl MessageStore for SqliteStore {
                 .await?;
                 tx.commit().await?;
                 return Ok(Claim::Created(Box::new(MessageRecord::claimed(
-                    m, lease, opted_out,
+                    m,
+                    lease,
+                    lease_expires_at.0,
+                    opted_out,
                 ))));
             }
             // Under the write lock the taken key's row is there to read.
@@ -210,14 +229,16 @@ impl MessageStore for SqliteStore {
         now: OffsetDateTime,
     ) -> Result<Option<u32>, StoreError> {
         let mut tx = self.begin().await?;
-        let number: Option<i64> = sqlx::query_scalar(
-            "UPDATE messages SET attempts = attempts + 1, lease_expires_at = ?, \
+        let number: Option<i64> = sqlx::query_scalar(concat!(
+            "UPDATE messages SET attempts = attempts + 1, lease_expires_at = ",
+            db_now!(),
+            " + ?, \
                 next_attempt_at = NULL, updated_at = ?, \
                 maybe_sent = maybe_sent OR EXISTS (SELECT 1 FROM attempts o \
                     WHERE o.message_id = messages.id AND o.finished_at IS NULL) \
              WHERE id = ? AND lease_token = ? AND status = 'processing' RETURNING attempts",
-        )
-        .bind(db(lease.expires_at))
+        ))
+        .bind(micros(lease.ttl))
         .bind(db(now))
         .bind(id.0)
         .bind(lease.token)
@@ -253,11 +274,12 @@ impl MessageStore for SqliteStore {
 
     #[tracing::instrument(name = "store.renew_lease", level = "debug", skip_all, fields(message_id = %id))]
     async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE messages SET lease_expires_at = ? \
-             WHERE id = ? AND lease_token = ? AND status = 'processing'",
-        )
-        .bind(db(lease.expires_at))
+        let done = sqlx::query(concat!(
+            "UPDATE messages SET lease_expires_at = ",
+            db_now!(),
+            " + ? WHERE id = ? AND lease_token = ? AND status = 'processing'",
+        ))
+        .bind(micros(lease.ttl))
         .bind(id.0)
         .bind(lease.token)
         .execute(&self.pool)
@@ -329,18 +351,21 @@ impl MessageStore for SqliteStore {
         &self,
         owner: &str,
         now: OffsetDateTime,
-        lease_expires_at: OffsetDateTime,
+        ttl: Duration,
         limit: u32,
     ) -> Result<Vec<(MessageRecord, Lease)>, StoreError> {
+        let written = Instant::now();
         // The write lock taken by BEGIN IMMEDIATE makes this claim exclusive.
+        // Due times are the caller's clock (`now`); lease expiry is the
+        // database's only.
         let mut tx = self.begin().await?;
-        let ids: Vec<Uuid> = sqlx::query_scalar(
+        let ids: Vec<Uuid> = sqlx::query_scalar(concat!(
             "SELECT id FROM messages \
              WHERE status = 'processing' \
-               AND ((lease_token IS NULL AND next_attempt_at <= ?) OR lease_expires_at <= ?) \
-             ORDER BY COALESCE(next_attempt_at, lease_expires_at) LIMIT ?",
-        )
-        .bind(db(now))
+               AND ((lease_token IS NULL AND next_attempt_at <= ?) OR lease_expires_at <= ",
+            db_now!(),
+            ") ORDER BY COALESCE(next_attempt_at, lease_expires_at) LIMIT ?",
+        ))
         .bind(db(now))
         .bind(i64::from(limit))
         .fetch_all(&mut *tx)
@@ -350,15 +375,17 @@ impl MessageStore for SqliteStore {
             let lease = Lease {
                 token: Uuid::new_v4(),
                 owner: owner.to_string(),
-                expires_at: lease_expires_at,
+                ttl,
+                written,
             };
-            sqlx::query(
-                "UPDATE messages SET lease_token = ?, lease_owner = ?, lease_expires_at = ? \
-                 WHERE id = ?",
-            )
+            sqlx::query(concat!(
+                "UPDATE messages SET lease_token = ?, lease_owner = ?, lease_expires_at = ",
+                db_now!(),
+                " + ? WHERE id = ?",
+            ))
             .bind(lease.token)
             .bind(&lease.owner)
-            .bind(db(lease.expires_at))
+            .bind(micros(lease.ttl))
             .bind(id)
             .execute(&mut *tx)
             .await?;

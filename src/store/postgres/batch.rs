@@ -32,6 +32,7 @@ use super::{PgStore, to_i32};
 use crate::domain::{MessageId, Status};
 use crate::metrics::{BatchKind, BatchSizes};
 use crate::store::row::stored_response;
+use crate::store::time::{DbTime, micros};
 use crate::store::{Claim, Finish, KeyState, Lease, MessageRecord, NewMessage, StoreError};
 
 /// Statements of one kind running at once. Two: a batch forms from what
@@ -191,9 +192,15 @@ async fn claim_batch(
             for (i, answer) in leaders.iter().zip(answers) {
                 let (m, lease) = &items[*i];
                 results[*i] = Some(match answer {
-                    ClaimAnswer::Created { opted_out } => Ok(Claim::Created(Box::new(
-                        MessageRecord::claimed(m, lease, opted_out),
-                    ))),
+                    ClaimAnswer::Created {
+                        opted_out,
+                        lease_expires_at,
+                    } => Ok(Claim::Created(Box::new(MessageRecord::claimed(
+                        m,
+                        lease,
+                        lease_expires_at,
+                        opted_out,
+                    )))),
                     ClaimAnswer::Existing(state) => Ok(Claim::Existing(state)),
                     // Taken by a message committed after the statement's
                     // snapshot, or released since: the single-row path
@@ -242,7 +249,10 @@ async fn claim_batch(
 }
 
 enum ClaimAnswer {
-    Created { opted_out: bool },
+    Created {
+        opted_out: bool,
+        lease_expires_at: OffsetDateTime,
+    },
     Existing(KeyState),
     Unseen,
 }
@@ -269,7 +279,7 @@ async fn claim_statement(
     let mut provider = Vec::with_capacity(n);
     let mut token = Vec::with_capacity(n);
     let mut owner = Vec::with_capacity(n);
-    let mut lease_expires = Vec::with_capacity(n);
+    let mut lease_ttl = Vec::with_capacity(n);
     let mut created = Vec::with_capacity(n);
     let mut expires = Vec::with_capacity(n);
     let mut deadline = Vec::with_capacity(n);
@@ -291,7 +301,7 @@ async fn claim_statement(
         provider.push(m.provider.as_str());
         token.push(lease.token);
         owner.push(lease.owner.as_str());
-        lease_expires.push(lease.expires_at);
+        lease_ttl.push(micros(lease.ttl));
         created.push(m.created_at);
         expires.push(m.expires_at);
         deadline.push(m.deadline_at);
@@ -300,11 +310,11 @@ async fn claim_statement(
         "WITH input AS ( \
             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], \
                 $6::text[], $7::text[], $8::int4[], $9::text[], $10::text[], $11::int4[], \
-                $12::text[], $13::uuid[], $14::text[], $15::timestamptz[], $16::timestamptz[], \
+                $12::text[], $13::uuid[], $14::text[], $15::int8[], $16::timestamptz[], \
                 $17::timestamptz[], $18::timestamptz[]) WITH ORDINALITY \
             AS t(id, tenant_id, idempotency_key, fingerprint, to_number, from_sender, body, \
                 segments, encoding, metadata, validity_seconds, provider, lease_token, \
-                lease_owner, lease_expires_at, created_at, expires_at, deadline_at, ord)), \
+                lease_owner, lease_ttl, created_at, expires_at, deadline_at, ord)), \
          ins AS ( \
             INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, \
@@ -312,18 +322,20 @@ async fn claim_statement(
                 lease_expires_at, created_at, updated_at, expires_at, deadline_at) \
             SELECT id, tenant_id, idempotency_key, fingerprint, 'processing', to_number, \
                 from_sender, body, segments, encoding, metadata::jsonb, validity_seconds, \
-                provider, 1, lease_token, lease_owner, lease_expires_at, created_at, \
+                provider, 1, lease_token, lease_owner, \
+                now() + lease_ttl * interval '1 microsecond', created_at, \
                 created_at, expires_at, deadline_at \
             FROM input ORDER BY ord \
             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
-            RETURNING id, lease_owner, created_at), \
+            RETURNING id, lease_owner, created_at, lease_expires_at), \
          att AS ( \
             INSERT INTO attempts (message_id, number, lease_owner, started_at) \
             SELECT id, 1, lease_owner, created_at FROM ins) \
          SELECT ins.id IS NOT NULL AS created, m.id AS existing_id, m.fingerprint, m.status, \
             m.response_code, m.response_body, \
             ins.id IS NOT NULL AND EXISTS (SELECT 1 FROM opt_outs o \
-                WHERE o.tenant_id = i.tenant_id AND o.number = i.to_number) AS opted_out \
+                WHERE o.tenant_id = i.tenant_id AND o.number = i.to_number) AS opted_out, \
+            ins.lease_expires_at \
          FROM input i \
          LEFT JOIN ins ON ins.id = i.id \
          LEFT JOIN messages m ON ins.id IS NULL AND m.tenant_id = i.tenant_id \
@@ -344,7 +356,7 @@ async fn claim_statement(
     .bind(&provider)
     .bind(&token)
     .bind(&owner)
-    .bind(&lease_expires)
+    .bind(&lease_ttl)
     .bind(&created)
     .bind(&expires)
     .bind(&deadline)
@@ -361,8 +373,12 @@ async fn claim_statement(
 /// What one row of the coalesced claim says about its request.
 fn claim_answer(row: &PgRow) -> Result<ClaimAnswer, StoreError> {
     if row.try_get::<bool, _>("created")? {
+        let Some(expires) = row.try_get::<Option<DbTime>, _>("lease_expires_at")? else {
+            return Err(StoreError::Invariant("a new message without its lease"));
+        };
         return Ok(ClaimAnswer::Created {
             opted_out: row.try_get("opted_out")?,
+            lease_expires_at: expires.0,
         });
     }
     let Some(existing) = row.try_get::<Option<Uuid>, _>("existing_id")? else {

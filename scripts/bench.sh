@@ -5,9 +5,16 @@
 #                                    fresh database with the mock provider
 #                                    answering at once; the unique, 90%-replay,
 #                                    burst and GET mixes at concurrency 32 for
-#                                    10 s each, then the pgbench floor; prints
-#                                    the table and the targets (about 1 min
-#                                    after the build)
+#                                    10 s each and a unique mix at concurrency
+#                                    256; a unique mix on an instance with the
+#                                    simulated provider; the FastAPI + Redis
+#                                    SET NX peer (bench/peer/, uvicorn with 2
+#                                    workers, in a venv under target/ with the
+#                                    pinned bench/peer/requirements.txt; skipped
+#                                    without python3 and redis-server, or with
+#                                    BENCH_PEER=0); then the two pgbench floors;
+#                                    prints the tables and the targets (about
+#                                    2 min after the build)
 #   scripts/bench.sh --smoke         a few seconds on a debug build: checks
 #                                    correctness only (no errors, replays
 #                                    byte-identical, one send per burst, no
@@ -48,7 +55,22 @@ flag=()
 cargo build "${flag[@]}" -p sendonce --bin sendonce
 cargo build "${flag[@]}" -p testkit --bin mock-provider
 cargo build "${flag[@]}" -p sendonce-bench --bin loadgen
-"target/$profile/loadgen" ${args[@]+"${args[@]}"}
+
+peer=()
+if [ "$smoke" = 0 ] && [ "${BENCH_PEER:-1}" = 1 ]; then
+    if command -v python3 >/dev/null && command -v redis-server >/dev/null; then
+        venv=target/bench-peer-venv
+        if [ ! -x "$venv/bin/python" ] || ! cmp -s bench/peer/requirements.txt "$venv/requirements.txt"; then
+            python3 -m venv "$venv"
+            "$venv/bin/pip" install --quiet --disable-pip-version-check -r bench/peer/requirements.txt
+            cp bench/peer/requirements.txt "$venv/requirements.txt"
+        fi
+        peer=(--peer-python "$venv/bin/python")
+    else
+        echo "bench: python3 or redis-server missing: the FastAPI + Redis peer is skipped" >&2
+    fi
+fi
+"target/$profile/loadgen" ${peer[@]+"${peer[@]}"} ${args[@]+"${args[@]}"}
 
 if [ "$chaos" = 1 ]; then
     # shellcheck disable=SC2086

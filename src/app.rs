@@ -74,6 +74,9 @@ impl App {
             settings.scheduler.poll_interval,
         ));
         crate::domain::phone::warm();
+        if let Some(sizes) = store.batch_sizes() {
+            deliverer.metrics().attach_batch_sizes(sizes);
+        }
         let state = Arc::new(AppState {
             store,
             clock: clock.clone(),

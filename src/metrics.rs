@@ -18,8 +18,10 @@
 //! Nothing here is labelled with a tenant, a key, a number or a body.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::hash::Hash;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use metrics::{
@@ -44,6 +46,7 @@ const PURGED: &str = "sendonce_purged_messages_total";
 const INTERRUPTED: &str = "sendonce_deliveries_interrupted_total";
 const FAILOVERS: &str = "sendonce_provider_failovers_total";
 const CIRCUIT: &str = "sendonce_provider_circuit_state";
+const BATCH_SIZE: &str = "sendonce_store_batch_size";
 
 /// The reasons of [`Metrics::delivery_interrupted`], in its counters' order.
 const INTERRUPTIONS: [&str; 3] = ["lease_lost", "store_down", "stopped"];
@@ -76,6 +79,87 @@ pub struct Metrics {
     receipts: Handles<&'static str, Counter>,
     failovers: Handles<(), Counter>,
     circuits: Handles<(), Gauge>,
+    /// The store's coalesced writes, when the store batches (Postgres).
+    batch_sizes: OnceLock<Arc<BatchSizes>>,
+}
+
+/// Which coalesced write a batch was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchKind {
+    /// Claiming inserts (`insert_message`).
+    Claim = 0,
+    /// Fenced final writes (`finish`).
+    Finish = 1,
+}
+
+/// Upper bounds of the batch size buckets (rows per statement).
+const BATCH_BUCKETS: [u64; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
+
+/// Rows per coalesced write, by kind: a histogram kept with atomic adds by
+/// the store (which is built before the metrics, so it owns these counts)
+/// and rendered with the rest of `/metrics` once attached with
+/// [`Metrics::attach_batch_sizes`]. The count of a kind is the number of
+/// statements (and commits) that kind took.
+#[derive(Debug, Default)]
+pub struct BatchSizes {
+    kinds: [BatchHistogram; 2],
+}
+
+#[derive(Debug, Default)]
+struct BatchHistogram {
+    /// Per bucket (not cumulative); the last one is `+Inf`.
+    buckets: [AtomicU64; BATCH_BUCKETS.len() + 1],
+    count: AtomicU64,
+    sum: AtomicU64,
+}
+
+impl BatchSizes {
+    /// One statement that carried `rows` rows.
+    pub fn record(&self, kind: BatchKind, rows: usize) {
+        let h = &self.kinds[kind as usize];
+        let rows = rows as u64;
+        let i = BATCH_BUCKETS
+            .iter()
+            .position(|b| rows <= *b)
+            .unwrap_or(BATCH_BUCKETS.len());
+        h.buckets[i].fetch_add(1, Ordering::Relaxed);
+        h.count.fetch_add(1, Ordering::Relaxed);
+        h.sum.fetch_add(rows, Ordering::Relaxed);
+    }
+
+    /// (statements, rows) of a kind so far.
+    pub fn totals(&self, kind: BatchKind) -> (u64, u64) {
+        let h = &self.kinds[kind as usize];
+        (
+            h.count.load(Ordering::Relaxed),
+            h.sum.load(Ordering::Relaxed),
+        )
+    }
+
+    fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP {BATCH_SIZE} Rows per coalesced store write, by kind (claim, finish)"
+        );
+        let _ = writeln!(out, "# TYPE {BATCH_SIZE} histogram");
+        for (kind, h) in ["claim", "finish"].iter().zip(&self.kinds) {
+            let mut cumulative = 0;
+            for (i, n) in h.buckets.iter().enumerate() {
+                cumulative += n.load(Ordering::Relaxed);
+                let le = BATCH_BUCKETS
+                    .get(i)
+                    .map_or_else(|| "+Inf".to_string(), u64::to_string);
+                let _ = writeln!(
+                    out,
+                    "{BATCH_SIZE}_bucket{{kind=\"{kind}\",le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let sum = h.sum.load(Ordering::Relaxed);
+            let count = h.count.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{BATCH_SIZE}_sum{{kind=\"{kind}\"}} {sum}");
+            let _ = writeln!(out, "{BATCH_SIZE}_count{{kind=\"{kind}\"}} {count}");
+        }
+    }
 }
 
 /// Handles by a fixed part `K` and one free-text label value (a route, a
@@ -209,6 +293,7 @@ impl Metrics {
             receipts: Handles::new(),
             failovers: Handles::new(),
             circuits: Handles::new(),
+            batch_sizes: OnceLock::new(),
         };
         // The series a dashboard looks for first exist from the start, at 0.
         for outcome in ["created", "replayed"] {
@@ -375,13 +460,23 @@ impl Metrics {
         self.purged.increment(n);
     }
 
+    /// Renders the store's batch sizes from now on (once; later calls are
+    /// ignored).
+    pub fn attach_batch_sizes(&self, sizes: Arc<BatchSizes>) {
+        let _ = self.batch_sizes.set(sizes);
+    }
+
     /// The text exposition, with the gauges read at scrape time set first.
     pub fn render(&self, in_flight: usize, oldest_processing: Option<Duration>) -> String {
         self.in_flight.set(in_flight as f64);
         if let Some(age) = oldest_processing {
             self.oldest_processing.set(age.as_secs_f64());
         }
-        self.handle.render()
+        let mut text = self.handle.render();
+        if let Some(sizes) = self.batch_sizes.get() {
+            sizes.render(&mut text);
+        }
+        text
     }
 
     /// Folds recorded histogram samples into their buckets every few seconds,
@@ -456,6 +551,9 @@ mod tests {
         m.delivery_interrupted("lease_lost");
         m.failover("twilio", "http");
         m.circuit("twilio", 2.0);
+        let sizes = Arc::new(BatchSizes::default());
+        sizes.record(BatchKind::Claim, 3);
+        m.attach_batch_sizes(Arc::clone(&sizes));
         let text = m.render(0, Some(Duration::ZERO));
         let exported: std::collections::BTreeSet<&str> = text
             .lines()
@@ -469,9 +567,15 @@ mod tests {
             .filter_map(|l| l.split('`').next())
             .filter(|name| name.starts_with("sendonce_"))
             .collect();
-        assert_eq!(exported.len(), 14, "{text}");
+        assert_eq!(exported.len(), 15, "{text}");
         assert!(
             text.contains("sendonce_provider_circuit_state{provider=\"twilio\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sendonce_store_batch_size_bucket{kind=\"claim\",le=\"2\"} 0")
+                && text.contains("sendonce_store_batch_size_bucket{kind=\"claim\",le=\"4\"} 1")
+                && text.contains("sendonce_store_batch_size_sum{kind=\"claim\"} 3"),
             "{text}"
         );
         assert!(

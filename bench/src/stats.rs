@@ -25,6 +25,24 @@ pub fn stat_cpu(pid: u32, children: bool) -> Duration {
     Duration::from_millis((ticks(first) + ticks(first + 1)) * 10)
 }
 
+/// CPU time of a process and of all its live descendants (uvicorn's
+/// workers are children of its supervisor).
+pub fn tree_cpu(pid: u32) -> Duration {
+    let mut total = stat_cpu(pid, false);
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return total;
+    };
+    let children: Vec<u32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| stat_field(*p, 1) == Some(u64::from(pid)))
+        .collect();
+    for child in children {
+        total += tree_cpu(child);
+    }
+    total
+}
+
 /// (busy, total) jiffies of the whole machine.
 pub fn machine_cpu() -> (u64, u64) {
     let Ok(stat) = std::fs::read_to_string("/proc/stat") else {

@@ -257,4 +257,8 @@ pub trait MaintenanceStore: Send + Sync {
     ) -> Result<u64, StoreError>;
     /// The creation time of the oldest message still `processing`.
     async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError>;
+    /// Rows per coalesced write, for a store that coalesces (Postgres).
+    fn batch_sizes(&self) -> Option<std::sync::Arc<crate::metrics::BatchSizes>> {
+        None
+    }
 }

@@ -27,6 +27,7 @@ macro_rules! on_both_backends {
     };
 }
 
+mod batching;
 mod contract;
 mod delivery;
 mod durability;

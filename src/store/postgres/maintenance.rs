@@ -73,4 +73,8 @@ impl MaintenanceStore for PgStore {
                 .await?;
         Ok(oldest.map(|t| t.0))
     }
+
+    fn batch_sizes(&self) -> Option<std::sync::Arc<crate::metrics::BatchSizes>> {
+        Some(std::sync::Arc::clone(&self.sizes))
+    }
 }

@@ -32,10 +32,15 @@ struct InsertRow {
     lease_expires_at: Option<DbTime>,
 }
 
-#[async_trait]
-impl MessageStore for PgStore {
+impl PgStore {
+    /// The claiming insert of one message (a batch of one, and a batch
+    /// row that must go alone).
     #[tracing::instrument(name = "store.insert_message", level = "debug", skip_all, fields(message_id = %m.id))]
-    async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError> {
+    pub(super) async fn insert_one(
+        &self,
+        m: &NewMessage,
+        lease: &Lease,
+    ) -> Result<Claim, StoreError> {
         // A key can be purged between our insert's conflict and our read;
         // then the insert is simply tried again.
         for _ in 0..3 {
@@ -121,6 +126,53 @@ impl MessageStore for PgStore {
         Err(StoreError::Invariant(
             "the key was taken and released three times in a row",
         ))
+    }
+
+    /// The fenced final write of one message.
+    #[tracing::instrument(name = "store.finish", level = "debug", skip_all, fields(message_id = %f.id, status = f.status.as_str()))]
+    pub(super) async fn finish_one(&self, f: &Finish) -> Result<bool, StoreError> {
+        let a = f.attempt.as_ref();
+        let n: i64 = sqlx::query_scalar(
+            "WITH m AS ( \
+                UPDATE messages SET status = $3, provider_message_id = $4, error = $5, \
+                    sent_at = $6, updated_at = $7, finalized_at = $7, response_code = $8, \
+                    response_body = $9, lease_token = NULL, lease_owner = NULL, \
+                    lease_expires_at = NULL, next_attempt_at = NULL \
+                WHERE id = $1 AND lease_token = $2 AND status = 'processing' \
+                RETURNING id), \
+             a AS ( \
+                UPDATE attempts SET finished_at = $11, outcome = $12, http_status = $13, \
+                    provider_code = $14, error = $15, provider_message_id = $16 \
+                WHERE message_id = (SELECT id FROM m) AND number = $10 AND finished_at IS NULL) \
+             SELECT count(*) FROM m",
+        )
+        .bind(f.id.0)
+        .bind(f.lease_token)
+        .bind(f.status)
+        .bind(&f.provider_message_id)
+        .bind(f.error.as_ref().map(Json))
+        .bind(f.sent_at.map(db))
+        .bind(db(f.updated_at))
+        .bind(i16::try_from(f.response.status_code).unwrap_or(500))
+        .bind(&f.response.body)
+        .bind(a.map(|a| to_i32(a.number)).unwrap_or(-1))
+        .bind(a.map(|a| db(a.finished_at)))
+        .bind(a.map(|a| a.outcome))
+        .bind(a.and_then(|a| a.http_status.map(i32::from)))
+        .bind(a.and_then(|a| a.provider_code.clone()))
+        .bind(a.and_then(|a| a.error.clone()))
+        .bind(a.and_then(|a| a.provider_message_id.clone()))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n == 1)
+    }
+}
+
+#[async_trait]
+impl MessageStore for PgStore {
+    /// Coalesced with concurrent claims (`batch.rs`).
+    async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError> {
+        self.lanes().claim.call((m.clone(), lease.clone())).await
     }
 
     #[tracing::instrument(name = "store.key_state", level = "debug", skip_all)]
@@ -258,42 +310,9 @@ impl MessageStore for PgStore {
         Ok(done.rows_affected() == 1)
     }
 
-    #[tracing::instrument(name = "store.finish", level = "debug", skip_all, fields(message_id = %f.id, status = f.status.as_str()))]
+    /// Coalesced with concurrent final writes (`batch.rs`).
     async fn finish(&self, f: &Finish) -> Result<bool, StoreError> {
-        let a = f.attempt.as_ref();
-        let n: i64 = sqlx::query_scalar(
-            "WITH m AS ( \
-                UPDATE messages SET status = $3, provider_message_id = $4, error = $5, \
-                    sent_at = $6, updated_at = $7, finalized_at = $7, response_code = $8, \
-                    response_body = $9, lease_token = NULL, lease_owner = NULL, \
-                    lease_expires_at = NULL, next_attempt_at = NULL \
-                WHERE id = $1 AND lease_token = $2 AND status = 'processing' \
-                RETURNING id), \
-             a AS ( \
-                UPDATE attempts SET finished_at = $11, outcome = $12, http_status = $13, \
-                    provider_code = $14, error = $15, provider_message_id = $16 \
-                WHERE message_id = (SELECT id FROM m) AND number = $10 AND finished_at IS NULL) \
-             SELECT count(*) FROM m",
-        )
-        .bind(f.id.0)
-        .bind(f.lease_token)
-        .bind(f.status)
-        .bind(&f.provider_message_id)
-        .bind(f.error.as_ref().map(Json))
-        .bind(f.sent_at.map(db))
-        .bind(db(f.updated_at))
-        .bind(i16::try_from(f.response.status_code).unwrap_or(500))
-        .bind(&f.response.body)
-        .bind(a.map(|a| to_i32(a.number)).unwrap_or(-1))
-        .bind(a.map(|a| db(a.finished_at)))
-        .bind(a.map(|a| a.outcome))
-        .bind(a.and_then(|a| a.http_status.map(i32::from)))
-        .bind(a.and_then(|a| a.provider_code.clone()))
-        .bind(a.and_then(|a| a.error.clone()))
-        .bind(a.and_then(|a| a.provider_message_id.clone()))
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(n == 1)
+        self.lanes().finish.call(f.clone()).await
     }
 
     #[tracing::instrument(name = "store.reschedule", level = "debug", skip_all, fields(message_id = %r.id))]

@@ -5,13 +5,16 @@
 //! together are single statements with data-modifying CTEs: one round trip,
 //! one commit, atomic. One file per kind of record, as the traits are split.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::StoreError;
+use crate::metrics::BatchSizes;
 
+mod batch;
 mod maintenance;
 mod messages;
 mod opt_outs;
@@ -30,9 +33,22 @@ pub struct PoolSettings {
     pub acquire_timeout: Duration,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// Rows per coalesced write, for `/metrics`.
+    sizes: Arc<BatchSizes>,
+    /// The coalesced writes (`batch.rs`), started on first use so that
+    /// building a store needs no runtime.
+    lanes: Arc<OnceLock<batch::Lanes>>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("pool", &self.pool)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PgStore {
@@ -48,11 +64,19 @@ impl PgStore {
             // query; a broken connection is discarded on its first error instead.
             .test_before_acquire(false)
             .connect_lazy_with(options);
-        Ok(Self { pool })
+        Ok(Self::from_pool(pool))
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            sizes: Arc::default(),
+            lanes: Arc::default(),
+        }
+    }
+
+    fn lanes(&self) -> &batch::Lanes {
+        self.lanes.get_or_init(|| batch::Lanes::start(self))
     }
 
     pub fn pool(&self) -> &PgPool {

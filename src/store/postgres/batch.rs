@@ -1,0 +1,548 @@
+//! Coalesced writes on Postgres: concurrent claims (`insert_message`) go to
+//! the database together as one multi-row statement, and so do concurrent
+//! final writes (`finish`); each caller waits for its own row's result.
+//!
+//! A lane is a queue and a small task. The task takes everything waiting
+//! when a slot frees (at most [`IN_FLIGHT`] statements of a kind run at
+//! once), so batches form on demand: nothing ever waits on a timer, and a
+//! request that finds the lane idle goes out at once, alone, through the
+//! same single-row statement as before batching. The statement runs in its
+//! own task, never in a request's future: a caller that goes away cannot
+//! cancel its batch-mates' write.
+//!
+//! Errors stay per message. One statement is one transaction: when it fails
+//! with a database error (a constraint one row broke, a deadlock) nothing of
+//! it was committed, so every row of that batch is tried again alone and
+//! gets its own answer. When the database is unreachable the commit's fate
+//! may be unknown; then every caller gets `Unavailable`, as a single-row
+//! write would, and a row that did commit is resumed from its lease like any
+//! other unanswered one.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+use time::OffsetDateTime;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use uuid::Uuid;
+
+use super::{PgStore, to_i32};
+use crate::domain::{MessageId, Status};
+use crate::metrics::{BatchKind, BatchSizes};
+use crate::store::row::stored_response;
+use crate::store::time::{DbTime, micros};
+use crate::store::{Claim, Finish, KeyState, Lease, MessageRecord, NewMessage, StoreError};
+
+/// Statements of one kind running at once. Two: a batch forms from what
+/// arrives while the other is at the database, and a lone request never
+/// waits behind a running batch.
+const IN_FLIGHT: usize = 2;
+/// Rows per statement at most; the rest waits for the next slot.
+const MAX_ROWS: usize = 128;
+
+type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
+
+/// One kind of coalesced write: a queue drained by a task.
+pub(super) struct Lane<I, O> {
+    tx: mpsc::UnboundedSender<(I, Reply<O>)>,
+}
+
+impl<I: Send + 'static, O: Send + 'static> Lane<I, O> {
+    /// Starts the lane's task (on the current Tokio runtime). It ends when
+    /// the lane is dropped and the queue is empty.
+    fn start<F, Fut>(kind: BatchKind, sizes: Arc<BatchSizes>, run: F) -> Self
+    where
+        F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<Result<O, StoreError>>> + Send + 'static,
+    {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(I, Reply<O>)>();
+        let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+        let run = Arc::new(run);
+        tokio::spawn(async move {
+            loop {
+                let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+                    return;
+                };
+                let Some(first) = rx.recv().await else {
+                    return;
+                };
+                let mut batch = vec![first];
+                while batch.len() < MAX_ROWS {
+                    match rx.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                sizes.record(kind, batch.len());
+                let run = Arc::clone(&run);
+                tokio::spawn(async move {
+                    let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
+                    let n = replies.len();
+                    let mut results = run(items).await.into_iter();
+                    for reply in replies {
+                        let result = results.next().unwrap_or(Err(StoreError::Invariant(
+                            "a batch answered fewer rows than it was given",
+                        )));
+                        // The caller may have gone away: its row's fate is
+                        // in the database either way.
+                        let _ = reply.send(result);
+                    }
+                    debug_assert!(results.next().is_none(), "batch of {n} answered more");
+                    drop(slot);
+                });
+            }
+        });
+        Self { tx }
+    }
+
+    /// Queues `item` and waits for its own result.
+    pub(super) async fn call(&self, item: I) -> Result<O, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        if self.tx.send((item, reply)).is_err() {
+            return Err(StoreError::Invariant("the store's write queue is closed"));
+        }
+        answer.await.unwrap_or(Err(StoreError::Invariant(
+            "the store's write task ended without an answer",
+        )))
+    }
+}
+
+/// The two lanes of one store.
+pub(super) struct Lanes {
+    pub(super) claim: Lane<(NewMessage, Lease), Claim>,
+    pub(super) finish: Lane<Finish, bool>,
+}
+
+impl Lanes {
+    /// The lanes' tasks hold a copy of the store without lanes (they only
+    /// run single-row statements on it), so the store and its tasks do not
+    /// keep each other alive.
+    pub(super) fn start(store: &PgStore) -> Self {
+        let bare = PgStore {
+            pool: store.pool.clone(),
+            sizes: Arc::clone(&store.sizes),
+            lanes: Arc::default(),
+        };
+        let s = bare.clone();
+        let claim = Lane::start(BatchKind::Claim, Arc::clone(&store.sizes), move |items| {
+            let s = s.clone();
+            async move { claim_batch(&s, items).await }
+        });
+        let s = bare;
+        let finish = Lane::start(BatchKind::Finish, Arc::clone(&store.sizes), move |items| {
+            let s = s.clone();
+            async move { finish_batch(&s, items).await }
+        });
+        Self { claim, finish }
+    }
+}
+
+/// Whether a failed batch may be retried row by row: a database error means
+/// the statement, and so its transaction, was rolled back. Anything else
+/// (the connection lost mid-commit) leaves its fate unknown.
+fn rolled_back(e: &StoreError) -> bool {
+    matches!(e, StoreError::Other(_) | StoreError::Conflict { .. })
+}
+
+/// The same failure for every caller of a batch that could not be written.
+fn unavailable_for_all(e: &StoreError) -> StoreError {
+    StoreError::Unavailable(sqlx::Error::Io(std::io::Error::other(format!(
+        "a coalesced write failed: {e}"
+    ))))
+}
+
+// ---------------------------------------------------------------- claims
+
+/// Claims a batch. Requests for a key already in the batch are answered from
+/// the first one's result (as the unique constraint would answer them).
+async fn claim_batch(
+    store: &PgStore,
+    items: Vec<(NewMessage, Lease)>,
+) -> Vec<Result<Claim, StoreError>> {
+    if let [(m, lease)] = items.as_slice() {
+        return vec![store.insert_one(m, lease).await];
+    }
+    // First request per (tenant, key), in key order: concurrent batches then
+    // take a key's index entries in one order and cannot deadlock each other.
+    let mut first: HashMap<(Uuid, &str), usize> = HashMap::new();
+    let mut leaders: Vec<usize> = Vec::new();
+    let mut follows: Vec<Option<usize>> = Vec::with_capacity(items.len());
+    for (i, (m, _)) in items.iter().enumerate() {
+        match first.get(&(m.tenant_id, m.idempotency_key.as_str())) {
+            Some(&l) => follows.push(Some(l)),
+            None => {
+                first.insert((m.tenant_id, m.idempotency_key.as_str()), i);
+                leaders.push(i);
+                follows.push(None);
+            }
+        }
+    }
+    leaders.sort_by(|a, b| {
+        let (ma, mb) = (&items[*a].0, &items[*b].0);
+        (ma.tenant_id, ma.idempotency_key.as_str())
+            .cmp(&(mb.tenant_id, mb.idempotency_key.as_str()))
+    });
+    let rows: Vec<&(NewMessage, Lease)> = leaders.iter().map(|i| &items[*i]).collect();
+    let mut results: Vec<Option<Result<Claim, StoreError>>> =
+        (0..items.len()).map(|_| None).collect();
+    match claim_statement(&store.pool, &rows).await {
+        Ok(answers) => {
+            for (i, answer) in leaders.iter().zip(answers) {
+                let (m, lease) = &items[*i];
+                results[*i] = Some(match answer {
+                    ClaimAnswer::Created {
+                        opted_out,
+                        lease_expires_at,
+                    } => Ok(Claim::Created(Box::new(MessageRecord::claimed(
+                        m,
+                        lease,
+                        lease_expires_at,
+                        opted_out,
+                    )))),
+                    ClaimAnswer::Existing(state) => Ok(Claim::Existing(state)),
+                    // Taken by a message committed after the statement's
+                    // snapshot, or released since: the single-row path
+                    // reads again and retries.
+                    ClaimAnswer::Unseen => store.insert_one(m, lease).await,
+                });
+            }
+        }
+        Err(e) if rolled_back(&e) => {
+            tracing::warn!(error = %e, rows = rows.len(), "a coalesced claim failed; trying its rows one by one");
+            for i in &leaders {
+                let (m, lease) = &items[*i];
+                results[*i] = Some(store.insert_one(m, lease).await);
+            }
+        }
+        Err(e) => {
+            for i in &leaders {
+                results[*i] = Some(Err(unavailable_for_all(&e)));
+            }
+        }
+    }
+    // Duplicates within the batch: what the first request's claim makes of
+    // the key (a created message is `processing`, without a response yet).
+    for (i, leader) in follows.iter().enumerate() {
+        let Some(l) = leader else { continue };
+        let answer = match &results[*l] {
+            Some(Ok(Claim::Created(record))) => Ok(Claim::Existing(KeyState {
+                id: record.id,
+                fingerprint: record.fingerprint.clone(),
+                status: Status::Processing,
+                response: None,
+            })),
+            Some(Ok(Claim::Existing(state))) => Ok(Claim::Existing(state.clone())),
+            // The first one failed on its own: this one is tried alone.
+            Some(Err(_)) | None => {
+                let (m, lease) = &items[i];
+                store.insert_one(m, lease).await
+            }
+        };
+        results[i] = Some(answer);
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or(Err(StoreError::Invariant("a claim without an answer"))))
+        .collect()
+}
+
+enum ClaimAnswer {
+    Created {
+        opted_out: bool,
+        lease_expires_at: OffsetDateTime,
+    },
+    Existing(KeyState),
+    Unseen,
+}
+
+/// One multi-row claiming insert, with the attempt rows, the opt-out check
+/// and, for a taken key, the holder's state: the single-row statement of
+/// `messages.rs` over arrays. Answers in the order of `rows`.
+async fn claim_statement(
+    pool: &PgPool,
+    rows: &[&(NewMessage, Lease)],
+) -> Result<Vec<ClaimAnswer>, StoreError> {
+    let n = rows.len();
+    let mut id = Vec::with_capacity(n);
+    let mut tenant = Vec::with_capacity(n);
+    let mut key = Vec::with_capacity(n);
+    let mut fingerprint = Vec::with_capacity(n);
+    let mut to = Vec::with_capacity(n);
+    let mut from = Vec::with_capacity(n);
+    let mut body = Vec::with_capacity(n);
+    let mut segments = Vec::with_capacity(n);
+    let mut encoding = Vec::with_capacity(n);
+    let mut metadata = Vec::with_capacity(n);
+    let mut validity = Vec::with_capacity(n);
+    let mut provider = Vec::with_capacity(n);
+    let mut token = Vec::with_capacity(n);
+    let mut owner = Vec::with_capacity(n);
+    let mut lease_ttl = Vec::with_capacity(n);
+    let mut created = Vec::with_capacity(n);
+    let mut expires = Vec::with_capacity(n);
+    let mut deadline = Vec::with_capacity(n);
+    for (m, lease) in rows {
+        id.push(m.id.0);
+        tenant.push(m.tenant_id);
+        key.push(m.idempotency_key.as_str());
+        fingerprint.push(m.fingerprint.as_slice());
+        to.push(m.to.as_str());
+        from.push(m.from.as_deref());
+        body.push(m.body.as_str());
+        segments.push(to_i32(m.segments));
+        encoding.push(m.encoding.as_str());
+        metadata.push(
+            serde_json::to_string(&m.metadata)
+                .map_err(|_| StoreError::Invariant("metadata that is not JSON"))?,
+        );
+        validity.push(m.validity_seconds);
+        provider.push(m.provider.as_str());
+        token.push(lease.token);
+        owner.push(lease.owner.as_str());
+        lease_ttl.push(micros(lease.ttl));
+        created.push(m.created_at);
+        expires.push(m.expires_at);
+        deadline.push(m.deadline_at);
+    }
+    let answers: Vec<PgRow> = sqlx::query(
+        "WITH input AS ( \
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], \
+                $6::text[], $7::text[], $8::int4[], $9::text[], $10::text[], $11::int4[], \
+                $12::text[], $13::uuid[], $14::text[], $15::int8[], $16::timestamptz[], \
+                $17::timestamptz[], $18::timestamptz[]) WITH ORDINALITY \
+            AS t(id, tenant_id, idempotency_key, fingerprint, to_number, from_sender, body, \
+                segments, encoding, metadata, validity_seconds, provider, lease_token, \
+                lease_owner, lease_ttl, created_at, expires_at, deadline_at, ord)), \
+         ins AS ( \
+            INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
+                to_number, from_sender, body, segments, encoding, metadata, \
+                validity_seconds, provider, attempts, lease_token, lease_owner, \
+                lease_expires_at, created_at, updated_at, expires_at, deadline_at) \
+            SELECT id, tenant_id, idempotency_key, fingerprint, 'processing', to_number, \
+                from_sender, body, segments, encoding, metadata::jsonb, validity_seconds, \
+                provider, 1, lease_token, lease_owner, \
+                now() + lease_ttl * interval '1 microsecond', created_at, \
+                created_at, expires_at, deadline_at \
+            FROM input ORDER BY ord \
+            ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
+            RETURNING id, lease_owner, created_at, lease_expires_at), \
+         att AS ( \
+            INSERT INTO attempts (message_id, number, lease_owner, started_at) \
+            SELECT id, 1, lease_owner, created_at FROM ins) \
+         SELECT ins.id IS NOT NULL AS created, m.id AS existing_id, m.fingerprint, m.status, \
+            m.response_code, m.response_body, \
+            ins.id IS NOT NULL AND EXISTS (SELECT 1 FROM opt_outs o \
+                WHERE o.tenant_id = i.tenant_id AND o.number = i.to_number) AS opted_out, \
+            ins.lease_expires_at \
+         FROM input i \
+         LEFT JOIN ins ON ins.id = i.id \
+         LEFT JOIN messages m ON ins.id IS NULL AND m.tenant_id = i.tenant_id \
+            AND m.idempotency_key = i.idempotency_key \
+         ORDER BY i.ord",
+    )
+    .bind(&id)
+    .bind(&tenant)
+    .bind(&key)
+    .bind(&fingerprint)
+    .bind(&to)
+    .bind(&from)
+    .bind(&body)
+    .bind(&segments)
+    .bind(&encoding)
+    .bind(&metadata)
+    .bind(&validity)
+    .bind(&provider)
+    .bind(&token)
+    .bind(&owner)
+    .bind(&lease_ttl)
+    .bind(&created)
+    .bind(&expires)
+    .bind(&deadline)
+    .fetch_all(pool)
+    .await?;
+    if answers.len() != n {
+        return Err(StoreError::Invariant(
+            "a coalesced claim answered another row count",
+        ));
+    }
+    answers.iter().map(claim_answer).collect()
+}
+
+/// What one row of the coalesced claim says about its request.
+fn claim_answer(row: &PgRow) -> Result<ClaimAnswer, StoreError> {
+    if row.try_get::<bool, _>("created")? {
+        let Some(expires) = row.try_get::<Option<DbTime>, _>("lease_expires_at")? else {
+            return Err(StoreError::Invariant("a new message without its lease"));
+        };
+        return Ok(ClaimAnswer::Created {
+            opted_out: row.try_get("opted_out")?,
+            lease_expires_at: expires.0,
+        });
+    }
+    let Some(existing) = row.try_get::<Option<Uuid>, _>("existing_id")? else {
+        return Ok(ClaimAnswer::Unseen);
+    };
+    let (Some(fingerprint), Some(status)) = (
+        row.try_get::<Option<Vec<u8>>, _>("fingerprint")?,
+        row.try_get::<Option<Status>, _>("status")?,
+    ) else {
+        return Err(StoreError::Invariant("a taken key's row without its state"));
+    };
+    Ok(ClaimAnswer::Existing(KeyState {
+        id: MessageId(existing),
+        fingerprint,
+        status,
+        response: stored_response(row.try_get("response_code")?, row.try_get("response_body")?),
+    }))
+}
+
+// ---------------------------------------------------------------- finishes
+
+/// Finishes a batch: one fenced `UPDATE … FROM unnest(…)` for messages with
+/// distinct ids (a second write for an id in the batch goes alone, after).
+async fn finish_batch(store: &PgStore, items: Vec<Finish>) -> Vec<Result<bool, StoreError>> {
+    if let [f] = items.as_slice() {
+        return vec![store.finish_one(f).await];
+    }
+    let mut seen = std::collections::HashSet::new();
+    let (mut batch, mut alone): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    for (i, f) in items.iter().enumerate() {
+        if seen.insert(f.id.0) {
+            batch.push(i);
+        } else {
+            alone.push(i);
+        }
+    }
+    // Row locks in id order: two batches never wait on each other in a cycle.
+    batch.sort_by_key(|i| items[*i].id.0);
+    let rows: Vec<&Finish> = batch.iter().map(|i| &items[*i]).collect();
+    let mut results: Vec<Option<Result<bool, StoreError>>> =
+        (0..items.len()).map(|_| None).collect();
+    match finish_statement(&store.pool, &rows).await {
+        Ok(done) => {
+            for i in &batch {
+                results[*i] = Some(Ok(done.contains(&items[*i].id.0)));
+            }
+        }
+        Err(e) if rolled_back(&e) => {
+            tracing::warn!(error = %e, rows = rows.len(), "a coalesced final write failed; trying its rows one by one");
+            alone.extend_from_slice(&batch);
+        }
+        Err(e) => {
+            for i in &batch {
+                results[*i] = Some(Err(unavailable_for_all(&e)));
+            }
+        }
+    }
+    for i in alone {
+        results[i] = Some(store.finish_one(&items[i]).await);
+    }
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or(Err(StoreError::Invariant(
+                "a final write without an answer",
+            )))
+        })
+        .collect()
+}
+
+/// One fenced multi-row final write, closing each message's attempt: the
+/// single-row statement of `messages.rs` over arrays. Returns the ids it
+/// made final (the others' leases were no longer theirs).
+async fn finish_statement(
+    pool: &PgPool,
+    rows: &[&Finish],
+) -> Result<std::collections::HashSet<Uuid>, StoreError> {
+    let n = rows.len();
+    let mut id = Vec::with_capacity(n);
+    let mut token = Vec::with_capacity(n);
+    let mut status = Vec::with_capacity(n);
+    let mut pmid = Vec::with_capacity(n);
+    let mut error = Vec::with_capacity(n);
+    let mut sent_at: Vec<Option<OffsetDateTime>> = Vec::with_capacity(n);
+    let mut updated_at = Vec::with_capacity(n);
+    let mut code = Vec::with_capacity(n);
+    let mut body = Vec::with_capacity(n);
+    let mut number = Vec::with_capacity(n);
+    let mut finished_at: Vec<Option<OffsetDateTime>> = Vec::with_capacity(n);
+    let mut outcome = Vec::with_capacity(n);
+    let mut http_status = Vec::with_capacity(n);
+    let mut provider_code = Vec::with_capacity(n);
+    let mut attempt_error = Vec::with_capacity(n);
+    let mut attempt_pmid = Vec::with_capacity(n);
+    for f in rows {
+        let a = f.attempt.as_ref();
+        id.push(f.id.0);
+        token.push(f.lease_token);
+        status.push(f.status.as_str());
+        pmid.push(f.provider_message_id.as_deref());
+        error.push(
+            f.error
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|_| StoreError::Invariant("an error that is not JSON"))?,
+        );
+        sent_at.push(f.sent_at);
+        updated_at.push(f.updated_at);
+        code.push(i16::try_from(f.response.status_code).unwrap_or(500));
+        body.push(f.response.body.as_slice());
+        number.push(a.map(|a| to_i32(a.number)).unwrap_or(-1));
+        finished_at.push(a.map(|a| a.finished_at));
+        outcome.push(a.map(|a| a.outcome.as_str()));
+        http_status.push(a.and_then(|a| a.http_status.map(i32::from)));
+        provider_code.push(a.and_then(|a| a.provider_code.as_deref()));
+        attempt_error.push(a.and_then(|a| a.error.as_deref()));
+        attempt_pmid.push(a.and_then(|a| a.provider_message_id.as_deref()));
+    }
+    let done: Vec<Uuid> = sqlx::query_scalar(
+        "WITH input AS ( \
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], \
+                $6::timestamptz[], $7::timestamptz[], $8::int2[], $9::bytea[], $10::int4[], \
+                $11::timestamptz[], $12::text[], $13::int4[], $14::text[], $15::text[], \
+                $16::text[]) \
+            AS t(id, lease_token, status, provider_message_id, error, sent_at, updated_at, \
+                response_code, response_body, number, finished_at, outcome, http_status, \
+                provider_code, attempt_error, attempt_pmid)), \
+         m AS ( \
+            UPDATE messages SET status = i.status, provider_message_id = i.provider_message_id, \
+                error = i.error::jsonb, sent_at = i.sent_at, updated_at = i.updated_at, \
+                finalized_at = i.updated_at, response_code = i.response_code, \
+                response_body = i.response_body, lease_token = NULL, lease_owner = NULL, \
+                lease_expires_at = NULL, next_attempt_at = NULL \
+            FROM input i \
+            WHERE messages.id = i.id AND messages.lease_token = i.lease_token \
+                AND messages.status = 'processing' \
+            RETURNING messages.id), \
+         a AS ( \
+            UPDATE attempts SET finished_at = i.finished_at, outcome = i.outcome, \
+                http_status = i.http_status, provider_code = i.provider_code, \
+                error = i.attempt_error, provider_message_id = i.attempt_pmid \
+            FROM input i JOIN m ON m.id = i.id \
+            WHERE attempts.message_id = i.id AND attempts.number = i.number \
+                AND attempts.finished_at IS NULL) \
+         SELECT id FROM m",
+    )
+    .bind(&id)
+    .bind(&token)
+    .bind(&status)
+    .bind(&pmid)
+    .bind(&error)
+    .bind(&sent_at)
+    .bind(&updated_at)
+    .bind(&code)
+    .bind(&body)
+    .bind(&number)
+    .bind(&finished_at)
+    .bind(&outcome)
+    .bind(&http_status)
+    .bind(&provider_code)
+    .bind(&attempt_error)
+    .bind(&attempt_pmid)
+    .fetch_all(pool)
+    .await?;
+    Ok(done.into_iter().collect())
+}

@@ -208,4 +208,9 @@ pub trait MaintenanceStore: Send + Sync {
     ) -> Result<u64, StoreError>;
     /// The creation time of the oldest message still `processing`.
     async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError>;
+    /// The Postgres pool whose database notifies changes (`LISTEN`), if the
+    /// store is Postgres; `None` for a single-process store.
+    fn notify_pool(&self) -> Option<sqlx::PgPool> {
+        None
+    }
 }

@@ -27,6 +27,7 @@ macro_rules! on_both_backends {
     };
 }
 
+mod caches;
 mod contract;
 mod delivery;
 mod durability;

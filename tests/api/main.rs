@@ -41,3 +41,4 @@ mod receipts;
 mod store;
 mod twilio;
 mod twilio_reconcile;
+mod waiters;

@@ -27,6 +27,20 @@ use uuid::Uuid;
 /// The Postgres channel the triggers notify on.
 pub const CHANNEL: &str = "sendonce";
 
+/// Where each instance acknowledges a tenant change once its caches dropped
+/// what the change spoils (see [`Acks`]).
+pub const ACK_CHANNEL: &str = "sendonce_ack";
+
+/// The `application_name` of the listening connections, so a writer can
+/// count the instances that must acknowledge its change.
+pub const LISTENER_NAME: &str = "sendonce-listener";
+
+/// How long a writer waits for every instance to acknowledge a tenant
+/// change: the same bound as a cached key's life without a notification
+/// connection, so an instance that does not answer in time has lost its
+/// connection and trusts nothing older than this.
+pub const ACK_WAIT: Duration = Duration::from_secs(2);
+
 /// Something other instances (or this one) changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -146,7 +160,9 @@ impl Notifier {
     pub async fn listen(self, pool: PgPool, stop: CancellationToken) {
         // A pool of one, only so that the listener has a connection of its
         // own and does not hold one of the request pool's.
-        let options = (*pool.connect_options()).clone();
+        let options = (*pool.connect_options())
+            .clone()
+            .application_name(LISTENER_NAME);
         let own = PgPoolOptions::new()
             .max_connections(1)
             .min_connections(0)
@@ -189,10 +205,76 @@ impl Notifier {
             };
             match next {
                 Some(n) => match Event::parse(n.payload()) {
-                    Some(event) => self.publish(event),
+                    Some(event) => {
+                        let ack = matches!(event, Event::TenantChanged(_));
+                        self.publish(event);
+                        if ack {
+                            sqlx::query("SELECT pg_notify($1, $2)")
+                                .bind(ACK_CHANNEL)
+                                .bind(n.payload())
+                                .execute(&mut listener)
+                                .await?;
+                        }
+                    }
                     None => tracing::debug!(payload = n.payload(), "unknown notification"),
                 },
                 None => return Err(sqlx::Error::PoolClosed),
+            }
+        }
+    }
+}
+
+/// Lets a writer of a tenant change (a key revoked, a setting changed) return
+/// only once every instance has applied it: started before the change is
+/// committed, it counts the listening instances, then waits (at most
+/// [`ACK_WAIT`]) for an acknowledgement from each.
+pub struct Acks {
+    listener: PgListener,
+    expected: i64,
+}
+
+impl Acks {
+    /// `None` if it cannot listen: the change goes ahead regardless, and
+    /// instances learn it from their own notification.
+    pub async fn start(pool: &PgPool) -> Option<Acks> {
+        let start = async {
+            let mut listener = PgListener::connect_with(pool).await?;
+            listener.listen(ACK_CHANNEL).await?;
+            let expected: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name = $1",
+            )
+            .bind(LISTENER_NAME)
+            .fetch_one(&mut listener)
+            .await?;
+            Ok::<_, sqlx::Error>(Acks { listener, expected })
+        };
+        match start.await {
+            Ok(acks) => Some(acks),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot wait for instances to acknowledge a change");
+                None
+            }
+        }
+    }
+
+    /// Waits for each instance counted at the start to acknowledge.
+    pub async fn wait(mut self) {
+        let mut seen = std::collections::HashSet::new();
+        let deadline = tokio::time::Instant::now() + ACK_WAIT;
+        while (seen.len() as i64) < self.expected {
+            match tokio::time::timeout_at(deadline, self.listener.try_recv()).await {
+                Ok(Ok(Some(n))) => {
+                    seen.insert(n.process_id());
+                }
+                Ok(Ok(None) | Err(_)) | Err(_) => {
+                    tracing::warn!(
+                        expected = self.expected,
+                        acknowledged = seen.len(),
+                        "not every instance acknowledged the change in time"
+                    );
+                    return;
+                }
             }
         }
     }

@@ -9,10 +9,12 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::{KeyCache, ReplayCache, Waiters};
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::delivery::{Deliverer, Purger, Scheduler};
 use crate::http::{self, AppState};
+use crate::notify::Notifier;
 use crate::provider::Provider;
 use crate::ratelimit::RateLimiter;
 use crate::store::{Store, StoreError};
@@ -26,6 +28,7 @@ pub struct App {
     scheduler: Arc<Scheduler>,
     settings: Settings,
     clock: Clock,
+    notifier: Notifier,
 }
 
 /// What tests and operators can reach in a running instance.
@@ -37,6 +40,11 @@ pub struct Handle {
     pub deliverer: Arc<Deliverer>,
     pub scheduler: Arc<Scheduler>,
     pub store: Arc<dyn Store>,
+    /// This instance's change notifications.
+    pub notifier: Notifier,
+    pub keys: Arc<KeyCache>,
+    pub replays: Arc<ReplayCache>,
+    pub waiters: Arc<Waiters>,
 }
 
 impl App {
@@ -77,7 +85,22 @@ impl App {
         if let Some(sizes) = store.batch_sizes() {
             deliverer.metrics().attach_batch_sizes(sizes);
         }
+        let notifier = Notifier::local();
+        // Without a notification channel (SQLite: the CLI that revokes keys
+        // is another process) keys are not cached, so a revocation still
+        // takes effect at once.
+        let mut key_cache = settings.caches.clone();
+        if store.notify_pool().is_none() {
+            key_cache.key_ttl = std::time::Duration::ZERO;
+        }
         let state = Arc::new(AppState {
+            keys: KeyCache::new(notifier.clone(), key_cache),
+            replays: ReplayCache::new(
+                notifier.clone(),
+                settings.caches.replay_entries,
+                settings.retention.period,
+            ),
+            waiters: Waiters::new(settings.caches.max_waiters_per_tenant),
             store,
             clock: clock.clone(),
             metrics: Arc::clone(deliverer.metrics()),
@@ -92,6 +115,7 @@ impl App {
             listener,
             metrics_listener: None,
             state,
+            notifier,
             scheduler,
             settings,
             clock,
@@ -120,6 +144,10 @@ impl App {
             deliverer: Arc::clone(&self.state.deliverer),
             scheduler: Arc::clone(&self.scheduler),
             store: Arc::clone(&self.state.store),
+            notifier: self.notifier.clone(),
+            keys: Arc::clone(&self.state.keys),
+            replays: Arc::clone(&self.state.replays),
+            waiters: Arc::clone(&self.state.waiters),
         })
     }
 
@@ -132,6 +160,11 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StoreError> {
         let stop = CancellationToken::new();
+        let listen_task = self
+            .state
+            .store
+            .notify_pool()
+            .map(|pool| tokio::spawn(self.notifier.clone().listen(pool, stop.clone())));
         let deliverer = Arc::clone(&self.state.deliverer);
         let scheduler = Arc::clone(&self.scheduler);
         let scheduler_stop = stop.clone();
@@ -142,7 +175,8 @@ impl App {
             self.settings.retention.period,
             self.settings.retention.purge_interval,
         )
-        .with_metrics(Arc::clone(self.state.deliverer.metrics()));
+        .with_metrics(Arc::clone(self.state.deliverer.metrics()))
+        .with_notifier(self.notifier.clone());
         let purge_task = tokio::spawn(purger.run(stop.clone()));
         let upkeep = Arc::clone(self.state.deliverer.metrics()).run_upkeep(stop.clone());
         let upkeep_task = tokio::spawn(upkeep);
@@ -187,6 +221,9 @@ impl App {
         let _ = purge_task.await;
         let _ = upkeep_task.await;
         if let Some(task) = metrics_task {
+            let _ = task.await;
+        }
+        if let Some(task) = listen_task {
             let _ = task.await;
         }
         let released = deliverer.shutdown(deadline).await?;

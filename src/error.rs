@@ -37,6 +37,12 @@ pub enum ApiError {
     KeyReused,
     #[error("Idempotency-Key in use")]
     KeyInUse,
+    /// Too many of the tenant's requests already wait for messages in flight.
+    #[error("too many waiting requests")]
+    TooManyWaiters,
+    /// The queue of sends waiting for a provider slot is full.
+    #[error("send queue full")]
+    Overloaded,
     #[error("rate limited: {limit}")]
     RateLimited {
         limit: &'static str,
@@ -88,13 +94,13 @@ impl ApiError {
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::KeyInUse => StatusCode::CONFLICT,
+            ApiError::KeyInUse | ApiError::TooManyWaiters => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -112,6 +118,8 @@ impl ApiError {
             ApiError::PayloadTooLarge => "payload-too-large",
             ApiError::KeyReused => "idempotency-key-reused",
             ApiError::KeyInUse => "idempotency-key-in-use",
+            ApiError::TooManyWaiters => "too-many-waiters",
+            ApiError::Overloaded => "overloaded",
             ApiError::RateLimited { .. } => "rate-limited",
             ApiError::RequestTimeout => "request-timeout",
             ApiError::UriTooLong => "uri-too-long",
@@ -134,6 +142,8 @@ impl ApiError {
             ApiError::PayloadTooLarge => "Payload too large",
             ApiError::KeyReused => "Idempotency-Key reused",
             ApiError::KeyInUse => "Idempotency-Key in use",
+            ApiError::TooManyWaiters => "Too many waiting requests",
+            ApiError::Overloaded => "Overloaded",
             ApiError::RateLimited { .. } => "Too many requests",
             ApiError::RequestTimeout => "Request timeout",
             ApiError::UriTooLong => "URI too long",
@@ -169,6 +179,17 @@ impl ApiError {
             ApiError::KeyInUse => "a request with this Idempotency-Key is still being processed; \
                 retry after the time in Retry-After to get its result"
                 .into(),
+            ApiError::TooManyWaiters => {
+                "a request with this Idempotency-Key is still being processed and too many of \
+                this account's requests already wait for results; retry after the time in \
+                Retry-After to get its result"
+                    .into()
+            }
+            ApiError::Overloaded => {
+                "too many sends wait for the provider on this instance; nothing was stored, \
+                retry after the time in Retry-After"
+                    .into()
+            }
             ApiError::RateLimited { limit, .. } => format!(
                 "the limit on {limit} is reached; retry after the time in Retry-After (nothing was stored)"
             ),
@@ -209,7 +230,10 @@ pub fn problem_response(e: &ApiError) -> Response {
         ApiError::Unauthorized => {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        ApiError::KeyInUse | ApiError::Unavailable(_) => {
+        ApiError::KeyInUse
+        | ApiError::TooManyWaiters
+        | ApiError::Overloaded
+        | ApiError::Unavailable(_) => {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         ApiError::RateLimited { retry_after, .. } => {

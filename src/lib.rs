@@ -24,6 +24,7 @@
 
 pub mod apikey;
 pub mod app;
+pub mod cache;
 pub mod clock;
 pub mod commands;
 pub mod config;
@@ -32,6 +33,7 @@ pub mod domain;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod notify;
 pub mod provider;
 pub mod ratelimit;
 pub mod shutdown;

@@ -278,6 +278,18 @@ pub struct ConfigArgs {
     /// Simultaneous provider calls per instance; more wait their turn.
     #[arg(long, env = "SENDONCE_MAX_CONCURRENT_SENDS", global = true)]
     pub max_concurrent_sends: Option<String>,
+    /// New sends whose delivery may wait for a provider-call slot; beyond this a new send is refused with 503.
+    #[arg(long, env = "SENDONCE_MAX_QUEUED_SENDS", global = true)]
+    pub max_queued_sends: Option<String>,
+    /// Requests per tenant that may wait at once for a message another request is sending; beyond this 409 at once.
+    #[arg(long, env = "SENDONCE_MAX_WAITERS_PER_TENANT", global = true)]
+    pub max_waiters_per_tenant: Option<String>,
+    /// How long a cached API key is trusted while no change notifications arrive (a duration: 30s, 10m, 1h 30m, 250ms; 0 disables).
+    #[arg(long, env = "SENDONCE_KEY_CACHE_TTL", global = true)]
+    pub key_cache_ttl: Option<String>,
+    /// Final responses kept in memory for replays (0 disables).
+    #[arg(long, env = "SENDONCE_REPLAY_CACHE_ENTRIES", global = true)]
+    pub replay_cache_entries: Option<String>,
     /// Lease on a message being delivered (a duration: 30s, 10m, 1h 30m, 250ms).
     #[arg(long, env = "SENDONCE_LEASE", global = true)]
     pub lease: Option<String>,

@@ -15,6 +15,7 @@ pub(super) fn default_delivery() -> DeliverySettings {
         lease: Duration::from_secs(30),
         provider_timeout: Duration::from_secs(10),
         max_concurrent_sends: 64,
+        max_queued_sends: 1024,
     }
 }
 
@@ -113,6 +114,11 @@ pub(super) fn delivery_from_args(
             "must be at least 1",
         ));
     }
+    let max_queued_sends = number_or(
+        "SENDONCE_MAX_QUEUED_SENDS",
+        &a.max_queued_sends,
+        d.max_queued_sends,
+    )?;
     Ok(DeliverySettings {
         retry: RetryPolicy {
             base: base.value,
@@ -136,6 +142,7 @@ pub(super) fn delivery_from_args(
         lease: lease.value,
         provider_timeout: provider_timeout.value,
         max_concurrent_sends,
+        max_queued_sends,
     })
 }
 

@@ -4,6 +4,7 @@
 //! every default; an unset variable keeps it. An invalid value stops the
 //! process with a [`ConfigError`] naming the variable.
 
+mod caches;
 mod cli;
 mod database;
 mod delivery;
@@ -40,6 +41,8 @@ pub struct Settings {
     pub limits: LimitSettings,
     pub retention: RetentionSettings,
     pub log: LogSettings,
+    /// API-key and replay caches, waiters.
+    pub caches: crate::cache::CacheSettings,
 }
 
 /// The only place defaults live: what an empty environment and command line
@@ -55,6 +58,7 @@ impl Default for Settings {
             limits: LimitSettings::default(),
             retention: RetentionSettings::default(),
             log: LogSettings::default(),
+            caches: crate::cache::CacheSettings::default(),
         }
     }
 }
@@ -73,6 +77,7 @@ impl Settings {
             limits: LimitSettings::from_args(a, &d.limits)?,
             retention: RetentionSettings::from_args(a, &d.retention)?,
             log: LogSettings::from_args(a, &d.log),
+            caches: caches::from_args(a, &d.caches)?,
         })
     }
 }

@@ -8,6 +8,7 @@
 //! or when its owner died and the lease expired.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use time::OffsetDateTime;
@@ -51,6 +52,25 @@ pub struct DeliverySettings {
     pub provider_timeout: Duration,
     /// Simultaneous provider calls in this instance.
     pub max_concurrent_sends: usize,
+    /// New messages whose delivery may wait for a send slot at once; beyond
+    /// this a new send is refused (503, nothing stored) until the queue
+    /// drains. Messages the scheduler resumes never queue: it claims only as
+    /// many as there are free slots.
+    pub max_queued_sends: usize,
+}
+
+/// A place in the queue of deliveries waiting for a send slot, released when
+/// the delivery gets its slot or ends.
+pub struct QueueTicket {
+    deliverer: std::sync::Weak<Deliverer>,
+}
+
+impl Drop for QueueTicket {
+    fn drop(&mut self) {
+        if let Some(d) = self.deliverer.upgrade() {
+            d.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// Runs deliveries for this instance.
@@ -67,6 +87,8 @@ pub struct Deliverer {
     owner: String,
     hub: Hub,
     permits: Arc<Semaphore>,
+    /// Deliveries holding a [`QueueTicket`].
+    queued: AtomicUsize,
     tasks: TaskTracker,
     /// Cancelled when the shutdown grace period is over: tasks stop where
     /// they are and their leases are released for another instance.
@@ -114,6 +136,7 @@ impl Deliverer {
             }));
         }
         let permits = Arc::new(Semaphore::new(settings.max_concurrent_sends.max(1)));
+        let hub = Hub::new(Arc::clone(&store));
         Arc::new(Self {
             store,
             providers,
@@ -122,8 +145,9 @@ impl Deliverer {
             clock,
             settings,
             owner,
-            hub: Hub::default(),
+            hub,
             permits,
+            queued: AtomicUsize::new(0),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
             timers: CancellationToken::new(),
@@ -184,7 +208,18 @@ impl Deliverer {
     /// Starts delivering a message this instance holds the lease of.
     /// `fresh`: the message was just inserted with its first attempt started.
     pub fn spawn(self: &Arc<Self>, msg: MessageRecord, lease: Lease, fresh: bool) {
-        self.spawn_run(msg, lease, fresh, None);
+        self.spawn_run(msg, lease, fresh, None, None);
+    }
+
+    /// Starts delivering a new message with its place in the send queue
+    /// (see [`Deliverer::reserve`]), given up when it gets a send slot.
+    pub fn spawn_queued(
+        self: &Arc<Self>,
+        msg: MessageRecord,
+        lease: Lease,
+        ticket: Option<QueueTicket>,
+    ) {
+        self.spawn_run(msg, lease, true, None, ticket);
     }
 
     /// Resumes a claimed message with the send slot taken for it.
@@ -194,7 +229,7 @@ impl Deliverer {
         lease: Lease,
         permit: OwnedSemaphorePermit,
     ) {
-        self.spawn_run(msg, lease, false, Some(permit));
+        self.spawn_run(msg, lease, false, Some(permit), None);
     }
 
     fn spawn_run(
@@ -203,11 +238,21 @@ impl Deliverer {
         lease: Lease,
         fresh: bool,
         permit: Option<OwnedSemaphorePermit>,
+        ticket: Option<QueueTicket>,
     ) {
         let registration = self.hub.register(msg.id);
         let this = Arc::clone(self);
         let span = tracing::info_span!("deliver", message_id = %msg.id, attempt = msg.attempts);
         self.tasks.spawn(async move {
+            let permit = match permit {
+                Some(p) => Some(p),
+                None => tokio::select! {
+                    p = Arc::clone(&this.permits).acquire_owned() => p.ok(),
+                    () = this.stop.cancelled() => None,
+                },
+            };
+            // Out of the queue: sending, or stopped.
+            drop(ticket);
             let _ = tracing::Instrument::instrument(
                 this.deliver(msg, lease, fresh, permit, &registration),
                 span,
@@ -216,36 +261,44 @@ impl Deliverer {
         });
     }
 
-    /// Waits up to `budget` for the final response of `id`.
+    /// Waits up to `budget` for the final response of `id`: told by the
+    /// delivery when it runs here, else by the message's one poller (see
+    /// [`Hub`]); this request itself never reads the database.
     pub async fn await_final(
         &self,
         id: MessageId,
         budget: Duration,
     ) -> Result<Option<StoredResponse>, StoreError> {
-        let deadline = Instant::now() + budget;
-        let mut poll = Duration::from_millis(5);
-        loop {
-            if let Some(mut rx) = self.hub.subscribe(id) {
-                match tokio::time::timeout_at(deadline, rx.wait_for(Option::is_some)).await {
-                    Ok(Ok(response)) => return Ok(response.clone()),
-                    // The task ended without a final answer (it scheduled a
-                    // retry or lost its lease): read the row.
-                    Ok(Err(_)) => {}
-                    Err(_) => return Ok(None),
-                }
-            }
-            match self.store.state_by_id(id).await? {
-                Some(state) if state.status.is_final() => return Ok(state.response),
-                Some(_) => {}
-                None => return Ok(None),
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep_until((now + poll).min(deadline)).await;
-            poll = (poll * 2).min(Duration::from_millis(200));
+        let mut rx = self.hub.wait(id);
+        match tokio::time::timeout(budget, rx.wait_for(Option::is_some)).await {
+            Ok(Ok(response)) => Ok(response.clone()),
+            Ok(Err(_)) | Err(_) => Ok(None),
         }
+    }
+
+    /// The waiters' rendezvous (tests and metrics).
+    pub fn hub(&self) -> &Hub {
+        &self.hub
+    }
+
+    /// Reserves a place in the queue of deliveries waiting for a send slot,
+    /// for a message about to be inserted; `None` when the queue is full
+    /// ([`DeliverySettings::max_queued_sends`]).
+    pub fn reserve(self: &Arc<Self>) -> Option<QueueTicket> {
+        let max = self.settings.max_queued_sends;
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(QueueTicket {
+            deliverer: Arc::downgrade(self),
+        })
+    }
+
+    /// Deliveries waiting for a send slot now.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
     }
 
     /// Stops accepting work and waits until `deadline` for provider calls

@@ -17,6 +17,8 @@ pub struct Purger {
     interval: Duration,
     batch: u32,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Told what was purged, so no cache replays a purged key.
+    notifier: Option<crate::notify::Notifier>,
 }
 
 impl Purger {
@@ -33,6 +35,7 @@ impl Purger {
             interval,
             batch: 500,
             metrics: None,
+            notifier: None,
         }
     }
 
@@ -43,6 +46,13 @@ impl Purger {
     }
 
     /// Deletes up to `batch` messages per transaction (tests use small ones).
+    /// Publishes each purge to this instance's caches (on Postgres every
+    /// instance also hears it from the database).
+    pub fn with_notifier(mut self, notifier: crate::notify::Notifier) -> Self {
+        self.notifier = Some(notifier);
+        self
+    }
+
     pub fn with_batch(mut self, batch: u32) -> Self {
         self.batch = batch.max(1);
         self
@@ -61,6 +71,11 @@ impl Purger {
         loop {
             let n = self.store.purge(cutoff, self.batch).await?;
             total += n;
+            if n > 0
+                && let Some(notifier) = &self.notifier
+            {
+                notifier.publish(crate::notify::Event::Purged(cutoff));
+            }
             if let Some(m) = &self.metrics {
                 m.purged(n);
             }

@@ -66,8 +66,13 @@ pub(crate) fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// A response carrying a message body.
-fn message_response(status: StatusCode, body: Vec<u8>, key: &str, replayed: bool) -> Response {
-    let mut resp = (status, body).into_response();
+fn message_response(
+    status: StatusCode,
+    body: impl Into<Body>,
+    key: &str,
+    replayed: bool,
+) -> Response {
+    let mut resp = (status, body.into()).into_response();
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -118,8 +123,19 @@ async fn create_message(
     let budget = preferred_wait(&headers, &state.wait);
     let fingerprint = request.fingerprint();
 
-    let deliverer = &state.deliverer;
+    // A final response is immutable: a replay of one this instance has seen
+    // touches no database (the cache never outlives retention or a purge).
     let now = state.clock.now();
+    if let Some(hit) = state.replays.get(tenant_id, key.as_str(), now) {
+        if hit.fingerprint != fingerprint {
+            return Err(ApiError::KeyReused);
+        }
+        let status = StatusCode::from_u16(hit.status_code).unwrap_or(StatusCode::CREATED);
+        return Ok(message_response(status, hit.body, key.as_str(), true));
+    }
+    let replay_ticket = state.replays.ticket();
+
+    let deliverer = &state.deliverer;
     let new = NewMessage {
         id: MessageId::new(),
         tenant_id,
@@ -141,24 +157,33 @@ async fn create_message(
     };
     let lease = deliverer.new_lease();
 
-    // Destination limits count new sends only: a request over the limit
-    // whose key already exists is a replay (or a 422) and goes on.
-    let permit = match state.limiter.send(tenant_id, &new.to) {
-        Ok(permit) => Some(permit),
-        Err(refused) => {
-            if state
-                .store
-                .key_state(tenant_id, key.as_str())
-                .await?
-                .is_none()
-            {
+    // Destination limits and the bound on queued sends count new sends
+    // only: a request refused by either whose key already exists is a
+    // replay (or a 422) and goes on.
+    let permit = state.limiter.send(tenant_id, &new.to);
+    let queue_ticket = deliverer.reserve();
+    let permit = if permit.is_err() || queue_ticket.is_none() {
+        let exists = state
+            .store
+            .key_state(tenant_id, key.as_str())
+            .await?
+            .is_some();
+        match permit {
+            Err(refused) if !exists => {
                 return Err(ApiError::RateLimited {
                     limit: refused.limit,
                     retry_after: refused.retry_after,
                 });
             }
-            None
+            Err(_) => None,
+            Ok(permit) if !exists => {
+                state.limiter.refund(permit);
+                return Err(ApiError::Overloaded);
+            }
+            Ok(permit) => Some(permit),
         }
+    } else {
+        permit.ok()
     };
     let claim = state.store.insert_message(&new, &lease).await;
     if !matches!(claim, Ok(Claim::Created(_)))
@@ -169,22 +194,72 @@ async fn create_message(
     match claim? {
         Claim::Created(record) => {
             let id = record.id;
-            deliverer.spawn(*record, lease, true);
-            respond_when_final(&state, id, key.as_str(), budget).await
+            deliverer.spawn_queued(*record, lease, queue_ticket);
+            let (response, done) = respond_when_final(&state, id, key.as_str(), budget).await?;
+            if let Some(done) = done {
+                remember(&state, tenant_id, &key, &fingerprint, &done, replay_ticket);
+            }
+            Ok(response)
         }
         Claim::Existing(existing) => {
+            drop(queue_ticket);
             if existing.fingerprint != fingerprint {
                 return Err(ApiError::KeyReused);
             }
             if let Some(response) = existing.response {
+                remember(
+                    &state,
+                    tenant_id,
+                    &key,
+                    &fingerprint,
+                    &response,
+                    replay_ticket,
+                );
                 return Ok(stored(response, key.as_str(), true));
             }
+            if budget.is_zero() {
+                return Err(ApiError::KeyInUse);
+            }
+            // Waiting holds a place among the tenant's waiters, not a
+            // database connection: one poller per message reads its row.
+            let Some(_waiting) = state.waiters.enter(tenant_id) else {
+                return Err(ApiError::TooManyWaiters);
+            };
             match deliverer.await_final(existing.id, budget).await? {
-                Some(response) => Ok(stored(response, key.as_str(), true)),
+                Some(response) => {
+                    remember(
+                        &state,
+                        tenant_id,
+                        &key,
+                        &fingerprint,
+                        &response,
+                        replay_ticket,
+                    );
+                    Ok(stored(response, key.as_str(), true))
+                }
                 None => Err(ApiError::KeyInUse),
             }
         }
     }
+}
+
+/// Keeps a final response for replays without the database.
+fn remember(
+    state: &SharedState,
+    tenant_id: uuid::Uuid,
+    key: &IdempotencyKey,
+    fingerprint: &[u8],
+    response: &StoredResponse,
+    ticket: u64,
+) {
+    state.replays.put(
+        tenant_id,
+        key.as_str(),
+        fingerprint,
+        response,
+        ticket,
+        state.clock.now(),
+    );
 }
 
 /// Reads the body within the size and time limits.
@@ -248,28 +323,26 @@ fn check_policy(
 }
 
 /// The owner's answer: 201 with the final message, or 202 with the message
-/// as it stands when the wait runs out.
+/// as it stands when the wait runs out; with the final response, if any.
 async fn respond_when_final(
     state: &SharedState,
     id: MessageId,
     key: &str,
     budget: Duration,
-) -> Result<Response, ApiError> {
+) -> Result<(Response, Option<StoredResponse>), ApiError> {
     if let Some(response) = state.deliverer.await_final(id, budget).await? {
-        return Ok(stored(response, key, false));
+        return Ok((stored(response.clone(), key, false), Some(response)));
     }
     let record =
         state.store.message_by_id(id).await?.ok_or_else(|| {
             ApiError::Internal("a message vanished right after its insert".into())
         })?;
     if let Some(response) = record.response.clone() {
-        return Ok(stored(response, key, false));
+        return Ok((stored(response.clone(), key, false), Some(response)));
     }
-    Ok(message_response(
-        StatusCode::ACCEPTED,
-        record.to_out().to_json(),
-        key,
-        false,
+    Ok((
+        message_response(StatusCode::ACCEPTED, record.to_out().to_json(), key, false),
+        None,
     ))
 }
 

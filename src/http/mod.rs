@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, header};
 use uuid::Uuid;
 
 use crate::apikey;
+use crate::cache::{KeyCache, ReplayCache, Waiters};
 use crate::clock::Clock;
 use crate::delivery::Deliverer;
 use crate::error::ApiError;
@@ -45,6 +46,12 @@ pub struct AppState {
     pub body_read_timeout: Duration,
     /// How delivery receipts are authenticated.
     pub receipts: receipts::ReceiptSettings,
+    /// API keys, so most requests authenticate without the database.
+    pub keys: Arc<KeyCache>,
+    /// Final responses, so most replays touch no database.
+    pub replays: Arc<ReplayCache>,
+    /// Requests waiting for a message another request sends, per tenant.
+    pub waiters: Arc<Waiters>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -139,8 +146,16 @@ impl FromRequestParts<SharedState> for Authenticated {
         if !key.starts_with(apikey::PREFIX) || key.len() > 200 {
             return Err(ApiError::Unauthorized);
         }
-        match state.store.tenant_for_key(&apikey::hash(key)).await? {
-            Some(auth) => Ok(Authenticated(auth)),
+        let hash = apikey::hash(key);
+        if let Some(auth) = state.keys.get(&hash) {
+            return Ok(Authenticated(auth));
+        }
+        let ticket = state.keys.ticket();
+        match state.store.tenant_for_key(&hash).await? {
+            Some(auth) => {
+                state.keys.put(&hash, &auth, ticket);
+                Ok(Authenticated(auth))
+            }
             None => Err(ApiError::Unauthorized),
         }
     }

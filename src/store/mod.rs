@@ -261,4 +261,9 @@ pub trait MaintenanceStore: Send + Sync {
     fn batch_sizes(&self) -> Option<std::sync::Arc<crate::metrics::BatchSizes>> {
         None
     }
+    /// The Postgres pool whose database notifies changes (`LISTEN`), if the
+    /// store is Postgres; `None` for a single-process store.
+    fn notify_pool(&self) -> Option<sqlx::PgPool> {
+        None
+    }
 }

@@ -28,6 +28,7 @@ macro_rules! on_both_backends {
 }
 
 mod batching;
+mod caches;
 mod contract;
 mod delivery;
 mod durability;
@@ -44,3 +45,4 @@ mod sqlite_writer;
 mod store;
 mod twilio;
 mod twilio_reconcile;
+mod waiters;

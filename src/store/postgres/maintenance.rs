@@ -9,6 +9,10 @@ use crate::store::{MaintenanceStore, StoreError};
 
 #[async_trait]
 impl MaintenanceStore for PgStore {
+    fn notify_pool(&self) -> Option<sqlx::PgPool> {
+        Some(self.pool.clone())
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         MIGRATOR
             .run(&self.pool)

@@ -5,6 +5,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::PgStore;
+use crate::notify::Acks;
 use crate::store::row::ApiKeyRow;
 use crate::store::time::{DbTime, db};
 use crate::store::types::edited_senders;
@@ -142,12 +143,19 @@ impl TenantStore for PgStore {
     }
 
     async fn revoke_key(&self, key_id: Uuid, at: OffsetDateTime) -> Result<bool, StoreError> {
+        // Returns once every instance has dropped the key from its cache.
+        let acks = Acks::start(&self.pool).await;
         let done =
             sqlx::query("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1")
                 .bind(key_id)
                 .bind(db(at))
                 .execute(&self.pool)
                 .await?;
+        if let Some(acks) = acks
+            && done.rows_affected() > 0
+        {
+            acks.wait().await;
+        }
         Ok(done.rows_affected() == 1)
     }
 
@@ -166,11 +174,17 @@ impl TenantStore for PgStore {
         tenant_name: &str,
         countries: Option<&[String]>,
     ) -> Result<bool, StoreError> {
+        let acks = Acks::start(&self.pool).await;
         let done = sqlx::query("UPDATE tenants SET allowed_countries = $2 WHERE name = $1")
             .bind(tenant_name)
             .bind(countries)
             .execute(&self.pool)
             .await?;
+        if let Some(acks) = acks
+            && done.rows_affected() > 0
+        {
+            acks.wait().await;
+        }
         Ok(done.rows_affected() == 1)
     }
 
@@ -192,6 +206,9 @@ impl TenantStore for PgStore {
         sender: &str,
         add: bool,
     ) -> Result<Option<bool>, StoreError> {
+        // Returns once every instance dropped its cached view of the tenant
+        // (as a revocation does), so the new list holds at once everywhere.
+        let acks = Acks::start(&self.pool).await;
         let mut tx = self.pool.begin().await?;
         let row: Option<(Option<Vec<String>>,)> =
             sqlx::query_as("SELECT allowed_senders FROM tenants WHERE name = $1 FOR UPDATE")
@@ -210,6 +227,9 @@ impl TenantStore for PgStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        if let Some(acks) = acks {
+            acks.wait().await;
+        }
         Ok(Some(true))
     }
 }

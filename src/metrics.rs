@@ -42,6 +42,7 @@ const TAKEOVERS: &str = "sendonce_rescuer_takeovers_total";
 const RECEIPTS: &str = "sendonce_receipts_total";
 const PURGED: &str = "sendonce_purged_messages_total";
 const INTERRUPTED: &str = "sendonce_deliveries_interrupted_total";
+const VERIFY: &str = "sendonce_verify_events_total";
 
 /// The reasons of [`Metrics::delivery_interrupted`], in its counters' order.
 const INTERRUPTIONS: [&str; 3] = ["lease_lost", "store_down", "stopped"];
@@ -72,6 +73,7 @@ pub struct Metrics {
     provider_seconds: Handles<&'static str, Histogram>,
     finals: Handles<(), Counter>,
     receipts: Handles<&'static str, Counter>,
+    verify: Handles<&'static str, Counter>,
 }
 
 /// Handles by a fixed part `K` and one free-text label value (a route, a
@@ -146,6 +148,10 @@ impl Metrics {
                 RECEIPTS,
                 "Delivery receipts, by provider and outcome (applied, recorded, duplicate, unmatched)",
             ),
+            (
+                VERIFY,
+                "Verification events (start, send, check, approval, expiry, max_attempts, pause), by destination country",
+            ),
         ] {
             recorder.describe_counter(KeyName::from_const_str(name), None, text(what));
         }
@@ -194,6 +200,7 @@ impl Metrics {
             provider_seconds: Handles::new(),
             finals: Handles::new(),
             receipts: Handles::new(),
+            verify: Handles::new(),
         };
         // The series a dashboard looks for first exist from the start, at 0.
         for outcome in ["created", "replayed"] {
@@ -272,6 +279,27 @@ impl Metrics {
 
     pub fn retry_scheduled(&self) {
         self.retries.increment(1);
+    }
+
+    /// A verification event (`start`, `send`, `check`, `approval`,
+    /// `expiry`, `max_attempts`, `pause`) for a destination country (an ISO
+    /// 3166-1 alpha-2 code, or `unknown`: a bounded set).
+    pub fn verify_event(&self, event: &'static str, country: Option<&str>) {
+        let country = match country {
+            Some(c) if c.len() == 2 && c.bytes().all(|b| b.is_ascii_uppercase()) => c,
+            _ => "unknown",
+        };
+        self.verify
+            .get(event, country, || {
+                self.counter(
+                    VERIFY,
+                    vec![
+                        Label::from_static_parts("event", event),
+                        Label::new("country", country.to_owned()),
+                    ],
+                )
+            })
+            .increment(1);
     }
 
     /// A message this instance made final with `status`.

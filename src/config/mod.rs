@@ -13,6 +13,7 @@ pub mod parse;
 mod provider;
 mod retention;
 mod server;
+mod verify;
 
 pub use cli::{
     Cli, Command, ConfigArgs, KeyCommand, LogFormat, ProviderKind, ReceiptsCommand, TenantCommand,
@@ -24,6 +25,7 @@ pub use limits::LimitSettings;
 pub use provider::{ProviderConfig, ProviderSettings};
 pub use retention::RetentionSettings;
 pub use server::{ConnectionLimits, ReceiptSettings, ServerSettings, WaitSettings};
+pub use verify::{VerifySecret, VerifySettings};
 
 use crate::delivery::DeliverySettings;
 
@@ -39,6 +41,8 @@ pub struct Settings {
     pub limits: LimitSettings,
     pub retention: RetentionSettings,
     pub log: LogSettings,
+    /// Verifications (one-time codes).
+    pub verify: VerifySettings,
 }
 
 /// The only place defaults live: what an empty environment and command line
@@ -54,6 +58,7 @@ impl Default for Settings {
             limits: LimitSettings::default(),
             retention: RetentionSettings::default(),
             log: LogSettings::default(),
+            verify: VerifySettings::default(),
         }
     }
 }
@@ -72,6 +77,7 @@ impl Settings {
             limits: LimitSettings::from_args(a, &d.limits)?,
             retention: RetentionSettings::from_args(a, &d.retention)?,
             log: LogSettings::from_args(a, &d.log),
+            verify: VerifySettings::from_args(a, &d.verify)?,
         })
     }
 }

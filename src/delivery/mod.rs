@@ -68,6 +68,9 @@ pub struct Deliverer {
     /// Wakes the scheduler early (a retry is due soon).
     pub(crate) nudge: Arc<Notify>,
     metrics: Arc<crate::metrics::Metrics>,
+    /// Opens sealed message bodies (verification codes) right before the
+    /// provider call; set once by `App::build`.
+    sealed: std::sync::OnceLock<Arc<crate::verify::SecretSource>>,
 }
 
 impl Deliverer {
@@ -92,7 +95,44 @@ impl Deliverer {
             timers: CancellationToken::new(),
             nudge: Arc::new(Notify::new()),
             metrics: Arc::default(),
+            sealed: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Where the key to open sealed bodies comes from (verifications).
+    pub fn open_sealed_bodies_with(&self, secret: Arc<crate::verify::SecretSource>) {
+        let _ = self.sealed.set(secret);
+    }
+
+    /// The body to hand the provider: a sealed one (a verification's code)
+    /// opened, any other as stored. `None` when a sealed body cannot be
+    /// opened now (the database holding the secret is away, or the secret
+    /// changed): nothing is sent, and the message is left to be resumed.
+    async fn open_body(&self, sms: &mut OutgoingSms) -> Option<()> {
+        if !crate::verify::crypto::is_sealed(&sms.body) {
+            return Some(());
+        }
+        let Some(secret) = self.sealed.get() else {
+            tracing::error!(message_id = %sms.message_id, "a sealed body, and no verify secret to open it");
+            return None;
+        };
+        let keys = match secret.keys().await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(message_id = %sms.message_id, error = %e, "verify secret unavailable");
+                return None;
+            }
+        };
+        match keys.open_body(sms.message_id.0, &sms.body) {
+            Ok(body) => {
+                sms.body = body;
+                Some(())
+            }
+            Err(e) => {
+                tracing::error!(message_id = %sms.message_id, error = %e, "sealed body does not open");
+                None
+            }
+        }
     }
 
     pub fn owner(&self) -> &str {
@@ -296,7 +336,10 @@ impl Deliverer {
             },
         };
         let now = self.clock.now();
-        let sms = self.sms(&msg, now);
+        let mut sms = self.sms(&msg, now);
+        if self.open_body(&mut sms).await.is_none() {
+            return Report::StoreDown;
+        }
         let previous_start = msg.last_attempt_started_at.unwrap_or(msg.created_at);
 
         let (attempt, started_at) = if fresh {

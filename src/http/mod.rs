@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod opt_outs;
 pub mod receipts;
 pub mod server;
+pub mod verifications;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -45,6 +46,8 @@ pub struct AppState {
     pub body_read_timeout: Duration,
     /// How delivery receipts are authenticated.
     pub receipts: receipts::ReceiptSettings,
+    /// Verifications (one-time codes).
+    pub verify: Arc<crate::verify::Verifier>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -54,6 +57,7 @@ pub fn router(state: SharedState) -> Router {
         .merge(messages::router())
         .merge(opt_outs::router())
         .merge(receipts::router())
+        .merge(verifications::router())
         .merge(health::router())
         .merge(metrics::router())
         .fallback(|| async { ApiError::NotFound })

@@ -17,6 +17,7 @@ mod messages;
 mod opt_outs;
 mod receipts;
 mod tenants;
+mod verifications;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 

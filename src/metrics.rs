@@ -428,6 +428,8 @@ mod tests {
         m.takeover();
         m.purged(1);
         m.delivery_interrupted("lease_lost");
+        m.verify_event("start", Some("US"));
+        m.verify_event("start", Some("not a country"));
         let text = m.render(0, Some(Duration::ZERO));
         let exported: std::collections::BTreeSet<&str> = text
             .lines()
@@ -441,7 +443,11 @@ mod tests {
             .filter_map(|l| l.split('`').next())
             .filter(|name| name.starts_with("sendonce_"))
             .collect();
-        assert_eq!(exported.len(), 12, "{text}");
+        assert_eq!(exported.len(), 13, "{text}");
+        assert!(
+            text.contains("sendonce_verify_events_total{event=\"start\",country=\"unknown\"} 1"),
+            "{text}"
+        );
         assert!(
             text.contains("sendonce_deliveries_interrupted_total{reason=\"lease_lost\"} 1"),
             "{text}"

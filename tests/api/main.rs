@@ -40,3 +40,4 @@ mod receipts;
 mod store;
 mod twilio;
 mod twilio_reconcile;
+mod verify;

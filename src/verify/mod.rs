@@ -89,7 +89,16 @@ impl StartRequest {
                 .get(field)
             {
                 None => default,
-                Some(v) => match v.as_u64().filter(|n| (lo..=hi).contains(n)) {
+                // JSON Schema's `integer` includes `7.0`.
+                Some(v) => match v
+                    .as_u64()
+                    .or_else(|| {
+                        v.as_f64()
+                            .filter(|f| f.fract() == 0.0 && (0.0..=1e9).contains(f))
+                            .map(|f| f as u64)
+                    })
+                    .filter(|n| (lo..=hi).contains(n))
+                {
                     Some(n) => u32::try_from(n).unwrap_or(default),
                     None => {
                         errors.push(FieldError {
@@ -105,8 +114,12 @@ impl StartRequest {
         let template = match obj.get("template") {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(t)) => {
-                if t.matches(PLACEHOLDER).count() != 1 {
-                    errors.push(err("template", "must contain {code} exactly once"));
+                let braces = t.chars().filter(|c| matches!(c, '{' | '}')).count();
+                if t.matches(PLACEHOLDER).count() != 1 || braces != 2 {
+                    errors.push(err(
+                        "template",
+                        "must contain {code} exactly once, and no other { or }",
+                    ));
                 } else if t.chars().count() > 1000 {
                     errors.push(err("template", "must be at most 1000 characters"));
                 }
@@ -337,7 +350,7 @@ mod tests {
             (ok.code_length, ok.ttl_seconds, ok.template.as_deref()),
             (6, 600, None)
         );
-        let rows: [(&[u8], Option<&str>); 9] = [
+        let rows: [(&[u8], Option<&str>); 10] = [
             (
                 br#"{"to": "+14155552671", "code_length": 3}"#,
                 Some("code_length"),
@@ -374,7 +387,7 @@ mod tests {
             }
         }
         let t = StartRequest::parse(
-            br#"{"to": "+14155552671", "code_length": 8, "ttl_seconds": 60, "template": "Code: {code}"}"#,
+            br#"{"to": "+14155552671", "code_length": 8.0, "ttl_seconds": 60, "template": "Code: {code}"}"#,
         )
         .unwrap();
         assert_eq!(t.code_length, 8);

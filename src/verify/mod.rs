@@ -377,6 +377,10 @@ mod tests {
             ),
             (br#"{"to": "12"}"#, Some("to")),
             (br#"{"to": "+14155552671", "x": 1}"#, Some("x")),
+            (
+                br#"{"to": "+14155552671", "template": "{x} {code}"}"#,
+                Some("template"),
+            ),
             (br#"[]"#, None),
         ];
         for (body, field) in rows {

@@ -248,6 +248,13 @@ pub trait VerificationStore: Send + Sync {
         lease: &Lease,
         render: ResendRenderer<'_>,
     ) -> Result<ResendOutcome, StoreError>;
+    /// Deletes up to `batch` verifications (with their stored answers) that
+    /// expired before `cutoff` (retention); their keys are free again.
+    async fn purge_verifications(
+        &self,
+        cutoff: OffsetDateTime,
+        batch: u32,
+    ) -> Result<u64, StoreError>;
     /// Cancels a pending verification; returns it as it is after.
     async fn cancel_verification(
         &self,

@@ -732,7 +732,39 @@ async fn a_prefix_with_few_approvals_is_paused(backend: Backend) {
     );
 }
 
+async fn retention_purges_verifications_and_frees_their_keys(backend: Backend) {
+    let clock = manual_clock();
+    let app = app_with(backend, clock.clone()).await;
+    let id = id_of(&start(&app, "v", TO).await);
+    let code = code_sent(&app, TO, 1).await;
+    wait_sent(&app, &id, 1).await;
+    assert_eq!(
+        check(&app, &id, &code, Some("c")).await.json()["valid"],
+        true
+    );
+    let purger = sendonce::delivery::Purger::new(
+        app.handle.store.clone(),
+        clock.clone(),
+        Duration::from_secs(30 * 86_400),
+        Duration::from_secs(3600),
+    );
+    purger.purge_now().await.expect("purge");
+    assert_eq!(app.get(&format!("/verifications/{id}")).await.status, 200);
+    clock.advance(Duration::from_secs(31 * 86_400));
+    purger.purge_now().await.expect("purge");
+    assert_eq!(app.get(&format!("/verifications/{id}")).await.status, 404);
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM verification_ops").await,
+        0
+    );
+    assert_eq!(app.message_count().await, 0);
+    // The key is free: a new verification, a new code.
+    let again = start(&app, "v", TO).await;
+    assert_ne!(id_of(&again), id);
+}
+
 on_both_backends!(
+    retention_purges_verifications_and_frees_their_keys,
     approval_answers_valid_once_and_never_shows_the_code,
     wrong_codes_to_the_limit_refuse_even_the_right_one,
     expiry_under_a_moved_clock,

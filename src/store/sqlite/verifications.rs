@@ -424,6 +424,22 @@ impl VerificationStore for SqliteStore {
         })
     }
 
+    async fn purge_verifications(
+        &self,
+        cutoff: OffsetDateTime,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM verifications WHERE id IN ( \
+                SELECT id FROM verifications WHERE expires_at < ?1 ORDER BY expires_at LIMIT ?2)",
+        )
+        .bind(db(cutoff))
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn cancel_verification(
         &self,
         tenant_id: Uuid,

@@ -23,6 +23,7 @@ use super::messages::{is_json, read_body};
 use super::{Authenticated, SharedState, Tenant};
 use crate::domain::{FieldError, IdempotencyKey, segments};
 use crate::error::ApiError;
+use crate::store::StoreError;
 use crate::store::{
     CheckOutcome, NewVerification, OpKey, ResendOutcome, StartOutcome, StartPolicy, StoredResponse,
     VerificationRecord, send_key,
@@ -204,11 +205,20 @@ async fn create(
         pause_for: verify.settings.pause_duration,
     };
     let country = request.country.as_deref();
-    match state
+    // Two starts with one key but different destinations take different
+    // prefix locks; the unique (tenant, key) constraint decides, and the
+    // loser, tried again, finds the winner's verification.
+    let mut outcome = state
         .store
         .start_verification(&new, &message, &lease, &policy)
-        .await?
-    {
+        .await;
+    if matches!(outcome, Err(StoreError::Conflict { .. })) {
+        outcome = state
+            .store
+            .start_verification(&new, &message, &lease, &policy)
+            .await;
+    }
+    match outcome? {
         StartOutcome::Created {
             verification,
             message,

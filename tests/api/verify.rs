@@ -103,6 +103,16 @@ fn wrong(code: &str) -> String {
         .collect()
 }
 
+/// This instance's count of a verification event for US numbers.
+async fn events(app: &TestApp, event: &str) -> u64 {
+    let text = app.get("/metrics").await;
+    let text = String::from_utf8_lossy(&text.bytes).into_owned();
+    let series = format!("sendonce_verify_events_total{{event=\"{event}\",country=\"US\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
 fn id_of(v: &Value) -> String {
     v["id"].as_str().expect("id").to_string()
 }
@@ -147,6 +157,9 @@ async fn approval_answers_valid_once_and_never_shows_the_code(backend: Backend) 
     let again = check(&app, &id, &code, None).await;
     assert_eq!(again.status, 409);
     assert_eq!(again.slug(), "verification-not-pending");
+    for (event, n) in [("start", 1), ("send", 1), ("check", 2), ("approval", 1)] {
+        assert_eq!(events(&app, event).await, n, "{event}");
+    }
 
     let got = app.get(&format!("/verifications/{id}")).await;
     assert_eq!(got.status, 200);
@@ -201,6 +214,8 @@ async fn wrong_codes_to_the_limit_refuse_even_the_right_one(backend: Backend) {
     assert_eq!(fifth.json()["valid"], false);
     assert_eq!(fifth.json()["status"], "max_attempts_reached");
     assert_eq!(fifth.json()["checks_remaining"], 0);
+    assert_eq!(events(&app, "max_attempts").await, 1);
+    assert_eq!(events(&app, "approval").await, 0);
     let right = check(&app, &id, &code, None).await;
     assert_eq!(right.status, 409);
     assert_eq!(right.slug(), "verification-not-pending");
@@ -248,6 +263,7 @@ async fn expiry_under_a_moved_clock(backend: Backend) {
     assert_eq!(late.status, 409);
     assert_eq!(late.slug(), "verification-not-pending");
     assert_eq!(resend(&app, &id, "r").await.status, 409);
+    assert_eq!(events(&app, "expiry").await, 1);
     assert_eq!(
         app.db
             .count("SELECT count(*) FROM verifications WHERE status = 'expired'")
@@ -287,6 +303,7 @@ async fn resend_cooldown_and_limit_keep_the_code_and_the_counter(backend: Backen
     let over = resend(&app, &id, "r6").await;
     assert_eq!(over.status, 429);
     assert_eq!(over.slug(), "max-sends-reached");
+    assert_eq!(events(&app, "send").await, 5);
     assert_eq!(bodies_to(&app, TO).len(), 5);
     // The code still works, with the counter where the wrong checks left it.
     let ok = check(&app, &id, &code, None).await;
@@ -412,6 +429,30 @@ async fn retried_starts_never_send_a_second_code(backend: Backend) {
     })
     .await;
     assert_eq!(bodies_to(&app, TO).len(), 1);
+    assert_eq!(app.message_count().await, 1);
+}
+
+async fn racing_starts_with_one_key_and_two_bodies_answer_201_or_422(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        // Two destinations in two prefixes: two different prefix locks.
+        let to = if i % 2 == 0 { TO } else { "+442079460958" };
+        let req = app
+            .request(Method::POST, "/verifications")
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", "raced")
+            .json(&json!({ "to": to }));
+        set.spawn(async move { answer(req.send().await.expect("POST")).await });
+    }
+    let answers = set.join_all().await;
+    let mut statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
+    statuses.sort_unstable();
+    assert!(
+        statuses.iter().all(|s| [201, 422].contains(s)),
+        "{statuses:?}"
+    );
+    assert_eq!(app.db.count("SELECT count(*) FROM verifications").await, 1);
     assert_eq!(app.message_count().await, 1);
 }
 
@@ -773,6 +814,7 @@ on_both_backends!(
     another_tenants_verification_is_not_found,
     start_check_and_resend_are_idempotent,
     retried_starts_never_send_a_second_code,
+    racing_starts_with_one_key_and_two_bodies_answer_201_or_422,
     the_code_is_in_no_answer_or_database_row,
     the_code_is_in_no_log_line_at_any_level,
     limits_are_shared_between_instances,

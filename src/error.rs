@@ -176,7 +176,7 @@ impl ApiError {
                     .into()
             }
             ApiError::MissingIdempotencyKey => {
-                "POST /messages requires an Idempotency-Key header naming this send".into()
+                "this request requires an Idempotency-Key header naming it".into()
             }
             ApiError::InvalidIdempotencyKey(e) => format!("{e}"),
             ApiError::Validation(_) => "one or more fields are invalid; see `errors`".into(),

@@ -696,6 +696,24 @@ async fn limits_are_shared_between_instances(backend: Backend) {
     assert_eq!(a.db.count("SELECT count(*) FROM verifications").await, 3);
 }
 
+async fn the_country_allow_list_applies(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let gb = vec!["GB".to_string()];
+    assert!(
+        app.handle
+            .store
+            .set_allowed_countries(&app.tenant, Some(&gb))
+            .await
+            .expect("allow-list")
+    );
+    let refused = start_with(&app, "us", json!({ "to": TO })).await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.slug(), "validation");
+    assert_eq!(refused.json()["errors"][0]["field"], "to");
+    assert_eq!(app.db.count("SELECT count(*) FROM verifications").await, 0);
+    start(&app, "gb", "+442079460958").await;
+}
+
 async fn a_prefix_with_few_approvals_is_paused(backend: Backend) {
     let clock = manual_clock();
     let mut settings = test_settings();
@@ -818,5 +836,6 @@ on_both_backends!(
     the_code_is_in_no_answer_or_database_row,
     the_code_is_in_no_log_line_at_any_level,
     limits_are_shared_between_instances,
+    the_country_allow_list_applies,
     a_prefix_with_few_approvals_is_paused,
 );

@@ -696,6 +696,47 @@ async fn limits_are_shared_between_instances(backend: Backend) {
     assert_eq!(a.db.count("SELECT count(*) FROM verifications").await, 3);
 }
 
+/// An instance dies mid-send; another, which never saw the code, resends the
+/// sealed message after the lease: same code, same message, one SMS.
+async fn a_rescuer_resends_the_sealed_code_after_a_crash(backend: Backend) {
+    let clock = manual_clock();
+    let mut quiet = test_settings();
+    quiet.scheduler.poll_interval = Duration::from_secs(3600);
+    let mut a = spawn_with(TestOptions {
+        backend,
+        clock: clock.clone(),
+        settings: quiet.clone(),
+        ..TestOptions::default()
+    })
+    .await;
+    let b = spawn_with(TestOptions {
+        backend,
+        clock: clock.clone(),
+        settings: quiet,
+        database: Some(a.database.clone()),
+        mock: Some((a.mock.clone(), a.mock_url.clone())),
+        api_key: Some(a.api_key.clone()),
+        ..TestOptions::default()
+    })
+    .await;
+    a.mock.push([testkit::mock_provider::Behaviour::Hang]);
+    let id = id_of(&start(&a, "v", TO).await);
+    let code = code_sent(&a, TO, 1).await;
+    a.crash().await;
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(b.handle.scheduler.tick().await.unwrap(), 1);
+    wait_sent(&b, &id, 1).await;
+    let calls = a.mock.calls();
+    assert_eq!(calls.len(), 2, "resent by the rescuer");
+    assert_eq!(calls[0].idempotency_key, calls[1].idempotency_key);
+    assert_eq!(
+        calls[1].body["body"], calls[0].body["body"],
+        "the same code"
+    );
+    let ok = check(&b, &id, &code, None).await;
+    assert_eq!(ok.json()["valid"], true);
+}
+
 async fn the_country_allow_list_applies(backend: Backend) {
     let app = spawn_app_on(backend).await;
     let gb = vec!["GB".to_string()];
@@ -837,5 +878,6 @@ on_both_backends!(
     the_code_is_in_no_log_line_at_any_level,
     limits_are_shared_between_instances,
     the_country_allow_list_applies,
+    a_rescuer_resends_the_sealed_code_after_a_crash,
     a_prefix_with_few_approvals_is_paused,
 );

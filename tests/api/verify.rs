@@ -161,6 +161,8 @@ async fn approval_answers_valid_once_and_never_shows_the_code(backend: Backend) 
         assert_eq!(events(&app, event).await, n, "{event}");
     }
 
+    // The provider saw the SMS before the send's final write: wait for it.
+    wait_sent(&app, &id, 1).await;
     let got = app.get(&format!("/verifications/{id}")).await;
     assert_eq!(got.status, 200);
     assert_eq!(got.json()["status"], "approved");

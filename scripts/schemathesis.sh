@@ -6,7 +6,9 @@
 # Abuse limits are off and the segment limit is raised for this run: they are
 # deployment settings the schema cannot know, and with them on most generated
 # requests would stop at 429 or 400 before reaching what is under test (the
-# limits have tests of their own in tests/api/hardening.rs).
+# limits have tests of their own in tests/api/hardening.rs). The verification
+# resend cooldown is off for the same reason (tests/api/verify.rs tests it),
+# so the stateful phase reaches a resend's 201.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip show schemathesis 2>/dev/null | grep -q '^Version: 4.32.5$' \
@@ -22,7 +24,7 @@ receipt_secret=schemathesis-receipt-secret
 DATABASE_URL="sqlite://$work/st.db" SENDONCE_LISTEN="127.0.0.1:$port" \
 SENDONCE_BOOTSTRAP_API_KEY=$key SENDONCE_SYNC_WAIT_MS=2000 SENDONCE_MAX_WAIT_MS=2000 RUST_LOG=warn \
 SENDONCE_RATE_TENANT_RPS=0 SENDONCE_RATE_NUMBER_PER_HOUR=0 SENDONCE_RATE_PREFIX_PER_HOUR=0 \
-SENDONCE_MAX_SEGMENTS=100 \
+SENDONCE_MAX_SEGMENTS=100 SENDONCE_VERIFY_RESEND_COOLDOWN=0s \
 SENDONCE_RECEIPT_SECRET=$receipt_secret TWILIO_AUTH_TOKEN=schemathesis-twilio-token \
     "$bin" >"$work/server.log" 2>&1 &
 pid=$!

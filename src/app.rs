@@ -76,6 +76,17 @@ impl App {
             settings.delivery.clone(),
             owner,
         );
+        let secret = Arc::new(crate::verify::SecretSource::new(
+            settings.verify.secret.as_ref().map(|s| s.0.clone()),
+            Arc::clone(&store),
+        ));
+        deliverer.open_sealed_bodies_with(Arc::clone(&secret));
+        let verify = Arc::new(crate::verify::Verifier {
+            settings: settings.verify.clone(),
+            secret,
+            number_per_hour: settings.limits.rates.number.per_hour(),
+            prefix_per_hour: settings.limits.rates.prefix.per_hour(),
+        });
         let scheduler = Arc::new(Scheduler::new(
             Arc::clone(&store),
             Arc::clone(&deliverer),
@@ -110,6 +121,7 @@ impl App {
             max_segments: settings.limits.max_segments,
             body_read_timeout: settings.server.body_read_timeout,
             receipts: settings.server.receipts.clone(),
+            verify,
         });
         Ok(App {
             listener,

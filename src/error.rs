@@ -50,6 +50,16 @@ pub enum ApiError {
     },
     #[error("request timeout")]
     RequestTimeout,
+    /// A check, resend or cancel of a verification that is no longer pending.
+    #[error("verification not pending: {0}")]
+    VerificationNotPending(&'static str),
+    #[error("resend too soon")]
+    ResendTooSoon(std::time::Duration),
+    #[error("max sends reached")]
+    MaxSendsReached,
+    /// The SMS-pumping defence paused the destination prefix.
+    #[error("destination paused")]
+    DestinationPaused(std::time::Duration),
     #[error("URI too long")]
     UriTooLong,
     #[error("not found")]
@@ -97,6 +107,10 @@ impl ApiError {
             ApiError::KeyInUse | ApiError::TooManyWaiters => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ApiError::VerificationNotPending(_) => StatusCode::CONFLICT,
+            ApiError::ResendTooSoon(_)
+            | ApiError::MaxSendsReached
+            | ApiError::DestinationPaused(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -122,6 +136,10 @@ impl ApiError {
             ApiError::Overloaded => "overloaded",
             ApiError::RateLimited { .. } => "rate-limited",
             ApiError::RequestTimeout => "request-timeout",
+            ApiError::VerificationNotPending(_) => "verification-not-pending",
+            ApiError::ResendTooSoon(_) => "resend-too-soon",
+            ApiError::MaxSendsReached => "max-sends-reached",
+            ApiError::DestinationPaused(_) => "destination-paused",
             ApiError::UriTooLong => "uri-too-long",
             ApiError::NotFound => "not-found",
             ApiError::MethodNotAllowed => "method-not-allowed",
@@ -146,6 +164,10 @@ impl ApiError {
             ApiError::Overloaded => "Overloaded",
             ApiError::RateLimited { .. } => "Too many requests",
             ApiError::RequestTimeout => "Request timeout",
+            ApiError::VerificationNotPending(_) => "Verification not pending",
+            ApiError::ResendTooSoon(_) => "Resend too soon",
+            ApiError::MaxSendsReached => "Max sends reached",
+            ApiError::DestinationPaused(_) => "Destination paused",
             ApiError::UriTooLong => "URI too long",
             ApiError::NotFound => "Not found",
             ApiError::MethodNotAllowed => "Method not allowed",
@@ -164,7 +186,7 @@ impl ApiError {
                     .into()
             }
             ApiError::MissingIdempotencyKey => {
-                "POST /messages requires an Idempotency-Key header naming this send".into()
+                "this request requires an Idempotency-Key header naming it".into()
             }
             ApiError::InvalidIdempotencyKey(e) => format!("{e}"),
             ApiError::Validation(_) => "one or more fields are invalid; see `errors`".into(),
@@ -194,6 +216,20 @@ impl ApiError {
                 "the limit on {limit} is reached; retry after the time in Retry-After (nothing was stored)"
             ),
             ApiError::RequestTimeout => "the request body did not arrive in time".into(),
+            ApiError::VerificationNotPending(status) => {
+                format!("the verification is {status}, no longer pending; nothing was changed")
+            }
+            ApiError::ResendTooSoon(_) => {
+                "the last code was sent too recently; retry after the time in Retry-After".into()
+            }
+            ApiError::MaxSendsReached => {
+                "this verification was sent the most times allowed; start a new one".into()
+            }
+            ApiError::DestinationPaused(_) => {
+                "verifications to this destination prefix are paused because too few recent ones \
+                were approved (SMS-pumping defence); retry after the time in Retry-After"
+                    .into()
+            }
             ApiError::UriTooLong => "the request URI is longer than 2048 bytes".into(),
             ApiError::NotFound => "no such resource".into(),
             ApiError::MethodNotAllowed => "this method is not allowed on this resource".into(),
@@ -236,7 +272,9 @@ pub fn problem_response(e: &ApiError) -> Response {
         | ApiError::Unavailable(_) => {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        ApiError::RateLimited { retry_after, .. } => {
+        ApiError::RateLimited { retry_after, .. }
+        | ApiError::ResendTooSoon(retry_after)
+        | ApiError::DestinationPaused(retry_after) => {
             // Whole seconds, rounded up: never invite a retry that is too early.
             let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));

@@ -39,6 +39,7 @@ pub mod ratelimit;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
+pub mod verify;
 
 /// Installs rustls's ring crypto provider for the process (reqwest is built
 /// without one of its own, so one TLS stack serves the whole binary).

@@ -47,6 +47,7 @@ const INTERRUPTED: &str = "sendonce_deliveries_interrupted_total";
 const FAILOVERS: &str = "sendonce_provider_failovers_total";
 const CIRCUIT: &str = "sendonce_provider_circuit_state";
 const BATCH_SIZE: &str = "sendonce_store_batch_size";
+const VERIFY: &str = "sendonce_verify_events_total";
 
 /// The reasons of [`Metrics::delivery_interrupted`], in its counters' order.
 const INTERRUPTIONS: [&str; 3] = ["lease_lost", "store_down", "stopped"];
@@ -79,6 +80,7 @@ pub struct Metrics {
     receipts: Handles<&'static str, Counter>,
     failovers: Handles<(), Counter>,
     circuits: Handles<(), Gauge>,
+    verify: Handles<&'static str, Counter>,
     /// The store's coalesced writes, when the store batches (Postgres).
     batch_sizes: OnceLock<Arc<BatchSizes>>,
 }
@@ -238,6 +240,10 @@ impl Metrics {
                 FAILOVERS,
                 "Messages moved on to the next provider, by the provider left and the one taken",
             ),
+            (
+                VERIFY,
+                "Verification events (start, send, check, approval, expiry, max_attempts, pause), by destination country",
+            ),
         ] {
             recorder.describe_counter(KeyName::from_const_str(name), None, text(what));
         }
@@ -294,6 +300,7 @@ impl Metrics {
             failovers: Handles::new(),
             circuits: Handles::new(),
             batch_sizes: OnceLock::new(),
+            verify: Handles::new(),
         };
         // The series a dashboard looks for first exist from the start, at 0.
         for outcome in ["created", "replayed"] {
@@ -373,6 +380,27 @@ impl Metrics {
 
     pub fn retry_scheduled(&self) {
         self.retries.increment(1);
+    }
+
+    /// A verification event (`start`, `send`, `check`, `approval`,
+    /// `expiry`, `max_attempts`, `pause`) for a destination country (an ISO
+    /// 3166-1 alpha-2 code, or `unknown`: a bounded set).
+    pub fn verify_event(&self, event: &'static str, country: Option<&str>) {
+        let country = match country {
+            Some(c) if c.len() == 2 && c.bytes().all(|b| b.is_ascii_uppercase()) => c,
+            _ => "unknown",
+        };
+        self.verify
+            .get(event, country, || {
+                self.counter(
+                    VERIFY,
+                    vec![
+                        Label::from_static_parts("event", event),
+                        Label::new("country", country.to_owned()),
+                    ],
+                )
+            })
+            .increment(1);
     }
 
     /// A message this instance made final with `status`.
@@ -554,6 +582,8 @@ mod tests {
         let sizes = Arc::new(BatchSizes::default());
         sizes.record(BatchKind::Claim, 3);
         m.attach_batch_sizes(Arc::clone(&sizes));
+        m.verify_event("start", Some("US"));
+        m.verify_event("start", Some("not a country"));
         let text = m.render(0, Some(Duration::ZERO));
         let exported: std::collections::BTreeSet<&str> = text
             .lines()
@@ -567,7 +597,7 @@ mod tests {
             .filter_map(|l| l.split('`').next())
             .filter(|name| name.starts_with("sendonce_"))
             .collect();
-        assert_eq!(exported.len(), 15, "{text}");
+        assert_eq!(exported.len(), 16, "{text}");
         assert!(
             text.contains("sendonce_provider_circuit_state{provider=\"twilio\"} 2"),
             "{text}"
@@ -576,6 +606,10 @@ mod tests {
             text.contains("sendonce_store_batch_size_bucket{kind=\"claim\",le=\"2\"} 0")
                 && text.contains("sendonce_store_batch_size_bucket{kind=\"claim\",le=\"4\"} 1")
                 && text.contains("sendonce_store_batch_size_sum{kind=\"claim\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sendonce_verify_events_total{event=\"start\",country=\"unknown\"} 1"),
             "{text}"
         );
         assert!(

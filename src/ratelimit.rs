@@ -39,6 +39,19 @@ impl Rate {
         self.capacity == 0
     }
 
+    /// The number this rate allows per hour (0: no limit).
+    pub fn per_hour(&self) -> u32 {
+        if self.is_unlimited() {
+            return 0;
+        }
+        let n = f64::from(self.capacity) * 3600.0 / self.per.as_secs_f64().max(1e-9);
+        if n >= f64::from(u32::MAX) {
+            u32::MAX
+        } else {
+            n.round() as u32
+        }
+    }
+
     fn refill_per_sec(&self) -> f64 {
         f64::from(self.capacity) / self.per.as_secs_f64().max(1e-9)
     }

@@ -338,4 +338,38 @@ pub struct ConfigArgs {
     /// Log message bodies (off: bodies may hold one-time codes).
     #[arg(long, env = "SENDONCE_LOG_BODIES", global = true)]
     pub log_bodies: bool,
+    // Verifications (one-time codes).
+    /// Secret the codes are stored under (HMAC) and sealed with; at least 32 characters. Unset: one is generated on first use and kept in the database.
+    #[arg(
+        long,
+        env = "SENDONCE_VERIFY_SECRET",
+        global = true,
+        hide_env_values = true
+    )]
+    pub verify_secret: Option<String>,
+    /// Checks per verification; the last wrong one ends it (max_attempts_reached).
+    #[arg(long, env = "SENDONCE_VERIFY_MAX_CHECKS", global = true)]
+    pub verify_max_checks: Option<String>,
+    /// Least time between two sends of one verification (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_VERIFY_RESEND_COOLDOWN", global = true)]
+    pub verify_resend_cooldown: Option<String>,
+    /// Most sends of one verification, the first included.
+    #[arg(long, env = "SENDONCE_VERIFY_MAX_SENDS", global = true)]
+    pub verify_max_sends: Option<String>,
+    /// Pause a destination prefix when fewer than this % of its recent verifications were approved.
+    #[arg(
+        long,
+        env = "SENDONCE_VERIFY_PAUSE_MIN_APPROVAL_PERCENT",
+        global = true
+    )]
+    pub verify_pause_min_approval_percent: Option<String>,
+    /// Concluded verifications of a prefix needed before its approval rate is judged (0: never pause).
+    #[arg(long, env = "SENDONCE_VERIFY_PAUSE_MIN_STARTS", global = true)]
+    pub verify_pause_min_starts: Option<String>,
+    /// The approval rate is judged over verifications started within this (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_VERIFY_PAUSE_WINDOW", global = true)]
+    pub verify_pause_window: Option<String>,
+    /// How long an automatic pause of a destination prefix lasts (a duration: 30s, 10m, 1h 30m, 250ms).
+    #[arg(long, env = "SENDONCE_VERIFY_PAUSE_DURATION", global = true)]
+    pub verify_pause_duration: Option<String>,
 }

@@ -14,6 +14,7 @@ pub mod parse;
 mod provider;
 mod retention;
 mod server;
+mod verify;
 
 pub use cli::{
     Cli, Command, ConfigArgs, KeyCommand, LogFormat, ProviderKind, ReceiptsCommand, SendersCommand,
@@ -26,6 +27,7 @@ pub use limits::LimitSettings;
 pub use provider::{ProviderConfig, ProviderSettings};
 pub use retention::RetentionSettings;
 pub use server::{ConnectionLimits, ReceiptSettings, ServerSettings, WaitSettings};
+pub use verify::{VerifySecret, VerifySettings};
 
 use crate::delivery::DeliverySettings;
 
@@ -43,6 +45,8 @@ pub struct Settings {
     pub log: LogSettings,
     /// API-key and replay caches, waiters.
     pub caches: crate::cache::CacheSettings,
+    /// Verifications (one-time codes).
+    pub verify: VerifySettings,
 }
 
 /// The only place defaults live: what an empty environment and command line
@@ -59,6 +63,7 @@ impl Default for Settings {
             retention: RetentionSettings::default(),
             log: LogSettings::default(),
             caches: crate::cache::CacheSettings::default(),
+            verify: VerifySettings::default(),
         }
     }
 }
@@ -78,6 +83,7 @@ impl Settings {
             retention: RetentionSettings::from_args(a, &d.retention)?,
             log: LogSettings::from_args(a, &d.log),
             caches: caches::from_args(a, &d.caches)?,
+            verify: VerifySettings::from_args(a, &d.verify)?,
         })
     }
 }

@@ -99,6 +99,9 @@ pub struct Deliverer {
     /// Wakes the scheduler early (a retry is due soon).
     pub(crate) nudge: Arc<Notify>,
     metrics: Arc<crate::metrics::Metrics>,
+    /// Opens sealed message bodies (verification codes) right before the
+    /// provider call; set once by `App::build`.
+    sealed: std::sync::OnceLock<Arc<crate::verify::SecretSource>>,
 }
 
 impl Deliverer {
@@ -153,7 +156,52 @@ impl Deliverer {
             timers: CancellationToken::new(),
             nudge: Arc::new(Notify::new()),
             metrics: Arc::default(),
+            sealed: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Where the key to open sealed bodies comes from (verifications).
+    pub fn open_sealed_bodies_with(&self, secret: Arc<crate::verify::SecretSource>) {
+        let _ = self.sealed.set(secret);
+    }
+
+    /// The body to hand the provider: a sealed one (a verification's code)
+    /// opened, any other as stored. `None` when a sealed body cannot be
+    /// opened now (the database holding the secret is away, or the secret
+    /// changed): nothing is sent, and the message is left to be resumed.
+    /// The SMS to hand the provider, its body opened if it was sealed (a
+    /// verification's code); `None` when it cannot be opened.
+    async fn outgoing(&self, msg: &MessageRecord, now: OffsetDateTime) -> Option<OutgoingSms> {
+        let mut sms = self.sms(msg, now);
+        self.open_body(&mut sms).await?;
+        Some(sms)
+    }
+
+    async fn open_body(&self, sms: &mut OutgoingSms) -> Option<()> {
+        if !crate::verify::crypto::is_sealed(&sms.body) {
+            return Some(());
+        }
+        let Some(secret) = self.sealed.get() else {
+            tracing::error!(message_id = %sms.message_id, "a sealed body, and no verify secret to open it");
+            return None;
+        };
+        let keys = match secret.keys().await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(message_id = %sms.message_id, error = %e, "verify secret unavailable");
+                return None;
+            }
+        };
+        match keys.open_body(sms.message_id.0, &sms.body) {
+            Ok(body) => {
+                sms.body = body;
+                Some(())
+            }
+            Err(e) => {
+                tracing::error!(message_id = %sms.message_id, error = %e, "sealed body does not open");
+                None
+            }
+        }
     }
 
     pub fn owner(&self) -> &str {
@@ -412,7 +460,9 @@ impl Deliverer {
                 // The previous owner may have sent it and cannot tell us:
                 // ask the provider it was sending with before sending
                 // anything again.
-                let sms = self.sms(&msg, now);
+                let Some(sms) = self.outgoing(&msg, now).await else {
+                    return Report::StoreDown;
+                };
                 let snap = Snapshot::of(&msg, msg.attempts, previous_start);
                 let Some(answer) = self
                     .reconcile(provider.as_deref(), &msg.provider, &sms, previous_start)
@@ -557,7 +607,9 @@ impl Deliverer {
                 },
             };
 
-            let sms = self.sms(&msg, now);
+            let Some(sms) = self.outgoing(&msg, now).await else {
+                return Report::StoreDown;
+            };
             let started = Instant::now();
             let outcome = tokio::select! {
                 o = tokio::time::timeout(self.settings.provider_timeout, provider.send(&sms)) => {

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod opt_outs;
 pub mod receipts;
 pub mod server;
+pub mod verifications;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -52,6 +53,8 @@ pub struct AppState {
     pub replays: Arc<ReplayCache>,
     /// Requests waiting for a message another request sends, per tenant.
     pub waiters: Arc<Waiters>,
+    /// Verifications (one-time codes).
+    pub verify: Arc<crate::verify::Verifier>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -67,6 +70,7 @@ pub fn router_with(state: SharedState, serve_metrics: bool) -> Router {
         .merge(messages::router())
         .merge(opt_outs::router())
         .merge(receipts::router())
+        .merge(verifications::router())
         .merge(health::router());
     if serve_metrics {
         api = api.merge(metrics::router());

@@ -23,12 +23,14 @@ pub(crate) mod row;
 pub mod sqlite;
 pub mod time;
 pub mod types;
+pub mod verification;
 
 pub use error::{SqlxResultExt, StoreError};
 pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
 pub use sqlite::SqliteStore;
 pub use types::*;
+pub use verification::*;
 
 /// What a receipt with a final delivery status makes of a `sent` message.
 pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> MessageError {
@@ -47,6 +49,7 @@ pub trait Store:
     + OptOutStore
     + MaintenanceStore
     + RoutingStore
+    + VerificationStore
     + Send
     + Sync
     + 'static
@@ -60,6 +63,7 @@ impl<T> Store for T where
         + OptOutStore
         + MaintenanceStore
         + RoutingStore
+        + VerificationStore
         + Send
         + Sync
         + 'static
@@ -235,6 +239,71 @@ pub trait OptOutStore: Send + Sync {
         after: Option<&str>,
         limit: u32,
     ) -> Result<Vec<OptOut>, StoreError>;
+}
+
+/// Verifications (one-time codes). Every method that changes one is a
+/// single transaction that locks it (Postgres: the row, and an advisory lock
+/// per destination prefix for starts; SQLite: `BEGIN IMMEDIATE`), decides
+/// with the pure functions of `verify::decide`, and writes the change, the
+/// message it sends and the answer it replays together.
+#[async_trait]
+pub trait VerificationStore: Send + Sync {
+    /// The verify secret kept in the database, created from `candidate` by
+    /// the first caller (every later caller reads that one).
+    async fn verify_secret(&self, candidate: &[u8]) -> Result<Vec<u8>, StoreError>;
+    /// Starts a verification under its (tenant, key) with its first message
+    /// (`message`, leased by `lease`), unless the key is taken, a per-hour
+    /// limit is reached or the destination prefix is paused.
+    async fn start_verification(
+        &self,
+        v: &NewVerification,
+        message: &NewMessage,
+        lease: &Lease,
+        policy: &StartPolicy,
+    ) -> Result<StartOutcome, StoreError>;
+    /// A tenant's verification by id.
+    async fn verification(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+    ) -> Result<Option<VerificationRecord>, StoreError>;
+    /// Checks a code (see [`crate::verify::decide::check`]).
+    async fn check_verification(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        op: Option<OpKey<'_>>,
+        now: OffsetDateTime,
+        matches: CodeMatcher<'_>,
+        render: CheckRenderer<'_>,
+    ) -> Result<CheckOutcome, StoreError>;
+    /// Sends the code once more (see [`crate::verify::decide::resend`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn resend_verification(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        op: OpKey<'_>,
+        now: OffsetDateTime,
+        rules: (std::time::Duration, u32),
+        build: SendBuilder<'_>,
+        lease: &Lease,
+        render: ResendRenderer<'_>,
+    ) -> Result<ResendOutcome, StoreError>;
+    /// Deletes up to `batch` verifications (with their stored answers) that
+    /// expired before `cutoff` (retention); their keys are free again.
+    async fn purge_verifications(
+        &self,
+        cutoff: OffsetDateTime,
+        batch: u32,
+    ) -> Result<u64, StoreError>;
+    /// Cancels a pending verification; returns it as it is after.
+    async fn cancel_verification(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        now: OffsetDateTime,
+    ) -> Result<Option<VerificationRecord>, StoreError>;
 }
 
 /// Schema, health, shutdown and retention.

@@ -45,4 +45,5 @@ mod sqlite_writer;
 mod store;
 mod twilio;
 mod twilio_reconcile;
+mod verify;
 mod waiters;

@@ -21,6 +21,7 @@ mod opt_outs;
 mod receipts;
 mod routing;
 mod tenants;
+mod verifications;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 

@@ -30,6 +30,7 @@ mod opt_outs;
 mod receipts;
 mod routing;
 mod tenants;
+mod verifications;
 mod writer;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");

@@ -1,0 +1,448 @@
+//! `POST /verifications`, `GET /verifications/{id}`, and a verification's
+//! `check`, `resend` and `cancel` (see `src/verify/mod.rs`).
+//!
+//! A start follows the idempotency protocol of `POST /messages`: the insert
+//! under the unique (tenant, key) constraint decides which request owns the
+//! verification; its first message is inserted in the same transaction and
+//! delivered by a task of its own, so the handler never calls the provider.
+//! A replay answers the verification as it is now (it has no frozen final
+//! answer: its status moves on with checks), with `Idempotent-Replayed`.
+//! Checks and resends with an `Idempotency-Key` replay their first answer,
+//! stored in the transaction that made the change.
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use uuid::Uuid;
+
+use super::messages::{is_json, read_body};
+use super::{Authenticated, SharedState, Tenant};
+use crate::domain::{FieldError, IdempotencyKey, segments};
+use crate::error::ApiError;
+use crate::store::StoreError;
+use crate::store::{
+    CheckOutcome, NewVerification, OpKey, ResendOutcome, StartOutcome, StartPolicy, StoredResponse,
+    VerificationRecord, send_key,
+};
+use crate::verify::decide::{self, PausePolicy};
+use crate::verify::{
+    SentMessage, StartRequest, VerificationOut, crypto, next_send, parse_check, parse_id,
+    public_id, send_message,
+};
+
+pub fn router() -> Router<SharedState> {
+    Router::new()
+        .route("/verifications", post(create))
+        .route("/verifications/{id}", get(show))
+        .route("/verifications/{id}/check", post(check))
+        .route("/verifications/{id}/resend", post(resend))
+        .route("/verifications/{id}/cancel", post(cancel))
+}
+
+fn respond(status: StatusCode, body: Vec<u8>, id: Uuid, replayed: bool) -> Response {
+    let mut resp = (status, body).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!("/verifications/{}", public_id(id))) {
+        h.insert(header::LOCATION, v);
+    }
+    if replayed {
+        h.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+fn stored(r: StoredResponse, id: Uuid) -> Response {
+    let status = StatusCode::from_u16(r.status_code).unwrap_or(StatusCode::OK);
+    respond(status, r.body, id, true)
+}
+
+fn bad_body(e: Option<Vec<FieldError>>) -> ApiError {
+    match e {
+        None => ApiError::MalformedJson,
+        Some(errors) => ApiError::Validation(errors),
+    }
+}
+
+fn required_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+    optional_key(headers)?.ok_or(ApiError::MissingIdempotencyKey)
+}
+
+fn optional_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    headers
+        .get("idempotency-key")
+        .map(|v| {
+            IdempotencyKey::parse_header(v.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)
+        })
+        .transpose()
+}
+
+fn path_id(id: Result<Path<String>, PathRejection>) -> Result<Uuid, ApiError> {
+    let Path(id) = id.map_err(|_| ApiError::NotFound)?;
+    parse_id(&id).ok_or(ApiError::NotFound)
+}
+
+fn not_pending(s: decide::VerificationStatus) -> ApiError {
+    ApiError::VerificationNotPending(s.as_str())
+}
+
+/// The messages sent for a verification, as answered (purged ones left out).
+async fn messages(
+    state: &SharedState,
+    v: &VerificationRecord,
+) -> Result<Vec<SentMessage>, ApiError> {
+    let mut out = Vec::new();
+    for n in 1..=v.sends {
+        if let Some(m) = state.store.message(v.tenant_id, &send_key(v.id, n)).await? {
+            out.push(SentMessage::of(&m, v));
+        }
+    }
+    Ok(out)
+}
+
+async fn resource(state: &SharedState, v: &VerificationRecord) -> Result<Vec<u8>, ApiError> {
+    let messages = messages(state, v).await?;
+    Ok(VerificationOut::of(v, messages, &state.verify.settings, state.clock.now()).to_json())
+}
+
+async fn create(
+    State(state): State<SharedState>,
+    Authenticated(tenant): Authenticated,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    state
+        .limiter
+        .request(tenant.id)
+        .map_err(|r| ApiError::RateLimited {
+            limit: r.limit,
+            retry_after: r.retry_after,
+        })?;
+    let key = required_key(&headers)?;
+    if !is_json(&headers) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let body = read_body(body, state.body_read_timeout).await?;
+    let request = StartRequest::parse(&body).map_err(bad_body)?;
+    let mut errors = Vec::new();
+    if let Some(allowed) = &tenant.allowed_countries {
+        let ok = request
+            .country
+            .as_ref()
+            .is_some_and(|c| allowed.iter().any(|a| a.eq_ignore_ascii_case(c)));
+        if !ok {
+            errors.push(FieldError {
+                field: "to".into(),
+                message: format!(
+                    "the destination country is not allowed for this account (allowed: {})",
+                    allowed.join(", ")
+                ),
+            });
+        }
+    }
+    let longest = "9".repeat(usize::try_from(request.code_length).unwrap_or(10));
+    let sample = crate::verify::render(request.template.as_deref(), &longest);
+    if segments::count(&sample).segments > state.max_segments {
+        errors.push(FieldError {
+            field: "template".into(),
+            message: format!("takes more than {} SMS segments", state.max_segments),
+        });
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    let verify = &state.verify;
+    let keys = verify.secret.keys().await?;
+    let now = state.clock.now();
+    let id = Uuid::now_v7();
+    let code = crypto::generate_code(request.code_length);
+    let new = NewVerification {
+        id,
+        tenant_id: tenant.id,
+        idempotency_key: key.to_string(),
+        fingerprint: request.fingerprint(),
+        to: request.to.to_string(),
+        country: request.country.clone(),
+        prefix: crate::ratelimit::prefix_of(request.to.as_str()),
+        code_length: request.code_length,
+        code_mac: keys.code_mac(id, &code).to_vec(),
+        code_sealed: keys.seal(id.as_bytes(), code.as_bytes()),
+        template: request.template.clone(),
+        checks_remaining: verify.settings.max_checks,
+        created_at: now,
+        expires_at: now + time::Duration::seconds(i64::from(request.ttl_seconds)),
+    };
+    let mut first = VerificationRecord::started(&new);
+    first.sends = 0;
+    let deliverer = &state.deliverer;
+    let message = send_message(
+        &keys,
+        &first,
+        1,
+        &code,
+        deliverer.provider_name(),
+        deliverer.settings().retry.deadline,
+        now,
+    )
+    .ok_or_else(|| ApiError::Internal("a parsed number is not E.164".into()))?;
+    drop(code);
+    let lease = deliverer.new_lease();
+    let policy = StartPolicy {
+        number_per_hour: verify.number_per_hour,
+        prefix_per_hour: verify.prefix_per_hour,
+        pause: PausePolicy {
+            min_starts: verify.settings.pause_min_starts,
+            min_approval_percent: verify.settings.pause_min_approval_percent,
+        },
+        pause_window: verify.settings.pause_window,
+        pause_for: verify.settings.pause_duration,
+    };
+    let country = request.country.as_deref();
+    // Two starts with one key but different destinations take different
+    // prefix locks; the unique (tenant, key) constraint decides, and the
+    // loser, tried again, finds the winner's verification.
+    let mut outcome = state
+        .store
+        .start_verification(&new, &message, &lease, &policy)
+        .await;
+    if matches!(outcome, Err(StoreError::Conflict { .. })) {
+        outcome = state
+            .store
+            .start_verification(&new, &message, &lease, &policy)
+            .await;
+    }
+    match outcome? {
+        StartOutcome::Created {
+            verification,
+            message,
+        } => {
+            state.metrics.verify_event("start", country);
+            state.metrics.verify_event("send", country);
+            let out = VerificationOut::of(
+                &verification,
+                vec![SentMessage::of(&message, &verification)],
+                &verify.settings,
+                now,
+            );
+            deliverer.spawn(*message, lease, true);
+            Ok(respond(StatusCode::CREATED, out.to_json(), id, false))
+        }
+        StartOutcome::Existing(v) => {
+            if v.fingerprint != new.fingerprint {
+                return Err(ApiError::KeyReused);
+            }
+            let body = resource(&state, &v).await?;
+            Ok(respond(StatusCode::CREATED, body, v.id, true))
+        }
+        StartOutcome::Limited { limit, retry_after } => {
+            Err(ApiError::RateLimited { limit, retry_after })
+        }
+        StartOutcome::Paused { until, newly } => {
+            if newly {
+                state.metrics.verify_event("pause", country);
+            }
+            let wait = std::time::Duration::try_from(until - now)
+                .unwrap_or(std::time::Duration::from_secs(1));
+            Err(ApiError::DestinationPaused(wait))
+        }
+    }
+}
+
+async fn show(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = path_id(id)?;
+    let v = state
+        .store
+        .verification(tenant_id, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(respond(
+        StatusCode::OK,
+        resource(&state, &v).await?,
+        id,
+        false,
+    ))
+}
+
+async fn check(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let id = path_id(id)?;
+    let key = optional_key(&headers)?;
+    if !is_json(&headers) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let body = read_body(body, state.body_read_timeout).await?;
+    let code = parse_check(&body).map_err(bad_body)?;
+    let keys = state.verify.secret.keys().await?;
+    let v = state
+        .store
+        .verification(tenant_id, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let sent = messages(&state, &v).await?;
+    let now = state.clock.now();
+    // The fingerprint of a check is the code's HMAC: never the code.
+    let fingerprint = keys.code_mac(id, &code);
+    let op = key.as_ref().map(|k| OpKey {
+        key: k.as_str(),
+        fingerprint: &fingerprint,
+    });
+    let settings = &state.verify.settings;
+    let matches = |rec: &VerificationRecord| keys.code_matches(rec.id, &code, &rec.code_mac);
+    let render = |rec: &VerificationRecord, valid: bool| {
+        let mut out = VerificationOut::of(rec, sent.clone(), settings, now);
+        out.valid = Some(valid);
+        out.to_json()
+    };
+    let outcome = state
+        .store
+        .check_verification(tenant_id, id, op, now, &matches, &render)
+        .await?;
+    let country = v.country.as_deref();
+    match outcome {
+        CheckOutcome::NotFound => Err(ApiError::NotFound),
+        CheckOutcome::Replay(op) => {
+            if op.fingerprint != fingerprint {
+                return Err(ApiError::KeyReused);
+            }
+            Ok(stored(op.response, id))
+        }
+        CheckOutcome::Done {
+            decision, response, ..
+        } => {
+            let metrics = &state.metrics;
+            match decision {
+                decide::Check::Approve => {
+                    metrics.verify_event("check", country);
+                    metrics.verify_event("approval", country);
+                }
+                decide::Check::Wrong { .. } => metrics.verify_event("check", country),
+                decide::Check::LastWrong => {
+                    metrics.verify_event("check", country);
+                    metrics.verify_event("max_attempts", country);
+                }
+                decide::Check::Expire => {
+                    metrics.verify_event("expiry", country);
+                    return Err(not_pending(decide::VerificationStatus::Expired));
+                }
+                decide::Check::NotPending(s) => return Err(not_pending(s)),
+            }
+            let response =
+                response.ok_or_else(|| ApiError::Internal("a check without its answer".into()))?;
+            Ok(respond(StatusCode::OK, response.body, id, false))
+        }
+    }
+}
+
+async fn resend(
+    State(state): State<SharedState>,
+    Authenticated(tenant): Authenticated,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state
+        .limiter
+        .request(tenant.id)
+        .map_err(|r| ApiError::RateLimited {
+            limit: r.limit,
+            retry_after: r.retry_after,
+        })?;
+    let id = path_id(id)?;
+    let key = required_key(&headers)?;
+    let keys = state.verify.secret.keys().await?;
+    let v = state
+        .store
+        .verification(tenant.id, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let sent = messages(&state, &v).await?;
+    let now = state.clock.now();
+    let settings = &state.verify.settings;
+    let deliverer = &state.deliverer;
+    let provider = deliverer.provider_name();
+    let deadline = deliverer.settings().retry.deadline;
+    let build = |rec: &VerificationRecord| next_send(&keys, rec, provider, deadline, now);
+    let render = |rec: &VerificationRecord, m: &crate::store::MessageRecord| {
+        let mut all = sent.clone();
+        all.push(SentMessage::of(m, rec));
+        VerificationOut::of(rec, all, settings, now).to_json()
+    };
+    let lease = deliverer.new_lease();
+    let op = OpKey {
+        key: key.as_str(),
+        fingerprint: b"resend",
+    };
+    let outcome = state
+        .store
+        .resend_verification(
+            tenant.id,
+            id,
+            op,
+            now,
+            (settings.resend_cooldown, settings.max_sends),
+            &build,
+            &lease,
+            &render,
+        )
+        .await?;
+    let country = v.country.as_deref();
+    match outcome {
+        ResendOutcome::NotFound => Err(ApiError::NotFound),
+        ResendOutcome::Replay(op) => Ok(stored(op.response, id)),
+        ResendOutcome::Refused { decision, .. } => Err(match decision {
+            decide::Resend::TooSoon(wait) => ApiError::ResendTooSoon(wait),
+            decide::Resend::MaxSends => ApiError::MaxSendsReached,
+            decide::Resend::Expire => {
+                state.metrics.verify_event("expiry", country);
+                not_pending(decide::VerificationStatus::Expired)
+            }
+            decide::Resend::NotPending(s) => not_pending(s),
+            decide::Resend::Send => ApiError::Internal("a resend refused with Send".into()),
+        }),
+        ResendOutcome::Sent {
+            message, response, ..
+        } => {
+            state.metrics.verify_event("send", country);
+            deliverer.spawn(*message, lease, true);
+            Ok(respond(StatusCode::CREATED, response.body, id, false))
+        }
+    }
+}
+
+async fn cancel(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = path_id(id)?;
+    let now = state.clock.now();
+    let v = state
+        .store
+        .cancel_verification(tenant_id, id, now)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    match decide::status_at(&v.state(), now) {
+        decide::VerificationStatus::Canceled => Ok(respond(
+            StatusCode::OK,
+            resource(&state, &v).await?,
+            id,
+            false,
+        )),
+        other => Err(not_pending(other)),
+    }
+}

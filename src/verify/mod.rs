@@ -1,0 +1,423 @@
+//! Verifications: one-time codes sent through the ordinary exactly-once send
+//! path (see docs/architecture.md, "Verifications").
+//!
+//! - A code is drawn from a CSPRNG and never stored, logged or answered in
+//!   plain text: the row keeps an HMAC of it (checks compare in constant
+//!   time) and the code sealed under a key derived from the verify secret
+//!   (resends); each send is a message whose body is sealed to its message
+//!   id and opened only by the delivery task, right before the provider call.
+//! - Each send is a message under the idempotency key
+//!   `ver_<id>:send:<n>`, inserted in the same transaction as the change that
+//!   causes it (the start, or the resend that raised `sends` to n).
+//! - What a check or resend may do is decided by the pure functions in
+//!   [`decide`]; the store applies them under a lock.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::clock::to_time;
+use crate::config::VerifySettings;
+use crate::domain::{FieldError, IdempotencyKey, MessageId, Phone, segments};
+use crate::store::{MessageRecord, NewMessage, VerificationRecord, send_key};
+
+pub mod crypto;
+pub mod decide;
+
+pub use crypto::{Keys, SecretSource};
+pub use decide::VerificationStatus;
+
+/// The text sent when a start names no template.
+pub const DEFAULT_TEMPLATE: &str = "Your verification code is {code}";
+/// Where the code goes in a template.
+pub const PLACEHOLDER: &str = "{code}";
+
+/// The verification service's parts an HTTP handler needs.
+pub struct Verifier {
+    pub settings: VerifySettings,
+    pub secret: Arc<SecretSource>,
+    /// Starts per destination number / prefix per hour (0: no limit).
+    pub number_per_hour: u32,
+    pub prefix_per_hour: u32,
+}
+
+/// A parsed, valid `POST /verifications` body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartRequest {
+    pub to: Phone,
+    pub country: Option<String>,
+    pub code_length: u32,
+    pub ttl_seconds: u32,
+    pub template: Option<String>,
+}
+
+impl StartRequest {
+    /// Parses a JSON body; `Err(None)`: not a JSON object.
+    pub fn parse(body: &[u8]) -> Result<Self, Option<Vec<FieldError>>> {
+        let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| None)?;
+        let obj = value.as_object().ok_or(None)?;
+        let mut errors = Vec::new();
+        let err = |field: &str, message: &str| FieldError {
+            field: field.into(),
+            message: message.into(),
+        };
+        for k in obj.keys() {
+            if !matches!(
+                k.as_str(),
+                "to" | "code_length" | "ttl_seconds" | "template"
+            ) {
+                errors.push(err(k, "unknown field"));
+            }
+        }
+        let mut to = None;
+        match obj.get("to").map(|v| v.as_str()) {
+            None => errors.push(err("to", "is required")),
+            Some(None) => errors.push(err("to", "must be a string")),
+            Some(Some(s)) => match crate::domain::phone::parse(s) {
+                Some(p) => to = Some(p.into_parts()),
+                None => errors.push(err(
+                    "to",
+                    "must be a valid phone number in E.164 (+ and digits)",
+                )),
+            },
+        }
+        let int =
+            |field: &str, lo: u64, hi: u64, default: u32, errors: &mut Vec<FieldError>| match obj
+                .get(field)
+            {
+                None => default,
+                // JSON Schema's `integer` includes `7.0`.
+                Some(v) => match v
+                    .as_u64()
+                    .or_else(|| {
+                        v.as_f64()
+                            .filter(|f| f.fract() == 0.0 && (0.0..=1e9).contains(f))
+                            .map(|f| f as u64)
+                    })
+                    .filter(|n| (lo..=hi).contains(n))
+                {
+                    Some(n) => u32::try_from(n).unwrap_or(default),
+                    None => {
+                        errors.push(FieldError {
+                            field: field.into(),
+                            message: format!("must be a whole number from {lo} to {hi}"),
+                        });
+                        default
+                    }
+                },
+            };
+        let code_length = int("code_length", 4, 10, 6, &mut errors);
+        let ttl_seconds = int("ttl_seconds", 30, 3600, 600, &mut errors);
+        let template = match obj.get("template") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(t)) => {
+                let braces = t.chars().filter(|c| matches!(c, '{' | '}')).count();
+                if t.matches(PLACEHOLDER).count() != 1 || braces != 2 {
+                    errors.push(err(
+                        "template",
+                        "must contain {code} exactly once, and no other { or }",
+                    ));
+                } else if t.chars().count() > 1000 {
+                    errors.push(err("template", "must be at most 1000 characters"));
+                }
+                Some(t.clone())
+            }
+            Some(_) => {
+                errors.push(err("template", "must be a string"));
+                None
+            }
+        };
+        match to {
+            Some((to, country)) if errors.is_empty() => Ok(Self {
+                to,
+                country,
+                code_length,
+                ttl_seconds,
+                template,
+            }),
+            _ => Err(Some(errors)),
+        }
+    }
+
+    /// SHA-256 of the request's meaning, to tell a replay from another
+    /// request under the same key.
+    pub fn fingerprint(&self) -> Vec<u8> {
+        let mut h = Sha256::new();
+        h.update(b"verification v1\0");
+        h.update(self.to.as_str());
+        h.update(format!("\0{}\0{}\0", self.code_length, self.ttl_seconds));
+        match &self.template {
+            Some(t) => {
+                h.update(b"t");
+                h.update(t);
+            }
+            None => h.update(b"-"),
+        }
+        h.finalize().to_vec()
+    }
+}
+
+/// A check's code: 4 to 10 digits.
+pub fn parse_check(body: &[u8]) -> Result<String, Option<Vec<FieldError>>> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| None)?;
+    let obj = value.as_object().ok_or(None)?;
+    let bad = |message: &str| {
+        Some(vec![FieldError {
+            field: "code".into(),
+            message: message.into(),
+        }])
+    };
+    if let Some(k) = obj.keys().find(|k| k.as_str() != "code") {
+        return Err(Some(vec![FieldError {
+            field: k.clone(),
+            message: "unknown field".into(),
+        }]));
+    }
+    match obj.get("code") {
+        None => Err(bad("is required")),
+        Some(serde_json::Value::String(c))
+            if (4..=10).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            Ok(c.clone())
+        }
+        Some(_) => Err(bad("must be a string of 4 to 10 digits")),
+    }
+}
+
+/// The text of a verification's SMS with `code` in it.
+pub fn render(template: Option<&str>, code: &str) -> String {
+    template
+        .unwrap_or(DEFAULT_TEMPLATE)
+        .replacen(PLACEHOLDER, code, 1)
+}
+
+/// The text of a verification's SMS with its code masked, as answered.
+pub fn masked(v: &VerificationRecord) -> String {
+    let stars = "*".repeat(usize::try_from(v.code_length).unwrap_or(6));
+    render(v.template.as_deref(), &stars)
+}
+
+/// The public id of a verification.
+pub fn public_id(id: Uuid) -> String {
+    format!("ver_{}", id.simple())
+}
+
+/// A path's verification id; `None` for anything that is not one.
+pub fn parse_id(s: &str) -> Option<Uuid> {
+    let hex = s.strip_prefix("ver_")?;
+    if hex.len() != 32 {
+        return None;
+    }
+    Uuid::try_parse(hex).ok()
+}
+
+/// The message of send number `v.sends + 1`: the code opened, rendered,
+/// and sealed again to the new message's id. `None` when the code does not
+/// open (the verify secret changed).
+pub fn next_send(
+    keys: &Keys,
+    v: &VerificationRecord,
+    provider: &str,
+    retry_deadline: std::time::Duration,
+    now: OffsetDateTime,
+) -> Option<NewMessage> {
+    let code = keys.open(v.id.as_bytes(), &v.code_sealed).ok()?;
+    let code = String::from_utf8(code).ok()?;
+    send_message(keys, v, v.sends + 1, &code, provider, retry_deadline, now)
+}
+
+/// The message of send number `n` of `code`; `None` if the stored number
+/// is not E.164 (a broken row).
+pub fn send_message(
+    keys: &Keys,
+    v: &VerificationRecord,
+    n: u32,
+    code: &str,
+    provider: &str,
+    retry_deadline: std::time::Duration,
+    now: OffsetDateTime,
+) -> Option<NewMessage> {
+    let key = send_key(v.id, n);
+    let body = render(v.template.as_deref(), code);
+    let count = segments::count(&body);
+    let id = MessageId::new();
+    let remaining = (v.expires_at - now).whole_seconds().max(1);
+    Some(NewMessage {
+        id,
+        tenant_id: v.tenant_id,
+        // `ver_` + hex + `:send:` + digits: always a valid key.
+        idempotency_key: IdempotencyKey::parse(&key).ok()?,
+        fingerprint: Sha256::digest(key.as_bytes()).to_vec(),
+        to: Phone::from_e164(&v.to)?,
+        from: None,
+        body: keys.seal_body(id.0, &body),
+        segments: count.segments,
+        encoding: count.encoding,
+        metadata: BTreeMap::from([("verification_id".to_string(), public_id(v.id))]),
+        validity_seconds: Some(i32::try_from(remaining).unwrap_or(i32::MAX)),
+        provider: provider.to_string(),
+        created_at: now,
+        expires_at: Some(v.expires_at),
+        deadline_at: (now + to_time(retry_deadline)).min(v.expires_at),
+    })
+}
+
+/// A verification's message as answered: never its body's code.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SentMessage {
+    pub id: String,
+    pub idempotency_key: String,
+    pub status: crate::domain::Status,
+    pub body: String,
+}
+
+impl SentMessage {
+    pub fn of(m: &MessageRecord, v: &VerificationRecord) -> Self {
+        Self {
+            id: m.id.to_string(),
+            idempotency_key: m.idempotency_key.to_string(),
+            status: m.status,
+            body: masked(v),
+        }
+    }
+}
+
+/// The verification resource (never the code).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct VerificationOut {
+    pub id: String,
+    pub status: VerificationStatus,
+    pub to: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    pub sends: u32,
+    pub checks_remaining: u32,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub resend_available_at: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub approved_at: Option<OffsetDateTime>,
+    pub messages: Vec<SentMessage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub valid: Option<bool>,
+}
+
+impl VerificationOut {
+    pub fn of(
+        v: &VerificationRecord,
+        messages: Vec<SentMessage>,
+        settings: &VerifySettings,
+        now: OffsetDateTime,
+    ) -> Self {
+        let state = v.state();
+        Self {
+            id: public_id(v.id),
+            status: decide::status_at(&state, now),
+            to: v.to.clone(),
+            created_at: v.created_at,
+            expires_at: v.expires_at,
+            sends: v.sends,
+            checks_remaining: v.checks_remaining,
+            resend_available_at: decide::resend_available_at(
+                &state,
+                now,
+                settings.resend_cooldown,
+                settings.max_sends,
+            ),
+            approved_at: v.approved_at,
+            messages,
+            valid: None,
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_requests_are_validated_field_by_field() {
+        let ok = StartRequest::parse(br#"{"to": "+14155552671"}"#).unwrap();
+        assert_eq!(
+            (ok.code_length, ok.ttl_seconds, ok.template.as_deref()),
+            (6, 600, None)
+        );
+        let rows: [(&[u8], Option<&str>); 10] = [
+            (
+                br#"{"to": "+14155552671", "code_length": 3}"#,
+                Some("code_length"),
+            ),
+            (
+                br#"{"to": "+14155552671", "code_length": 11}"#,
+                Some("code_length"),
+            ),
+            (
+                br#"{"to": "+14155552671", "ttl_seconds": 29}"#,
+                Some("ttl_seconds"),
+            ),
+            (
+                br#"{"to": "+14155552671", "ttl_seconds": 3601}"#,
+                Some("ttl_seconds"),
+            ),
+            (
+                br#"{"to": "+14155552671", "template": "no code"}"#,
+                Some("template"),
+            ),
+            (
+                br#"{"to": "+14155552671", "template": "{code}{code}"}"#,
+                Some("template"),
+            ),
+            (br#"{"to": "12"}"#, Some("to")),
+            (br#"{"to": "+14155552671", "x": 1}"#, Some("x")),
+            (
+                br#"{"to": "+14155552671", "template": "{x} {code}"}"#,
+                Some("template"),
+            ),
+            (br#"[]"#, None),
+        ];
+        for (body, field) in rows {
+            match StartRequest::parse(body) {
+                Ok(r) => panic!("accepted {r:?}"),
+                Err(None) => assert_eq!(field, None),
+                Err(Some(e)) => assert_eq!(Some(e[0].field.as_str()), field),
+            }
+        }
+        let t = StartRequest::parse(
+            br#"{"to": "+14155552671", "code_length": 8.0, "ttl_seconds": 60, "template": "Code: {code}"}"#,
+        )
+        .unwrap();
+        assert_eq!(t.code_length, 8);
+        assert_ne!(t.fingerprint(), ok.fingerprint());
+    }
+
+    #[test]
+    fn check_codes_are_digits() {
+        assert_eq!(parse_check(br#"{"code": "123456"}"#).unwrap(), "123456");
+        assert!(matches!(
+            parse_check(br#"{"code": "12a456"}"#),
+            Err(Some(_))
+        ));
+        assert!(matches!(parse_check(br#"{"code": 123456}"#), Err(Some(_))));
+        assert!(matches!(parse_check(br#"{"code": "123"}"#), Err(Some(_))));
+        assert!(matches!(parse_check(br#"{}"#), Err(Some(_))));
+        assert!(matches!(parse_check(b"nope"), Err(None)));
+    }
+
+    #[test]
+    fn templates_render_and_mask() {
+        assert_eq!(render(None, "123456"), "Your verification code is 123456");
+        assert_eq!(render(Some("{code} is your code"), "42"), "42 is your code");
+        let id = Uuid::now_v7();
+        assert_eq!(parse_id(&public_id(id)), Some(id));
+        assert_eq!(parse_id("ver_xyz"), None);
+        assert_eq!(parse_id(&id.simple().to_string()), None);
+    }
+}

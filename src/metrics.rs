@@ -42,6 +42,8 @@ const TAKEOVERS: &str = "sendonce_rescuer_takeovers_total";
 const RECEIPTS: &str = "sendonce_receipts_total";
 const PURGED: &str = "sendonce_purged_messages_total";
 const INTERRUPTED: &str = "sendonce_deliveries_interrupted_total";
+const DB_CONNECTS: &str = "sendonce_db_connections_opened_total";
+const DB_SWITCHES: &str = "sendonce_db_host_switches_total";
 
 /// The reasons of [`Metrics::delivery_interrupted`], in its counters' order.
 const INTERRUPTIONS: [&str; 3] = ["lease_lost", "store_down", "stopped"];
@@ -62,6 +64,8 @@ pub struct Metrics {
     interrupted: [Counter; 3],
     takeovers: Counter,
     purged: Counter,
+    db_connects: Counter,
+    db_switches: Counter,
     in_flight: Gauge,
     oldest_processing: Gauge,
     /// Labelled handles, registered on first use and reused after: a
@@ -139,6 +143,14 @@ impl Metrics {
             ),
             (PURGED, "Messages deleted past retention"),
             (
+                DB_CONNECTS,
+                "Database connections the pool opened (every reconnect included)",
+            ),
+            (
+                DB_SWITCHES,
+                "Times the pool followed a failover to another Postgres host",
+            ),
+            (
                 INTERRUPTED,
                 "Delivery runs that ended neither final nor rescheduled, by reason (lease_lost, store_down, stopped)",
             ),
@@ -184,6 +196,8 @@ impl Metrics {
             }),
             takeovers: counter(TAKEOVERS),
             purged: counter(PURGED),
+            db_connects: counter(DB_CONNECTS),
+            db_switches: counter(DB_SWITCHES),
             in_flight: gauge(IN_FLIGHT),
             oldest_processing: gauge(OLDEST),
             handle: recorder.handle(),
@@ -322,6 +336,12 @@ impl Metrics {
     }
 
     /// The text exposition, with the gauges read at scrape time set first.
+    /// Takes the connector's counts (kept by the store) before a render.
+    pub fn set_db_connections(&self, opened: u64, host_switches: u64) {
+        self.db_connects.absolute(opened);
+        self.db_switches.absolute(host_switches);
+    }
+
     pub fn render(&self, in_flight: usize, oldest_processing: Option<Duration>) -> String {
         self.in_flight.set(in_flight as f64);
         if let Some(age) = oldest_processing {

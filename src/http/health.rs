@@ -19,8 +19,9 @@ async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// The database answers; otherwise 503.
+/// The database answers and takes writes; otherwise 503. Says which role
+/// (and, on Postgres, which host) it sees.
 async fn readyz(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
-    state.store.ping().await?;
-    Ok(Json(json!({"status": "ok"})))
+    let database = state.store.status().await?;
+    Ok(Json(json!({"status": "ok", "database": database})))
 }

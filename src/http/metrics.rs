@@ -112,6 +112,10 @@ async fn scrape(State(state): State<SharedState>) -> Response {
             None
         }
     };
+    let db = state.store.connection_stats();
+    state
+        .metrics
+        .set_db_connections(db.connections_opened, db.host_switches);
     let body = state.metrics.render(state.deliverer.in_flight(), oldest);
     (
         [(

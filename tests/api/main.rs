@@ -30,6 +30,7 @@ macro_rules! on_both_backends {
 mod contract;
 mod delivery;
 mod durability;
+mod failover;
 mod hardening;
 mod helpers;
 mod lifecycle;

@@ -193,3 +193,28 @@ async fn a_single_read_only_server_is_unavailable_not_written_to() {
         "{write:?}"
     );
 }
+
+#[tokio::test]
+async fn without_target_session_attrs_a_host_that_answers_will_do() {
+    let database = fresh_database().await;
+    let gone = Proxy::start(upstream()).await;
+    gone.cut();
+    let direct: PgConnectOptions = database.parse().unwrap();
+    let first = direct.clone().host("127.0.0.1").port(gone.addr.port());
+    let store = PgStore::connect_lazy_to(
+        Targets {
+            hosts: vec![first, direct.clone()],
+            writable_only: false,
+        },
+        &settings(),
+    );
+    let status = eventually("a host that answers", || async {
+        store.status().await.ok()
+    })
+    .await;
+    assert_eq!(
+        status.host.as_deref(),
+        Some(format!("{}:{}", direct.get_host(), direct.get_port()).as_str())
+    );
+    assert_eq!(store.connection_stats().host_switches, 1);
+}

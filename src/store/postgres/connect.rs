@@ -11,8 +11,9 @@
 //!   refused, so no statement ever runs on a standby through a fresh
 //!   connection, and the monitor is woken;
 //! - a monitor task probes the current host every [`PROBE_EVERY`] over its
-//!   own connection; when the host is gone or no longer writable it walks
-//!   the hosts in order, and points the pool at the first writable one
+//!   own connection; when the host is gone (or, with
+//!   `target_session_attrs`, no longer writable) it walks the hosts in
+//!   order, and points the pool at the first one that will do
 //!   (the pool's pending connects pick the new options up on their next try);
 //! - idle connections opened before a switch are dropped on acquire
 //!   (`before_acquire` compares their age with the time since the switch,
@@ -35,6 +36,10 @@ use crate::store::ConnectionStats;
 
 /// How often the monitor checks that the current host is still writable.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// The least time the monitor gives a host to connect and answer before
+/// looking elsewhere: a busy primary is not a gone one.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What `DATABASE_URL` asks for: the hosts in order, and whether only a
 /// writable server will do.
@@ -166,6 +171,16 @@ impl HostState {
     }
 }
 
+/// Whether a server will do: answers, and (with `target_session_attrs`)
+/// accepts writes.
+async fn usable(conn: &mut PgConnection, writable_only: bool) -> Result<bool, sqlx::Error> {
+    if writable_only {
+        writable(conn).await
+    } else {
+        conn.ping().await.map(|()| true)
+    }
+}
+
 /// Whether the server accepts writes: not in recovery, not read-only.
 pub async fn writable(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
     let read_only: bool = sqlx::query_scalar(
@@ -221,17 +236,16 @@ async fn monitor(pool: PgPool, state: Arc<HostState>, connect_timeout: Duration)
     let mut probe: Option<PgConnection> = None;
     loop {
         let current = state.current.load(Ordering::Acquire);
-        if !probe_ok(&mut probe, &state.targets.hosts[current], connect_timeout).await {
+        if !probe_ok(&mut probe, &state.targets, current, connect_timeout).await {
             probe = None;
-            if let Some((found, conn)) =
-                find_writable(&state.targets, current, connect_timeout).await
+            if let Some((found, conn)) = find_usable(&state.targets, current, connect_timeout).await
             {
                 probe = Some(conn);
                 if found != current {
                     tracing::warn!(
                         from = %host_of(&state.targets.hosts[current]),
                         to = %host_of(&state.targets.hosts[found]),
-                        "Postgres: switching to the writable host"
+                        "Postgres: switching host"
                     );
                     pool.set_connect_options(state.targets.hosts[found].clone());
                     state.switch_to(found);
@@ -250,18 +264,19 @@ fn host_of(o: &PgConnectOptions) -> String {
     format!("{}:{}", o.get_host(), o.get_port())
 }
 
-/// Whether the probe connection (opened if needed) sees a writable server.
+/// Whether the probe connection (opened if needed) sees a usable server.
 async fn probe_ok(
     probe: &mut Option<PgConnection>,
-    host: &PgConnectOptions,
+    targets: &Targets,
+    current: usize,
     connect_timeout: Duration,
 ) -> bool {
     if probe.is_none() {
-        *probe = connect(host, connect_timeout).await;
+        *probe = connect(&targets.hosts[current], connect_timeout).await;
     }
     match probe {
         Some(conn) => matches!(
-            tokio::time::timeout(connect_timeout, writable(conn)).await,
+            tokio::time::timeout(connect_timeout, usable(conn, targets.writable_only)).await,
             Ok(Ok(true))
         ),
         None => false,
@@ -275,9 +290,9 @@ async fn connect(host: &PgConnectOptions, timeout: Duration) -> Option<PgConnect
     }
 }
 
-/// The first writable host, trying those after `current` first and
+/// The first usable host, trying those after `current` first and
 /// `current` last, with a connection to it.
-async fn find_writable(
+async fn find_usable(
     targets: &Targets,
     current: usize,
     timeout: Duration,
@@ -289,7 +304,7 @@ async fn find_writable(
             continue;
         };
         if matches!(
-            tokio::time::timeout(timeout, writable(&mut conn)).await,
+            tokio::time::timeout(timeout, usable(&mut conn, targets.writable_only)).await,
             Ok(Ok(true))
         ) {
             return Some((i, conn));

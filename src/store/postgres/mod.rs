@@ -63,7 +63,11 @@ impl PgStore {
             // query; a broken connection is discarded on its first error instead.
             .test_before_acquire(false);
         let pool = connect::hook(pool_options, &hosts).connect_lazy_with(options);
-        connect::spawn_monitor(&pool, &hosts, settings.acquire_timeout);
+        connect::spawn_monitor(
+            &pool,
+            &hosts,
+            settings.acquire_timeout.max(connect::PROBE_TIMEOUT),
+        );
         Self {
             pool,
             hosts: Some(hosts),

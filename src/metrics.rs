@@ -420,6 +420,7 @@ mod tests {
         m.takeover();
         m.purged(1);
         m.delivery_interrupted("lease_lost");
+        m.set_db_connections(3, 1);
         let text = m.render(0, Some(Duration::ZERO));
         let exported: std::collections::BTreeSet<&str> = text
             .lines()
@@ -433,7 +434,8 @@ mod tests {
             .filter_map(|l| l.split('`').next())
             .filter(|name| name.starts_with("sendonce_"))
             .collect();
-        assert_eq!(exported.len(), 12, "{text}");
+        assert_eq!(exported.len(), 14, "{text}");
+        assert!(text.contains("sendonce_db_host_switches_total 1"), "{text}");
         assert!(
             text.contains("sendonce_deliveries_interrupted_total{reason=\"lease_lost\"} 1"),
             "{text}"

@@ -48,6 +48,8 @@ const FAILOVERS: &str = "sendonce_provider_failovers_total";
 const CIRCUIT: &str = "sendonce_provider_circuit_state";
 const BATCH_SIZE: &str = "sendonce_store_batch_size";
 const VERIFY: &str = "sendonce_verify_events_total";
+const DB_CONNECTS: &str = "sendonce_db_connections_opened_total";
+const DB_SWITCHES: &str = "sendonce_db_host_switches_total";
 
 /// The reasons of [`Metrics::delivery_interrupted`], in its counters' order.
 const INTERRUPTIONS: [&str; 3] = ["lease_lost", "store_down", "stopped"];
@@ -68,6 +70,8 @@ pub struct Metrics {
     interrupted: [Counter; 3],
     takeovers: Counter,
     purged: Counter,
+    db_connects: Counter,
+    db_switches: Counter,
     in_flight: Gauge,
     oldest_processing: Gauge,
     /// Labelled handles, registered on first use and reused after: a
@@ -229,6 +233,14 @@ impl Metrics {
             ),
             (PURGED, "Messages deleted past retention"),
             (
+                DB_CONNECTS,
+                "Database connections the pool opened (every reconnect included)",
+            ),
+            (
+                DB_SWITCHES,
+                "Times the pool followed a failover to another Postgres host",
+            ),
+            (
                 INTERRUPTED,
                 "Delivery runs that ended neither final nor rescheduled, by reason (lease_lost, store_down, stopped)",
             ),
@@ -287,6 +299,8 @@ impl Metrics {
             }),
             takeovers: counter(TAKEOVERS),
             purged: counter(PURGED),
+            db_connects: counter(DB_CONNECTS),
+            db_switches: counter(DB_SWITCHES),
             in_flight: gauge(IN_FLIGHT),
             oldest_processing: gauge(OLDEST),
             handle: recorder.handle(),
@@ -495,6 +509,12 @@ impl Metrics {
     }
 
     /// The text exposition, with the gauges read at scrape time set first.
+    /// Takes the connector's counts (kept by the store) before a render.
+    pub fn set_db_connections(&self, opened: u64, host_switches: u64) {
+        self.db_connects.absolute(opened);
+        self.db_switches.absolute(host_switches);
+    }
+
     pub fn render(&self, in_flight: usize, oldest_processing: Option<Duration>) -> String {
         self.in_flight.set(in_flight as f64);
         if let Some(age) = oldest_processing {
@@ -584,6 +604,7 @@ mod tests {
         m.attach_batch_sizes(Arc::clone(&sizes));
         m.verify_event("start", Some("US"));
         m.verify_event("start", Some("not a country"));
+        m.set_db_connections(3, 1);
         let text = m.render(0, Some(Duration::ZERO));
         let exported: std::collections::BTreeSet<&str> = text
             .lines()
@@ -597,7 +618,7 @@ mod tests {
             .filter_map(|l| l.split('`').next())
             .filter(|name| name.starts_with("sendonce_"))
             .collect();
-        assert_eq!(exported.len(), 16, "{text}");
+        assert_eq!(exported.len(), 18, "{text}");
         assert!(
             text.contains("sendonce_provider_circuit_state{provider=\"twilio\"} 2"),
             "{text}"
@@ -612,6 +633,7 @@ mod tests {
             text.contains("sendonce_verify_events_total{event=\"start\",country=\"unknown\"} 1"),
             "{text}"
         );
+        assert!(text.contains("sendonce_db_host_switches_total 1"), "{text}");
         assert!(
             text.contains("sendonce_deliveries_interrupted_total{reason=\"lease_lost\"} 1"),
             "{text}"

@@ -158,19 +158,23 @@ impl Notifier {
     /// Listens on Postgres until `stop`: one connection of its own (outside
     /// the request pool), reconnecting with a capped backoff.
     pub async fn listen(self, pool: PgPool, stop: CancellationToken) {
-        // A pool of one, only so that the listener has a connection of its
-        // own and does not hold one of the request pool's.
-        let options = (*pool.connect_options())
-            .clone()
-            .application_name(LISTENER_NAME);
-        let own = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy_with(options);
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self.listen_once(&own, &stop).await {
+            // A pool of one, only so that the listener has a connection of
+            // its own and does not hold one of the request pool's. Rebuilt on
+            // every reconnect from the request pool's current options, so
+            // that after a database failover it listens on the new primary.
+            let options = (*pool.connect_options())
+                .clone()
+                .application_name(LISTENER_NAME);
+            let own = PgPoolOptions::new()
+                .max_connections(1)
+                .min_connections(0)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_lazy_with(options);
+            let outcome = self.listen_once(&own, &stop).await;
+            own.close().await;
+            match outcome {
                 Ok(()) => return,
                 Err(e) => {
                     self.set_connected(false);

@@ -19,11 +19,12 @@ async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// The database answers; otherwise 503. The detail lists the providers in
-/// order with their circuits: an open circuit does not make the instance
-/// unready (the next provider takes its messages).
+/// The database answers and takes writes; otherwise 503. Says which role
+/// (and, on Postgres, which host) it sees, and lists the providers in order
+/// with their circuits: an open circuit does not make the instance unready
+/// (the next provider takes its messages).
 async fn readyz(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
-    state.store.ping().await?;
+    let database = state.store.status().await?;
     let providers: Vec<Value> = state
         .deliverer
         .circuits()
@@ -31,5 +32,7 @@ async fn readyz(State(state): State<SharedState>) -> Result<Json<Value>, ApiErro
         .into_iter()
         .map(|c| json!({"name": c.provider, "circuit": c.state.as_str()}))
         .collect();
-    Ok(Json(json!({"status": "ok", "providers": providers})))
+    Ok(Json(
+        json!({"status": "ok", "database": database, "providers": providers}),
+    ))
 }

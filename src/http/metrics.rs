@@ -115,6 +115,10 @@ async fn scrape(State(state): State<SharedState>) -> Response {
     for c in state.deliverer.circuits().await {
         state.metrics.circuit(&c.provider, c.state.gauge());
     }
+    let db = state.store.connection_stats();
+    state
+        .metrics
+        .set_db_connections(db.connections_opened, db.host_switches);
     let body = state.metrics.render(state.deliverer.in_flight(), oldest);
     (
         [(

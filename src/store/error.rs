@@ -81,8 +81,9 @@ fn is_unavailable(db: &dyn DatabaseError) -> bool {
             .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 10 | 13 | 14));
     }
     // Postgres SQLSTATE: connection exceptions, admin shutdown / crash /
-    // starting up, too many connections.
-    code.starts_with("08") || code.starts_with("57P") || code == "53300"
+    // starting up, too many connections; a write reaching a server that was
+    // demoted to a standby in a failover (read_only_sql_transaction).
+    code.starts_with("08") || code.starts_with("57P") || code == "53300" || code == "25006"
 }
 
 /// Turns a driver result into a store result: the one place errors are mapped.

@@ -306,6 +306,25 @@ pub trait VerificationStore: Send + Sync {
     ) -> Result<Option<VerificationRecord>, StoreError>;
 }
 
+/// What `/readyz` reports about the database it reached.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DbStatus {
+    /// `primary` (a Postgres server that accepts writes) or `file` (SQLite).
+    pub role: &'static str,
+    /// `host:port` of the Postgres server in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+/// Counts of what the Postgres connector did, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionStats {
+    /// Connections the pool opened (every reconnect included).
+    pub connections_opened: u64,
+    /// Times the pool was pointed at another host (a failover followed).
+    pub host_switches: u64,
+}
+
 /// Schema, health, shutdown and retention.
 #[async_trait]
 pub trait MaintenanceStore: Send + Sync {
@@ -313,6 +332,19 @@ pub trait MaintenanceStore: Send + Sync {
     async fn migrate(&self) -> Result<(), StoreError>;
     /// Whether the database answers.
     async fn ping(&self) -> Result<(), StoreError>;
+    /// The database's role as seen from here; `Unavailable` when it does
+    /// not answer or cannot take writes.
+    async fn status(&self) -> Result<DbStatus, StoreError> {
+        self.ping().await?;
+        Ok(DbStatus {
+            role: "file",
+            host: None,
+        })
+    }
+    /// What the connector did so far.
+    fn connection_stats(&self) -> ConnectionStats {
+        ConnectionStats::default()
+    }
     /// Releases every lease `owner` holds so another instance resumes those
     /// messages at once (graceful shutdown). Returns how many.
     async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError>;

@@ -30,6 +30,7 @@ macro_rules! on_both_backends {
 mod batching;
 mod caches;
 mod contract;
+mod db_failover;
 mod delivery;
 mod durability;
 mod failover;

@@ -15,14 +15,14 @@ use tokio::task::JoinSet;
 
 use crate::helpers::*;
 
-struct Proxy {
-    addr: SocketAddr,
+pub(crate) struct Proxy {
+    pub(crate) addr: SocketAddr,
     down: Arc<AtomicBool>,
     conns: Arc<std::sync::Mutex<JoinSet<()>>>,
 }
 
 impl Proxy {
-    async fn start(upstream: SocketAddr) -> Proxy {
+    pub(crate) async fn start(upstream: SocketAddr) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let down = Arc::new(AtomicBool::new(false));
@@ -45,7 +45,7 @@ impl Proxy {
     }
 
     /// Breaks every connection and refuses new ones.
-    fn cut(&self) {
+    pub(crate) fn cut(&self) {
         self.down.store(true, Ordering::SeqCst);
         self.conns.lock().unwrap().abort_all();
     }
@@ -55,7 +55,7 @@ impl Proxy {
     }
 }
 
-fn upstream() -> SocketAddr {
+pub(crate) fn upstream() -> SocketAddr {
     let url = reqwest::Url::parse(&admin_url()).unwrap();
     let host = url.host_str().unwrap_or("127.0.0.1");
     let host = if host == "localhost" {

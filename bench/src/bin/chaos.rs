@@ -86,6 +86,19 @@ struct Args {
     /// row and probes after 2 s.
     #[arg(long)]
     two_providers: bool,
+    /// The instances' `DATABASE_URL` names these hosts (`h1:p1,h2:p2`, a
+    /// highly available cluster, `scripts/ha.sh`) instead of the admin
+    /// server alone, with `target_session_attrs=read-write`.
+    #[arg(long)]
+    hosts: Option<String>,
+    /// A shell command run once during the load (a failover, `scripts/ha.sh`);
+    /// the run then reports the time from it to the first acknowledged
+    /// request sent after it.
+    #[arg(long)]
+    switch_cmd: Option<String>,
+    /// When to run --switch-cmd, in ms after the load starts.
+    #[arg(long, default_value_t = 3000)]
+    switch_after_ms: u64,
 }
 
 struct Instance {
@@ -185,6 +198,13 @@ struct Load {
     acknowledged: std::sync::Mutex<HashSet<String>>,
     reused: AtomicUsize,
     gave_up: AtomicUsize,
+    /// When --switch-cmd started and returned, and the first
+    /// acknowledgement of a request sent after it returned.
+    switch_began: std::sync::Mutex<Option<Instant>>,
+    switched_at: std::sync::Mutex<Option<Instant>>,
+    first_ack_after_switch: std::sync::Mutex<Option<Duration>>,
+    /// When each 201/202 came back.
+    acks: std::sync::Mutex<Vec<Instant>>,
 }
 
 /// What the run saw at the end.
@@ -217,7 +237,13 @@ async fn run(args: Args) -> Result<bool, String> {
     let mut admin = PgConnection::connect(&admin_url)
         .await
         .map_err(|e| format!("connect to {admin_url}: {e}"))?;
-    let db = create_database(&mut admin, &admin_url, "chaos").await?;
+    let mut db = create_database(&mut admin, &admin_url, "chaos").await?;
+    if let Some(hosts) = &args.hosts {
+        db.url = format!(
+            "postgres://postgres@{hosts}/{}?target_session_attrs=read-write",
+            db.name
+        );
+    }
     let outcome = run_on(args, bin_dir, log_dir, &db, cluster).await;
     drop_database(&mut admin, &db).await;
     outcome
@@ -267,10 +293,12 @@ async fn run_on(
         Arc::clone(&instances),
         Arc::clone(&load_done),
     ));
+    let switcher = tokio::spawn(switch(Arc::clone(&run), Arc::clone(&load)));
     send_load(&run, &ports, &load).await;
     load_done.store(true, Ordering::SeqCst);
     let load_secs = started.elapsed().as_secs_f64();
     let (kills, pg_restarted) = killer.await.unwrap_or((0, false));
+    let switch_ok = switcher.await.unwrap_or(false);
 
     restart_missing(&run, &instances).await;
     let outcome = settle(&run, &db.url, mock_port).await?;
@@ -280,7 +308,7 @@ async fn run_on(
         pg_restarted,
         ..outcome
     };
-    let ok = report(&run, &load, &outcome);
+    let ok = report(&run, &load, &outcome) && switch_ok;
 
     // Tidy up: stop everything (the caller drops the database).
     for inst in instances.lock().await.iter_mut() {
@@ -377,6 +405,30 @@ async fn kill_loop(
     (kills, pg_restarted)
 }
 
+/// Runs --switch-cmd once, --switch-after-ms into the load. False if it
+/// failed.
+async fn switch(run: Arc<Run>, load: Arc<Load>) -> bool {
+    let Some(cmd) = &run.args.switch_cmd else {
+        return true;
+    };
+    tokio::time::sleep(Duration::from_millis(run.args.switch_after_ms)).await;
+    if let Ok(mut at) = load.switch_began.lock() {
+        *at = Some(Instant::now());
+    }
+    println!("chaos: switching: {cmd}");
+    let status = Command::new("sh").arg("-c").arg(cmd).status().await;
+    if let Ok(mut at) = load.switched_at.lock() {
+        *at = Some(Instant::now());
+    }
+    match status {
+        Ok(s) if s.success() => true,
+        other => {
+            eprintln!("chaos: {cmd}: {other:?}");
+            false
+        }
+    }
+}
+
 /// Every key once plus its duplicates, shuffled, `concurrency` at a time.
 async fn send_load(run: &Arc<Run>, ports: &[u16], load: &Arc<Load>) {
     let mut requests: Vec<usize> = (0..run.args.keys)
@@ -411,6 +463,7 @@ async fn send_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let port = ports[rand::rng().random_range(0..ports.len())];
+        let sent_at = Instant::now();
         let resp = run
             .client
             .post(format!("http://127.0.0.1:{port}/messages"))
@@ -423,6 +476,16 @@ async fn send_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
             Ok(201 | 202) => {
                 if let Ok(mut a) = load.acknowledged.lock() {
                     a.insert(key.clone());
+                }
+                if let Ok(mut acks) = load.acks.lock() {
+                    acks.push(Instant::now());
+                }
+                let switched = load.switched_at.lock().ok().and_then(|a| *a);
+                if let Some(at) = switched.filter(|at| sent_at >= *at)
+                    && let Ok(mut first) = load.first_ack_after_switch.lock()
+                {
+                    let took = Instant::now() - at;
+                    *first = Some(first.map_or(took, |f| f.min(took)));
                 }
                 return;
             }
@@ -452,9 +515,7 @@ async fn restart_missing(run: &Run, instances: &Mutex<Vec<Instance>>) {
 /// Waits (up to --settle-secs) for nothing to be processing, then reads the
 /// messages' states and the mock's counts.
 async fn settle(run: &Run, database_url: &str, mock_port: u16) -> Result<Outcome, String> {
-    let mut db = PgConnection::connect(database_url)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut db = connect_writable(database_url).await?;
     let settle_deadline = Instant::now() + Duration::from_secs(run.args.settle_secs);
     let mut processing: i64;
     loop {
@@ -498,6 +559,21 @@ async fn settle(run: &Run, database_url: &str, mock_port: u16) -> Result<Outcome
         stored,
         stats,
     })
+}
+
+/// A connection to the writable host of a (maybe multi-host) URL.
+async fn connect_writable(url: &str) -> Result<PgConnection, String> {
+    use sendonce::store::postgres::connect::{Targets, writable};
+    use sqlx::ConnectOptions;
+    let targets = Targets::parse(url).map_err(|e| e.to_string())?;
+    for host in &targets.hosts {
+        if let Ok(mut conn) = host.connect().await
+            && writable(&mut conn).await.unwrap_or(false)
+        {
+            return Ok(conn);
+        }
+    }
+    Err(format!("no writable host in {url}"))
 }
 
 /// Prints the counts; true if nothing is stuck, duplicated, lost, refused
@@ -548,6 +624,32 @@ fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
     );
     println!("422 on a retry:     {reused}");
     println!("clients gave up:    {gave_up}");
+    if run.args.switch_cmd.is_some() {
+        let first = load.first_ack_after_switch.lock().ok().and_then(|f| *f);
+        match first {
+            Some(d) => println!(
+                "switch to first ack: {:.2} s  (from the switch command's return to the first 201/202 to a request sent after it)",
+                d.as_secs_f64()
+            ),
+            None => println!("switch to first ack: none"),
+        }
+        let switched = load.switch_began.lock().ok().and_then(|a| *a);
+        let mut acks = load.acks.lock().map(|a| a.clone()).unwrap_or_default();
+        acks.sort();
+        let gap = switched.map(|at| {
+            acks.windows(2)
+                .filter(|w| w[1] >= at)
+                .map(|w| w[1] - w[0].max(at))
+                .max()
+                .unwrap_or_default()
+        });
+        if let Some(gap) = gap {
+            println!(
+                "longest ack gap:    {:.2} s  (after the switch began: no request answered 201/202)",
+                gap.as_secs_f64()
+            );
+        }
+    }
 
     let ok = o.processing == 0 && duplicates == 0 && lost == 0 && reused == 0 && gave_up == 0;
     println!("chaos: {}", if ok { "PASS" } else { "FAIL" });

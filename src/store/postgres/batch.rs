@@ -124,6 +124,7 @@ impl Lanes {
             pool: store.pool.clone(),
             sizes: Arc::clone(&store.sizes),
             lanes: Arc::default(),
+            hosts: store.hosts.clone(),
         };
         let s = bare.clone();
         let claim = Lane::start(BatchKind::Claim, Arc::clone(&store.sizes), move |items| {

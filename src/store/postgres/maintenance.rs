@@ -5,7 +5,7 @@ use time::OffsetDateTime;
 
 use super::{MIGRATOR, PgStore};
 use crate::store::time::{DbTime, db};
-use crate::store::{MaintenanceStore, StoreError};
+use crate::store::{ConnectionStats, DbStatus, MaintenanceStore, StoreError};
 
 #[async_trait]
 impl MaintenanceStore for PgStore {
@@ -23,6 +23,26 @@ impl MaintenanceStore for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    async fn status(&self) -> Result<DbStatus, StoreError> {
+        let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+            .fetch_one(&self.pool)
+            .await?;
+        if in_recovery {
+            return Err(StoreError::Unavailable(sqlx::Error::Protocol(
+                "the database server is a standby".into(),
+            )));
+        }
+        let o = self.pool.connect_options();
+        Ok(DbStatus {
+            role: "primary",
+            host: Some(format!("{}:{}", o.get_host(), o.get_port())),
+        })
+    }
+
+    fn connection_stats(&self) -> ConnectionStats {
+        self.hosts.as_ref().map(|h| h.stats()).unwrap_or_default()
     }
 
     #[tracing::instrument(name = "store.release_leases", level = "debug", skip_all)]

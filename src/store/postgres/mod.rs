@@ -9,12 +9,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 
 use super::StoreError;
 use crate::metrics::BatchSizes;
 
 mod batch;
+pub mod connect;
 mod maintenance;
 mod messages;
 mod opt_outs;
@@ -42,6 +43,9 @@ pub struct PgStore {
     /// The coalesced writes (`batch.rs`), started on first use so that
     /// building a store needs no runtime.
     lanes: Arc<OnceLock<batch::Lanes>>,
+    /// The hosts `DATABASE_URL` names and which one is in use; `None` for a
+    /// pool built elsewhere.
+    hosts: Option<Arc<connect::HostState>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -55,17 +59,38 @@ impl std::fmt::Debug for PgStore {
 impl PgStore {
     /// Builds a lazily connecting pool: the service starts (and answers 503)
     /// even while the database is down, and recovers when it returns.
+    ///
+    /// `url` may name several hosts (see [`connect`]); the pool then only
+    /// keeps connections to the writable one, and a monitor task (started
+    /// here, so call this inside a Tokio runtime) follows a failover.
     pub fn connect_lazy(url: &str, settings: &PoolSettings) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = url.parse().map_err(StoreError::Other)?;
-        let pool = PgPoolOptions::new()
+        let targets = connect::Targets::parse(url).map_err(StoreError::Other)?;
+        Ok(Self::connect_lazy_to(targets, settings))
+    }
+
+    /// [`connect_lazy`](Self::connect_lazy) to hosts given one by one.
+    pub fn connect_lazy_to(targets: connect::Targets, settings: &PoolSettings) -> Self {
+        let hosts = Arc::new(connect::HostState::new(targets));
+        let options = hosts.current_options().clone();
+        let pool_options = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .min_connections(0)
             .acquire_timeout(settings.acquire_timeout)
             // Checking each connection before use costs a round trip per
             // query; a broken connection is discarded on its first error instead.
-            .test_before_acquire(false)
-            .connect_lazy_with(options);
-        Ok(Self::from_pool(pool))
+            .test_before_acquire(false);
+        let pool = connect::hook(pool_options, &hosts).connect_lazy_with(options);
+        connect::spawn_monitor(
+            &pool,
+            &hosts,
+            settings.acquire_timeout.max(connect::PROBE_TIMEOUT),
+        );
+        Self {
+            pool,
+            sizes: Arc::default(),
+            lanes: Arc::default(),
+            hosts: Some(hosts),
+        }
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
@@ -73,6 +98,7 @@ impl PgStore {
             pool,
             sizes: Arc::default(),
             lanes: Arc::default(),
+            hosts: None,
         }
     }
 

@@ -50,9 +50,15 @@ fn wait_in_background(app: &TestApp, key: &str, n: usize) -> Vec<tokio::task::Jo
 async fn a_duplicate_beyond_the_waiter_cap_is_answered_at_once(backend: Backend) {
     let mut settings = test_settings();
     settings.caches.max_waiters_per_tenant = 2;
+    // The gated call must outlast however long a loaded machine takes to
+    // reach `notify_one`: a provider timeout would make it ambiguous and
+    // resend it (a legitimate second call that this test would count).
+    settings.delivery.provider_timeout = Duration::from_secs(60);
+    settings.delivery.lease = Duration::from_secs(120);
     let app = spawn_with(TestOptions {
         backend,
         settings,
+        provider_timeout: Duration::from_secs(60),
         ..TestOptions::default()
     })
     .await;

@@ -24,9 +24,12 @@ use super::{Authenticated, SharedState, Tenant};
 use crate::domain::{FieldError, IdempotencyKey, segments};
 use crate::error::ApiError;
 use crate::store::StoreError;
+use std::sync::Arc;
+
 use crate::store::{
-    CheckOutcome, NewVerification, OpKey, ResendOutcome, StartOutcome, StartPolicy, StoredResponse,
-    VerificationRecord, send_key,
+    CheckOutcome, CheckRenderer, CodeMatcher, NewVerification, OpKey, ResendOutcome,
+    ResendRenderer, SendBuilder, StartOutcome, StartPolicy, StoredResponse, VerificationRecord,
+    send_key,
 };
 use crate::verify::decide::{self, PausePolicy};
 use crate::verify::{
@@ -302,16 +305,19 @@ async fn check(
         key: k.as_str(),
         fingerprint: &fingerprint,
     });
-    let settings = &state.verify.settings;
-    let matches = |rec: &VerificationRecord| keys.code_matches(rec.id, &code, &rec.code_mac);
-    let render = |rec: &VerificationRecord, valid: bool| {
-        let mut out = VerificationOut::of(rec, sent.clone(), settings, now);
+    let settings = state.verify.settings.clone();
+    let mac_keys = Arc::clone(&keys);
+    let matches: CodeMatcher = Arc::new(move |rec: &VerificationRecord| {
+        mac_keys.code_matches(rec.id, &code, &rec.code_mac)
+    });
+    let render: CheckRenderer = Arc::new(move |rec: &VerificationRecord, valid: bool| {
+        let mut out = VerificationOut::of(rec, sent.clone(), &settings, now);
         out.valid = Some(valid);
         out.to_json()
-    };
+    });
     let outcome = state
         .store
-        .check_verification(tenant_id, id, op, now, &matches, &render)
+        .check_verification(tenant_id, id, op, now, matches, render)
         .await?;
     let country = v.country.as_deref();
     match outcome {
@@ -376,12 +382,16 @@ async fn resend(
     let deliverer = &state.deliverer;
     let provider = deliverer.provider_name();
     let deadline = deliverer.settings().retry.deadline;
-    let build = |rec: &VerificationRecord| next_send(&keys, rec, provider, deadline, now);
-    let render = |rec: &VerificationRecord, m: &crate::store::MessageRecord| {
-        let mut all = sent.clone();
-        all.push(SentMessage::of(m, rec));
-        VerificationOut::of(rec, all, settings, now).to_json()
-    };
+    let build: SendBuilder =
+        Arc::new(move |rec: &VerificationRecord| next_send(&keys, rec, provider, deadline, now));
+    let shown = settings.clone();
+    let render: ResendRenderer = Arc::new(
+        move |rec: &VerificationRecord, m: &crate::store::MessageRecord| {
+            let mut all = sent.clone();
+            all.push(SentMessage::of(m, rec));
+            VerificationOut::of(rec, all, &shown, now).to_json()
+        },
+    );
     let lease = deliverer.new_lease();
     let op = OpKey {
         key: key.as_str(),
@@ -395,9 +405,9 @@ async fn resend(
             op,
             now,
             (settings.resend_cooldown, settings.max_sends),
-            &build,
+            build,
             &lease,
-            &render,
+            render,
         )
         .await?;
     let country = v.country.as_deref();

@@ -274,8 +274,8 @@ pub trait VerificationStore: Send + Sync {
         id: Uuid,
         op: Option<OpKey<'_>>,
         now: OffsetDateTime,
-        matches: CodeMatcher<'_>,
-        render: CheckRenderer<'_>,
+        matches: CodeMatcher,
+        render: CheckRenderer,
     ) -> Result<CheckOutcome, StoreError>;
     /// Sends the code once more (see [`crate::verify::decide::resend`]).
     #[allow(clippy::too_many_arguments)]
@@ -286,9 +286,9 @@ pub trait VerificationStore: Send + Sync {
         op: OpKey<'_>,
         now: OffsetDateTime,
         rules: (std::time::Duration, u32),
-        build: SendBuilder<'_>,
+        build: SendBuilder,
         lease: &Lease,
-        render: ResendRenderer<'_>,
+        render: ResendRenderer,
     ) -> Result<ResendOutcome, StoreError>;
     /// Deletes up to `batch` verifications (with their stored answers) that
     /// expired before `cutoff` (retention); their keys are free again.

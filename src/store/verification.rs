@@ -177,16 +177,22 @@ pub enum ResendOutcome {
     },
 }
 
+// The decisions a check or a resend makes inside its transaction are the
+// caller's (the code's HMAC, the answer's JSON), handed in as shared
+// closures: `'static`, so that the SQLite store can run them inside a job of
+// its single writer.
+
 /// Decides whether a check's code is right, in constant time.
-pub type CodeMatcher<'a> = &'a (dyn Fn(&VerificationRecord) -> bool + Send + Sync);
+pub type CodeMatcher = std::sync::Arc<dyn Fn(&VerificationRecord) -> bool + Send + Sync>;
 /// Builds the answer of a check (`valid`) from the verification after it.
-pub type CheckRenderer<'a> = &'a (dyn Fn(&VerificationRecord, bool) -> Vec<u8> + Send + Sync);
+pub type CheckRenderer = std::sync::Arc<dyn Fn(&VerificationRecord, bool) -> Vec<u8> + Send + Sync>;
 /// Builds the message of the next send; `None` when the code cannot be
 /// opened (the secret changed).
-pub type SendBuilder<'a> = &'a (dyn Fn(&VerificationRecord) -> Option<NewMessage> + Send + Sync);
+pub type SendBuilder =
+    std::sync::Arc<dyn Fn(&VerificationRecord) -> Option<NewMessage> + Send + Sync>;
 /// Builds the answer of a resend from the verification and its new message.
-pub type ResendRenderer<'a> =
-    &'a (dyn Fn(&VerificationRecord, &MessageRecord) -> Vec<u8> + Send + Sync);
+pub type ResendRenderer =
+    std::sync::Arc<dyn Fn(&VerificationRecord, &MessageRecord) -> Vec<u8> + Send + Sync>;
 
 /// The columns of a verification row, in [`VerificationRow`]'s order.
 macro_rules! verification_columns {

@@ -334,8 +334,8 @@ impl VerificationStore for PgStore {
         id: Uuid,
         op: Option<OpKey<'_>>,
         now: OffsetDateTime,
-        matches: CodeMatcher<'_>,
-        render: CheckRenderer<'_>,
+        matches: CodeMatcher,
+        render: CheckRenderer,
     ) -> Result<CheckOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
         let Some(mut rec) = locked(&mut tx, tenant_id, id).await? else {
@@ -379,9 +379,9 @@ impl VerificationStore for PgStore {
         op: OpKey<'_>,
         now: OffsetDateTime,
         rules: (std::time::Duration, u32),
-        build: SendBuilder<'_>,
+        build: SendBuilder,
         lease: &Lease,
-        render: ResendRenderer<'_>,
+        render: ResendRenderer,
     ) -> Result<ResendOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
         let Some(mut rec) = locked(&mut tx, tenant_id, id).await? else {

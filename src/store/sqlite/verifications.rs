@@ -1,13 +1,10 @@
-//! Verifications on SQLite. Each change is one `BEGIN IMMEDIATE`
-//! transaction: its write lock serialises it with every other writer, so the
-//! per-hour counts and the pause decision are exact across instances.
-//!
-//! The one exception to "every write goes through the writer": a check or a
-//! resend decides inside its transaction with the caller's closures (the
-//! code matcher, the renderers), which a writer job (`'static`) cannot
-//! carry. So these transactions take the file's write lock from the read
-//! pool and wait for it (the busy timeout) the way a second process would;
-//! they are rare next to sends, and nothing else changes.
+//! Verifications on SQLite. Each change is one job of the single writer
+//! (`writer.rs`): it runs inside the writer's transaction, which holds the
+//! file's write lock, so the per-hour counts, the pause decision and a
+//! check's read-decide-write are exact across instances, and no verification
+//! ever waits on the busy timeout. The caller's decisions (the code's HMAC,
+//! the answer's JSON) come in as shared `'static` closures and run inside
+//! the job.
 
 use async_trait::async_trait;
 use sqlx::types::Json;
@@ -26,7 +23,7 @@ use crate::store::{
 };
 use crate::verify::decide::{self, VerificationStatus};
 
-type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+use sqlx::SqliteConnection;
 
 /// A count as an `INTEGER` column.
 fn to_i32(n: u32) -> i32 {
@@ -36,7 +33,7 @@ fn to_i32(n: u32) -> i32 {
 /// Inserts a verification's message, its first attempt started and leased,
 /// in the caller's transaction; returns the claimed record.
 async fn insert_message(
-    tx: &mut Tx,
+    c: &mut SqliteConnection,
     m: &NewMessage,
     lease: &Lease,
 ) -> Result<MessageRecord, StoreError> {
@@ -68,7 +65,7 @@ async fn insert_message(
     .bind(db(m.created_at))
     .bind(m.expires_at.map(db))
     .bind(db(m.deadline_at))
-    .fetch_one(&mut **tx)
+    .fetch_one(&mut *c)
     .await?;
     sqlx::query(
         "INSERT INTO attempts (message_id, number, lease_owner, started_at) VALUES (?1, 1, ?2, ?3)",
@@ -76,14 +73,14 @@ async fn insert_message(
     .bind(m.id.0)
     .bind(&lease.owner)
     .bind(db(m.created_at))
-    .execute(&mut **tx)
+    .execute(&mut *c)
     .await?;
     let opted_out: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = ?1 AND number = ?2)",
     )
     .bind(m.tenant_id)
     .bind(&m.to)
-    .fetch_one(&mut **tx)
+    .fetch_one(&mut *c)
     .await?;
     Ok(MessageRecord::claimed(
         m,
@@ -94,7 +91,7 @@ async fn insert_message(
 }
 
 async fn locked(
-    tx: &mut Tx,
+    c: &mut SqliteConnection,
     tenant_id: Uuid,
     id: Uuid,
 ) -> Result<Option<VerificationRecord>, StoreError> {
@@ -105,13 +102,13 @@ async fn locked(
     ))
     .bind(id)
     .bind(tenant_id)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *c)
     .await?;
     row.map(VerificationRecord::try_from).transpose()
 }
 
 async fn stored_op(
-    tx: &mut Tx,
+    c: &mut SqliteConnection,
     id: Uuid,
     kind: &str,
     key: &str,
@@ -123,7 +120,7 @@ async fn stored_op(
     .bind(id)
     .bind(kind)
     .bind(key)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *c)
     .await?;
     Ok(row.map(|(fingerprint, code, body)| StoredOp {
         fingerprint,
@@ -135,7 +132,7 @@ async fn stored_op(
 }
 
 async fn store_op(
-    tx: &mut Tx,
+    c: &mut SqliteConnection,
     id: Uuid,
     kind: &str,
     op: OpKey<'_>,
@@ -153,12 +150,12 @@ async fn store_op(
     .bind(i16::try_from(response.status_code).unwrap_or(200))
     .bind(&response.body)
     .bind(db(now))
-    .execute(&mut **tx)
+    .execute(&mut *c)
     .await?;
     Ok(())
 }
 
-async fn write_state(tx: &mut Tx, rec: &VerificationRecord) -> Result<(), StoreError> {
+async fn write_state(c: &mut SqliteConnection, rec: &VerificationRecord) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE verifications SET status = ?2, checks_remaining = ?3, approved_at = ?4, \
             sends = ?5, last_sent_at = ?6, updated_at = ?7 WHERE id = ?1",
@@ -170,27 +167,154 @@ async fn write_state(tx: &mut Tx, rec: &VerificationRecord) -> Result<(), StoreE
     .bind(to_i32(rec.sends))
     .bind(db(rec.last_sent_at))
     .bind(db(rec.updated_at))
-    .execute(&mut **tx)
+    .execute(&mut *c)
     .await?;
     Ok(())
+}
+
+/// A start, inside the writer's transaction.
+async fn start(
+    c: &mut SqliteConnection,
+    v: &NewVerification,
+    message: &NewMessage,
+    lease: &Lease,
+    policy: &StartPolicy,
+) -> Result<StartOutcome, StoreError> {
+    let now = v.created_at;
+    let existing: Option<VerificationRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        verification_columns!(),
+        " FROM verifications WHERE tenant_id = ?1 AND idempotency_key = ?2"
+    ))
+    .bind(v.tenant_id)
+    .bind(&v.idempotency_key)
+    .fetch_optional(&mut *c)
+    .await?;
+    if let Some(row) = existing {
+        return Ok(StartOutcome::Existing(Box::new(row.try_into()?)));
+    }
+    let pause: Option<DbTime> = sqlx::query_scalar(
+        "SELECT paused_until FROM verify_pauses WHERE tenant_id = ?1 AND prefix = ?2",
+    )
+    .bind(v.tenant_id)
+    .bind(&v.prefix)
+    .fetch_optional(&mut *c)
+    .await?;
+    let pause = pause.map(|t| t.0);
+    if let Some(until) = pause.filter(|t| *t > now) {
+        return Ok(StartOutcome::Paused {
+            until,
+            newly: false,
+        });
+    }
+    let (approved, concluded): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(SUM(CASE WHEN status = 'approved' THEN 1 ELSE 0 END), 0), \
+            COALESCE(SUM(CASE WHEN status IN ('approved', 'max_attempts_reached', 'expired') \
+                OR (status = 'pending' AND expires_at <= ?4) THEN 1 ELSE 0 END), 0) \
+         FROM verifications WHERE tenant_id = ?1 AND prefix = ?2 AND created_at > ?3",
+    )
+    .bind(v.tenant_id)
+    .bind(&v.prefix)
+    .bind(db(pause_window_start(policy, pause, now)))
+    .bind(db(now))
+    .fetch_one(&mut *c)
+    .await?;
+    if decide::should_pause(
+        policy.pause,
+        u64::try_from(approved).unwrap_or(0),
+        u64::try_from(concluded).unwrap_or(0),
+    ) {
+        let until = now + policy.pause_for;
+        sqlx::query(
+            "INSERT INTO verify_pauses (tenant_id, prefix, paused_until) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (tenant_id, prefix) DO UPDATE SET paused_until = excluded.paused_until",
+        )
+        .bind(v.tenant_id)
+        .bind(&v.prefix)
+        .bind(db(until))
+        .execute(&mut *c)
+        .await?;
+        return Ok(StartOutcome::Paused { until, newly: true });
+    }
+    let hour_ago = db(now - time::Duration::HOUR);
+    let number: (i64, Option<DbTime>) = sqlx::query_as(
+        "SELECT count(*), min(created_at) FROM verifications \
+         WHERE tenant_id = ?1 AND to_number = ?2 AND created_at > ?3",
+    )
+    .bind(v.tenant_id)
+    .bind(&v.to)
+    .bind(hour_ago)
+    .fetch_one(&mut *c)
+    .await?;
+    let prefix: (i64, Option<DbTime>) = sqlx::query_as(
+        "SELECT count(*), min(created_at) FROM verifications \
+         WHERE tenant_id = ?1 AND prefix = ?2 AND created_at > ?3",
+    )
+    .bind(v.tenant_id)
+    .bind(&v.prefix)
+    .bind(hour_ago)
+    .fetch_one(&mut *c)
+    .await?;
+    if let Some(limited) = start_limit(
+        policy,
+        (number.0, number.1.map(|t| t.0)),
+        (prefix.0, prefix.1.map(|t| t.0)),
+        now,
+    ) {
+        return Ok(limited);
+    }
+    sqlx::query(
+        "INSERT INTO verifications (id, tenant_id, idempotency_key, fingerprint, status, \
+            to_number, country, prefix, code_length, code_mac, code_sealed, template, sends, \
+            checks_remaining, created_at, expires_at, last_sent_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, ?8, ?9, ?10, ?11, 1, ?12, ?13, ?14, \
+            ?13, ?13)",
+    )
+    .bind(v.id)
+    .bind(v.tenant_id)
+    .bind(&v.idempotency_key)
+    .bind(&v.fingerprint)
+    .bind(&v.to)
+    .bind(&v.country)
+    .bind(&v.prefix)
+    .bind(to_i32(v.code_length))
+    .bind(&v.code_mac)
+    .bind(&v.code_sealed)
+    .bind(&v.template)
+    .bind(to_i32(v.checks_remaining))
+    .bind(db(v.created_at))
+    .bind(db(v.expires_at))
+    .execute(&mut *c)
+    .await?;
+    let message = insert_message(c, message, lease).await?;
+    Ok(StartOutcome::Created {
+        verification: Box::new(VerificationRecord::started(v)),
+        message: Box::new(message),
+    })
 }
 
 #[async_trait]
 impl VerificationStore for SqliteStore {
     async fn verify_secret(&self, candidate: &[u8]) -> Result<Vec<u8>, StoreError> {
-        sqlx::query(
-            "INSERT INTO verify_secrets (name, secret, created_at) VALUES ('verify', ?1, ?2) \
-             ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(candidate)
-        .bind(db(OffsetDateTime::now_utc()))
-        .execute(&self.pool)
-        .await?;
-        let secret: Vec<u8> =
-            sqlx::query_scalar("SELECT secret FROM verify_secrets WHERE name = 'verify'")
-                .fetch_one(&self.pool)
+        let candidate = candidate.to_vec();
+        self.write(move |c| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO verify_secrets (name, secret, created_at) \
+                     VALUES ('verify', ?1, ?2) ON CONFLICT (name) DO NOTHING",
+                )
+                .bind(&candidate)
+                .bind(db(OffsetDateTime::now_utc()))
+                .execute(&mut *c)
                 .await?;
-        Ok(secret)
+                let secret: Vec<u8> =
+                    sqlx::query_scalar("SELECT secret FROM verify_secrets WHERE name = 'verify'")
+                        .fetch_one(&mut *c)
+                        .await?;
+                Ok(secret)
+            })
+        })
+        .await
     }
 
     #[tracing::instrument(name = "store.start_verification", level = "debug", skip_all)]
@@ -201,120 +325,9 @@ impl VerificationStore for SqliteStore {
         lease: &Lease,
         policy: &StartPolicy,
     ) -> Result<StartOutcome, StoreError> {
-        let now = v.created_at;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let existing: Option<VerificationRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            verification_columns!(),
-            " FROM verifications WHERE tenant_id = ?1 AND idempotency_key = ?2"
-        ))
-        .bind(v.tenant_id)
-        .bind(&v.idempotency_key)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if let Some(row) = existing {
-            return Ok(StartOutcome::Existing(Box::new(row.try_into()?)));
-        }
-        let pause: Option<DbTime> = sqlx::query_scalar(
-            "SELECT paused_until FROM verify_pauses WHERE tenant_id = ?1 AND prefix = ?2",
-        )
-        .bind(v.tenant_id)
-        .bind(&v.prefix)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let pause = pause.map(|t| t.0);
-        if let Some(until) = pause.filter(|t| *t > now) {
-            return Ok(StartOutcome::Paused {
-                until,
-                newly: false,
-            });
-        }
-        let (approved, concluded): (i64, i64) = sqlx::query_as(
-            "SELECT COALESCE(SUM(CASE WHEN status = 'approved' THEN 1 ELSE 0 END), 0), \
-                COALESCE(SUM(CASE WHEN status IN ('approved', 'max_attempts_reached', 'expired') \
-                    OR (status = 'pending' AND expires_at <= ?4) THEN 1 ELSE 0 END), 0) \
-             FROM verifications WHERE tenant_id = ?1 AND prefix = ?2 AND created_at > ?3",
-        )
-        .bind(v.tenant_id)
-        .bind(&v.prefix)
-        .bind(db(pause_window_start(policy, pause, now)))
-        .bind(db(now))
-        .fetch_one(&mut *tx)
-        .await?;
-        if decide::should_pause(
-            policy.pause,
-            u64::try_from(approved).unwrap_or(0),
-            u64::try_from(concluded).unwrap_or(0),
-        ) {
-            let until = now + policy.pause_for;
-            sqlx::query(
-                "INSERT INTO verify_pauses (tenant_id, prefix, paused_until) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (tenant_id, prefix) DO UPDATE SET paused_until = excluded.paused_until",
-            )
-            .bind(v.tenant_id)
-            .bind(&v.prefix)
-            .bind(db(until))
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            return Ok(StartOutcome::Paused { until, newly: true });
-        }
-        let hour_ago = db(now - time::Duration::HOUR);
-        let number: (i64, Option<DbTime>) = sqlx::query_as(
-            "SELECT count(*), min(created_at) FROM verifications \
-             WHERE tenant_id = ?1 AND to_number = ?2 AND created_at > ?3",
-        )
-        .bind(v.tenant_id)
-        .bind(&v.to)
-        .bind(hour_ago)
-        .fetch_one(&mut *tx)
-        .await?;
-        let prefix: (i64, Option<DbTime>) = sqlx::query_as(
-            "SELECT count(*), min(created_at) FROM verifications \
-             WHERE tenant_id = ?1 AND prefix = ?2 AND created_at > ?3",
-        )
-        .bind(v.tenant_id)
-        .bind(&v.prefix)
-        .bind(hour_ago)
-        .fetch_one(&mut *tx)
-        .await?;
-        if let Some(limited) = start_limit(
-            policy,
-            (number.0, number.1.map(|t| t.0)),
-            (prefix.0, prefix.1.map(|t| t.0)),
-            now,
-        ) {
-            return Ok(limited);
-        }
-        sqlx::query(
-            "INSERT INTO verifications (id, tenant_id, idempotency_key, fingerprint, status, \
-                to_number, country, prefix, code_length, code_mac, code_sealed, template, sends, \
-                checks_remaining, created_at, expires_at, last_sent_at, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, ?8, ?9, ?10, ?11, 1, ?12, ?13, ?14, \
-                ?13, ?13)",
-        )
-        .bind(v.id)
-        .bind(v.tenant_id)
-        .bind(&v.idempotency_key)
-        .bind(&v.fingerprint)
-        .bind(&v.to)
-        .bind(&v.country)
-        .bind(&v.prefix)
-        .bind(to_i32(v.code_length))
-        .bind(&v.code_mac)
-        .bind(&v.code_sealed)
-        .bind(&v.template)
-        .bind(to_i32(v.checks_remaining))
-        .bind(db(v.created_at))
-        .bind(db(v.expires_at))
-        .execute(&mut *tx)
-        .await?;
-        let message = insert_message(&mut tx, message, lease).await?;
-        tx.commit().await?;
-        Ok(StartOutcome::Created {
-            verification: Box::new(VerificationRecord::started(v)),
-            message: Box::new(message),
-        })
+        let (v, message, lease, policy) = (v.clone(), message.clone(), lease.clone(), *policy);
+        self.write(move |c| Box::pin(async move { start(c, &v, &message, &lease, &policy).await }))
+            .await
     }
 
     async fn verification(
@@ -341,41 +354,46 @@ impl VerificationStore for SqliteStore {
         id: Uuid,
         op: Option<OpKey<'_>>,
         now: OffsetDateTime,
-        matches: CodeMatcher<'_>,
-        render: CheckRenderer<'_>,
+        matches: CodeMatcher,
+        render: CheckRenderer,
     ) -> Result<CheckOutcome, StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let Some(mut rec) = locked(&mut tx, tenant_id, id).await? else {
-            return Ok(CheckOutcome::NotFound);
-        };
-        if let Some(op) = op
-            && let Some(stored) = stored_op(&mut tx, id, "check", op.key).await?
-        {
-            return Ok(CheckOutcome::Replay(stored));
-        }
-        let decision = decide::check(&rec.state(), now, matches(&rec));
-        apply_check(&mut rec, decision, now);
-        let response = match decision {
-            decide::Check::Approve | decide::Check::Wrong { .. } | decide::Check::LastWrong => {
-                Some(StoredResponse {
-                    status_code: 200,
-                    body: render(&rec, decision == decide::Check::Approve),
+        let op = op.map(|o| (o.key.to_owned(), o.fingerprint.to_vec()));
+        self.write(move |c| {
+            Box::pin(async move {
+                let Some(mut rec) = locked(c, tenant_id, id).await? else {
+                    return Ok(CheckOutcome::NotFound);
+                };
+                if let Some((key, _)) = &op
+                    && let Some(stored) = stored_op(c, id, "check", key).await?
+                {
+                    return Ok(CheckOutcome::Replay(stored));
+                }
+                let decision = decide::check(&rec.state(), now, matches(&rec));
+                apply_check(&mut rec, decision, now);
+                let response = match decision {
+                    decide::Check::Approve
+                    | decide::Check::Wrong { .. }
+                    | decide::Check::LastWrong => Some(StoredResponse {
+                        status_code: 200,
+                        body: render(&rec, decision == decide::Check::Approve),
+                    }),
+                    decide::Check::Expire | decide::Check::NotPending(_) => None,
+                };
+                if !matches!(decision, decide::Check::NotPending(_)) {
+                    write_state(c, &rec).await?;
+                }
+                if let (Some((key, fingerprint)), Some(response)) = (&op, &response) {
+                    let op = OpKey { key, fingerprint };
+                    store_op(c, id, "check", op, response, now).await?;
+                }
+                Ok(CheckOutcome::Done {
+                    verification: Box::new(rec),
+                    decision,
+                    response,
                 })
-            }
-            decide::Check::Expire | decide::Check::NotPending(_) => None,
-        };
-        if !matches!(decision, decide::Check::NotPending(_)) {
-            write_state(&mut tx, &rec).await?;
-        }
-        if let (Some(op), Some(response)) = (op, &response) {
-            store_op(&mut tx, id, "check", op, response, now).await?;
-        }
-        tx.commit().await?;
-        Ok(CheckOutcome::Done {
-            verification: Box::new(rec),
-            decision,
-            response,
+            })
         })
+        .await
     }
 
     #[tracing::instrument(name = "store.resend_verification", level = "debug", skip_all)]
@@ -386,56 +404,64 @@ impl VerificationStore for SqliteStore {
         op: OpKey<'_>,
         now: OffsetDateTime,
         rules: (std::time::Duration, u32),
-        build: SendBuilder<'_>,
+        build: SendBuilder,
         lease: &Lease,
-        render: ResendRenderer<'_>,
+        render: ResendRenderer,
     ) -> Result<ResendOutcome, StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let Some(mut rec) = locked(&mut tx, tenant_id, id).await? else {
-            return Ok(ResendOutcome::NotFound);
-        };
-        if let Some(stored) = stored_op(&mut tx, id, "resend", op.key).await? {
-            return Ok(ResendOutcome::Replay(stored));
-        }
-        let decision = decide::resend(&rec.state(), now, rules.0, rules.1);
-        match decision {
-            decide::Resend::Send => {}
-            decide::Resend::Expire => {
-                rec.status = VerificationStatus::Expired;
+        let (key, fingerprint) = (op.key.to_owned(), op.fingerprint.to_vec());
+        let lease = lease.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let Some(mut rec) = locked(c, tenant_id, id).await? else {
+                    return Ok(ResendOutcome::NotFound);
+                };
+                if let Some(stored) = stored_op(c, id, "resend", &key).await? {
+                    return Ok(ResendOutcome::Replay(stored));
+                }
+                let decision = decide::resend(&rec.state(), now, rules.0, rules.1);
+                match decision {
+                    decide::Resend::Send => {}
+                    decide::Resend::Expire => {
+                        rec.status = VerificationStatus::Expired;
+                        rec.updated_at = now;
+                        write_state(c, &rec).await?;
+                        return Ok(ResendOutcome::Refused {
+                            verification: Box::new(rec),
+                            decision,
+                        });
+                    }
+                    _ => {
+                        return Ok(ResendOutcome::Refused {
+                            verification: Box::new(rec),
+                            decision,
+                        });
+                    }
+                }
+                let m = build(&rec).ok_or(StoreError::Invariant(
+                    "a verification's code does not open with the verify secret",
+                ))?;
+                rec.sends += 1;
+                rec.last_sent_at = now;
                 rec.updated_at = now;
-                write_state(&mut tx, &rec).await?;
-                tx.commit().await?;
-                return Ok(ResendOutcome::Refused {
+                write_state(c, &rec).await?;
+                let message = insert_message(c, &m, &lease).await?;
+                let response = StoredResponse {
+                    status_code: 201,
+                    body: render(&rec, &message),
+                };
+                let op = OpKey {
+                    key: &key,
+                    fingerprint: &fingerprint,
+                };
+                store_op(c, id, "resend", op, &response, now).await?;
+                Ok(ResendOutcome::Sent {
                     verification: Box::new(rec),
-                    decision,
-                });
-            }
-            _ => {
-                return Ok(ResendOutcome::Refused {
-                    verification: Box::new(rec),
-                    decision,
-                });
-            }
-        }
-        let m = build(&rec).ok_or(StoreError::Invariant(
-            "a verification's code does not open with the verify secret",
-        ))?;
-        rec.sends += 1;
-        rec.last_sent_at = now;
-        rec.updated_at = now;
-        write_state(&mut tx, &rec).await?;
-        let message = insert_message(&mut tx, &m, lease).await?;
-        let response = StoredResponse {
-            status_code: 201,
-            body: render(&rec, &message),
-        };
-        store_op(&mut tx, id, "resend", op, &response, now).await?;
-        tx.commit().await?;
-        Ok(ResendOutcome::Sent {
-            verification: Box::new(rec),
-            message: Box::new(message),
-            response,
+                    message: Box::new(message),
+                    response,
+                })
+            })
         })
+        .await
     }
 
     async fn purge_verifications(
@@ -443,15 +469,21 @@ impl VerificationStore for SqliteStore {
         cutoff: OffsetDateTime,
         batch: u32,
     ) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM verifications WHERE id IN ( \
-                SELECT id FROM verifications WHERE expires_at < ?1 ORDER BY expires_at LIMIT ?2)",
-        )
-        .bind(db(cutoff))
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "DELETE FROM verifications WHERE id IN ( \
+                        SELECT id FROM verifications WHERE expires_at < ?1 \
+                        ORDER BY expires_at LIMIT ?2)",
+                )
+                .bind(db(cutoff))
+                .bind(i64::from(batch))
+                .execute(&mut *c)
+                .await?;
+                Ok(done.rows_affected())
+            })
+        })
+        .await
     }
 
     async fn cancel_verification(
@@ -460,14 +492,20 @@ impl VerificationStore for SqliteStore {
         id: Uuid,
         now: OffsetDateTime,
     ) -> Result<Option<VerificationRecord>, StoreError> {
-        sqlx::query(
-            "UPDATE verifications SET status = 'canceled', updated_at = ?3 \
-             WHERE id = ?1 AND tenant_id = ?2 AND status = 'pending' AND expires_at > ?3",
-        )
-        .bind(id)
-        .bind(tenant_id)
-        .bind(db(now))
-        .execute(&self.pool)
+        self.write(move |c| {
+            Box::pin(async move {
+                sqlx::query(
+                    "UPDATE verifications SET status = 'canceled', updated_at = ?3 \
+                     WHERE id = ?1 AND tenant_id = ?2 AND status = 'pending' AND expires_at > ?3",
+                )
+                .bind(id)
+                .bind(tenant_id)
+                .bind(db(now))
+                .execute(&mut *c)
+                .await?;
+                Ok(())
+            })
+        })
         .await?;
         self.verification(tenant_id, id).await
     }

@@ -56,9 +56,12 @@ where
         + 'static,
 {
     let (tx, rx) = oneshot::channel();
+    // The job runs on the writer's task but belongs to its caller's span, so
+    // its statements are logged where the caller's work is.
+    let span = tracing::Span::current();
     let job: Job = Box::new(move |conn| {
         Box::pin(async move {
-            let result = f(conn).await;
+            let result = tracing::Instrument::instrument(f(conn), span).await;
             let ok = result.is_ok();
             let reply: Reply = Box::new(move |commit| {
                 let answer = match commit {

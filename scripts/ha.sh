@@ -116,6 +116,8 @@ chaos() {
     shift
     HA_DIR=$(mktemp -d /tmp/sendonce-ha.XXXXXX)
     trap 'down "$HA_DIR"' EXIT
+    # A signal (CI's timeout) ends the run through the EXIT trap too.
+    trap 'exit 130' INT TERM
     local dir=$HA_DIR
     local out admin hosts
     out=$(up "$dir")

@@ -117,7 +117,13 @@ impl PgBouncer {
             dir = dir.display(),
         );
         std::fs::write(dir.join("pgbouncer.ini"), config).expect("pgbouncer.ini");
-        std::fs::write(dir.join("users.txt"), format!("\"{user}\" \"\"\n")).expect("users.txt");
+        // Clients are trusted; the password (if any) is for the server.
+        let password = admin.password().unwrap_or_default();
+        std::fs::write(
+            dir.join("users.txt"),
+            format!("\"{user}\" \"{password}\"\n"),
+        )
+        .expect("users.txt");
         let mut cmd = tokio::process::Command::new(&bin);
         cmd.arg("-q");
         // PgBouncer refuses to run as root; -u drops to the server's user.

@@ -303,7 +303,7 @@ async fn run_on(
     // A switch after the last answer tested nothing under load: a failure,
     // not a pass (ask for more keys or an earlier --switch-after-ms).
     let began = load.switch_began.lock().ok().and_then(|a| *a);
-    if run.args.switch_cmd.is_some() && !began.is_some_and(|at| at < load_ended) {
+    if run.args.switch_cmd.is_some() && began.is_none_or(|at| at >= load_ended) {
         eprintln!(
             "chaos: the switch began after the load ended ({load_secs:.1} s): nothing was tested under load"
         );

@@ -18,7 +18,8 @@
 # tarball plus Debian's patches, both checked against pinned SHA-256 sums
 # from deb.debian.org). Needs gcc, make, pkg-config, libevent-dev and
 # libssl-dev (Debian: apt-get install build-essential pkg-config
-# libevent-dev libssl-dev). Exit 3: a build dependency is missing.
+# libevent-dev libssl-dev). Exit 3: a build dependency is missing, or the
+# source cannot be downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,15 +37,20 @@ log() { printf 'pgbouncer.sh: %s\n' "$*" >&2; }
 
 fetch() {
     local name=$1 sha=$2 dest=$3
-    curl -fsSL --retry 3 -o "$dest/$name" "$pool/$name"
+    curl -fsSL --retry 3 -o "$dest/$name" "$pool/$name" || {
+        log "cannot download $pool/$name"
+        rm -rf "$dest"
+        exit 3
+    }
     echo "$sha  $dest/$name" | sha256sum -c --quiet - || {
         log "$name does not match its pinned SHA-256"
+        rm -rf "$dest"
         exit 1
     }
 }
 
 install() {
-    for tool in gcc make pkg-config curl; do
+    for tool in gcc make pkg-config curl patch; do
         command -v "$tool" >/dev/null 2>&1 || { log "$tool is needed"; exit 3; }
     done
     for lib in libevent openssl; do

@@ -48,8 +48,8 @@ pub struct PgStore {
     /// pool built elsewhere.
     hosts: Option<Arc<connect::HostState>>,
     /// Direct connections for what lives in a session (LISTEN, the
-    /// migrations' advisory lock), when `pool` goes through a transaction
-    /// pooler; `None`: `pool` is direct.
+    /// migrations' advisory lock, acknowledgements), when a direct URL was
+    /// given (a transaction pooler needs one); `None`: `pool` does it all.
     direct: Option<PgPool>,
 }
 
@@ -94,7 +94,7 @@ impl PgStore {
     /// Statements stay named and cached per connection: this needs a
     /// pooler that keeps protocol-level prepared statements apart per
     /// client (PgBouncer 1.21 or later with `max_prepared_statements` > 0;
-    /// README, "Connection poolers").
+    /// README, "Behind a connection pooler").
     pub fn connect_lazy_via(
         url: &str,
         pooler: Pooler,

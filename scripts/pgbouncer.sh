@@ -50,6 +50,7 @@ fetch() {
 }
 
 install() {
+    [ -x "$bin" ] && return
     for tool in gcc make pkg-config curl patch; do
         command -v "$tool" >/dev/null 2>&1 || { log "$tool is needed"; exit 3; }
     done

@@ -26,8 +26,13 @@ as_pg() {
     fi
 }
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+# N free ports, distinct: all held open until each is chosen (ephemeral
+# ports, so never the machine's own 5432).
+free_ports() {
+    python3 -c 'import socket, sys
+held = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in held: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in held))' "$1"
 }
 
 monitor_uri() { cat "$1/monitor.uri"; }
@@ -37,7 +42,7 @@ up() {
     mkdir -p "$dir"
     [ "$(id -u)" = 0 ] && chown postgres "$dir"
     local mport n1 n2
-    mport=$(free_port); n1=$(free_port); n2=$(free_port)
+    read -r mport n1 n2 < <(free_ports 3)
     as_pg pg_autoctl create monitor --pgdata "$dir/monitor" --pgport "$mport" \
         --hostname 127.0.0.1 --auth trust --no-ssl >"$dir/monitor.create.log" 2>&1
     (as_pg pg_autoctl run --pgdata "$dir/monitor" >"$dir/monitor.log" 2>&1 &)
@@ -116,6 +121,8 @@ chaos() {
     shift
     HA_DIR=$(mktemp -d /tmp/sendonce-ha.XXXXXX)
     trap 'down "$HA_DIR"' EXIT
+    # A signal (CI's timeout) ends the run through the EXIT trap too.
+    trap 'exit 130' INT TERM
     local dir=$HA_DIR
     local out admin hosts
     out=$(up "$dir")

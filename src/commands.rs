@@ -28,8 +28,10 @@ pub fn store(settings: &Settings) -> Result<Arc<dyn Store>, CommandError> {
     let at = || format!("opening the database at {}", redact_url(&db.url));
     Ok(match Backend::of(&db.url) {
         Some(Backend::Postgres) => Arc::new(
-            PgStore::connect_lazy(
+            PgStore::connect_lazy_via(
                 &db.url,
+                db.pooler,
+                db.direct_url.as_deref(),
                 &PoolSettings {
                     max_connections: db.max_connections,
                     acquire_timeout: db.acquire_timeout,

@@ -101,6 +101,19 @@ pub enum ProviderKind {
     Twilio,
 }
 
+/// What sits between sendonce and Postgres (`SENDONCE_DATABASE_POOLER`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Pooler {
+    /// A direct connection, or a pooler in session mode: a client keeps
+    /// its server connection.
+    #[default]
+    None,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`):
+    /// consecutive transactions may run on different server connections,
+    /// so nothing that lives in a session goes through it.
+    Transaction,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     #[default]
@@ -117,6 +130,17 @@ pub struct ConfigArgs {
     /// postgres://user:password@host/db, or sqlite://path (default: sqlite://sendonce.db, created if missing, in the working directory).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
+    /// What sits between sendonce and Postgres: none (a direct connection, or a pooler in session mode) or transaction (PgBouncer and the like in transaction mode; needs --database-direct-url).
+    #[arg(long, env = "SENDONCE_DATABASE_POOLER", global = true, value_enum)]
+    pub database_pooler: Option<Pooler>,
+    /// A direct postgres:// URL (several hosts allowed) for what needs a session of its own: LISTEN, migrations (advisory lock), change acknowledgements.
+    #[arg(
+        long,
+        env = "SENDONCE_DATABASE_DIRECT_URL",
+        global = true,
+        hide_env_values = true
+    )]
+    pub database_direct_url: Option<String>,
     /// Database connections per instance.
     #[arg(long, env = "SENDONCE_DB_MAX_CONNECTIONS", global = true)]
     pub db_max_connections: Option<String>,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::parse::{DurationVar, Unit, given, number_or, positive_duration};
-use super::{ConfigArgs, ConfigError};
+use super::{ConfigArgs, ConfigError, Pooler};
 
 /// Which database a URL names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +32,12 @@ pub struct DatabaseSettings {
     pub max_connections: u32,
     /// How long a request waits for a connection before answering 503.
     pub acquire_timeout: Duration,
+    /// What sits between sendonce and Postgres at `url`.
+    pub pooler: Pooler,
+    /// A direct connection's URL for what needs a session of its own
+    /// (LISTEN, migrations, acknowledgements); `None`: `url` itself.
+    /// Required with [`Pooler::Transaction`].
+    pub direct_url: Option<String>,
 }
 
 impl Default for DatabaseSettings {
@@ -41,6 +47,8 @@ impl Default for DatabaseSettings {
             url: "sqlite://sendonce.db".into(),
             max_connections: 16,
             acquire_timeout: Duration::from_secs(2),
+            pooler: Pooler::None,
+            direct_url: None,
         }
     }
 }
@@ -52,6 +60,8 @@ impl std::fmt::Debug for DatabaseSettings {
             .field("url", &redact_url(&self.url))
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("pooler", &self.pooler)
+            .field("direct_url", &self.direct_url.as_deref().map(redact_url))
             .finish()
     }
 }
@@ -88,8 +98,15 @@ impl DatabaseSettings {
                 "must be at least 1",
             ));
         }
+        let pooler = a.database_pooler.unwrap_or(d.pooler);
+        let direct_url = given(&a.database_direct_url)
+            .map(|u| u.trim().to_string())
+            .or_else(|| d.direct_url.clone());
+        check_direct(&url, pooler, direct_url.as_deref())?;
         Ok(Self {
             url,
+            pooler,
+            direct_url,
             max_connections,
             acquire_timeout: positive_duration(
                 ACQUIRE_TIMEOUT,
@@ -99,6 +116,34 @@ impl DatabaseSettings {
             )?
             .value,
         })
+    }
+}
+
+/// A direct URL must be a Postgres one, and a transaction pooler needs
+/// one: LISTEN, the migrations' advisory lock and the acknowledgements'
+/// listener live in a session, which a transaction pooler does not keep.
+fn check_direct(url: &str, pooler: Pooler, direct_url: Option<&str>) -> Result<(), ConfigError> {
+    const VAR: &str = "SENDONCE_DATABASE_DIRECT_URL";
+    let postgres = Backend::of(url) == Some(Backend::Postgres);
+    match direct_url {
+        Some(direct) if Backend::of(direct) != Some(Backend::Postgres) => Err(ConfigError::Url {
+            var: VAR,
+            expected: "a postgres:// URL",
+            source: None,
+        }),
+        Some(_) if !postgres => Err(ConfigError::invalid(
+            VAR,
+            "only applies when DATABASE_URL is a postgres:// URL",
+        )),
+        None if pooler == Pooler::Transaction => Err(ConfigError::invalid(
+            VAR,
+            "is required with SENDONCE_DATABASE_POOLER=transaction (LISTEN and migrations need a session of their own)",
+        )),
+        _ if pooler == Pooler::Transaction && !postgres => Err(ConfigError::invalid(
+            "SENDONCE_DATABASE_POOLER",
+            "transaction only applies when DATABASE_URL is a postgres:// URL",
+        )),
+        _ => Ok(()),
     }
 }
 

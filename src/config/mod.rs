@@ -17,8 +17,8 @@ mod server;
 mod verify;
 
 pub use cli::{
-    Cli, Command, ConfigArgs, KeyCommand, LogFormat, ProviderKind, ReceiptsCommand, SendersCommand,
-    TenantCommand,
+    Cli, Command, ConfigArgs, KeyCommand, LogFormat, Pooler, ProviderKind, ReceiptsCommand,
+    SendersCommand, TenantCommand,
 };
 pub use database::{Backend, DatabaseSettings, redact_url};
 pub use delivery::SchedulerSettings;

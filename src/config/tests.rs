@@ -382,3 +382,77 @@ fn providers_in_order_and_the_circuit() {
     assert!(with("twilio,http", &["--circuit-open-for", "0s"]).is_err());
     assert!(with("twilio,http", &["--circuit-failures", "many"]).is_err());
 }
+
+#[test]
+fn a_transaction_pooler_needs_a_direct_url() {
+    let c = args(&[]).unwrap();
+    assert_eq!(c.database.pooler, Pooler::None);
+    assert_eq!(c.database.direct_url, None);
+    let direct = "postgres://u:direct-secret@h1:5432,h2:5432/db?target_session_attrs=read-write";
+    let c = args(&[
+        "--database-pooler",
+        "transaction",
+        "--database-direct-url",
+        direct,
+    ])
+    .unwrap();
+    assert_eq!(c.database.pooler, Pooler::Transaction);
+    assert_eq!(c.database.direct_url.as_deref(), Some(direct));
+    assert!(!format!("{c:?}").contains("direct-secret"));
+    // A direct URL alone is fine: session work goes there.
+    assert!(args(&["--database-direct-url", direct]).is_ok());
+    let table: &[(&[&str], &str)] = &[
+        (
+            &["--database-pooler", "transaction"],
+            "SENDONCE_DATABASE_DIRECT_URL",
+        ),
+        (
+            &[
+                "--database-pooler",
+                "transaction",
+                "--database-direct-url",
+                "sqlite://x.db",
+            ],
+            "SENDONCE_DATABASE_DIRECT_URL",
+        ),
+        (
+            &[
+                "--database-url",
+                "sqlite://x.db",
+                "--database-direct-url",
+                direct,
+            ],
+            "SENDONCE_DATABASE_DIRECT_URL",
+        ),
+        (
+            &[
+                "--database-url",
+                "sqlite://x.db",
+                "--database-pooler",
+                "transaction",
+            ],
+            "SENDONCE_DATABASE_",
+        ),
+    ];
+    for (extra, var) in table {
+        let sqlite = extra.contains(&"--database-url");
+        let line = if sqlite {
+            let mut argv = vec!["sendonce"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+                .expect("clap parses")
+                .config
+                .validate()
+        } else {
+            args(extra)
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(line.contains(var), "{extra:?}: {line}");
+        assert!(!line.contains('\n'), "{line}");
+    }
+    assert!(
+        Cli::try_parse_from(["sendonce", "--database-pooler", "statement"]).is_err(),
+        "statement mode (no transactions at all) is not offered"
+    );
+}

@@ -466,3 +466,19 @@ on_both_backends!(
     health_and_readiness,
     attempts_are_recorded_and_listed,
 );
+
+through_pgbouncer!(
+    first_post_sends_and_answers_201_with_the_message,
+    replay_is_byte_for_byte_and_never_calls_the_provider,
+    same_key_with_another_request_is_422_and_sends_nothing,
+    same_key_with_another_request_is_422_while_the_first_still_runs,
+    authentication_is_required,
+    idempotency_key_is_required_and_checked,
+    bad_bodies_are_rejected_and_store_nothing,
+    get_by_key_is_tenant_scoped_and_percent_decoded,
+    respond_async_answers_202_then_the_message_completes,
+    a_waiting_duplicate_gets_the_result_when_it_arrives,
+    segments_and_encoding_are_computed,
+    health_and_readiness,
+    attempts_are_recorded_and_listed,
+);

@@ -65,15 +65,33 @@ pub fn store_for(url: &str) -> PgStore {
     pg_store(url, Duration::from_secs(2))
 }
 
+tokio::task_local! {
+    /// Set by `pooler::through_pgbouncer` around a test: every Postgres
+    /// store it opens goes through this PgBouncer (`host`, `port`) in
+    /// transaction mode, with the database's own URL as the direct one.
+    pub static POOLER: (String, u16);
+}
+
 fn pg_store(url: &str, acquire_timeout: Duration) -> PgStore {
-    PgStore::connect_lazy(
-        url,
-        &PoolSettings {
-            max_connections: 4,
-            acquire_timeout,
-        },
-    )
-    .expect("store")
+    let settings = PoolSettings {
+        max_connections: 4,
+        acquire_timeout,
+    };
+    match POOLER.try_with(Clone::clone) {
+        Ok((host, port)) => {
+            let mut pooled = reqwest::Url::parse(url).expect("database URL");
+            pooled.set_host(Some(&host)).expect("pooler host");
+            pooled.set_port(Some(port)).expect("pooler port");
+            PgStore::connect_lazy_via(
+                pooled.as_str(),
+                sendonce::config::Pooler::Transaction,
+                Some(url),
+                &settings,
+            )
+            .expect("store")
+        }
+        Err(_) => PgStore::connect_lazy(url, &settings).expect("store"),
+    }
 }
 
 /// A direct handle on a test database, for checks the API cannot make.

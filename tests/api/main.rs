@@ -27,6 +27,25 @@ macro_rules! on_both_backends {
     };
 }
 
+/// Turns each listed `async fn name(backend: Backend)` of the calling module
+/// into a test `pgbouncer::name` that runs it on Postgres through PgBouncer
+/// in transaction mode (see `pooler.rs`).
+macro_rules! through_pgbouncer {
+    ($($name:ident),* $(,)?) => {
+        mod pgbouncer {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    crate::pooler::through_pgbouncer(
+                        super::$name(crate::helpers::Backend::Postgres),
+                    )
+                    .await
+                }
+            )*
+        }
+    };
+}
+
 mod batching;
 mod caches;
 mod contract;
@@ -40,6 +59,7 @@ mod helpers;
 mod lifecycle;
 mod observability;
 mod outage;
+mod pooler;
 mod process;
 mod receipts;
 mod sqlite_writer;

@@ -296,9 +296,19 @@ async fn run_on(
     let switcher = tokio::spawn(switch(Arc::clone(&run), Arc::clone(&load)));
     send_load(&run, &ports, &load).await;
     load_done.store(true, Ordering::SeqCst);
+    let load_ended = Instant::now();
     let load_secs = started.elapsed().as_secs_f64();
     let (kills, pg_restarted) = killer.await.unwrap_or((0, false));
-    let switch_ok = switcher.await.unwrap_or(false);
+    let mut switch_ok = switcher.await.unwrap_or(false);
+    // A switch after the last answer tested nothing under load: a failure,
+    // not a pass (ask for more keys or an earlier --switch-after-ms).
+    let began = load.switch_began.lock().ok().and_then(|a| *a);
+    if run.args.switch_cmd.is_some() && began.is_none_or(|at| at >= load_ended) {
+        eprintln!(
+            "chaos: the switch began after the load ended ({load_secs:.1} s): nothing was tested under load"
+        );
+        switch_ok = false;
+    }
 
     restart_missing(&run, &instances).await;
     let outcome = settle(&run, &db.url, mock_port).await?;

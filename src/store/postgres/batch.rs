@@ -125,6 +125,7 @@ impl Lanes {
             sizes: Arc::clone(&store.sizes),
             lanes: Arc::default(),
             hosts: store.hosts.clone(),
+            direct: store.direct.clone(),
         };
         let s = bare.clone();
         let claim = Lane::start(BatchKind::Claim, Arc::clone(&store.sizes), move |items| {

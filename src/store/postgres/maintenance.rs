@@ -10,12 +10,14 @@ use crate::store::{ConnectionStats, DbStatus, MaintenanceStore, StoreError};
 #[async_trait]
 impl MaintenanceStore for PgStore {
     fn notify_pool(&self) -> Option<sqlx::PgPool> {
-        Some(self.pool.clone())
+        // LISTEN needs a session of its own: never through a transaction pooler.
+        Some(self.session_pool().clone())
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
+        // The migrator holds a session-level advisory lock.
         MIGRATOR
-            .run(&self.pool)
+            .run(self.session_pool())
             .await
             .map_err(StoreError::from_migrate)
     }

@@ -12,6 +12,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use super::StoreError;
+use crate::config::Pooler;
 use crate::metrics::BatchSizes;
 
 mod batch;
@@ -46,6 +47,10 @@ pub struct PgStore {
     /// The hosts `DATABASE_URL` names and which one is in use; `None` for a
     /// pool built elsewhere.
     hosts: Option<Arc<connect::HostState>>,
+    /// Direct connections for what lives in a session (LISTEN, the
+    /// migrations' advisory lock, acknowledgements), when a direct URL was
+    /// given (a transaction pooler needs one); `None`: `pool` does it all.
+    direct: Option<PgPool>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -70,27 +75,48 @@ impl PgStore {
 
     /// [`connect_lazy`](Self::connect_lazy) to hosts given one by one.
     pub fn connect_lazy_to(targets: connect::Targets, settings: &PoolSettings) -> Self {
-        let hosts = Arc::new(connect::HostState::new(targets));
-        let options = hosts.current_options().clone();
-        let pool_options = PgPoolOptions::new()
-            .max_connections(settings.max_connections)
-            .min_connections(0)
-            .acquire_timeout(settings.acquire_timeout)
-            // Checking each connection before use costs a round trip per
-            // query; a broken connection is discarded on its first error instead.
-            .test_before_acquire(false);
-        let pool = connect::hook(pool_options, &hosts).connect_lazy_with(options);
-        connect::spawn_monitor(
-            &pool,
-            &hosts,
-            settings.acquire_timeout.max(connect::PROBE_TIMEOUT),
-        );
+        let (pool, hosts) = lazy_pool(targets, settings);
         Self {
             pool,
             sizes: Arc::default(),
             lanes: Arc::default(),
             hosts: Some(hosts),
+            direct: None,
         }
+    }
+
+    /// [`connect_lazy`](Self::connect_lazy) through a connection pooler at
+    /// `url`. With [`Pooler::Transaction`] nothing that lives in a session
+    /// goes through it: LISTEN, the migrations (their advisory lock) and
+    /// the acknowledgements of tenant changes use `direct_url` (which may
+    /// name several hosts too), and the pooled connections send no
+    /// startup parameter a pooler does not know (`extra_float_digits`).
+    /// Statements stay named and cached per connection: this needs a
+    /// pooler that keeps protocol-level prepared statements apart per
+    /// client (PgBouncer 1.21 or later with `max_prepared_statements` > 0;
+    /// README, "Behind a connection pooler").
+    pub fn connect_lazy_via(
+        url: &str,
+        pooler: Pooler,
+        direct_url: Option<&str>,
+        settings: &PoolSettings,
+    ) -> Result<Self, StoreError> {
+        let mut targets = connect::Targets::parse(url).map_err(StoreError::Other)?;
+        if pooler == Pooler::Transaction {
+            for host in &mut targets.hosts {
+                *host = host.clone().extra_float_digits(None);
+            }
+        }
+        let mut store = Self::connect_lazy_to(targets, settings);
+        if let Some(direct_url) = direct_url {
+            let targets = connect::Targets::parse(direct_url).map_err(StoreError::Other)?;
+            let settings = PoolSettings {
+                max_connections: settings.max_connections.min(DIRECT_CONNECTIONS),
+                acquire_timeout: settings.acquire_timeout,
+            };
+            store.direct = Some(lazy_pool(targets, &settings).0);
+        }
+        Ok(store)
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
@@ -99,7 +125,13 @@ impl PgStore {
             sizes: Arc::default(),
             lanes: Arc::default(),
             hosts: None,
+            direct: None,
         }
+    }
+
+    /// Where session state may live: the direct pool if there is one.
+    fn session_pool(&self) -> &PgPool {
+        self.direct.as_ref().unwrap_or(&self.pool)
     }
 
     fn lanes(&self) -> &batch::Lanes {
@@ -109,6 +141,34 @@ impl PgStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+}
+
+/// The most direct connections an instance opens beside its pool: they
+/// only carry migrations and the acknowledgements of tenant changes (the
+/// listener has a connection of its own).
+const DIRECT_CONNECTIONS: u32 = 4;
+
+/// A lazily connecting pool that follows the writable one of `targets`.
+fn lazy_pool(
+    targets: connect::Targets,
+    settings: &PoolSettings,
+) -> (PgPool, Arc<connect::HostState>) {
+    let hosts = Arc::new(connect::HostState::new(targets));
+    let options = hosts.current_options().clone();
+    let pool_options = PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .min_connections(0)
+        .acquire_timeout(settings.acquire_timeout)
+        // Checking each connection before use costs a round trip per
+        // query; a broken connection is discarded on its first error instead.
+        .test_before_acquire(false);
+    let pool = connect::hook(pool_options, &hosts).connect_lazy_with(options);
+    connect::spawn_monitor(
+        &pool,
+        &hosts,
+        settings.acquire_timeout.max(connect::PROBE_TIMEOUT),
+    );
+    (pool, hosts)
 }
 
 /// A count or number as Postgres `integer`.

@@ -144,7 +144,7 @@ impl TenantStore for PgStore {
 
     async fn revoke_key(&self, key_id: Uuid, at: OffsetDateTime) -> Result<bool, StoreError> {
         // Returns once every instance has dropped the key from its cache.
-        let acks = Acks::start(&self.pool).await;
+        let acks = Acks::start(self.session_pool()).await;
         let done =
             sqlx::query("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1")
                 .bind(key_id)
@@ -174,7 +174,7 @@ impl TenantStore for PgStore {
         tenant_name: &str,
         countries: Option<&[String]>,
     ) -> Result<bool, StoreError> {
-        let acks = Acks::start(&self.pool).await;
+        let acks = Acks::start(self.session_pool()).await;
         let done = sqlx::query("UPDATE tenants SET allowed_countries = $2 WHERE name = $1")
             .bind(tenant_name)
             .bind(countries)
@@ -208,7 +208,7 @@ impl TenantStore for PgStore {
     ) -> Result<Option<bool>, StoreError> {
         // Returns once every instance dropped its cached view of the tenant
         // (as a revocation does), so the new list holds at once everywhere.
-        let acks = Acks::start(&self.pool).await;
+        let acks = Acks::start(self.session_pool()).await;
         let mut tx = self.pool.begin().await?;
         let row: Option<(Option<Vec<String>>,)> =
             sqlx::query_as("SELECT allowed_senders FROM tenants WHERE name = $1 FOR UPDATE")

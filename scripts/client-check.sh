@@ -34,6 +34,10 @@ fi
 # ruff (a pinned dependency) formats the generated client; it must be found.
 export PATH=$venv/bin:$PATH
 
+# The check script itself is linted and formatted (clients/python/ruff.toml).
+ruff check --quiet clients/python || fail "ruff check clients/python"
+ruff format --quiet --check clients/python || fail "ruff format --check clients/python (run ruff format)"
+
 # 2. Generate, failing on any warning.
 rm -rf "$gen"
 mkdir -p "$gen"

@@ -27,9 +27,10 @@ import time
 import traceback
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pydantic
 import yaml
@@ -68,6 +69,8 @@ PROBLEM = "urn:sendonce:problem:"
 
 @dataclass
 class Ctx:
+    base_url: str
+    api_key: str
     client: AuthenticatedClient
     bad_client: AuthenticatedClient
     mock_url: str
@@ -319,12 +322,58 @@ def opt_outs(ctx: Ctx) -> None:
     expect(all(o.number != number for o in after.parsed.data), "still listed after remove")
 
 
+def readme_block(marker: str) -> str:
+    """The fenced block following `<!-- client-check: MARKER -->` in README.md."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = lines.index(f"<!-- client-check: {marker} -->")
+    expect(lines[start + 1].startswith("```"), f"no fenced block after the {marker} marker")
+    end = lines.index("```", start + 2)
+    return "\n".join(lines[start + 2 : end]) + "\n"
+
+
+def readme_client_snippet(ctx: Ctx) -> None:
+    """The README's client example runs as written (against this server)."""
+    code = readme_block("client")
+    default_url = 'base_url="http://127.0.0.1:8080"'
+    expect(default_url in code, "the README example no longer names the default URL")
+    code = code.replace(default_url, f"base_url={ctx.base_url!r}")
+    scope: dict[str, Any] = {"KEY": ctx.api_key}
+    exec(compile(code, "README.md (client-check: client)", "exec"), scope)
+    resp = scope["resp"]
+    expect(resp.status_code == 201, f"README example: {resp.status_code} {resp.content!r}")
+    expect(isinstance(resp.parsed, FinalMessage), f"README example parsed {type(resp.parsed).__name__}")
+    expect(resp.parsed.status == FinalMessageStatus.SENT, f"README example: {resp.parsed.status}")
+
+
+def readme_webhook_verifier(ctx: Ctx) -> None:
+    """The README's signature check agrees with the Standard Webhooks
+    specification's published test vector, and refuses what it must."""
+    scope: dict[str, Any] = {}
+    exec(compile(readme_block("verify-webhook"), "README.md (verify-webhook)", "exec"), scope)
+    verify = scope["verify_webhook"]
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    body = b'{"test": 2432232314}'
+    good = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+    h = {"webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "webhook-timestamp": "1614265330"}
+    now = 1614265330 + 10
+    expect(verify(secret, {**h, "webhook-signature": good}, body, now=now), "the test vector fails")
+    rotated = {**h, "webhook-signature": "v1,bm90IHRoaXMgb25l " + good}
+    expect(verify(secret, rotated, body, now=now), "the second of two signatures is not tried")
+    expect(
+        not verify(secret, {**h, "webhook-signature": good}, body + b" ", now=now), "a changed body passes"
+    )
+    other = "whsec_" + "A" * 32
+    expect(not verify(other, {**h, "webhook-signature": good}, body, now=now), "another secret passes")
+    expect(not verify(secret, {**h, "webhook-signature": good}, body, now=now + 3600), "an old one passes")
+    expect(not verify(secret, {**h, "webhook-signature": good[3:]}, body, now=now), "no v1, prefix passes")
+
+
 def one_sms_per_send(ctx: Ctx) -> None:
-    """The provider got the two real sends once each: no replay, 409 or
-    refusal reached it."""
+    """The provider got each of the three real sends (send, the async one,
+    the README's) once: no replay, 409 or refusal reached it."""
     stats = mock_stats(ctx)
-    expect(stats["keys_delivered"] == 2, f"provider stats {stats}")
-    expect(stats["deliveries"] == 2 and stats["duplicate_keys"] == 0, f"provider stats {stats}")
+    expect(stats["keys_delivered"] == 3, f"provider stats {stats}")
+    expect(stats["deliveries"] == 3 and stats["duplicate_keys"] == 0, f"provider stats {stats}")
 
 
 # The order matters: later steps use what earlier ones left in ctx.state.
@@ -343,14 +392,19 @@ STEPS: list[Callable[[Ctx], None]] = [
     unauthorized_401,
     async_send_finishes_and_replays,
     opt_outs,
+    readme_client_snippet,
+    readme_webhook_verifier,
     one_sms_per_send,
 ]
 
 
 def main() -> int:
     base = os.environ["SENDONCE_URL"]
+    key = os.environ["SENDONCE_KEY"]
     ctx = Ctx(
-        client=AuthenticatedClient(base_url=base, token=os.environ["SENDONCE_KEY"], timeout=30.0),
+        base_url=base,
+        api_key=key,
+        client=AuthenticatedClient(base_url=base, token=key, timeout=30.0),
         bad_client=AuthenticatedClient(base_url=base, token="so_not-a-real-key", timeout=30.0),
         mock_url=os.environ["MOCK_URL"],
     )

@@ -11,12 +11,24 @@
 //! only once a permit is free, and its task holds the permit until the
 //! connection ends, so past the cap clients wait in the kernel's listen
 //! backlog instead of costing a task and buffers each.
+//!
+//! A request answered before its body was read to the end (a 401, a bad
+//! `Idempotency-Key`, a 413, ...) leaves bytes on the connection that hyper
+//! will not parse as the next request: hyper closes the connection after the
+//! answer. Such answers say so with `Connection: close` (RFC 9112, 9.6), so
+//! a client's connection pool does not send its next request into a
+//! connection that is closing (httpx: "Server disconnected without sending
+//! a response").
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use hyper::body::Incoming;
+use axum::http::{HeaderValue, header};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -70,7 +82,18 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let service = tower::service_fn(move |req: axum::http::Request<Incoming>| {
-            router.clone().oneshot(req.map(axum::body::Body::new))
+            let router = router.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let (body, read_to_end) = TrackedBody::new(body);
+                let req = axum::http::Request::from_parts(parts, axum::body::Body::new(body));
+                let mut res = router.oneshot(req).await?;
+                if !read_to_end.load(Ordering::Acquire) {
+                    res.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, std::convert::Infallible>(res)
+            }
         });
         let conn =
             builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
@@ -84,4 +107,46 @@ pub async fn serve(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// A request body that records whether it was read to its end (an empty
+/// body counts as read).
+struct TrackedBody {
+    inner: Incoming,
+    read_to_end: Arc<AtomicBool>,
+}
+
+impl TrackedBody {
+    fn new(inner: Incoming) -> (Self, Arc<AtomicBool>) {
+        let read_to_end = Arc::new(AtomicBool::new(inner.is_end_stream()));
+        let body = TrackedBody {
+            inner,
+            read_to_end: Arc::clone(&read_to_end),
+        };
+        (body, read_to_end)
+    }
+}
+
+impl Body for TrackedBody {
+    type Data = <Incoming as Body>::Data;
+    type Error = <Incoming as Body>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read_to_end.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }

@@ -494,6 +494,45 @@ async fn slow_bodies_get_408_and_store_nothing() {
 }
 
 #[tokio::test]
+async fn an_answer_before_the_body_was_read_closes_the_connection_and_says_so() {
+    let app = spawn_app().await;
+    // A wrong key is answered from the head alone; the body never comes.
+    let mut s = TcpStream::connect(app.handle.addr).await.unwrap();
+    s.write_all(
+        b"POST /messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer so_wrong\r\n\
+          Idempotency-Key: EARLY\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("the server closed the connection after answering")
+        .unwrap();
+    let got = String::from_utf8_lossy(&out).to_ascii_lowercase();
+    assert!(got.starts_with("http/1.1 401"), "{got}");
+    assert!(got.contains("\r\nconnection: close\r\n"), "{got}");
+
+    // A request whose body was read keeps the connection for the next one.
+    let mut s = TcpStream::connect(app.handle.addr).await.unwrap();
+    let body = r#"{"to":"+14155550100","body":"hi"}"#;
+    let both = format!(
+        "POST /messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nIdempotency-Key: KEPT\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}\
+         GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        app.api_key,
+        body.len()
+    );
+    s.write_all(both.as_bytes()).await.unwrap();
+    let got = read_all(&mut s).await.to_ascii_lowercase();
+    let second = got
+        .find("http/1.1 200")
+        .expect("the second request was answered");
+    assert!(got.starts_with("http/1.1 201"), "{got}");
+    assert!(!got[..second].contains("connection: close"), "{got}");
+}
+
+#[tokio::test]
 async fn pipelined_requests_are_answered_in_order() {
     let app = spawn_app().await;
     let mut s = TcpStream::connect(app.handle.addr).await.unwrap();

@@ -100,9 +100,7 @@ pub fn router() -> Router<SharedState> {
         .fallback(|| async { PageError::NotFound })
         .method_not_allowed_fallback(|| async { PageError::MethodNotAllowed })
         .layer(axum::middleware::from_fn(console_headers));
-    Router::new()
-        .route("/console", get(home))
-        .nest("/console", console)
+    Router::new().nest("/console", console)
 }
 
 /// Pages are HTML with the console's policy; nothing is cached.

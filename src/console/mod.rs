@@ -364,12 +364,21 @@ async fn login_page(
     if current(&state, &headers).await?.is_some() {
         return Ok(see_other("/console/overview"));
     }
-    Ok(login_form(&state, StatusCode::OK, None))
+    Ok(login_form(&state, &headers, StatusCode::OK, None))
 }
 
-/// The sign-in form with a fresh CSRF token (set as a cookie beside it).
-fn login_form(state: &SharedState, status: StatusCode, error: Option<&str>) -> Response {
-    let token = random_token();
+/// The sign-in form with its CSRF token, set as a cookie beside it: the
+/// browser's token if it has one (so two open sign-in tabs both work), else
+/// a fresh one.
+fn login_form(
+    state: &SharedState,
+    headers: &HeaderMap,
+    status: StatusCode,
+    error: Option<&str>,
+) -> Response {
+    let token = cookie(headers, LOGIN_COOKIE)
+        .filter(|t| t.len() == 43 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        .map_or_else(random_token, str::to_string);
     let mut resp = (status, Html(pages::login(&token, error).into_string())).into_response();
     resp.headers_mut().insert(
         header::SET_COOKIE,
@@ -405,6 +414,7 @@ async fn login(
         tracing::info!("console sign-in refused");
         return Ok(login_form(
             &state,
+            &headers,
             StatusCode::UNAUTHORIZED,
             Some("That API key was not accepted."),
         ));

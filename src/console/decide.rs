@@ -276,7 +276,7 @@ pub fn timeline(
                 Some(next) => (
                     a.finished_at.unwrap_or(a.started_at),
                     format!(
-                        "Retry scheduled: attempt {} was due at {}",
+                        "Retried: attempt {} started at {}",
                         next.number,
                         when(next.started_at)
                     ),

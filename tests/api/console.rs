@@ -374,7 +374,7 @@ async fn search_finds_every_kind_and_the_timeline_tells_the_story(backend: Backe
         "Attempt 1 to http",
         "Attempt 2 to http",
         "503",
-        "Retry scheduled",
+        "Retried: attempt 2 started at",
         "Receipt from http: delivered",
         "yes: it set the message",
         "Final status: sent",

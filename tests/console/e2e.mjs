@@ -67,11 +67,15 @@ try {
   await Promise.all([page.waitForURL('**/console/messages/msg_*'), page.click('main button[type=submit]')]);
   const timelineUrl = page.url();
   const body = await page.textContent('main');
-  for (const needle of ['Attempt 1 to http', 'Attempt 2 to http', 'Retry scheduled', 'Receipt from http: delivered', 'the carrier reported it delivered']) {
+  for (const needle of ['Attempt 1 to http', 'Attempt 2 to http', 'Retried: attempt 2 started at', 'Receipt from http: delivered', 'the carrier reported it delivered']) {
     check(body.includes(needle), `the timeline shows "${needle}"`);
   }
   check(!/4815\d\d/.test(body), 'the one-time code is masked');
   await inspect(page, '03-timeline');
+  // The README's picture: the top of a timeline, small.
+  await page.setViewportSize({ width: 900, height: 640 });
+  await page.screenshot({ path: `${SHOTS}/readme-timeline.png` });
+  await page.setViewportSize({ width: 1100, height: 800 });
 
   // Search a phone number: its messages, newest first.
   await page.goto(`${BASE}/console/search?q=${encodeURIComponent('+14155550100')}`);

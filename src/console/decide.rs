@@ -50,7 +50,10 @@ pub fn classify(q: &str) -> Option<Query> {
     if q.is_empty() || q.len() > MAX_QUERY {
         return None;
     }
-    let key = q.bytes().all(|b| (0x21..=0x7e).contains(&b)).then(|| q.to_string());
+    let key = q
+        .bytes()
+        .all(|b| (0x21..=0x7e).contains(&b))
+        .then(|| q.to_string());
     let phone = crate::domain::phone::parse(q).map(|p| p.e164);
     if key.is_none() && phone.is_none() {
         return None;
@@ -284,7 +287,11 @@ pub fn timeline(
                 None => match m.next_attempt_at {
                     Some(due) => (
                         a.finished_at.unwrap_or(a.started_at),
-                        format!("Retry scheduled: attempt {} due at {}", a.number + 1, when(due)),
+                        format!(
+                            "Retry scheduled: attempt {} due at {}",
+                            a.number + 1,
+                            when(due)
+                        ),
                     ),
                     None => continue,
                 },
@@ -369,7 +376,13 @@ fn final_at(m: &MessageRecord) -> Option<OffsetDateTime> {
 /// What support should tell the customer, in plain words.
 pub fn plain_words(m: &MessageRecord) -> String {
     let sent = m.sent_at.map(when);
-    let tries = |n: u32| if n == 1 { "once".into() } else { format!("{n} times") };
+    let tries = |n: u32| {
+        if n == 1 {
+            "once".into()
+        } else {
+            format!("{n} times")
+        }
+    };
     match m.status {
         Status::Processing => match m.next_attempt_at {
             Some(due) => format!(
@@ -394,7 +407,10 @@ pub fn plain_words(m: &MessageRecord) -> String {
             when(m.delivery_status_at.unwrap_or(m.updated_at))
         ),
         Status::Failed => {
-            if m.error.as_ref().is_some_and(|e| e.code == "recipient_opted_out") {
+            if m.error
+                .as_ref()
+                .is_some_and(|e| e.code == "recipient_opted_out")
+            {
                 "Not sent: the number is on the opt-out list (it asked not to be messaged).".into()
             } else {
                 format!(

@@ -68,12 +68,20 @@ fn attempt(number: u32, start: i64, end: i64, outcome: &str) -> AttemptRow {
 #[test]
 fn search_entries_are_read_as_every_kind_they_can_be() {
     let id = MessageId::new();
-    let cases: Vec<(String, Option<(bool, Option<&str>, bool)>)> = vec![
+    /// (is a message id, phone, usable as a key), or `None` for bad input.
+    type Reading<'a> = Option<(bool, Option<&'a str>, bool)>;
+    let cases: Vec<(String, Reading)> = vec![
         // (entry, Some((is a message id, phone, usable as a key)) or bad input)
         (id.to_string(), Some((true, None, true))),
         ("ORDER-92831-SMS".into(), Some((false, None, true))),
-        ("+14155550100".into(), Some((false, Some("+14155550100"), true))),
-        ("+1 415 555 0100".into(), Some((false, Some("+14155550100"), false))),
+        (
+            "+14155550100".into(),
+            Some((false, Some("+14155550100"), true)),
+        ),
+        (
+            "+1 415 555 0100".into(),
+            Some((false, Some("+14155550100"), false)),
+        ),
         ("msg_nothex".into(), Some((false, None, true))),
         ("   ".into(), None),
         ("K".repeat(256), None),
@@ -91,7 +99,13 @@ fn cursors_round_trip_and_garbage_is_refused() {
     let id = MessageId::new();
     let c = cursor(at(5), id);
     assert_eq!(parse_cursor(&c), Some((at(5), id)));
-    for bad in ["", "garbage", "12.", ".abc", "x.00000000000000000000000000000000"] {
+    for bad in [
+        "",
+        "garbage",
+        "12.",
+        ".abc",
+        "x.00000000000000000000000000000000",
+    ] {
         assert_eq!(parse_cursor(bad), None, "{bad:?}");
     }
 }
@@ -115,8 +129,14 @@ fn opt_out_searches_take_number_prefixes_only() {
 fn codes_are_masked_only_where_the_body_speaks_of_one() {
     for (body, want) in [
         ("Your code is 481516", "Your code is ••••••"),
-        ("123456 is your verification code", "•••••• is your verification code"),
-        ("OTP: 9876. Order 92831 ships today", "OTP: ••••. Order ••••• ships today"),
+        (
+            "123456 is your verification code",
+            "•••••• is your verification code",
+        ),
+        (
+            "OTP: 9876. Order 92831 ships today",
+            "OTP: ••••. Order ••••• ships today",
+        ),
         ("Your PIN 12 expires", "Your PIN 12 expires"),
         ("Order 92831 is confirmed", "Order 92831 is confirmed"),
         ("Code 12345678901 is long", "Code 12345678901 is long"),
@@ -239,7 +259,11 @@ fn sign_ins_wait_once_too_many_failed_within_the_window() {
     let ten: Vec<_> = (0..10).map(at).collect();
     assert_eq!(signin_allowed(&ten[..9], at(10)), Ok(()));
     assert_eq!(signin_allowed(&ten, at(10)), Err(Duration::from_secs(50)));
-    assert_eq!(signin_allowed(&ten, at(60)), Ok(()), "the oldest left the window");
+    assert_eq!(
+        signin_allowed(&ten, at(60)),
+        Ok(()),
+        "the oldest left the window"
+    );
     assert_eq!(signin_allowed(&ten, at(59)), Err(Duration::from_secs(1)));
 }
 

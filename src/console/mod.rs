@@ -104,10 +104,7 @@ pub fn router() -> Router<SharedState> {
 }
 
 /// Pages are HTML with the console's policy; nothing is cached.
-async fn console_headers(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+async fn console_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let mut resp = next.run(req).await;
     let h = resp.headers_mut();
     h.insert(
@@ -314,8 +311,7 @@ fn same(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
-const CSRF_REFUSED: &str =
-    "This form was not sent from a page of this console (its CSRF token is missing or wrong). Nothing was changed.";
+const CSRF_REFUSED: &str = "This form was not sent from a page of this console (its CSRF token is missing or wrong). Nothing was changed.";
 
 /// A POST of a signed-in user: the session, and the form once its CSRF
 /// token is checked. Refused with 403 without a session or the token.
@@ -377,7 +373,11 @@ fn login_form(
     error: Option<&str>,
 ) -> Response {
     let token = cookie(headers, LOGIN_COOKIE)
-        .filter(|t| t.len() == 43 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        .filter(|t| {
+            t.len() == 43
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
         .map_or_else(random_token, str::to_string);
     let mut resp = (status, Html(pages::login(&token, error).into_string())).into_response();
     resp.headers_mut().insert(
@@ -616,7 +616,9 @@ async fn opt_outs(
         "+".to_string()
     } else {
         decide::number_prefix(&q).ok_or_else(|| {
-            PageError::BadRequest("Search opt-outs by a phone number or its beginning, e.g. +1415.".into())
+            PageError::BadRequest(
+                "Search opt-outs by a phone number or its beginning, e.g. +1415.".into(),
+            )
         })?
     };
     let after = match query.after.as_deref() {
@@ -646,7 +648,10 @@ async fn opt_outs(
         Some("absent") => Some("The number was not on the opt-out list."),
         _ => None,
     };
-    Ok(Html(pages::opt_outs(&session, &q, &list, next.as_deref(), notice).into_string()).into_response())
+    Ok(
+        Html(pages::opt_outs(&session, &q, &list, next.as_deref(), notice).into_string())
+            .into_response(),
+    )
 }
 
 fn posted_number(fields: &[(String, String)]) -> Result<String, PageError> {

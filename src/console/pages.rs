@@ -257,7 +257,14 @@ pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> M
         *totals.entry(s.clone()).or_default() += n;
         *providers.entry(p).or_default().entry(s).or_default() += n;
     }
-    let statuses = ["processing", "sent", "delivered", "undelivered", "failed", "unknown"];
+    let statuses = [
+        "processing",
+        "sent",
+        "delivered",
+        "undelivered",
+        "failed",
+        "unknown",
+    ];
     let oldest = c
         .oldest_processing
         .map(|t| human(Duration::try_from(now - t).unwrap_or_default()));

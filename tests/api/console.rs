@@ -128,7 +128,11 @@ async fn signs_in_with_a_safe_cookie_and_signs_out(backend: Backend) {
     assert_eq!((home.status, location(&home)), (303, "/console/login"));
     let page = b.get("/console/login").await;
     assert_eq!(page.header("content-security-policy"), Some(CSP));
-    assert!(page.header("content-type").unwrap().starts_with("text/html"));
+    assert!(
+        page.header("content-type")
+            .unwrap()
+            .starts_with("text/html")
+    );
     assert!(!text(&page).contains("<script"), "no script at all");
     let css = b.get("/console/console.css").await;
     assert_eq!(css.status, 200);
@@ -136,7 +140,10 @@ async fn signs_in_with_a_safe_cookie_and_signs_out(backend: Backend) {
 
     // A sign-in without the form's token is refused before the key is read.
     let a = b
-        .post("/console/login", &[("csrf", "forged"), ("api_key", &app.api_key)])
+        .post(
+            "/console/login",
+            &[("csrf", "forged"), ("api_key", &app.api_key)],
+        )
         .await;
     assert_eq!(a.status, 403);
     assert!(a.header("set-cookie").is_none(), "no session");
@@ -144,7 +151,10 @@ async fn signs_in_with_a_safe_cookie_and_signs_out(backend: Backend) {
     let wrong = b.sign_in("so_not-a-key-of-anyone-000000000").await;
     assert_eq!(wrong.status, 401);
     assert!(text(&wrong).contains("not accepted"));
-    assert_eq!(app.db.count("SELECT count(*) FROM console_sessions").await, 0);
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
 
     let ok = b.sign_in(&app.api_key).await;
     assert_eq!((ok.status, location(&ok)), (303, "/console/overview"));
@@ -159,10 +169,16 @@ async fn signs_in_with_a_safe_cookie_and_signs_out(backend: Backend) {
         assert!(cookie.contains(flag), "{cookie} has {flag}");
     }
     assert!(!cookie.contains("Secure"), "plain http: {cookie}");
-    assert_eq!(app.db.count("SELECT count(*) FROM console_sessions").await, 1);
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        1
+    );
     // Only the hash of the cookie's id is stored.
     let id = cookie.split(';').next().unwrap().split_once('=').unwrap().1;
-    let stored = app.db.count("SELECT count(*) FROM console_sessions WHERE key_prefix LIKE 'so_%'").await;
+    let stored = app
+        .db
+        .count("SELECT count(*) FROM console_sessions WHERE key_prefix LIKE 'so_%'")
+        .await;
     assert_eq!(stored, 1);
     assert!(id.len() >= 43, "256 random bits");
 
@@ -173,11 +189,18 @@ async fn signs_in_with_a_safe_cookie_and_signs_out(backend: Backend) {
     // Sign out needs the token too.
     let a = b.post("/console/logout", &[]).await;
     assert_eq!(a.status, 403);
-    assert_eq!(b.get("/console/overview").await.status, 200, "still signed in");
+    assert_eq!(
+        b.get("/console/overview").await.status,
+        200,
+        "still signed in"
+    );
     let token = b.csrf().await;
     let out = b.post("/console/logout", &[("csrf", &token)]).await;
     assert_eq!((out.status, location(&out)), (303, "/console/login"));
-    assert_eq!(app.db.count("SELECT count(*) FROM console_sessions").await, 0);
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
     let after = b.get("/console/overview").await;
     assert_eq!((after.status, location(&after)), (303, "/console/login"));
 }
@@ -230,7 +253,10 @@ async fn posts_without_the_csrf_token_are_refused_and_change_nothing(backend: Ba
     assert_eq!(a.status, 415);
     // Bad input: a 400 page, nothing stored.
     let a = b
-        .post("/console/opt-outs", &[("csrf", &token), ("number", "not a number")])
+        .post(
+            "/console/opt-outs",
+            &[("csrf", &token), ("number", "not a number")],
+        )
         .await;
     assert_eq!(a.status, 400);
     assert!(a.header("content-type").unwrap().starts_with("text/html"));
@@ -238,7 +264,10 @@ async fn posts_without_the_csrf_token_are_refused_and_change_nothing(backend: Ba
 
     // With the token: added, and shown with who added it.
     let a = b
-        .post("/console/opt-outs", &[("csrf", &token), ("number", "+1 415 555 0123")])
+        .post(
+            "/console/opt-outs",
+            &[("csrf", &token), ("number", "+1 415 555 0123")],
+        )
         .await;
     assert_eq!(a.status, 303);
     assert_eq!(count().await, 1);
@@ -246,12 +275,17 @@ async fn posts_without_the_csrf_token_are_refused_and_change_nothing(backend: Ba
     let html = text(&page);
     assert!(html.contains("+14155550123") && html.contains("was added"));
     let prefix: String = app.api_key.chars().take(9).collect();
-    assert!(html.contains(&format!("console, key {prefix}")), "who: {html}");
+    assert!(
+        html.contains(&format!("console, key {prefix}")),
+        "who: {html}"
+    );
     // The API sees it too (source `console`).
     let api = app.get("/opt-outs").await.json();
     assert_eq!(api["data"][0]["source"], "console");
     // And a send to it never reaches the provider.
-    let sent = app.post("CONSOLE-OPTED-OUT", &sms("+14155550123", "hi")).await;
+    let sent = app
+        .post("CONSOLE-OPTED-OUT", &sms("+14155550123", "hi"))
+        .await;
     assert_eq!(sent.json()["status"], "failed");
     assert_eq!(app.mock.call_count(), 0);
 
@@ -274,13 +308,19 @@ async fn posts_without_the_csrf_token_are_refused_and_change_nothing(backend: Ba
             &[("csrf", &token), ("number", "+14155550123")],
         )
         .await;
-    assert_eq!((a.status, location(&a)), (303, "/console/opt-outs?done=removed"));
+    assert_eq!(
+        (a.status, location(&a)),
+        (303, "/console/opt-outs?done=removed")
+    );
     assert_eq!(count().await, 0);
 
     // Without a session a POST is refused the same way.
     let mut stranger = Browser::new(&app);
     let a = stranger
-        .post("/console/opt-outs", &[("csrf", &token), ("number", "+14155550123")])
+        .post(
+            "/console/opt-outs",
+            &[("csrf", &token), ("number", "+14155550123")],
+        )
         .await;
     assert_eq!(a.status, 403);
     assert_eq!(count().await, 0);
@@ -299,7 +339,10 @@ async fn retried_then_delivered(app: &TestApp, key: &str, to: &str, body: &str) 
     let first = app.post(key, &sms(to, body)).await;
     assert!(matches!(first.status, 201 | 202), "{}", first.status);
     let sent = app.wait_for_status(key, "sent").await;
-    let pmid = sent["provider_message_id"].as_str().expect("provider id").to_string();
+    let pmid = sent["provider_message_id"]
+        .as_str()
+        .expect("provider id")
+        .to_string();
     let receipt = json!({"id": pmid, "status": "delivered", "event_id": format!("ev-{key}")});
     let a = answer(
         app.client
@@ -330,12 +373,22 @@ async fn search_finds_every_kind_and_the_timeline_tells_the_story(backend: Backe
         ..TestOptions::default()
     })
     .await;
-    let id = retried_then_delivered(&app, "ORDER-92831-SMS", "+14155550100", "Your code is 481516").await;
+    let id = retried_then_delivered(
+        &app,
+        "ORDER-92831-SMS",
+        "+14155550100",
+        "Your code is 481516",
+    )
+    .await;
     let pmid = app.get("/messages/ORDER-92831-SMS").await.json()["provider_message_id"]
         .as_str()
         .unwrap()
         .to_string();
-    app.post("ORDER-92832-SMS", &sms("+14155550100", "Order 92832 shipped")).await;
+    app.post(
+        "ORDER-92832-SMS",
+        &sms("+14155550100", "Order 92832 shipped"),
+    )
+    .await;
     app.wait_for_status("ORDER-92832-SMS", "sent").await;
 
     let mut b = Browser::new(&app);
@@ -359,9 +412,14 @@ async fn search_finds_every_kind_and_the_timeline_tells_the_story(backend: Backe
     assert!(text(&nothing).contains("Nothing matched"));
     // Bad input is a 4xx page.
     let long = "K".repeat(300);
-    assert_eq!(b.get(&format!("/console/search?q={long}")).await.status, 400);
     assert_eq!(
-        b.get("/console/search?q=%2B14155550100&before=garbage").await.status,
+        b.get(&format!("/console/search?q={long}")).await.status,
+        400
+    );
+    assert_eq!(
+        b.get("/console/search?q=%2B14155550100&before=garbage")
+            .await
+            .status,
         400
     );
     assert_eq!(b.get("/console/messages/msg_nothex").await.status, 404);
@@ -404,7 +462,13 @@ async fn one_tenant_never_sees_anothers_data(backend: Backend) {
     a.handle
         .store
         .add_opt_out(
-            a.handle.store.tenant_for_key(&sendonce::apikey::hash(&a.api_key)).await.unwrap().unwrap().id,
+            a.handle
+                .store
+                .tenant_for_key(&sendonce::apikey::hash(&a.api_key))
+                .await
+                .unwrap()
+                .unwrap()
+                .id,
             "+14155550177",
             "api",
             a.clock.now(),
@@ -421,7 +485,10 @@ async fn one_tenant_never_sees_anothers_data(backend: Backend) {
         let s = other.get(&format!("/console/search?q={q}")).await;
         assert_eq!(s.status, 200, "{q}");
         let html = text(&s);
-        assert!(html.contains("Nothing matched") || html.contains("No messages to this number"), "{q}");
+        assert!(
+            html.contains("Nothing matched") || html.contains("No messages to this number"),
+            "{q}"
+        );
         assert!(!html.contains(&format!("/console/messages/{id}")), "{q}");
     }
     let list = other.get("/console/opt-outs").await;
@@ -429,14 +496,20 @@ async fn one_tenant_never_sees_anothers_data(backend: Backend) {
     // Removing A's opt-out from B's session removes nothing.
     let token = other.csrf().await;
     let r = other
-        .post("/console/opt-outs/remove", &[("csrf", &token), ("number", "+14155550177")])
+        .post(
+            "/console/opt-outs/remove",
+            &[("csrf", &token), ("number", "+14155550177")],
+        )
         .await;
     assert_eq!(location(&r), "/console/opt-outs?done=absent");
     assert_eq!(a.db.count("SELECT count(*) FROM opt_outs").await, 1);
     // A's own session sees its message.
     let mut mine = Browser::new(&a);
     assert_eq!(mine.sign_in(&a.api_key).await.status, 303);
-    assert_eq!(mine.get(&format!("/console/messages/{id}")).await.status, 200);
+    assert_eq!(
+        mine.get(&format!("/console/messages/{id}")).await.status,
+        200
+    );
 }
 
 async fn a_revoked_key_or_an_idle_session_ends_it(backend: Backend) {
@@ -458,14 +531,23 @@ async fn a_revoked_key_or_an_idle_session_ends_it(backend: Backend) {
     clock.advance(IDLE_TIMEOUT + Duration::from_secs(1));
     let a = b.get("/console/overview").await;
     assert_eq!((a.status, location(&a)), (303, "/console/login"));
-    assert_eq!(app.db.count("SELECT count(*) FROM console_sessions").await, 0);
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
 
     // Revoking the key ends the session at once.
     assert_eq!(b.sign_in(&app.api_key).await.status, 303);
     assert_eq!(b.get("/console/overview").await.status, 200);
     let keys = app.handle.store.list_keys().await.unwrap();
     let key = keys.iter().find(|k| k.tenant_name == app.tenant).unwrap();
-    assert!(app.handle.store.revoke_key(key.id, clock.now()).await.unwrap());
+    assert!(
+        app.handle
+            .store
+            .revoke_key(key.id, clock.now())
+            .await
+            .unwrap()
+    );
     let a = b.get("/console/overview").await;
     assert_eq!((a.status, location(&a)), (303, "/console/login"));
     let again = b.sign_in(&app.api_key).await;
@@ -482,14 +564,20 @@ async fn failed_sign_ins_are_rate_limited(backend: Backend) {
     .await;
     let mut b = Browser::new(&app);
     for _ in 0..sendonce::console::decide::SIGNIN_FAILURES {
-        assert_eq!(b.sign_in("so_wrong-key-000000000000000000").await.status, 401);
+        assert_eq!(
+            b.sign_in("so_wrong-key-000000000000000000").await.status,
+            401
+        );
     }
     // Now even the right key waits.
     let a = b.sign_in(&app.api_key).await;
     assert_eq!(a.status, 429);
     let wait: u64 = a.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=60).contains(&wait), "{wait}");
-    assert_eq!(app.db.count("SELECT count(*) FROM console_sessions").await, 0);
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
     clock.advance(Duration::from_secs(61));
     assert_eq!(b.sign_in(&app.api_key).await.status, 303);
 }

@@ -12,8 +12,8 @@ use crate::store::console::{ERROR_OUTCOMES, SUMMARY_COLUMNS, SummaryRow};
 use crate::store::row::{MessageRow, message_columns};
 use crate::store::time::{DbTime, db};
 use crate::store::{
-    ConsoleStore, MessageRecord, MessageSummary, NewSession, OptOut, OverviewCounts,
-    SessionRecord, StoreError,
+    ConsoleStore, MessageRecord, MessageSummary, NewSession, OptOut, OverviewCounts, SessionRecord,
+    StoreError,
 };
 
 #[async_trait]

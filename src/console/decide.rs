@@ -32,6 +32,8 @@ pub struct Query {
     /// The entry as an idempotency key or provider message id (any visible
     /// ASCII, as keys are).
     pub key: Option<String>,
+    /// `ver_<uuid>`: a verification id.
+    pub verification: Option<Uuid>,
 }
 
 /// A message id as shown (`msg_` and 32 hex digits).
@@ -62,6 +64,7 @@ pub fn classify(q: &str) -> Option<Query> {
         message_id: parse_message_id(q),
         phone,
         key,
+        verification: crate::verify::parse_id(q),
     })
 }
 
@@ -210,10 +213,10 @@ pub struct Entry {
 
 /// Everything that happened to one message, on one time axis, oldest first
 /// (ties keep the order in which they happened: accepted, attempts with
-/// their retries, routing, receipts, the final status).
+/// their retries, routing, the final status, receipts).
 ///
 /// Webhook deliveries join here when they land (issue 14's records, as
-/// `Kind::Webhook` entries), as do scheduled sends (a `Kind::Scheduled`
+/// `Kind::Webhook` entries), as do scheduled sends (issue 15: a `Kind::Scheduled`
 /// entry before the first attempt).
 pub fn timeline(
     m: &MessageRecord,

@@ -93,6 +93,7 @@ pub fn router() -> Router<SharedState> {
         .route("/logout", post(logout))
         .route("/search", get(search))
         .route("/messages/{id}", get(timeline))
+        .route("/verifications/{id}", get(verification))
         .route("/overview", get(overview))
         .route("/opt-outs", get(opt_outs).post(add_opt_out))
         .route("/opt-outs/remove", post(remove_opt_out))
@@ -508,6 +509,15 @@ async fn search(
         ),
     };
     let tenant = session.tenant_id;
+    if let Some(id) = kind.verification
+        && state.store.verification(tenant, id).await?.is_some()
+        && before.is_none()
+    {
+        return Ok(see_other(&format!(
+            "/console/verifications/{}",
+            crate::verify::public_id(id)
+        )));
+    }
     let mut exact: Vec<(&'static str, MessageSummary)> = Vec::new();
     if let Some(id) = kind.message_id
         && let Some(m) = state.store.tenant_message(tenant, id).await?
@@ -577,7 +587,55 @@ async fn timeline(
     let routing = state.store.message_events(m.id).await?;
     let receipts = state.store.receipts(m.id).await?;
     let entries = decide::timeline(&m, &attempts, &routing, &receipts);
-    Ok(Html(pages::timeline(&session, &m, &entries).into_string()).into_response())
+    // A verification's SMS is stored sealed: show its template, code masked.
+    let verification = match m
+        .metadata
+        .get("verification_id")
+        .and_then(|v| crate::verify::parse_id(v))
+    {
+        Some(id) => state.store.verification(session.tenant_id, id).await?,
+        None => None,
+    };
+    let body = match &verification {
+        Some(v) => crate::verify::masked(v),
+        None => decide::masked_body(&m.body),
+    };
+    Ok(
+        Html(pages::timeline(&session, &m, &body, verification.as_ref(), &entries).into_string())
+            .into_response(),
+    )
+}
+
+async fn verification(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, PageError> {
+    let Some(session) = current(&state, &headers).await? else {
+        return Ok(to_login());
+    };
+    let Path(id) = id.map_err(|_| PageError::NotFound)?;
+    let id = crate::verify::parse_id(&id).ok_or(PageError::NotFound)?;
+    let v = state
+        .store
+        .verification(session.tenant_id, id)
+        .await?
+        .ok_or(PageError::NotFound)?;
+    let mut messages = Vec::new();
+    for n in 1..=v.sends {
+        if let Some(m) = state
+            .store
+            .message(session.tenant_id, &crate::store::send_key(v.id, n))
+            .await?
+        {
+            messages.push(summary(&m));
+        }
+    }
+    let status = crate::verify::decide::status_at(&v.state(), state.clock.now());
+    Ok(
+        Html(pages::verification(&session, &v, status.as_str(), &messages).into_string())
+            .into_response(),
+    )
 }
 
 async fn overview(

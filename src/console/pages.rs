@@ -9,7 +9,7 @@ use time::OffsetDateTime;
 
 use super::decide::{self, Entry, human, when};
 use super::{Session, enc};
-use crate::store::{MessageRecord, MessageSummary, OptOut, OverviewCounts};
+use crate::store::{MessageRecord, MessageSummary, OptOut, OverviewCounts, VerificationRecord};
 
 fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
     html! {
@@ -171,7 +171,13 @@ pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
     )
 }
 
-pub fn timeline(session: &Session, m: &MessageRecord, entries: &[Entry]) -> Markup {
+pub fn timeline(
+    session: &Session,
+    m: &MessageRecord,
+    body: &str,
+    verification: Option<&VerificationRecord>,
+    entries: &[Entry],
+) -> Markup {
     let title = format!("Message {}", m.idempotency_key);
     layout(
         &title,
@@ -189,9 +195,13 @@ pub fn timeline(session: &Session, m: &MessageRecord, entries: &[Entry]) -> Mark
                 dt { "Attempts" } dd { (m.attempts) }
                 dt { "Created" } dd { (when(m.created_at)) }
                 @if let Some(due) = m.next_attempt_at { dt { "Next attempt due" } dd { (when(due)) } }
+                @if let Some(v) = verification {
+                    @let vid = crate::verify::public_id(v.id);
+                    dt { "Verification" } dd { a href={"/console/verifications/" (vid)} { (vid) } }
+                }
             }
             h2 { "Text" }
-            pre.body { (decide::masked_body(&m.body)) }
+            pre.body { (body) }
             h2 { "Timeline" }
             ol.timeline {
                 @for e in entries {
@@ -316,6 +326,7 @@ pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> M
             dl.facts {
                 dt { "Processing now" } dd { (c.processing) }
                 dt { "Waiting for a retry" } dd { (c.waiting_retries) }
+                // Scheduled messages join this list when they land.
                 dt { "Oldest processing" } dd { (oldest.unwrap_or_else(|| "none".into())) }
             }
             p.muted { "The warning shows when more than "
@@ -407,4 +418,38 @@ fn who(o: &OptOut) -> String {
         ("api", _) => "the API".into(),
         (s, _) => s.to_string(),
     }
+}
+
+pub fn verification(
+    session: &Session,
+    v: &VerificationRecord,
+    status: &str,
+    messages: &[MessageSummary],
+) -> Markup {
+    let id = crate::verify::public_id(v.id);
+    layout(
+        &format!("Verification {id}"),
+        Some(session),
+        html! {
+            h1 { "Verification " code { (id) } }
+            dl.facts {
+                dt { "Status" } dd { span.status { (status) } }
+                dt { "To" } dd { a href={"/console/search?q=" (enc(&v.to))} { (v.to) } }
+                dt { "Idempotency key" } dd { code { (v.idempotency_key) } }
+                dt { "Created" } dd { (when(v.created_at)) }
+                dt { "Expires" } dd { (when(v.expires_at)) }
+                dt { "Codes sent" } dd { (v.sends) ", the last at " (when(v.last_sent_at)) }
+                dt { "Checks left" } dd { (v.checks_remaining) }
+                @if let Some(a) = v.approved_at { dt { "Approved" } dd { (when(a)) } }
+            }
+            h2 { "Text" }
+            pre.body { (crate::verify::masked(v)) }
+            h2 { "Its messages" }
+            @if messages.is_empty() {
+                p { "None left (they were purged after the retention period)." }
+            } @else {
+                (message_table("The verification's messages", messages))
+            }
+        },
+    )
 }

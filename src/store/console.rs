@@ -50,7 +50,9 @@ pub struct OverviewCounts {
     /// Attempts started since the cutoff per provider: (provider, attempts,
     /// attempts that ended in an error: rejected, retryable, ambiguous, lost).
     pub attempts_by_provider: Vec<(String, i64, i64)>,
-    /// Messages `processing` waiting for a retry's due time.
+    /// Messages `processing` waiting for a retry's due time. (Scheduled
+    /// messages, when they land, are counted beside this as
+    /// `waiting_scheduled` and shown on the same "Waiting" list.)
     pub waiting_retries: i64,
     /// Messages `processing` now.
     pub processing: i64,

@@ -582,6 +582,67 @@ async fn failed_sign_ins_are_rate_limited(backend: Backend) {
     assert_eq!(b.sign_in(&app.api_key).await.status, 303);
 }
 
+async fn a_verification_and_its_sealed_message_show_no_code(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let started = answer(
+        app.request(reqwest::Method::POST, "/verifications")
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", "LOGIN-7731")
+            .json(&json!({"to": "+14155550100", "code_length": 6}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(started.status, 201);
+    let ver = started.json()["id"].as_str().unwrap().to_string();
+    let body = eventually("the code's SMS", || async {
+        app.mock
+            .calls()
+            .into_iter()
+            .find_map(|c| c.body["body"].as_str().map(str::to_string))
+    })
+    .await;
+    let code: String = body.chars().filter(char::is_ascii_digit).collect();
+    assert_eq!(code.len(), 6);
+
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let found = b.get(&format!("/console/search?q={ver}")).await;
+    let page_url = format!("/console/verifications/{ver}");
+    assert_eq!((found.status, location(&found)), (303, page_url.as_str()));
+    let page = b.get(&page_url).await;
+    assert_eq!(page.status, 200);
+    let html = text(&page);
+    assert!(html.contains("pending") && html.contains("+14155550100"));
+    assert!(!html.contains(&code), "no code on the verification page");
+    let link = html
+        .split("href=\"/console/messages/")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a link to its message");
+    let timeline = b.get(&format!("/console/messages/{link}")).await;
+    assert_eq!(timeline.status, 200);
+    let html = text(&timeline);
+    assert!(!html.contains(&code), "no code on the timeline");
+    assert!(html.contains("******"), "the text, its code masked");
+    assert!(html.contains(&ver));
+    // Another tenant's session finds nothing of it.
+    let other = spawn_with(TestOptions {
+        backend,
+        database: Some(app.database.clone()),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut b2 = Browser::new(&other);
+    assert_eq!(b2.sign_in(&other.api_key).await.status, 303);
+    assert_eq!(b2.get(&page_url).await.status, 404);
+    assert_eq!(
+        b2.get(&format!("/console/search?q={ver}")).await.status,
+        200
+    );
+}
+
 fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
@@ -594,4 +655,5 @@ on_both_backends!(
     one_tenant_never_sees_anothers_data,
     a_revoked_key_or_an_idle_session_ends_it,
     failed_sign_ins_are_rate_limited,
+    a_verification_and_its_sealed_message_show_no_code,
 );

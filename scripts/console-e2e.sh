@@ -64,6 +64,11 @@ for _ in $(seq 100); do
 done
 [ "$status" = delivered ] || { echo "console-e2e: $retried is $status, not delivered" >&2; exit 1; }
 
+# A verification, for its page.
+ver=$(curl -fs "$base/verifications" -H "Authorization: Bearer $key" -H 'Idempotency-Key: E2E-LOGIN-1' \
+    -H 'Content-Type: application/json' -d '{"to":"+14155550101","code_length":6}' \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+
 mkdir -p target/console-screenshots
-BASE=$base KEY=$key KEY2=$key2 RETRIED=$retried CHROMIUM=$chromium \
+BASE=$base KEY=$key KEY2=$key2 RETRIED=$retried VER=$ver CHROMIUM=$chromium \
 SHOTS=$PWD/target/console-screenshots node tests/console/e2e.mjs

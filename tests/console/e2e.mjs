@@ -1,15 +1,15 @@
 // The console in a real browser: Debian's chromium driven by playwright-core,
 // axe-core on every page (no serious or critical violation allowed).
 // Run by scripts/console-e2e.sh, which starts sendonce and the mock provider
-// and passes BASE, KEY, KEY2, RETRIED, CHROMIUM and SHOTS.
+// and passes BASE, KEY, KEY2, RETRIED, VER, CHROMIUM and SHOTS.
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { chromium } from 'playwright-core';
 
 const require = createRequire(import.meta.url);
 const axeSource = readFileSync(require.resolve('axe-core/axe.min.js'), 'utf8');
-const { BASE, KEY, KEY2, RETRIED, CHROMIUM, SHOTS } = process.env;
-for (const [name, value] of Object.entries({ BASE, KEY, KEY2, RETRIED, CHROMIUM, SHOTS })) {
+const { BASE, KEY, KEY2, RETRIED, VER, CHROMIUM, SHOTS } = process.env;
+for (const [name, value] of Object.entries({ BASE, KEY, KEY2, RETRIED, VER, CHROMIUM, SHOTS })) {
   if (!value) throw new Error(`${name} is not set`);
 }
 
@@ -82,13 +82,19 @@ try {
   check((await page.$$('main table tbody tr')).length >= 1, 'a phone number lists its messages');
   await inspect(page, '04-search-by-number');
 
+  // A verification, found by its id.
+  await page.goto(`${BASE}/console/search?q=${VER}`);
+  check(page.url().endsWith(`/console/verifications/${VER}`), 'a verification id opens its page');
+  check((await page.textContent('main')).includes('******'), 'its text shows the code masked');
+  await inspect(page, '05-verification');
+
   // Add and remove an opt-out.
   await page.click('text=Opt-outs');
   await page.fill('#number', '+1 415 555 0188');
   await page.click('text=Add to opt-outs');
   check((await page.textContent('main')).includes('was added'), 'an opt-out is added');
   check((await page.$('button[aria-label="Remove +14155550188"]')) !== null, 'it is listed');
-  await inspect(page, '05-opt-outs');
+  await inspect(page, '06-opt-outs');
   await page.click('button[aria-label="Remove +14155550188"]');
   check((await page.textContent('main')).includes('was removed'), 'an opt-out is removed');
   check((await page.$('button[aria-label="Remove +14155550188"]')) === null, 'it is gone');
@@ -112,7 +118,7 @@ try {
   const resp = await page2.goto(timelineUrl);
   check(resp.status() === 404, `another tenant gets 404 for the timeline (${resp.status()})`);
   check(!(await page2.textContent('body')).includes(RETRIED), 'and sees nothing of it');
-  await inspect(page2, '06-not-found-for-another-tenant');
+  await inspect(page2, '07-not-found-for-another-tenant');
   await other.close();
 
   // Sign out.

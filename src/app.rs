@@ -122,6 +122,7 @@ impl App {
             body_read_timeout: settings.server.body_read_timeout,
             receipts: settings.server.receipts.clone(),
             verify,
+            console: crate::console::ConsoleState::default(),
         });
         Ok(App {
             listener,

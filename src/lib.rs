@@ -28,6 +28,7 @@ pub mod cache;
 pub mod clock;
 pub mod commands;
 pub mod config;
+pub mod console;
 pub mod delivery;
 pub mod domain;
 pub mod error;

@@ -55,6 +55,8 @@ pub struct AppState {
     pub waiters: Arc<Waiters>,
     /// Verifications (one-time codes).
     pub verify: Arc<crate::verify::Verifier>,
+    /// The support console's failed sign-ins.
+    pub console: crate::console::ConsoleState,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -71,7 +73,8 @@ pub fn router_with(state: SharedState, serve_metrics: bool) -> Router {
         .merge(opt_outs::router())
         .merge(receipts::router())
         .merge(verifications::router())
-        .merge(health::router());
+        .merge(health::router())
+        .merge(crate::console::router());
     if serve_metrics {
         api = api.merge(metrics::router());
     }
@@ -120,10 +123,13 @@ async fn hygiene(
         HeaderValue::from_static("nosniff"),
     );
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
-    h.insert(
-        "content-security-policy",
-        HeaderValue::from_static("default-src 'none'; frame-ancestors 'none'"),
-    );
+    // The console's pages set a policy of their own.
+    if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
+        h.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static("default-src 'none'; frame-ancestors 'none'"),
+        );
+    }
     h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
     if !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

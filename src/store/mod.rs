@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use crate::domain::{MessageError, MessageId};
 
+pub mod console;
 pub mod error;
 pub mod postgres;
 pub mod routing;
@@ -25,6 +26,7 @@ pub mod time;
 pub mod types;
 pub mod verification;
 
+pub use console::{ConsoleStore, MessageSummary, NewSession, OverviewCounts, SessionRecord};
 pub use error::{SqlxResultExt, StoreError};
 pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
@@ -50,6 +52,7 @@ pub trait Store:
     + MaintenanceStore
     + RoutingStore
     + VerificationStore
+    + ConsoleStore
     + Send
     + Sync
     + 'static
@@ -64,6 +67,7 @@ impl<T> Store for T where
         + MaintenanceStore
         + RoutingStore
         + VerificationStore
+        + ConsoleStore
         + Send
         + Sync
         + 'static

@@ -86,10 +86,13 @@ pub struct BootstrapOutcome {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct OptOut {
     pub number: String,
-    /// `api` or `inbound` (a STOP message).
+    /// `api`, `inbound` (a STOP message) or `console`.
     pub source: String,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    /// Who added it from the console (the key prefix of the session).
+    #[serde(skip)]
+    pub added_by: Option<String>,
 }
 
 /// An API key as listed to operators (never the key itself).

@@ -17,6 +17,7 @@ use crate::metrics::BatchSizes;
 
 mod batch;
 pub mod connect;
+mod console;
 mod maintenance;
 mod messages;
 mod opt_outs;

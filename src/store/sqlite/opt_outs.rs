@@ -57,8 +57,8 @@ impl OptOutStore for SqliteStore {
         after: Option<&str>,
         limit: u32,
     ) -> Result<Vec<OptOut>, StoreError> {
-        let rows: Vec<(String, String, DbTime)> = sqlx::query_as(
-            "SELECT number, source, created_at FROM opt_outs \
+        let rows: Vec<(String, String, DbTime, Option<String>)> = sqlx::query_as(
+            "SELECT number, source, created_at, added_by FROM opt_outs \
              WHERE tenant_id = ? AND (? IS NULL OR number > ?) \
              ORDER BY number LIMIT ?",
         )
@@ -70,10 +70,11 @@ impl OptOutStore for SqliteStore {
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(number, source, created_at)| OptOut {
+            .map(|(number, source, created_at, added_by)| OptOut {
                 number,
                 source,
                 created_at: created_at.0,
+                added_by,
             })
             .collect())
     }

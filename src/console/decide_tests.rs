@@ -1,0 +1,280 @@
+//! The console's decisions, as tables.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use time::macros::datetime;
+
+use super::decide::*;
+use crate::domain::{Encoding, IdempotencyKey, MessageError, MessageId, Phone, Status};
+use crate::store::{AttemptRow, MessageRecord, OverviewCounts, ReceiptRow};
+
+const T0: OffsetDateTime = datetime!(2026-12-01 14:02:11 UTC);
+
+fn at(secs: i64) -> OffsetDateTime {
+    T0 + time::Duration::seconds(secs)
+}
+
+fn message(status: Status) -> MessageRecord {
+    MessageRecord {
+        id: MessageId::new(),
+        tenant_id: uuid::Uuid::nil(),
+        idempotency_key: IdempotencyKey::parse("ORDER-1").unwrap(),
+        fingerprint: Vec::new(),
+        status,
+        to: Phone::from_e164("+14155550100").unwrap(),
+        from: None,
+        body: "hi".into(),
+        segments: 1,
+        encoding: Encoding::Gsm7,
+        metadata: BTreeMap::new(),
+        validity_seconds: None,
+        provider: "http".into(),
+        provider_message_id: None,
+        attempts: 1,
+        maybe_sent: false,
+        error: None,
+        response: None,
+        lease: None,
+        next_attempt_at: None,
+        created_at: T0,
+        updated_at: T0,
+        sent_at: None,
+        delivery_status_at: None,
+        expires_at: None,
+        deadline_at: at(3600),
+        last_attempt_open: false,
+        last_attempt_started_at: None,
+        recipient_opted_out: false,
+    }
+}
+
+fn attempt(number: u32, start: i64, end: i64, outcome: &str) -> AttemptRow {
+    AttemptRow {
+        number,
+        lease_owner: None,
+        started_at: at(start),
+        finished_at: Some(at(end)),
+        outcome: Some(outcome.into()),
+        http_status: Some(if outcome == "sent" { 200 } else { 503 }),
+        provider_code: None,
+        error: None,
+        provider_message_id: None,
+        provider: "http".into(),
+    }
+}
+
+#[test]
+fn search_entries_are_read_as_every_kind_they_can_be() {
+    let id = MessageId::new();
+    /// (is a message id, phone, usable as a key), or `None` for bad input.
+    type Reading<'a> = Option<(bool, Option<&'a str>, bool)>;
+    let cases: Vec<(String, Reading)> = vec![
+        // (entry, Some((is a message id, phone, usable as a key)) or bad input)
+        (id.to_string(), Some((true, None, true))),
+        ("ORDER-92831-SMS".into(), Some((false, None, true))),
+        (
+            "+14155550100".into(),
+            Some((false, Some("+14155550100"), true)),
+        ),
+        (
+            "+1 415 555 0100".into(),
+            Some((false, Some("+14155550100"), false)),
+        ),
+        ("msg_nothex".into(), Some((false, None, true))),
+        ("   ".into(), None),
+        ("K".repeat(256), None),
+        ("ümlaut key".into(), None),
+    ];
+    for (q, want) in cases {
+        let got = classify(&q).map(|c| (c.message_id.is_some(), c.phone, c.key.is_some()));
+        let want = want.map(|(m, p, k)| (m, p.map(str::to_string), k));
+        assert_eq!(got, want, "{q:?}");
+    }
+}
+
+#[test]
+fn cursors_round_trip_and_garbage_is_refused() {
+    let id = MessageId::new();
+    let c = cursor(at(5), id);
+    assert_eq!(parse_cursor(&c), Some((at(5), id)));
+    for bad in [
+        "",
+        "garbage",
+        "12.",
+        ".abc",
+        "x.00000000000000000000000000000000",
+    ] {
+        assert_eq!(parse_cursor(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn opt_out_searches_take_number_prefixes_only() {
+    for (q, want) in [
+        ("+1415", Some("+1415")),
+        ("1415", Some("+1415")),
+        ("+1 (415) 555-01", Some("+141555501")),
+        ("", Some("+")),
+        ("abc", None),
+        ("+1415%", None),
+        ("+1234567890123456", None),
+    ] {
+        assert_eq!(number_prefix(q).as_deref(), want, "{q:?}");
+    }
+}
+
+#[test]
+fn codes_are_masked_only_where_the_body_speaks_of_one() {
+    for (body, want) in [
+        ("Your code is 481516", "Your code is ••••••"),
+        (
+            "123456 is your verification code",
+            "•••••• is your verification code",
+        ),
+        (
+            "OTP: 9876. Order 92831 ships today",
+            "OTP: ••••. Order ••••• ships today",
+        ),
+        ("Your PIN 12 expires", "Your PIN 12 expires"),
+        ("Order 92831 is confirmed", "Order 92831 is confirmed"),
+        ("Code 12345678901 is long", "Code 12345678901 is long"),
+        ("Use barcode 1234", "Use barcode 1234"),
+    ] {
+        assert_eq!(masked_body(body), want, "{body:?}");
+    }
+    let sealed = format!("{}abcdef", crate::verify::crypto::SEALED_PREFIX);
+    assert!(!masked_body(&sealed).contains("abcdef"));
+}
+
+#[test]
+fn plain_words_say_what_to_tell_the_customer() {
+    let mut delivered = message(Status::Delivered);
+    delivered.sent_at = Some(at(0));
+    delivered.delivery_status_at = Some(at(3));
+    let mut waiting = message(Status::Processing);
+    waiting.attempts = 2;
+    waiting.next_attempt_at = Some(at(120));
+    let mut opted_out = message(Status::Failed);
+    opted_out.error = Some(MessageError {
+        code: "recipient_opted_out".into(),
+        message: "the recipient opted out".into(),
+        provider_code: None,
+    });
+    let mut unknown = message(Status::Unknown);
+    unknown.attempts = 5;
+    for (m, want) in [
+        (
+            delivered,
+            "Sent to the carrier at 2026-12-01 14:02:11 UTC; the carrier reported it delivered at 2026-12-01 14:02:14 UTC.",
+        ),
+        (
+            waiting,
+            "Not sent yet: the provider was tried once without success; sendonce tries again at 2026-12-01 14:04:11 UTC.",
+        ),
+        (
+            opted_out,
+            "Not sent: the number is on the opt-out list (it asked not to be messaged).",
+        ),
+        (
+            unknown,
+            "Unclear: the provider gave no clear answer after 5 attempts, so the message may or may not have reached the phone. Do not promise either way.",
+        ),
+    ] {
+        assert_eq!(plain_words(&m), want);
+    }
+}
+
+#[test]
+fn the_timeline_puts_everything_on_one_axis() {
+    let mut m = message(Status::Delivered);
+    m.attempts = 2;
+    m.sent_at = Some(at(3));
+    m.delivery_status_at = Some(at(5));
+    let attempts = vec![attempt(1, 0, 1, "retryable"), attempt(2, 2, 3, "sent")];
+    let receipts = vec![ReceiptRow {
+        seq: 1,
+        provider: "http".into(),
+        event_id: "e1".into(),
+        provider_message_id: "p1".into(),
+        message_id: None,
+        provider_status: "delivered".into(),
+        status: Some(Status::Delivered),
+        error_code: None,
+        applied: true,
+        received_at: at(5),
+    }];
+    let entries = timeline(&m, &attempts, &[], &receipts);
+    let kinds: Vec<Kind> = entries.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            Kind::Accepted,
+            Kind::Attempt,
+            Kind::Retry,
+            Kind::Attempt,
+            Kind::Final,
+            Kind::Receipt
+        ]
+    );
+    assert_eq!(
+        entries[2].title,
+        "Retried: attempt 2 started at 2026-12-01 14:02:13 UTC"
+    );
+    assert!(entries[1].facts.contains(&("duration", "1.0 s".into())));
+    // A retry still waiting shows its due time.
+    let mut waiting = message(Status::Processing);
+    waiting.next_attempt_at = Some(at(60));
+    let entries = timeline(&waiting, &[attempt(1, 0, 1, "ambiguous")], &[], &[]);
+    assert_eq!(
+        entries.last().map(|e| e.title.as_str()),
+        Some("Retry scheduled: attempt 2 due at 2026-12-01 14:03:11 UTC")
+    );
+}
+
+#[test]
+fn the_overview_warns_above_the_threshold_only() {
+    let counts = |rows: &[(&str, i64)]| OverviewCounts {
+        by_status_provider: rows
+            .iter()
+            .map(|(s, n)| ((*s).to_string(), "http".to_string(), *n))
+            .collect(),
+        ..OverviewCounts::default()
+    };
+    for (rows, warns) in [
+        (vec![("delivered", 95), ("failed", 5)], false),
+        (vec![("delivered", 94), ("failed", 6)], true),
+        (vec![("sent", 90), ("unknown", 4), ("undelivered", 4)], true),
+        (vec![("failed", 9)], false),
+        (vec![("processing", 500), ("failed", 1), ("sent", 9)], true),
+        (vec![], false),
+    ] {
+        assert_eq!(warning(&counts(&rows)).is_some(), warns, "{rows:?}");
+    }
+}
+
+#[test]
+fn sign_ins_wait_once_too_many_failed_within_the_window() {
+    let ten: Vec<_> = (0..10).map(at).collect();
+    assert_eq!(signin_allowed(&ten[..9], at(10)), Ok(()));
+    assert_eq!(signin_allowed(&ten, at(10)), Err(Duration::from_secs(50)));
+    assert_eq!(
+        signin_allowed(&ten, at(60)),
+        Ok(()),
+        "the oldest left the window"
+    );
+    assert_eq!(signin_allowed(&ten, at(59)), Err(Duration::from_secs(1)));
+}
+
+#[test]
+fn durations_read_naturally() {
+    for (d, want) in [
+        (Duration::from_millis(850), "850 ms"),
+        (Duration::from_millis(12_300), "12.3 s"),
+        (Duration::from_secs(250), "4 min 10 s"),
+        (Duration::from_secs(3 * 3600 + 300), "3 h 5 min"),
+    ] {
+        assert_eq!(human(d), want);
+    }
+}

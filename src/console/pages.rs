@@ -1,0 +1,455 @@
+//! The console's pages (maud templates): HTML only, no script; style comes
+//! from `/console/console.css`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use maud::{DOCTYPE, Markup, html};
+use time::OffsetDateTime;
+
+use super::decide::{self, Entry, human, when};
+use super::{Session, enc};
+use crate::store::{MessageRecord, MessageSummary, OptOut, OverviewCounts, VerificationRecord};
+
+fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · sendonce console" }
+                link rel="stylesheet" href="/console/console.css";
+            }
+            body {
+                header {
+                    a.brand href="/console" { "sendonce console" }
+                    @if let Some(s) = session {
+                        nav aria-label="Console" {
+                            a href="/console/overview" { "Overview" }
+                            a href="/console/search" { "Find a message" }
+                            a href="/console/opt-outs" { "Opt-outs" }
+                        }
+                        form method="post" action="/console/logout" {
+                            input type="hidden" name="csrf" value=(s.csrf);
+                            span.muted { "Signed in with " (s.key_prefix) "… " }
+                            button type="submit" { "Sign out" }
+                        }
+                    }
+                }
+                main { (content) }
+            }
+        }
+    }
+}
+
+pub fn error(title: &str, detail: &str) -> Markup {
+    layout(
+        title,
+        None,
+        html! {
+            h1 { (title) }
+            p { (detail) }
+            p { a href="/console" { "Back to the console" } }
+        },
+    )
+}
+
+pub fn login(token: &str, error: Option<&str>) -> Markup {
+    layout(
+        "Sign in",
+        None,
+        html! {
+            h1 { "Sign in" }
+            p { "Sign in with one of your account's API keys (they start with " code { "so_" } ")." }
+            @if let Some(e) = error {
+                p.error role="alert" { (e) }
+            }
+            form method="post" action="/console/login" {
+                input type="hidden" name="csrf" value=(token);
+                label for="api_key" { "API key" }
+                input #api_key type="password" name="api_key" autocomplete="off" required;
+                p { button.primary type="submit" { "Sign in" } }
+            }
+        },
+    )
+}
+
+fn search_form(q: &str) -> Markup {
+    html! {
+        form method="get" action="/console/search" role="search" {
+            label for="q" { "Idempotency key, message id, provider message id or phone number" }
+            div.row {
+                input #q type="search" name="q" value=(q) maxlength="255";
+                button.primary type="submit" { "Find" }
+            }
+        }
+    }
+}
+
+fn status(s: crate::domain::Status) -> Markup {
+    html! { span class={"status status-" (s.as_str())} { (s.as_str()) } }
+}
+
+fn message_table(caption: &str, list: &[MessageSummary]) -> Markup {
+    html! {
+        div.table-wrap {
+            table {
+                caption.visually-hidden { (caption) }
+                thead { tr { th scope="col" { "Created" } th scope="col" { "Message" } th scope="col" { "Status" } th scope="col" { "To" } th scope="col" { "Provider" } th scope="col" { "Attempts" } } }
+                tbody {
+                    @for m in list {
+                        tr {
+                            td { (when(m.created_at)) }
+                            td { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
+                            td { (status(m.status)) }
+                            td { (m.to) }
+                            td { (m.provider) }
+                            td { (m.attempts) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a search found.
+pub struct Results {
+    /// Messages matched by id, key or provider message id, and how.
+    pub exact: Vec<(&'static str, MessageSummary)>,
+    /// The number searched, a page of its messages (newest first) and the
+    /// cursor of the next, older page.
+    pub by_phone: Option<(String, Vec<MessageSummary>, Option<String>)>,
+    /// This is not the first page.
+    pub paged: bool,
+}
+
+pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
+    layout(
+        "Find a message",
+        Some(session),
+        html! {
+            h1 { "Find a message" }
+            (search_form(q))
+            @if let Some(r) = results {
+                @if !r.exact.is_empty() {
+                    h2 { "Matches" }
+                    div.table-wrap {
+                        table {
+                            caption.visually-hidden { "Messages matching the search" }
+                            thead { tr { th scope="col" { "Matched by" } th scope="col" { "Message" } th scope="col" { "Status" } th scope="col" { "Created" } } }
+                            tbody {
+                                @for (how, m) in &r.exact {
+                                    tr {
+                                        td { (how) }
+                                        td { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
+                                        td { (status(m.status)) }
+                                        td { (when(m.created_at)) }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                @if let Some((number, list, older)) = &r.by_phone {
+                    h2 { "Recent messages to " (number) }
+                    @if list.is_empty() {
+                        p { "No messages to this number" @if r.paged { " before these" } "." }
+                    } @else {
+                        (message_table(&format!("Messages to {number}, newest first"), list))
+                    }
+                    @if let Some(c) = older {
+                        p { a href={"/console/search?q=" (enc(number)) "&before=" (enc(c))} { "Older messages" } }
+                    }
+                }
+                @if r.exact.is_empty() && r.by_phone.is_none() {
+                    p role="status" { "Nothing matched “" (q) "”." }
+                }
+            }
+        },
+    )
+}
+
+pub fn timeline(
+    session: &Session,
+    m: &MessageRecord,
+    body: &str,
+    verification: Option<&VerificationRecord>,
+    entries: &[Entry],
+) -> Markup {
+    let title = format!("Message {}", m.idempotency_key);
+    layout(
+        &title,
+        Some(session),
+        html! {
+            h1 { "Message " code { (m.idempotency_key) } }
+            p.say { strong { "Tell the customer: " } (decide::plain_words(m)) }
+            dl.facts {
+                dt { "Status" } dd { (status(m.status)) }
+                dt { "Message id" } dd { code { (m.id) } }
+                dt { "To" } dd { a href={"/console/search?q=" (enc(m.to.as_str()))} { (m.to) } @if m.recipient_opted_out { " (opted out)" } }
+                @if let Some(f) = &m.from { dt { "From" } dd { (f) } }
+                dt { "Provider" } dd { (m.provider) }
+                @if let Some(p) = &m.provider_message_id { dt { "Provider message id" } dd { code { (p) } } }
+                dt { "Attempts" } dd { (m.attempts) }
+                dt { "Created" } dd { (when(m.created_at)) }
+                @if let Some(due) = m.next_attempt_at { dt { "Next attempt due" } dd { (when(due)) } }
+                @if let Some(v) = verification {
+                    @let vid = crate::verify::public_id(v.id);
+                    dt { "Verification" } dd { a href={"/console/verifications/" (vid)} { (vid) } }
+                }
+            }
+            h2 { "Text" }
+            pre.body { (body) }
+            h2 { "Timeline" }
+            ol.timeline {
+                @for e in entries {
+                    li {
+                        span.kind { (e.kind.as_str()) }
+                        span.at { (when(e.at)) }
+                        " "
+                        strong { (e.title) }
+                        @if !e.facts.is_empty() {
+                            dl {
+                                @for (name, value) in &e.facts {
+                                    dt { (name) } dd { (value) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// Colours of the chart's bars by status (readable on white).
+fn bar_colour(status: &str) -> &'static str {
+    match status {
+        "delivered" | "sent" => "#116329",
+        "processing" => "#0b5cad",
+        "unknown" => "#6b4a00",
+        _ => "#a40e26",
+    }
+}
+
+/// Messages per status as horizontal bars, drawn as inline SVG.
+fn chart(totals: &BTreeMap<String, i64>) -> Markup {
+    let max = totals.values().copied().max().unwrap_or(0).max(1);
+    let row = 28;
+    #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
+    let height = (totals.len().max(1) * row) as i64 + 8;
+    let label = totals
+        .iter()
+        .map(|(s, n)| format!("{s}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    html! {
+        svg.chart xmlns="http://www.w3.org/2000/svg" role="img" width="480" height=(height)
+            viewBox={"0 0 480 " (height)} aria-labelledby="chart-title" {
+            title #chart-title { "Messages in the last 24 hours by status: " (label) }
+            @for (i, (s, n)) in totals.iter().enumerate() {
+                @let y = i * row + 4;
+                @let w = (n * 300 / max).max(1);
+                text x="0" y=(y + 17) font-size="14" fill="#1b1f24" { (s) }
+                rect x="110" y=(y + 3) width=(w) height="18" fill=(bar_colour(s)) {}
+                text x=(115 + w) y=(y + 17) font-size="14" fill="#1b1f24" { (n) }
+            }
+        }
+    }
+}
+
+pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> Markup {
+    let mut totals: BTreeMap<String, i64> = BTreeMap::new();
+    let mut providers: BTreeMap<&str, BTreeMap<&str, i64>> = BTreeMap::new();
+    for (s, p, n) in &c.by_status_provider {
+        *totals.entry(s.clone()).or_default() += n;
+        *providers.entry(p).or_default().entry(s).or_default() += n;
+    }
+    let statuses = [
+        "processing",
+        "sent",
+        "delivered",
+        "undelivered",
+        "failed",
+        "unknown",
+    ];
+    let oldest = c
+        .oldest_processing
+        .map(|t| human(Duration::try_from(now - t).unwrap_or_default()));
+    layout(
+        "Overview",
+        Some(session),
+        html! {
+            h1 { "Overview: the last 24 hours" }
+            @if let Some(w) = decide::warning(c) {
+                p.warning role="alert" { strong { "Warning: " } (w) }
+            }
+            (search_form(""))
+            h2 { "Messages by status" }
+            @if totals.is_empty() {
+                p { "No messages in the last 24 hours." }
+            } @else {
+                (chart(&totals))
+            }
+            h2 { "By provider" }
+            div.table-wrap {
+                table {
+                    caption.visually-hidden { "Messages in the last 24 hours by provider and status" }
+                    thead { tr { th scope="col" { "Provider" } @for s in statuses { th scope="col" { (s) } } } }
+                    tbody {
+                        @for (p, by) in &providers {
+                            tr { th scope="row" { (p) } @for s in statuses { td { (by.get(s).copied().unwrap_or(0)) } } }
+                        }
+                    }
+                }
+            }
+            h2 { "Provider error rate" }
+            div.table-wrap {
+                table {
+                    caption.visually-hidden { "Provider attempts and errors in the last 24 hours" }
+                    thead { tr { th scope="col" { "Provider" } th scope="col" { "Attempts" } th scope="col" { "Errors" } th scope="col" { "Error rate" } } }
+                    tbody {
+                        @for (p, attempts, errors) in &c.attempts_by_provider {
+                            tr {
+                                th scope="row" { (p) }
+                                td { (attempts) }
+                                td { (errors) }
+                                td { (rate(*errors, *attempts)) }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Waiting" }
+            dl.facts {
+                dt { "Processing now" } dd { (c.processing) }
+                dt { "Waiting for a retry" } dd { (c.waiting_retries) }
+                // Scheduled messages join this list when they land.
+                dt { "Oldest processing" } dd { (oldest.unwrap_or_else(|| "none".into())) }
+            }
+            p.muted { "The warning shows when more than "
+                (format!("{:.0} %", decide::WARN_FAILURE_RATE * 100.0))
+                " of at least " (decide::WARN_MIN_FINISHED)
+                " finished messages failed (failed, unknown or undelivered)." }
+        },
+    )
+}
+
+pub fn opt_outs(
+    session: &Session,
+    q: &str,
+    list: &[OptOut],
+    next: Option<&str>,
+    notice: Option<&str>,
+) -> Markup {
+    layout(
+        "Opt-outs",
+        Some(session),
+        html! {
+            h1 { "Opt-outs" }
+            p { "Numbers on this list get no messages: a send to them ends " code { "failed" } " and never reaches the provider." }
+            @if let Some(n) = notice { p.notice role="status" { (n) } }
+            h2 { "Add a number" }
+            form method="post" action="/console/opt-outs" {
+                input type="hidden" name="csrf" value=(session.csrf);
+                label for="number" { "Phone number (international form, e.g. +14155550100)" }
+                div.row {
+                    input #number type="text" name="number" inputmode="tel" autocomplete="off" required;
+                    button.primary type="submit" { "Add to opt-outs" }
+                }
+            }
+            h2 { "Find" }
+            form method="get" action="/console/opt-outs" role="search" {
+                label for="oq" { "Number or its beginning" }
+                div.row {
+                    input #oq type="search" name="q" value=(q);
+                    button type="submit" { "Search" }
+                }
+            }
+            @if list.is_empty() {
+                p { "No opt-outs" @if !q.is_empty() { " match “" (q) "”" } "." }
+            } @else {
+                div.table-wrap {
+                    table {
+                        caption.visually-hidden { "Opted-out numbers" }
+                        thead { tr { th scope="col" { "Number" } th scope="col" { "Added by" } th scope="col" { "When" } th scope="col" { "Remove" } } }
+                        tbody {
+                            @for o in list {
+                                tr {
+                                    td { (o.number) }
+                                    td { (who(o)) }
+                                    td { (when(o.created_at)) }
+                                    td {
+                                        form method="post" action="/console/opt-outs/remove" {
+                                            input type="hidden" name="csrf" value=(session.csrf);
+                                            input type="hidden" name="number" value=(o.number);
+                                            button type="submit" aria-label={"Remove " (o.number)} { "Remove" }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(n) = next {
+                p { a href={"/console/opt-outs?q=" (enc(q)) "&after=" (enc(n))} { "More" } }
+            }
+        },
+    )
+}
+
+/// `errors` of `attempts` as a percentage.
+#[allow(clippy::cast_precision_loss)]
+fn rate(errors: i64, attempts: i64) -> String {
+    if attempts > 0 {
+        format!("{:.1} %", errors as f64 * 100.0 / attempts as f64)
+    } else {
+        "0.0 %".into()
+    }
+}
+
+fn who(o: &OptOut) -> String {
+    match (o.source.as_str(), &o.added_by) {
+        ("console", Some(k)) => format!("console, key {k}…"),
+        ("inbound", _) => "the recipient (STOP reply)".into(),
+        ("api", _) => "the API".into(),
+        (s, _) => s.to_string(),
+    }
+}
+
+pub fn verification(
+    session: &Session,
+    v: &VerificationRecord,
+    status: &str,
+    messages: &[MessageSummary],
+) -> Markup {
+    let id = crate::verify::public_id(v.id);
+    layout(
+        &format!("Verification {id}"),
+        Some(session),
+        html! {
+            h1 { "Verification " code { (id) } }
+            dl.facts {
+                dt { "Status" } dd { span.status { (status) } }
+                dt { "To" } dd { a href={"/console/search?q=" (enc(&v.to))} { (v.to) } }
+                dt { "Idempotency key" } dd { code { (v.idempotency_key) } }
+                dt { "Created" } dd { (when(v.created_at)) }
+                dt { "Expires" } dd { (when(v.expires_at)) }
+                dt { "Codes sent" } dd { (v.sends) ", the last at " (when(v.last_sent_at)) }
+                dt { "Checks left" } dd { (v.checks_remaining) }
+                @if let Some(a) = v.approved_at { dt { "Approved" } dd { (when(a)) } }
+            }
+            h2 { "Text" }
+            pre.body { (crate::verify::masked(v)) }
+            h2 { "Its messages" }
+            @if messages.is_empty() {
+                p { "None left (they were purged after the retention period)." }
+            } @else {
+                (message_table("The verification's messages", messages))
+            }
+        },
+    )
+}

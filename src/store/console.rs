@@ -1,0 +1,157 @@
+//! What the support console reads and writes. It is a reader of the store,
+//! except for its own sessions and the opt-outs a support person adds or
+//! removes.
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::{MessageRecord, OptOut, StoreError};
+use crate::domain::{MessageId, Status};
+
+/// A console session to store (only the hash of the cookie's id).
+#[derive(Clone, Debug)]
+pub struct NewSession {
+    pub id_hash: Vec<u8>,
+    pub tenant_id: Uuid,
+    /// The hash of the API key signed in with: revoking it ends the session.
+    pub key_hash: Vec<u8>,
+    pub key_prefix: String,
+    pub csrf_token: String,
+    pub at: OffsetDateTime,
+}
+
+/// A live console session (its key not revoked).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub tenant_id: Uuid,
+    pub key_prefix: String,
+    pub csrf_token: String,
+    pub last_seen_at: OffsetDateTime,
+}
+
+/// One line of a message list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageSummary {
+    pub id: MessageId,
+    pub idempotency_key: String,
+    pub status: Status,
+    pub to: String,
+    pub provider: String,
+    pub attempts: u32,
+    pub created_at: OffsetDateTime,
+}
+
+/// A tenant's last hours, for the overview page.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OverviewCounts {
+    /// Messages created since the cutoff: (status, provider, count).
+    pub by_status_provider: Vec<(String, String, i64)>,
+    /// Attempts started since the cutoff per provider: (provider, attempts,
+    /// attempts that ended in an error: rejected, retryable, ambiguous, lost).
+    pub attempts_by_provider: Vec<(String, i64, i64)>,
+    /// Messages `processing` waiting for a retry's due time. (Scheduled
+    /// messages, when they land, are counted beside this as
+    /// `waiting_scheduled` and shown on the same "Waiting" list.)
+    pub waiting_retries: i64,
+    /// Messages `processing` now.
+    pub processing: i64,
+    /// When the oldest message still `processing` was created.
+    pub oldest_processing: Option<OffsetDateTime>,
+}
+
+#[async_trait]
+pub trait ConsoleStore: Send + Sync {
+    /// Stores a new session and deletes every session last used before
+    /// `idle_cutoff`.
+    async fn create_session(
+        &self,
+        s: &NewSession,
+        idle_cutoff: OffsetDateTime,
+    ) -> Result<(), StoreError>;
+    /// The session with this id hash, if its API key is not revoked.
+    async fn session(&self, id_hash: &[u8]) -> Result<Option<SessionRecord>, StoreError>;
+    /// Records that the session was used at `at`.
+    async fn touch_session(&self, id_hash: &[u8], at: OffsetDateTime) -> Result<(), StoreError>;
+    /// Ends a session (sign out, or found idle).
+    async fn delete_session(&self, id_hash: &[u8]) -> Result<(), StoreError>;
+    /// A tenant's messages whose provider message id is `provider_message_id`.
+    async fn messages_by_provider_id(
+        &self,
+        tenant_id: Uuid,
+        provider_message_id: &str,
+        limit: u32,
+    ) -> Result<Vec<MessageSummary>, StoreError>;
+    /// A tenant's messages to `number`, newest first, created before
+    /// `before` (created at, id) when given.
+    async fn messages_to(
+        &self,
+        tenant_id: Uuid,
+        number: &str,
+        before: Option<(OffsetDateTime, MessageId)>,
+        limit: u32,
+    ) -> Result<Vec<MessageSummary>, StoreError>;
+    /// A tenant's message by id (`None` for another tenant's).
+    async fn tenant_message(
+        &self,
+        tenant_id: Uuid,
+        id: MessageId,
+    ) -> Result<Option<MessageRecord>, StoreError>;
+    /// Counts for the overview since `since`.
+    async fn overview(
+        &self,
+        tenant_id: Uuid,
+        since: OffsetDateTime,
+    ) -> Result<OverviewCounts, StoreError>;
+    /// Adds an opt-out from the console, naming who added it; false if the
+    /// number was already opted out.
+    async fn add_opt_out_by(
+        &self,
+        tenant_id: Uuid,
+        number: &str,
+        who: &str,
+        at: OffsetDateTime,
+    ) -> Result<bool, StoreError>;
+    /// Opt-outs whose number starts with `prefix`, in number order after
+    /// `after`, at most `limit`.
+    async fn search_opt_outs(
+        &self,
+        tenant_id: Uuid,
+        prefix: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<OptOut>, StoreError>;
+}
+
+/// A [`MessageSummary`] as both databases return it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct SummaryRow {
+    pub id: Uuid,
+    pub idempotency_key: String,
+    pub status: Status,
+    pub to_number: String,
+    pub provider: String,
+    pub attempts: i64,
+    pub created_at: super::time::DbTime,
+}
+
+impl From<SummaryRow> for MessageSummary {
+    fn from(r: SummaryRow) -> Self {
+        MessageSummary {
+            id: MessageId(r.id),
+            idempotency_key: r.idempotency_key,
+            status: r.status,
+            to: r.to_number,
+            provider: r.provider,
+            attempts: u32::try_from(r.attempts).unwrap_or(0),
+            created_at: r.created_at.0,
+        }
+    }
+}
+
+/// The columns of a [`SummaryRow`] (valid SQL on both backends).
+pub(crate) const SUMMARY_COLUMNS: &str = "id, idempotency_key, status, to_number, provider, \
+    CAST(attempts AS BIGINT) AS attempts, created_at";
+
+/// Attempt outcomes that count as a provider error on the overview.
+pub(crate) const ERROR_OUTCOMES: &str = "('rejected', 'retryable', 'ambiguous', 'lost')";

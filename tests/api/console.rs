@@ -1,0 +1,659 @@
+//! The support console (issue 16): sign-in and its cookie, CSRF, tenant
+//! isolation by URL, the search kinds, the timeline of a retried then
+//! delivered message, opt-outs, revoked keys and idle sessions, and the
+//! sign-in rate limit. Every test runs on both backends.
+
+use std::time::Duration;
+
+use reqwest::redirect::Policy;
+use sendonce::clock::Clock;
+use sendonce::console::{CSP, IDLE_TIMEOUT, SESSION_COOKIE};
+use serde_json::json;
+use testkit::mock_provider::Behaviour;
+
+use crate::helpers::*;
+
+const SECRET: &str = "receipt-secret-0123456789";
+
+/// A browser without a browser: keeps the console's cookies, never follows
+/// redirects.
+struct Browser {
+    base: String,
+    client: reqwest::Client,
+    cookies: Vec<(String, String)>,
+}
+
+impl Browser {
+    fn new(app: &TestApp) -> Self {
+        Browser {
+            base: app.base.clone(),
+            client: reqwest::Client::builder()
+                .redirect(Policy::none())
+                .build()
+                .expect("client"),
+            cookies: Vec::new(),
+        }
+    }
+
+    fn keep(&mut self, a: &Answer) {
+        for v in a.headers.get_all("set-cookie") {
+            let v = v.to_str().expect("cookie");
+            let pair = v.split(';').next().unwrap_or("");
+            let (name, value) = pair.split_once('=').expect("name=value");
+            self.cookies.retain(|(n, _)| n != name);
+            if !value.is_empty() && !v.contains("Max-Age=0") {
+                self.cookies.push((name.to_string(), value.to_string()));
+            }
+        }
+    }
+
+    fn cookie_header(&self) -> String {
+        self.cookies
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    async fn get(&mut self, path: &str) -> Answer {
+        let a = answer(
+            self.client
+                .get(format!("{}{path}", self.base))
+                .header("cookie", self.cookie_header())
+                .send()
+                .await
+                .expect("GET"),
+        )
+        .await;
+        self.keep(&a);
+        a
+    }
+
+    async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Answer {
+        let body: String = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(form)
+            .finish();
+        let a = answer(
+            self.client
+                .post(format!("{}{path}", self.base))
+                .header("cookie", self.cookie_header())
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(body)
+                .send()
+                .await
+                .expect("POST"),
+        )
+        .await;
+        self.keep(&a);
+        a
+    }
+
+    /// Signs in with `key`: the sign-in answer.
+    async fn sign_in(&mut self, key: &str) -> Answer {
+        let page = self.get("/console/login").await;
+        assert_eq!(page.status, 200);
+        let token = csrf(&page);
+        self.post("/console/login", &[("csrf", &token), ("api_key", key)])
+            .await
+    }
+
+    /// The CSRF token of a signed-in page.
+    async fn csrf(&mut self) -> String {
+        let page = self.get("/console/overview").await;
+        assert_eq!(page.status, 200, "signed in");
+        csrf(&page)
+    }
+}
+
+fn text(a: &Answer) -> String {
+    String::from_utf8(a.bytes.clone()).expect("UTF-8 page")
+}
+
+/// The value of the first hidden `csrf` field of a page.
+fn csrf(a: &Answer) -> String {
+    let page = text(a);
+    let at = page.find(r#"name="csrf" value=""#).expect("a CSRF field") + 19;
+    page[at..].split('"').next().expect("value").to_string()
+}
+
+fn location(a: &Answer) -> &str {
+    a.header("location").expect("a Location")
+}
+
+async fn signs_in_with_a_safe_cookie_and_signs_out(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let mut b = Browser::new(&app);
+
+    let home = b.get("/console").await;
+    assert_eq!((home.status, location(&home)), (303, "/console/login"));
+    let page = b.get("/console/login").await;
+    assert_eq!(page.header("content-security-policy"), Some(CSP));
+    assert!(
+        page.header("content-type")
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(!text(&page).contains("<script"), "no script at all");
+    let css = b.get("/console/console.css").await;
+    assert_eq!(css.status, 200);
+    assert_eq!(css.header("content-type"), Some("text/css; charset=utf-8"));
+
+    // A sign-in without the form's token is refused before the key is read.
+    let a = b
+        .post(
+            "/console/login",
+            &[("csrf", "forged"), ("api_key", &app.api_key)],
+        )
+        .await;
+    assert_eq!(a.status, 403);
+    assert!(a.header("set-cookie").is_none(), "no session");
+
+    let wrong = b.sign_in("so_not-a-key-of-anyone-000000000").await;
+    assert_eq!(wrong.status, 401);
+    assert!(text(&wrong).contains("not accepted"));
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
+
+    let ok = b.sign_in(&app.api_key).await;
+    assert_eq!((ok.status, location(&ok)), (303, "/console/overview"));
+    let cookie = ok
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .find(|c| c.starts_with(&format!("{SESSION_COOKIE}=")))
+        .expect("session cookie");
+    for flag in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+        assert!(cookie.contains(flag), "{cookie} has {flag}");
+    }
+    assert!(!cookie.contains("Secure"), "plain http: {cookie}");
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        1
+    );
+    // Only the hash of the cookie's id is stored.
+    let id = cookie.split(';').next().unwrap().split_once('=').unwrap().1;
+    let stored = app
+        .db
+        .count("SELECT count(*) FROM console_sessions WHERE key_prefix LIKE 'so_%'")
+        .await;
+    assert_eq!(stored, 1);
+    assert!(id.len() >= 43, "256 random bits");
+
+    let overview = b.get("/console/overview").await;
+    assert_eq!(overview.status, 200);
+    assert!(text(&overview).contains("Overview"));
+
+    // Sign out needs the token too.
+    let a = b.post("/console/logout", &[]).await;
+    assert_eq!(a.status, 403);
+    assert_eq!(
+        b.get("/console/overview").await.status,
+        200,
+        "still signed in"
+    );
+    let token = b.csrf().await;
+    let out = b.post("/console/logout", &[("csrf", &token)]).await;
+    assert_eq!((out.status, location(&out)), (303, "/console/login"));
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
+    let after = b.get("/console/overview").await;
+    assert_eq!((after.status, location(&after)), (303, "/console/login"));
+}
+
+async fn the_cookie_is_secure_behind_https(backend: Backend) {
+    let mut settings = test_settings();
+    settings.server.receipts.public_url = Some("https://sms.example.com".into());
+    let app = spawn_with(TestOptions {
+        backend,
+        settings,
+        ..TestOptions::default()
+    })
+    .await;
+    let mut b = Browser::new(&app);
+    let ok = b.sign_in(&app.api_key).await;
+    assert_eq!(ok.status, 303);
+    let cookie = ok.header("set-cookie").expect("cookie");
+    assert!(cookie.contains("; Secure"), "{cookie}");
+}
+
+async fn posts_without_the_csrf_token_are_refused_and_change_nothing(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let token = b.csrf().await;
+    let count = || app.db.count("SELECT count(*) FROM opt_outs");
+
+    for form in [
+        vec![("number", "+14155550123")],
+        vec![("number", "+14155550123"), ("csrf", "forged")],
+        vec![("number", "+14155550123"), ("csrf", "")],
+    ] {
+        let a = b.post("/console/opt-outs", &form).await;
+        assert_eq!(a.status, 403, "{form:?}");
+        assert!(text(&a).contains("CSRF"));
+    }
+    assert_eq!(count().await, 0);
+
+    // A form as JSON is no form.
+    let a = answer(
+        b.client
+            .post(format!("{}/console/opt-outs", b.base))
+            .header("cookie", b.cookie_header())
+            .json(&json!({"csrf": token, "number": "+14155550123"}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 415);
+    // Bad input: a 400 page, nothing stored.
+    let a = b
+        .post(
+            "/console/opt-outs",
+            &[("csrf", &token), ("number", "not a number")],
+        )
+        .await;
+    assert_eq!(a.status, 400);
+    assert!(a.header("content-type").unwrap().starts_with("text/html"));
+    assert_eq!(count().await, 0);
+
+    // With the token: added, and shown with who added it.
+    let a = b
+        .post(
+            "/console/opt-outs",
+            &[("csrf", &token), ("number", "+1 415 555 0123")],
+        )
+        .await;
+    assert_eq!(a.status, 303);
+    assert_eq!(count().await, 1);
+    let page = b.get(location(&a).to_string().as_str()).await;
+    let html = text(&page);
+    assert!(html.contains("+14155550123") && html.contains("was added"));
+    let prefix: String = app.api_key.chars().take(9).collect();
+    assert!(
+        html.contains(&format!("console, key {prefix}")),
+        "who: {html}"
+    );
+    // The API sees it too (source `console`).
+    let api = app.get("/opt-outs").await.json();
+    assert_eq!(api["data"][0]["source"], "console");
+    // And a send to it never reaches the provider.
+    let sent = app
+        .post("CONSOLE-OPTED-OUT", &sms("+14155550123", "hi"))
+        .await;
+    assert_eq!(sent.json()["status"], "failed");
+    assert_eq!(app.mock.call_count(), 0);
+
+    // Search by the beginning of the number.
+    let found = b.get("/console/opt-outs?q=%2B1415").await;
+    assert!(text(&found).contains("+14155550123"));
+    let none = b.get("/console/opt-outs?q=%2B44").await;
+    assert!(!text(&none).contains("+14155550123"));
+    assert_eq!(b.get("/console/opt-outs?q=abc").await.status, 400);
+
+    // Removal needs the token as well.
+    let a = b
+        .post("/console/opt-outs/remove", &[("number", "+14155550123")])
+        .await;
+    assert_eq!(a.status, 403);
+    assert_eq!(count().await, 1);
+    let a = b
+        .post(
+            "/console/opt-outs/remove",
+            &[("csrf", &token), ("number", "+14155550123")],
+        )
+        .await;
+    assert_eq!(
+        (a.status, location(&a)),
+        (303, "/console/opt-outs?done=removed")
+    );
+    assert_eq!(count().await, 0);
+
+    // Without a session a POST is refused the same way.
+    let mut stranger = Browser::new(&app);
+    let a = stranger
+        .post(
+            "/console/opt-outs",
+            &[("csrf", &token), ("number", "+14155550123")],
+        )
+        .await;
+    assert_eq!(a.status, 403);
+    assert_eq!(count().await, 0);
+}
+
+/// Sends `key` through one 503 and a retry, then reports it delivered.
+async fn retried_then_delivered(app: &TestApp, key: &str, to: &str, body: &str) -> String {
+    app.mock.push([
+        Behaviour::Fail {
+            status: 503,
+            body: json!({"message": "busy", "code": "E503"}),
+            retry_after: None,
+        },
+        Behaviour::Accept,
+    ]);
+    let first = app.post(key, &sms(to, body)).await;
+    assert!(matches!(first.status, 201 | 202), "{}", first.status);
+    let sent = app.wait_for_status(key, "sent").await;
+    let pmid = sent["provider_message_id"]
+        .as_str()
+        .expect("provider id")
+        .to_string();
+    let receipt = json!({"id": pmid, "status": "delivered", "event_id": format!("ev-{key}")});
+    let a = answer(
+        app.client
+            .post(format!("{}/providers/http/status", app.base))
+            .header("X-Receipt-Secret", SECRET)
+            .header("content-type", "application/json")
+            .body(receipt.to_string())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(a.status < 300, "receipt: {}", a.status);
+    app.wait_for_status(key, "delivered").await;
+    sent["id"].as_str().unwrap().to_string()
+}
+
+fn receipts_settings() -> sendonce::config::Settings {
+    let mut settings = test_settings();
+    settings.server.receipts.http_secret = Some(SECRET.into());
+    settings
+}
+
+async fn search_finds_every_kind_and_the_timeline_tells_the_story(backend: Backend) {
+    let app = spawn_with(TestOptions {
+        backend,
+        settings: receipts_settings(),
+        ..TestOptions::default()
+    })
+    .await;
+    let id = retried_then_delivered(
+        &app,
+        "ORDER-92831-SMS",
+        "+14155550100",
+        "Your code is 481516",
+    )
+    .await;
+    let pmid = app.get("/messages/ORDER-92831-SMS").await.json()["provider_message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    app.post(
+        "ORDER-92832-SMS",
+        &sms("+14155550100", "Order 92832 shipped"),
+    )
+    .await;
+    app.wait_for_status("ORDER-92832-SMS", "sent").await;
+
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let timeline = format!("/console/messages/{id}");
+    // A key, a message id and a provider message id each lead to the timeline.
+    for q in ["ORDER-92831-SMS", id.as_str(), pmid.as_str()] {
+        let a = b.get(&format!("/console/search?q={}", enc(q))).await;
+        assert_eq!((a.status, location(&a)), (303, timeline.as_str()), "{q}");
+    }
+    // A phone number lists its messages, newest first.
+    let a = b.get("/console/search?q=%2B1%20415%20555%200100").await;
+    assert_eq!(a.status, 200);
+    let html = text(&a);
+    let (newer, older) = (
+        html.find("ORDER-92832-SMS").expect("newer"),
+        html.find("ORDER-92831-SMS").expect("older"),
+    );
+    assert!(newer < older, "newest first");
+    let nothing = b.get("/console/search?q=NO-SUCH-KEY").await;
+    assert!(text(&nothing).contains("Nothing matched"));
+    // Bad input is a 4xx page.
+    let long = "K".repeat(300);
+    assert_eq!(
+        b.get(&format!("/console/search?q={long}")).await.status,
+        400
+    );
+    assert_eq!(
+        b.get("/console/search?q=%2B14155550100&before=garbage")
+            .await
+            .status,
+        400
+    );
+    assert_eq!(b.get("/console/messages/msg_nothex").await.status, 404);
+
+    let page = b.get(&timeline).await;
+    assert_eq!(page.status, 200);
+    let html = text(&page);
+    for needle in [
+        "Accepted",
+        "Attempt 1 to http",
+        "Attempt 2 to http",
+        "503",
+        "Retried: attempt 2 started at",
+        "Receipt from http: delivered",
+        "yes: it set the message",
+        "Final status: sent",
+        "the carrier reported it delivered at",
+    ] {
+        assert!(html.contains(needle), "timeline shows {needle:?}");
+    }
+    assert!(!html.contains("481516"), "the code is masked");
+    assert!(html.contains("••••••"));
+}
+
+/// A second tenant on the same database gets 404s for the first's pages.
+async fn one_tenant_never_sees_anothers_data(backend: Backend) {
+    let a = spawn_with(TestOptions {
+        backend,
+        settings: receipts_settings(),
+        ..TestOptions::default()
+    })
+    .await;
+    let b_app = spawn_with(TestOptions {
+        backend,
+        database: Some(a.database.clone()),
+        ..TestOptions::default()
+    })
+    .await;
+    let id = retried_then_delivered(&a, "TENANT-A-1", "+14155550100", "hello").await;
+    a.handle
+        .store
+        .add_opt_out(
+            a.handle
+                .store
+                .tenant_for_key(&sendonce::apikey::hash(&a.api_key))
+                .await
+                .unwrap()
+                .unwrap()
+                .id,
+            "+14155550177",
+            "api",
+            a.clock.now(),
+        )
+        .await
+        .unwrap();
+
+    let mut other = Browser::new(&b_app);
+    assert_eq!(other.sign_in(&b_app.api_key).await.status, 303);
+    let page = other.get(&format!("/console/messages/{id}")).await;
+    assert_eq!(page.status, 404);
+    assert!(!text(&page).contains("TENANT-A-1"));
+    for q in ["TENANT-A-1", id.as_str(), "%2B14155550100"] {
+        let s = other.get(&format!("/console/search?q={q}")).await;
+        assert_eq!(s.status, 200, "{q}");
+        let html = text(&s);
+        assert!(
+            html.contains("Nothing matched") || html.contains("No messages to this number"),
+            "{q}"
+        );
+        assert!(!html.contains(&format!("/console/messages/{id}")), "{q}");
+    }
+    let list = other.get("/console/opt-outs").await;
+    assert!(!text(&list).contains("+14155550177"));
+    // Removing A's opt-out from B's session removes nothing.
+    let token = other.csrf().await;
+    let r = other
+        .post(
+            "/console/opt-outs/remove",
+            &[("csrf", &token), ("number", "+14155550177")],
+        )
+        .await;
+    assert_eq!(location(&r), "/console/opt-outs?done=absent");
+    assert_eq!(a.db.count("SELECT count(*) FROM opt_outs").await, 1);
+    // A's own session sees its message.
+    let mut mine = Browser::new(&a);
+    assert_eq!(mine.sign_in(&a.api_key).await.status, 303);
+    assert_eq!(
+        mine.get(&format!("/console/messages/{id}")).await.status,
+        200
+    );
+}
+
+async fn a_revoked_key_or_an_idle_session_ends_it(backend: Backend) {
+    let clock = Clock::manual(time::OffsetDateTime::now_utc());
+    let app = spawn_with(TestOptions {
+        backend,
+        clock: clock.clone(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    // Used within the idle timeout, the session lives on.
+    clock.advance(IDLE_TIMEOUT - Duration::from_secs(60));
+    assert_eq!(b.get("/console/overview").await.status, 200);
+    clock.advance(IDLE_TIMEOUT - Duration::from_secs(60));
+    assert_eq!(b.get("/console/overview").await.status, 200);
+    // Unused for longer, it ends.
+    clock.advance(IDLE_TIMEOUT + Duration::from_secs(1));
+    let a = b.get("/console/overview").await;
+    assert_eq!((a.status, location(&a)), (303, "/console/login"));
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
+
+    // Revoking the key ends the session at once.
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    assert_eq!(b.get("/console/overview").await.status, 200);
+    let keys = app.handle.store.list_keys().await.unwrap();
+    let key = keys.iter().find(|k| k.tenant_name == app.tenant).unwrap();
+    assert!(
+        app.handle
+            .store
+            .revoke_key(key.id, clock.now())
+            .await
+            .unwrap()
+    );
+    let a = b.get("/console/overview").await;
+    assert_eq!((a.status, location(&a)), (303, "/console/login"));
+    let again = b.sign_in(&app.api_key).await;
+    assert_eq!(again.status, 401, "a revoked key signs in no more");
+}
+
+async fn failed_sign_ins_are_rate_limited(backend: Backend) {
+    let clock = Clock::manual(time::OffsetDateTime::now_utc());
+    let app = spawn_with(TestOptions {
+        backend,
+        clock: clock.clone(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut b = Browser::new(&app);
+    for _ in 0..sendonce::console::decide::SIGNIN_FAILURES {
+        assert_eq!(
+            b.sign_in("so_wrong-key-000000000000000000").await.status,
+            401
+        );
+    }
+    // Now even the right key waits.
+    let a = b.sign_in(&app.api_key).await;
+    assert_eq!(a.status, 429);
+    let wait: u64 = a.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
+    clock.advance(Duration::from_secs(61));
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+}
+
+async fn a_verification_and_its_sealed_message_show_no_code(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let started = answer(
+        app.request(reqwest::Method::POST, "/verifications")
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", "LOGIN-7731")
+            .json(&json!({"to": "+14155550100", "code_length": 6}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(started.status, 201);
+    let ver = started.json()["id"].as_str().unwrap().to_string();
+    let body = eventually("the code's SMS", || async {
+        app.mock
+            .calls()
+            .into_iter()
+            .find_map(|c| c.body["body"].as_str().map(str::to_string))
+    })
+    .await;
+    let code: String = body.chars().filter(char::is_ascii_digit).collect();
+    assert_eq!(code.len(), 6);
+
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let found = b.get(&format!("/console/search?q={ver}")).await;
+    let page_url = format!("/console/verifications/{ver}");
+    assert_eq!((found.status, location(&found)), (303, page_url.as_str()));
+    let page = b.get(&page_url).await;
+    assert_eq!(page.status, 200);
+    let html = text(&page);
+    assert!(html.contains("pending") && html.contains("+14155550100"));
+    assert!(!html.contains(&code), "no code on the verification page");
+    let link = html
+        .split("href=\"/console/messages/")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a link to its message");
+    let timeline = b.get(&format!("/console/messages/{link}")).await;
+    assert_eq!(timeline.status, 200);
+    let html = text(&timeline);
+    assert!(!html.contains(&code), "no code on the timeline");
+    assert!(html.contains("******"), "the text, its code masked");
+    assert!(html.contains(&ver));
+    // Another tenant's session finds nothing of it.
+    let other = spawn_with(TestOptions {
+        backend,
+        database: Some(app.database.clone()),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut b2 = Browser::new(&other);
+    assert_eq!(b2.sign_in(&other.api_key).await.status, 303);
+    assert_eq!(b2.get(&page_url).await.status, 404);
+    assert_eq!(
+        b2.get(&format!("/console/search?q={ver}")).await.status,
+        200
+    );
+}
+
+fn enc(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+on_both_backends!(
+    signs_in_with_a_safe_cookie_and_signs_out,
+    the_cookie_is_secure_behind_https,
+    posts_without_the_csrf_token_are_refused_and_change_nothing,
+    search_finds_every_kind_and_the_timeline_tells_the_story,
+    one_tenant_never_sees_anothers_data,
+    a_revoked_key_or_an_idle_session_ends_it,
+    failed_sign_ins_are_rate_limited,
+    a_verification_and_its_sealed_message_show_no_code,
+);

@@ -1,0 +1,137 @@
+// The console in a real browser: Debian's chromium driven by playwright-core,
+// axe-core on every page (no serious or critical violation allowed).
+// Run by scripts/console-e2e.sh, which starts sendonce and the mock provider
+// and passes BASE, KEY, KEY2, RETRIED, VER, CHROMIUM and SHOTS.
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { chromium } from 'playwright-core';
+
+const require = createRequire(import.meta.url);
+const axeSource = readFileSync(require.resolve('axe-core/axe.min.js'), 'utf8');
+const { BASE, KEY, KEY2, RETRIED, VER, CHROMIUM, SHOTS } = process.env;
+for (const [name, value] of Object.entries({ BASE, KEY, KEY2, RETRIED, VER, CHROMIUM, SHOTS })) {
+  if (!value) throw new Error(`${name} is not set`);
+}
+
+let failures = 0;
+function check(ok, what) {
+  console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`);
+  if (!ok) failures += 1;
+}
+
+/** Screenshot and accessibility check of the page as it is now. */
+async function inspect(page, name) {
+  await page.screenshot({ path: `${SHOTS}/${name}.png`, fullPage: true });
+  // Evaluated through the DevTools protocol: the page's own policy forbids
+  // every script, and stays in force for the page itself.
+  await page.evaluate(axeSource);
+  const result = await page.evaluate(() => window.axe.run(document, { resultTypes: ['violations'] }));
+  const bad = result.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+  for (const v of bad) {
+    console.log(`  axe ${v.impact}: ${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+  }
+  const minor = result.violations.length - bad.length;
+  check(result.passes.length > 0, `${name}: axe ran (${result.passes.length} rules passed)`);
+  check(bad.length === 0, `${name}: no serious or critical axe violations${minor ? ` (${minor} minor)` : ''}`);
+}
+
+const browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox'] });
+try {
+  const context = await browser.newContext({ viewport: { width: 1100, height: 800 } });
+  const page = await context.newPage();
+  const cspViolations = [];
+  page.on('console', (msg) => {
+    if (/Content Security Policy|Refused to/i.test(msg.text())) cspViolations.push(msg.text());
+  });
+
+  // Sign in.
+  await page.goto(`${BASE}/console`);
+  check(page.url().endsWith('/console/login'), 'the console sends a stranger to sign in');
+  const csp = (await page.request.get(`${BASE}/console/login`)).headers()['content-security-policy'] ?? '';
+  check(csp.includes("default-src 'none'") && !csp.includes('unsafe-inline'), `strict CSP: ${csp}`);
+  await inspect(page, '01-login');
+  await page.fill('#api_key', 'so_wrong-key-0000000000000000000');
+  await page.click('button[type=submit]');
+  check((await page.textContent('body')).includes('not accepted'), 'a wrong key is refused');
+  await page.fill('#api_key', KEY);
+  await Promise.all([page.waitForURL('**/console/overview'), page.click('main button[type=submit]')]);
+  check(true, 'signed in');
+  const headerBg = await page.$eval('header', (h) => getComputedStyle(h).backgroundColor);
+  check(headerBg === 'rgb(246, 248, 250)', `the stylesheet applies under the CSP (${headerBg})`);
+  check((await page.$('svg.chart')) !== null, 'the overview draws its chart');
+  await inspect(page, '02-overview');
+
+  // Search a key: straight to its timeline.
+  await page.click('text=Find a message');
+  await page.fill('#q', RETRIED);
+  await Promise.all([page.waitForURL('**/console/messages/msg_*'), page.click('main button[type=submit]')]);
+  const timelineUrl = page.url();
+  const body = await page.textContent('main');
+  for (const needle of ['Attempt 1 to http', 'Attempt 2 to http', 'Retried: attempt 2 started at', 'Receipt from http: delivered', 'the carrier reported it delivered']) {
+    check(body.includes(needle), `the timeline shows "${needle}"`);
+  }
+  check(!/4815\d\d/.test(body), 'the one-time code is masked');
+  await inspect(page, '03-timeline');
+  // The README's picture: the top of a timeline, small.
+  await page.setViewportSize({ width: 900, height: 640 });
+  await page.screenshot({ path: `${SHOTS}/readme-timeline.png` });
+  await page.setViewportSize({ width: 1100, height: 800 });
+
+  // Search a phone number: its messages, newest first.
+  await page.goto(`${BASE}/console/search?q=${encodeURIComponent('+14155550100')}`);
+  check((await page.$$('main table tbody tr')).length >= 1, 'a phone number lists its messages');
+  await inspect(page, '04-search-by-number');
+
+  // A verification, found by its id.
+  await page.goto(`${BASE}/console/search?q=${VER}`);
+  check(page.url().endsWith(`/console/verifications/${VER}`), 'a verification id opens its page');
+  check((await page.textContent('main')).includes('******'), 'its text shows the code masked');
+  await inspect(page, '05-verification');
+
+  // Add and remove an opt-out.
+  await page.click('text=Opt-outs');
+  await page.fill('#number', '+1 415 555 0188');
+  await page.click('text=Add to opt-outs');
+  check((await page.textContent('main')).includes('was added'), 'an opt-out is added');
+  check((await page.$('button[aria-label="Remove +14155550188"]')) !== null, 'it is listed');
+  await inspect(page, '06-opt-outs');
+  await page.click('button[aria-label="Remove +14155550188"]');
+  check((await page.textContent('main')).includes('was removed'), 'an opt-out is removed');
+  check((await page.$('button[aria-label="Remove +14155550188"]')) === null, 'it is gone');
+
+  // Posts without the CSRF token are refused (with the session's cookie).
+  for (const path of ['/console/opt-outs', '/console/opt-outs/remove', '/console/logout']) {
+    const r = await page.request.post(`${BASE}${path}`, { form: { number: '+14155550189' }, maxRedirects: 0 });
+    check(r.status() === 403, `a CSRF-less POST ${path} is refused (${r.status()})`);
+  }
+  const forged = await page.request.post(`${BASE}/console/opt-outs`, { form: { number: '+14155550189', csrf: 'forged' }, maxRedirects: 0 });
+  check(forged.status() === 403, 'a forged CSRF token is refused');
+  await page.goto(`${BASE}/console/opt-outs`);
+  check(!(await page.textContent('main')).includes('+14155550189'), 'refused posts changed nothing');
+
+  // A second tenant cannot open the first's timeline by its URL.
+  const other = await browser.newContext();
+  const page2 = await other.newPage();
+  await page2.goto(`${BASE}/console/login`);
+  await page2.fill('#api_key', KEY2);
+  await Promise.all([page2.waitForURL('**/console/overview'), page2.click('main button[type=submit]')]);
+  const resp = await page2.goto(timelineUrl);
+  check(resp.status() === 404, `another tenant gets 404 for the timeline (${resp.status()})`);
+  check(!(await page2.textContent('body')).includes(RETRIED), 'and sees nothing of it');
+  await inspect(page2, '07-not-found-for-another-tenant');
+  await other.close();
+
+  // Sign out.
+  await Promise.all([page.waitForURL('**/console/login'), page.click('text=Sign out')]);
+  await page.goto(`${BASE}/console/overview`);
+  check(page.url().endsWith('/console/login'), 'signed out: the overview asks to sign in again');
+
+  check(cspViolations.length === 0, `no CSP violation reported by the browser${cspViolations.length ? `: ${cspViolations.join(' | ')}` : ''}`);
+} finally {
+  await browser.close();
+}
+if (failures > 0) {
+  console.error(`console-e2e: ${failures} check(s) failed`);
+  process.exit(1);
+}
+console.log(`console-e2e: all checks passed; screenshots in ${SHOTS}`);

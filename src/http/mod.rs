@@ -26,6 +26,7 @@ pub mod opt_outs;
 pub mod receipts;
 pub mod server;
 pub mod verifications;
+pub mod webhooks;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -55,6 +56,8 @@ pub struct AppState {
     pub waiters: Arc<Waiters>,
     /// Verifications (one-time codes).
     pub verify: Arc<crate::verify::Verifier>,
+    /// Webhook endpoint rules (private targets allowed or not).
+    pub webhooks: crate::config::WebhookSettings,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -71,6 +74,7 @@ pub fn router_with(state: SharedState, serve_metrics: bool) -> Router {
         .merge(opt_outs::router())
         .merge(receipts::router())
         .merge(verifications::router())
+        .merge(webhooks::router())
         .merge(health::router());
     if serve_metrics {
         api = api.merge(metrics::router());

@@ -24,6 +24,7 @@ pub mod sqlite;
 pub mod time;
 pub mod types;
 pub mod verification;
+pub mod webhooks;
 
 pub use error::{SqlxResultExt, StoreError};
 pub use postgres::PgStore;
@@ -31,6 +32,10 @@ pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
 pub use sqlite::SqliteStore;
 pub use types::*;
 pub use verification::*;
+pub use webhooks::{
+    ClaimedDelivery, DeliveryAttempt, DeliveryNext, EventCursor, NewWebhookEndpoint,
+    WebhookAttemptRow, WebhookEndpoint, WebhookEvent, WebhookStore,
+};
 
 /// What a receipt with a final delivery status makes of a `sent` message.
 pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> MessageError {
@@ -50,6 +55,7 @@ pub trait Store:
     + MaintenanceStore
     + RoutingStore
     + VerificationStore
+    + WebhookStore
     + Send
     + Sync
     + 'static
@@ -64,6 +70,7 @@ impl<T> Store for T where
         + MaintenanceStore
         + RoutingStore
         + VerificationStore
+        + WebhookStore
         + Send
         + Sync
         + 'static

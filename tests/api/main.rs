@@ -48,3 +48,4 @@ mod twilio;
 mod twilio_reconcile;
 mod verify;
 mod waiters;
+mod webhooks;

@@ -222,7 +222,7 @@ async fn link_and_apply_receipts(
             .await?;
         // The outbox row, in the transaction of the status change.
         let event_type = format!("message.{}", first.status.as_str());
-        super::webhooks::enqueue_message_event(&mut **tx, id, &event_type, now).await?;
+        super::webhooks::enqueue_message_event(tx, id, &event_type, now).await?;
     }
     Ok((Some(MessageId(id)), done.rows_affected() == 1))
 }

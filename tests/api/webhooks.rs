@@ -694,6 +694,127 @@ async fn tenants_see_only_their_own(backend: Backend) {
     );
 }
 
+/// Concurrent final writes share statements on Postgres (`batch.rs`): each
+/// message made final still writes exactly one event, with its frozen
+/// response as the data, fanned out to the endpoints subscribed to its type;
+/// a stale write in the same burst writes none.
+async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
+    use sendonce::domain::{Encoding, IdempotencyKey, MessageId, Phone};
+    use sendonce::metrics::BatchKind;
+    use sendonce::store::{Claim, Lease, NewMessage};
+
+    let url = fresh_database_on(backend).await;
+    let (store, db) = open_store(&url, Duration::from_secs(5));
+    let key = sendonce::apikey::generate();
+    let tenant = store.create_tenant("t", &key.stored).await.expect("tenant");
+    let now = OffsetDateTime::now_utc();
+    store
+        .create_webhook_endpoint(&NewWebhookEndpoint {
+            id: uuid::Uuid::now_v7(),
+            tenant_id: tenant,
+            url: "https://hooks.example.com/sendonce".into(),
+            events: Some(vec!["message.sent".into()]),
+            secret: signing::new_secret(),
+            created_at: now,
+        })
+        .await
+        .expect("endpoint");
+    let mut finishes = Vec::new();
+    for i in 0..40 {
+        let m = NewMessage {
+            id: MessageId::new(),
+            tenant_id: tenant,
+            idempotency_key: IdempotencyKey::parse(&format!("BURST-{i}")).expect("key"),
+            fingerprint: vec![1; 32],
+            to: Phone::from_e164(&format!("+1415555{i:04}")).expect("phone"),
+            from: None,
+            body: format!("message {i}"),
+            segments: 1,
+            encoding: Encoding::Gsm7,
+            metadata: Default::default(),
+            validity_seconds: None,
+            provider: "http".into(),
+            created_at: now,
+            expires_at: None,
+            deadline_at: now + time::Duration::hours(1),
+        };
+        let lease = Lease::new("burst", Duration::from_secs(30));
+        let claim = store.insert_message(&m, &lease).await.expect("claim");
+        assert!(matches!(claim, Claim::Created(_)));
+        finishes.push(Finish {
+            id: m.id,
+            lease_token: if i == 39 {
+                uuid::Uuid::new_v4() // stale: not the lease's token
+            } else {
+                lease.token
+            },
+            status: if i % 4 == 0 {
+                Status::Failed
+            } else {
+                Status::Sent
+            },
+            provider_message_id: None,
+            error: None,
+            sent_at: None,
+            updated_at: now,
+            response: StoredResponse {
+                status_code: 201,
+                body: serde_json::to_vec(&json!({ "n": i })).expect("json"),
+            },
+            attempt: None,
+        });
+    }
+    let before = store.batch_sizes().map(|s| s.totals(BatchKind::Finish));
+    let tasks: Vec<_> = finishes
+        .into_iter()
+        .map(|f| {
+            let store = std::sync::Arc::clone(&store);
+            tokio::spawn(async move { store.finish(&f).await })
+        })
+        .collect();
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.expect("task").expect("finish"));
+    }
+    assert_eq!(done.iter().filter(|d| **d).count(), 39);
+    assert!(!done[39], "the stale write is refused");
+    assert_eq!(db.count("SELECT count(*) FROM webhook_events").await, 39);
+    assert_eq!(
+        db.count("SELECT count(DISTINCT message_id) FROM webhook_events")
+            .await,
+        39
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM webhook_events WHERE type = 'message.failed'")
+            .await,
+        10
+    );
+    // Only the `message.sent` events were due to the endpoint.
+    assert_eq!(
+        db.count("SELECT count(*) FROM webhook_deliveries").await,
+        29
+    );
+    let events = store
+        .webhook_events_after(tenant, None, 100)
+        .await
+        .expect("feed");
+    let mut ns: Vec<i64> = events
+        .iter()
+        .map(|e| {
+            serde_json::from_slice::<Value>(&e.data).expect("data")["n"]
+                .as_i64()
+                .expect("n")
+        })
+        .collect();
+    ns.sort_unstable();
+    assert_eq!(ns, (0..39).collect::<Vec<i64>>());
+    if let (Some(sizes), Some((statements, rows))) = (store.batch_sizes(), before) {
+        let (s, r) = sizes.totals(BatchKind::Finish);
+        assert_eq!(r - rows, 40);
+        assert!(s - statements < 40, "final writes shared statements");
+    }
+}
+
 on_both_backends!(
     a_status_change_is_delivered_signed,
     the_feed_pages_in_order_with_a_cursor,
@@ -703,4 +824,5 @@ on_both_backends!(
     private_targets_are_refused,
     a_rotated_secret_signs_beside_the_new_one_for_a_day,
     tenants_see_only_their_own,
+    a_burst_of_final_writes_writes_one_event_each,
 );

@@ -135,6 +135,7 @@ impl App {
             receipts: settings.server.receipts.clone(),
             verify,
             webhooks: settings.webhooks.clone(),
+            webhook_dispatcher: Arc::clone(&webhooks),
         });
         Ok(App {
             listener,

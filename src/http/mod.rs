@@ -58,6 +58,8 @@ pub struct AppState {
     pub verify: Arc<crate::verify::Verifier>,
     /// Webhook endpoint rules (private targets allowed or not).
     pub webhooks: crate::config::WebhookSettings,
+    /// This instance's webhook deliveries (told when an endpoint is created).
+    pub webhook_dispatcher: Arc<crate::webhooks::Dispatcher>,
 }
 
 pub type SharedState = Arc<AppState>;

@@ -151,6 +151,7 @@ async fn create(
             created_at: state.clock.now(),
         })
         .await?;
+    state.webhook_dispatcher.endpoint_created();
     Ok((
         StatusCode::CREATED,
         Json(endpoint_json(&created, Some(&secret))),

@@ -126,6 +126,26 @@ impl WebhookEvent {
     }
 }
 
+/// The event a verification's move out of `pending` makes: its type
+/// (`verification.<status>`) and data (the verification's state, as the
+/// resource shows it, without its messages).
+pub fn verification_event(rec: &super::VerificationRecord) -> (String, Vec<u8>) {
+    let data = serde_json::json!({
+        "id": format!("ver_{}", rec.id.simple()),
+        "status": rec.status.as_str(),
+        "to": rec.to,
+        "created_at": rfc3339(rec.created_at),
+        "expires_at": rfc3339(rec.expires_at),
+        "approved_at": rec.approved_at.map(rfc3339),
+        "sends": rec.sends,
+        "checks_remaining": rec.checks_remaining,
+    });
+    (
+        format!("verification.{}", rec.status.as_str()),
+        serde_json::to_vec(&data).unwrap_or_default(),
+    )
+}
+
 /// RFC 3339 text of a time (UTC).
 pub fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&::time::format_description::well_known::Rfc3339)
@@ -240,6 +260,9 @@ pub trait WebhookStore: Send + Sync {
         old_until: OffsetDateTime,
         now: OffsetDateTime,
     ) -> Result<Option<WebhookEndpoint>, StoreError>;
+    /// Whether any enabled endpoint exists (an idle instance's dispatcher
+    /// asks this now and then instead of claiming every second).
+    async fn any_webhook_endpoints(&self) -> Result<bool, StoreError>;
     /// Up to `limit` of a tenant's events after `after`, in feed order.
     async fn webhook_events_after(
         &self,

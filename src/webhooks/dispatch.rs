@@ -17,12 +17,18 @@ use crate::store::{ClaimedDelivery, DeliveryAttempt, DeliveryNext, Store, StoreE
 /// Most characters of a receiver's answer kept with an attempt.
 pub const EXCERPT_CHARS: usize = 256;
 
+/// How long an idle instance trusts "there are no endpoints" before asking
+/// the database again.
+pub const IDLE_RECHECK: Duration = Duration::from_secs(30);
+
 pub struct Dispatcher {
     store: Arc<dyn Store>,
     clock: Clock,
     client: reqwest::Client,
     settings: WebhookSettings,
     owner: String,
+    /// When the database last said whether any endpoint exists, and what.
+    endpoints: std::sync::Mutex<Option<(std::time::Instant, bool)>>,
 }
 
 impl Dispatcher {
@@ -49,7 +55,42 @@ impl Dispatcher {
             clock,
             settings,
             owner,
+            endpoints: std::sync::Mutex::new(None),
         })
+    }
+
+    /// An endpoint was just created here: deliver from the next poll on.
+    pub fn endpoint_created(&self) {
+        if let Ok(mut seen) = self.endpoints.lock() {
+            *seen = Some((std::time::Instant::now(), true));
+        }
+    }
+
+    /// Whether there may be something to deliver: while no endpoint exists
+    /// the loop asks the database every [`IDLE_RECHECK`] instead of claiming
+    /// every poll (an endpoint created on another instance is noticed then;
+    /// its events wait, pending, meanwhile).
+    async fn worth_claiming(&self) -> bool {
+        let cached = self.endpoints.lock().ok().and_then(|seen| *seen);
+        if let Some((at, any)) = cached
+            && (any || at.elapsed() < IDLE_RECHECK)
+        {
+            return any;
+        }
+        match self.store.any_webhook_endpoints().await {
+            Ok(any) => {
+                if let Ok(mut seen) = self.endpoints.lock() {
+                    // "Some" is remembered for good: deleting the last
+                    // endpoint leaves a poll that finds nothing.
+                    *seen = Some((std::time::Instant::now(), any));
+                }
+                any
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "looking for webhook endpoints failed");
+                false
+            }
+        }
     }
 
     /// Claims what is due now and delivers it, waiting for every attempt to
@@ -83,6 +124,13 @@ impl Dispatcher {
     /// Delivers until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         loop {
+            if !self.worth_claiming().await {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(self.settings.poll_interval) => {}
+                }
+                continue;
+            }
             let busy = match self.tick().await {
                 Ok(n) => n > 0,
                 Err(e) => {

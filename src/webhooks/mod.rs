@@ -23,6 +23,10 @@ pub const EVENT_TYPES: &[&str] = &[
     "message.unknown",
     "message.delivered",
     "message.undelivered",
+    "verification.approved",
+    "verification.max_attempts_reached",
+    "verification.expired",
+    "verification.canceled",
 ];
 
 /// Whether `t` is an event type an endpoint may subscribe to.

@@ -565,7 +565,7 @@ async fn the_code_is_in_no_log_line_at_any_level(backend: Backend) {
         l.local_addr().unwrap().port()
     };
     let key = "so_verify-log-key-aaaaaaaaaaaaaaaaaaaaaa";
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sendonce"))
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sendonce"))
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("DATABASE_URL", &database)
@@ -581,6 +581,19 @@ async fn the_code_is_in_no_log_line_at_any_level(backend: Backend) {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn sendonce");
+    // Read both pipes while it runs: at trace level the server writes more
+    // than a pipe holds, and a full pipe would block it mid-request.
+    let drain = |pipe: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>| {
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = tokio::io::AsyncReadExt::read_to_end(&mut pipe, &mut buf).await;
+            }
+            buf
+        })
+    };
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     eventually("the server", || async {
@@ -648,12 +661,12 @@ async fn the_code_is_in_no_log_line_at_any_level(backend: Backend) {
         .args(["-TERM", &pid])
         .status()
         .expect("kill");
-    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+    tokio::time::timeout(Duration::from_secs(20), child.wait())
         .await
         .expect("exit in time")
-        .expect("output");
-    let mut logs = out.stderr;
-    logs.extend(out.stdout);
+        .expect("exit status");
+    let mut logs = stderr.await.expect("stderr");
+    logs.extend(stdout.await.expect("stdout"));
     let text = String::from_utf8_lossy(&logs);
     // The logs are there, down to the store's debug spans...
     assert!(text.contains("store.check_verification"), "{text}");

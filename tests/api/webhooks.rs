@@ -578,6 +578,8 @@ async fn private_targets_are_refused(backend: Backend) {
             .expect("endpoint");
         ids.push(format!("whe_{}", e.id.simple()));
     }
+    // Written past the API: tell the dispatcher, as the API would.
+    app.handle.webhooks.endpoint_created();
     app.send_ok("S-1").await;
     for id in &ids {
         let a = eventually("the refused attempt", || async {
@@ -815,6 +817,115 @@ async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
     }
 }
 
+/// A verification leaving `pending` (approved by a check, canceled) is an
+/// event too, with the verification as its data.
+async fn verification_outcomes_are_events(backend: Backend) {
+    let app = spawn_hooks(backend, Clock::system()).await;
+    let (receiver, url) = Receiver::start().await;
+    let (_, secret) = app
+        .endpoint(
+            &url,
+            Some(&["verification.approved", "verification.canceled"]),
+        )
+        .await;
+    let to = "+14155550123";
+    let started = app
+        .client
+        .post(format!("{}/verifications", app.base))
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", "V-1")
+        .json(&json!({ "to": to }))
+        .send()
+        .await
+        .expect("start");
+    let started = answer(started).await;
+    assert_eq!(
+        started.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&started.bytes)
+    );
+    let vid = started.json()["id"].as_str().expect("id").to_string();
+    let body = eventually("the code's SMS", || async {
+        app.mock
+            .calls()
+            .into_iter()
+            .find(|c| c.body["to"] == to)
+            .and_then(|c| c.body["body"].as_str().map(str::to_string))
+    })
+    .await;
+    let code: String = body.chars().filter(char::is_ascii_digit).collect();
+    let checked = app
+        .post_json(
+            &format!("/verifications/{vid}/check"),
+            &json!({ "code": code }),
+        )
+        .await;
+    assert_eq!(
+        checked.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&checked.bytes)
+    );
+    let hits = receiver.wait_for(1).await;
+    let approved = hits[0].json();
+    assert_eq!(approved["type"], "verification.approved");
+    assert_eq!(approved["data"]["id"], vid.as_str());
+    assert_eq!(approved["data"]["status"], "approved");
+    assert!(hits[0].signed_by(&secret));
+
+    let second = app
+        .client
+        .post(format!("{}/verifications", app.base))
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", "V-2")
+        .json(&json!({ "to": "+14155550124" }))
+        .send()
+        .await
+        .expect("start");
+    let second = answer(second).await;
+    assert_eq!(second.status, 201);
+    let vid2 = second.json()["id"].as_str().expect("id").to_string();
+    let canceled = app
+        .post_json(&format!("/verifications/{vid2}/cancel"), &json!({}))
+        .await;
+    assert_eq!(
+        canceled.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&canceled.bytes)
+    );
+    // Canceling again changes nothing and makes no second event.
+    app.post_json(&format!("/verifications/{vid2}/cancel"), &json!({}))
+        .await;
+    let hits = receiver.wait_for(2).await;
+    assert_eq!(hits[1].json()["type"], "verification.canceled");
+    assert_eq!(hits[1].json()["data"]["id"], vid2.as_str());
+    // Their SMSes' `message.sent` events are in the feed, not delivered here.
+    let types: Vec<String> = eventually("four events in the feed", || async {
+        let a = app.get("/events").await.json();
+        let types: Vec<String> = a["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|e| e["type"].as_str().unwrap_or("").to_string())
+            .collect();
+        (types.len() >= 4).then_some(types)
+    })
+    .await;
+    assert_eq!(
+        types
+            .iter()
+            .filter(|t| t.starts_with("verification."))
+            .count(),
+        2,
+        "{types:?}"
+    );
+    assert_eq!(types.iter().filter(|t| *t == "message.sent").count(), 2);
+    assert_eq!(app.handle.webhooks.tick().await.expect("tick"), 0);
+    assert_eq!(receiver.hits().len(), 2);
+}
+
 on_both_backends!(
     a_status_change_is_delivered_signed,
     the_feed_pages_in_order_with_a_cursor,
@@ -825,4 +936,5 @@ on_both_backends!(
     a_rotated_secret_signs_beside_the_new_one_for_a_day,
     tenants_see_only_their_own,
     a_burst_of_final_writes_writes_one_event_each,
+    verification_outcomes_are_events,
 );

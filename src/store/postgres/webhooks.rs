@@ -54,6 +54,28 @@ pub(super) async fn enqueue_message_event(
         return Ok(());
     };
     let record = MessageRecord::from(row);
+    let data = record.to_out().to_json();
+    enqueue_event(
+        tx,
+        record.tenant_id,
+        event_type,
+        Some(message_id),
+        &data,
+        at,
+    )
+    .await
+}
+
+/// Writes an event and one delivery per endpoint of its tenant enabled and
+/// subscribed to its type now, inside the caller's transaction.
+pub(super) async fn enqueue_event(
+    tx: &mut sqlx::PgConnection,
+    tenant_id: Uuid,
+    event_type: &str,
+    message_id: Option<Uuid>,
+    data: &[u8],
+    at: OffsetDateTime,
+) -> Result<(), StoreError> {
     sqlx::query(
         "WITH ev AS ( \
             INSERT INTO webhook_events (id, tenant_id, type, message_id, data, created_at) \
@@ -66,10 +88,10 @@ pub(super) async fn enqueue_message_event(
             AND (w.events IS NULL OR jsonb_exists(w.events::jsonb, ev.type))",
     )
     .bind(Uuid::now_v7())
-    .bind(record.tenant_id)
+    .bind(tenant_id)
     .bind(event_type)
     .bind(message_id)
-    .bind(record.to_out().to_json())
+    .bind(data)
     .bind(db(at))
     .execute(&mut *tx)
     .await?;
@@ -164,6 +186,14 @@ impl WebhookStore for PgStore {
             return Ok(None);
         }
         self.webhook_endpoint(tenant_id, id).await
+    }
+
+    async fn any_webhook_endpoints(&self) -> Result<bool, StoreError> {
+        let any: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE enabled)")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(any)
     }
 
     async fn webhook_events_after(

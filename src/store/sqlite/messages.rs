@@ -229,7 +229,7 @@ async fn finish(c: &mut SqliteConnection, f: &Finish) -> Result<bool, StoreError
         c,
         tenant_id,
         &format!("message.{}", f.status.as_str()),
-        f.id.0,
+        Some(f.id.0),
         &f.response.body,
         f.updated_at,
     )

@@ -158,7 +158,14 @@ async fn store_op(
     Ok(())
 }
 
+/// Writes a locked verification's state; a move out of `pending` writes its
+/// webhook event in the same transaction.
 async fn write_state(tx: &mut Tx, rec: &VerificationRecord) -> Result<(), StoreError> {
+    let before: Option<String> =
+        sqlx::query_scalar("SELECT status FROM verifications WHERE id = ?")
+            .bind(rec.id)
+            .fetch_optional(&mut **tx)
+            .await?;
     sqlx::query(
         "UPDATE verifications SET status = ?2, checks_remaining = ?3, approved_at = ?4, \
             sends = ?5, last_sent_at = ?6, updated_at = ?7 WHERE id = ?1",
@@ -172,6 +179,11 @@ async fn write_state(tx: &mut Tx, rec: &VerificationRecord) -> Result<(), StoreE
     .bind(db(rec.updated_at))
     .execute(&mut **tx)
     .await?;
+    if before.as_deref() == Some("pending") && rec.status != VerificationStatus::Pending {
+        let (event_type, data) = crate::store::webhooks::verification_event(rec);
+        super::webhooks::enqueue_event(tx, rec.tenant_id, &event_type, None, &data, rec.updated_at)
+            .await?;
+    }
     Ok(())
 }
 
@@ -460,15 +472,25 @@ impl VerificationStore for SqliteStore {
         id: Uuid,
         now: OffsetDateTime,
     ) -> Result<Option<VerificationRecord>, StoreError> {
-        sqlx::query(
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let done = sqlx::query(
             "UPDATE verifications SET status = 'canceled', updated_at = ?3 \
              WHERE id = ?1 AND tenant_id = ?2 AND status = 'pending' AND expires_at > ?3",
         )
         .bind(id)
         .bind(tenant_id)
         .bind(db(now))
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        // The webhook event, in the transaction of the change.
+        if done.rows_affected() == 1
+            && let Some(rec) = locked(&mut tx, tenant_id, id).await?
+        {
+            let (event_type, data) = crate::store::webhooks::verification_event(&rec);
+            super::webhooks::enqueue_event(&mut tx, tenant_id, &event_type, None, &data, now)
+                .await?;
+        }
+        tx.commit().await?;
         self.verification(tenant_id, id).await
     }
 }

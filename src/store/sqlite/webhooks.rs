@@ -32,7 +32,7 @@ pub(super) async fn enqueue_event(
     c: &mut SqliteConnection,
     tenant_id: Uuid,
     event_type: &str,
-    message_id: Uuid,
+    message_id: Option<Uuid>,
     data: &[u8],
     at: OffsetDateTime,
 ) -> Result<(), StoreError> {
@@ -89,7 +89,7 @@ pub(super) async fn enqueue_message_event(
     };
     let record = MessageRecord::from(row);
     let data = record.to_out().to_json();
-    enqueue_event(c, record.tenant_id, event_type, message_id, &data, at).await
+    enqueue_event(c, record.tenant_id, event_type, Some(message_id), &data, at).await
 }
 
 async fn claim(
@@ -315,6 +315,15 @@ impl WebhookStore for SqliteStore {
             return Ok(None);
         }
         self.webhook_endpoint(tenant_id, id).await
+    }
+
+    async fn any_webhook_endpoints(&self) -> Result<bool, StoreError> {
+        let any: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE enabled)")
+                .fetch_one(&self.pool)
+                .await
+                .store_err()?;
+        Ok(any)
     }
 
     async fn webhook_events_after(

@@ -82,11 +82,11 @@ fn endpoint_json(e: &WebhookEndpoint, secret: Option<&str>) -> Value {
     v
 }
 
-/// `events`: absent or null for every type, else a non-empty list of known
+/// `events`: absent for every type, else a non-empty list of known
 /// types (duplicates dropped, documentation order).
 fn events_field(map: &serde_json::Map<String, Value>) -> Result<Option<Vec<String>>, ApiError> {
     let list = match map.get("events") {
-        None | Some(Value::Null) => return Ok(None),
+        None => return Ok(None),
         Some(Value::Array(list)) => list,
         Some(_) => return Err(invalid("events", "must be a list of event types")),
     };
@@ -272,7 +272,7 @@ async fn feed(
     })?;
     let limit = limit_of(query.limit)?;
     let after = match query.after.as_deref() {
-        None | Some("") => None,
+        None => None,
         Some(a) => Some(
             EventCursor::decode(a)
                 .ok_or_else(|| invalid("after", "must be a cursor this API returned"))?,

@@ -306,6 +306,7 @@ async fn the_feed_pages_in_order_with_a_cursor(backend: Backend) {
     // Bad cursors and limits are 400s.
     for path in [
         "/events?after=junk",
+        "/events?after=",
         "/events?after=1-2-3",
         "/events?limit=0",
         "/events?limit=1001",
@@ -534,6 +535,7 @@ async fn private_targets_are_refused(backend: Backend) {
         json!({ "url": "https://example.com/", "events": [] }),
         json!({ "url": "https://example.com/", "events": ["message.nope"] }),
         json!({ "url": "https://example.com/", "events": "message.sent" }),
+        json!({ "url": "https://example.com/", "events": null }),
         json!({ "url": "https://example.com/", "colour": "red" }),
     ] {
         let a = app.post_json("/webhook-endpoints", &body).await;

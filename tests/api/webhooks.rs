@@ -798,10 +798,16 @@ async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
         db.count("SELECT count(*) FROM webhook_deliveries").await,
         29
     );
-    let events = store
-        .webhook_events_after(tenant, None, 100)
-        .await
-        .expect("feed");
+    // On Postgres the feed shows them once every older transaction on the
+    // server has ended.
+    let events = eventually("39 events in the feed", || async {
+        let events = store
+            .webhook_events_after(tenant, None, 100)
+            .await
+            .expect("feed");
+        (events.len() >= 39).then_some(events)
+    })
+    .await;
     let mut ns: Vec<i64> = events
         .iter()
         .map(|e| {

@@ -29,6 +29,7 @@ pub struct App {
     settings: Settings,
     clock: Clock,
     notifier: Notifier,
+    webhooks: Arc<crate::webhooks::Dispatcher>,
 }
 
 /// What tests and operators can reach in a running instance.
@@ -45,6 +46,8 @@ pub struct Handle {
     pub keys: Arc<KeyCache>,
     pub replays: Arc<ReplayCache>,
     pub waiters: Arc<Waiters>,
+    /// This instance's webhook deliveries.
+    pub webhooks: Arc<crate::webhooks::Dispatcher>,
 }
 
 impl App {
@@ -68,6 +71,15 @@ impl App {
         listener: TcpListener,
     ) -> std::io::Result<App> {
         let owner = instance_id();
+        let webhooks = Arc::new(
+            crate::webhooks::Dispatcher::new(
+                Arc::clone(&store),
+                clock.clone(),
+                settings.webhooks.clone(),
+                owner.clone(),
+            )
+            .map_err(std::io::Error::other)?,
+        );
         let deliverer = Deliverer::routed(
             Arc::clone(&store),
             providers,
@@ -123,6 +135,8 @@ impl App {
             receipts: settings.server.receipts.clone(),
             verify,
             console: crate::console::ConsoleState::default(),
+            webhooks: settings.webhooks.clone(),
+            webhook_dispatcher: Arc::clone(&webhooks),
         });
         Ok(App {
             listener,
@@ -132,6 +146,7 @@ impl App {
             scheduler,
             settings,
             clock,
+            webhooks,
         })
     }
 
@@ -161,6 +176,7 @@ impl App {
             keys: Arc::clone(&self.state.keys),
             replays: Arc::clone(&self.state.replays),
             waiters: Arc::clone(&self.state.waiters),
+            webhooks: Arc::clone(&self.webhooks),
         })
     }
 
@@ -193,6 +209,7 @@ impl App {
         let purge_task = tokio::spawn(purger.run(stop.clone()));
         let upkeep = Arc::clone(self.state.deliverer.metrics()).run_upkeep(stop.clone());
         let upkeep_task = tokio::spawn(upkeep);
+        let webhooks_task = tokio::spawn(Arc::clone(&self.webhooks).run(stop.clone()));
 
         let router = http::router_with(Arc::clone(&self.state), self.metrics_listener.is_none());
         let metrics_task = self.metrics_listener.map(|listener| {
@@ -233,6 +250,7 @@ impl App {
         let _ = scheduler_task.await;
         let _ = purge_task.await;
         let _ = upkeep_task.await;
+        let _ = webhooks_task.await;
         if let Some(task) = metrics_task {
             let _ = task.await;
         }

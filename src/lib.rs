@@ -41,6 +41,7 @@ pub mod shutdown;
 pub mod store;
 pub mod telemetry;
 pub mod verify;
+pub mod webhooks;
 
 /// Installs rustls's ring crypto provider for the process (reqwest is built
 /// without one of its own, so one TLS stack serves the whole binary).

@@ -396,4 +396,8 @@ pub struct ConfigArgs {
     /// How long an automatic pause of a destination prefix lasts (a duration: 30s, 10m, 1h 30m, 250ms).
     #[arg(long, env = "SENDONCE_VERIFY_PAUSE_DURATION", global = true)]
     pub verify_pause_duration: Option<String>,
+    // Webhooks.
+    /// Allow webhook endpoints on loopback, private, link-local and metadata addresses, and plain http (tests, local setups).
+    #[arg(long, env = "SENDONCE_WEBHOOK_ALLOW_PRIVATE", global = true)]
+    pub webhook_allow_private: bool,
 }

@@ -15,6 +15,7 @@ mod provider;
 mod retention;
 mod server;
 mod verify;
+mod webhooks;
 
 pub use cli::{
     Cli, Command, ConfigArgs, KeyCommand, LogFormat, Pooler, ProviderKind, ReceiptsCommand,
@@ -28,6 +29,7 @@ pub use provider::{ProviderConfig, ProviderSettings};
 pub use retention::RetentionSettings;
 pub use server::{ConnectionLimits, ReceiptSettings, ServerSettings, WaitSettings};
 pub use verify::{VerifySecret, VerifySettings};
+pub use webhooks::WebhookSettings;
 
 use crate::delivery::DeliverySettings;
 
@@ -47,6 +49,8 @@ pub struct Settings {
     pub caches: crate::cache::CacheSettings,
     /// Verifications (one-time codes).
     pub verify: VerifySettings,
+    /// Webhook deliveries.
+    pub webhooks: WebhookSettings,
 }
 
 /// The only place defaults live: what an empty environment and command line
@@ -64,6 +68,7 @@ impl Default for Settings {
             log: LogSettings::default(),
             caches: crate::cache::CacheSettings::default(),
             verify: VerifySettings::default(),
+            webhooks: WebhookSettings::default(),
         }
     }
 }
@@ -84,6 +89,7 @@ impl Settings {
             log: LogSettings::from_args(a, &d.log),
             caches: caches::from_args(a, &d.caches)?,
             verify: VerifySettings::from_args(a, &d.verify)?,
+            webhooks: WebhookSettings::from_args(a, &d.webhooks),
         })
     }
 }

@@ -99,6 +99,13 @@ impl Purger {
                 {
                     tokio::task::yield_now().await;
                 }
+                // Webhook events (the feed) are kept as long as messages.
+                while !stop.is_cancelled()
+                    && self.store.purge_webhook_events(cutoff, self.batch).await?
+                        == u64::from(self.batch)
+                {
+                    tokio::task::yield_now().await;
+                }
                 return Ok(total);
             }
             if stop.is_cancelled() {

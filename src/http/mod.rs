@@ -26,6 +26,7 @@ pub mod opt_outs;
 pub mod receipts;
 pub mod server;
 pub mod verifications;
+pub mod webhooks;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -57,6 +58,10 @@ pub struct AppState {
     pub verify: Arc<crate::verify::Verifier>,
     /// The support console's failed sign-ins.
     pub console: crate::console::ConsoleState,
+    /// Webhook endpoint rules (private targets allowed or not).
+    pub webhooks: crate::config::WebhookSettings,
+    /// This instance's webhook deliveries (told when an endpoint is created).
+    pub webhook_dispatcher: Arc<crate::webhooks::Dispatcher>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -73,6 +78,7 @@ pub fn router_with(state: SharedState, serve_metrics: bool) -> Router {
         .merge(opt_outs::router())
         .merge(receipts::router())
         .merge(verifications::router())
+        .merge(webhooks::router())
         .merge(health::router())
         .merge(crate::console::router());
     if serve_metrics {

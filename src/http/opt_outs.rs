@@ -62,7 +62,7 @@ pub fn keyword(body: &str) -> Option<bool> {
 }
 
 /// A JSON object body, within the limits, or the problem saying why not.
-async fn json_object(
+pub(crate) async fn json_object(
     state: &SharedState,
     headers: &HeaderMap,
     body: Body,

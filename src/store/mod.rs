@@ -25,6 +25,7 @@ pub mod sqlite;
 pub mod time;
 pub mod types;
 pub mod verification;
+pub mod webhooks;
 
 pub use console::{ConsoleStore, MessageSummary, NewSession, OverviewCounts, SessionRecord};
 pub use error::{SqlxResultExt, StoreError};
@@ -33,6 +34,10 @@ pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
 pub use sqlite::SqliteStore;
 pub use types::*;
 pub use verification::*;
+pub use webhooks::{
+    ClaimedDelivery, DeliveryAttempt, DeliveryNext, EventCursor, NewWebhookEndpoint,
+    WebhookAttemptRow, WebhookEndpoint, WebhookEvent, WebhookStore,
+};
 
 /// What a receipt with a final delivery status makes of a `sent` message.
 pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> MessageError {
@@ -53,6 +58,7 @@ pub trait Store:
     + RoutingStore
     + VerificationStore
     + ConsoleStore
+    + WebhookStore
     + Send
     + Sync
     + 'static
@@ -68,6 +74,7 @@ impl<T> Store for T where
         + RoutingStore
         + VerificationStore
         + ConsoleStore
+        + WebhookStore
         + Send
         + Sync
         + 'static

@@ -69,3 +69,4 @@ mod twilio;
 mod twilio_reconcile;
 mod verify;
 mod waiters;
+mod webhooks;

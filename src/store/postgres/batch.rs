@@ -28,6 +28,7 @@ use time::OffsetDateTime;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
+use super::webhooks::EVENT_FROM_M;
 use super::{PgStore, to_i32};
 use crate::domain::{MessageId, Status};
 use crate::metrics::{BatchKind, BatchSizes};
@@ -500,7 +501,8 @@ async fn finish_statement(
         attempt_error.push(a.and_then(|a| a.error.as_deref()));
         attempt_pmid.push(a.and_then(|a| a.provider_message_id.as_deref()));
     }
-    let done: Vec<Uuid> = sqlx::query_scalar(
+    // The outbox rows are written by this same statement (`EVENT_FROM_M`).
+    let done: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH input AS ( \
             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], \
                 $6::timestamptz[], $7::timestamptz[], $8::int2[], $9::bytea[], $10::int4[], \
@@ -518,16 +520,18 @@ async fn finish_statement(
             FROM input i \
             WHERE messages.id = i.id AND messages.lease_token = i.lease_token \
                 AND messages.status = 'processing' \
-            RETURNING messages.id), \
+            RETURNING messages.id, messages.tenant_id, messages.status, \
+                messages.response_body, messages.updated_at), \
          a AS ( \
             UPDATE attempts SET finished_at = i.finished_at, outcome = i.outcome, \
                 http_status = i.http_status, provider_code = i.provider_code, \
                 error = i.attempt_error, provider_message_id = i.attempt_pmid \
             FROM input i JOIN m ON m.id = i.id \
             WHERE attempts.message_id = i.id AND attempts.number = i.number \
-                AND attempts.finished_at IS NULL) \
+                AND attempts.finished_at IS NULL), \
+         {EVENT_FROM_M} \
          SELECT id FROM m",
-    )
+    )))
     .bind(&id)
     .bind(&token)
     .bind(&status)

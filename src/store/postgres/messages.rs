@@ -7,6 +7,7 @@ use sqlx::types::Json;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use super::webhooks::EVENT_FROM_M;
 use super::{PgStore, to_i32};
 use crate::domain::{MessageId, Status};
 use crate::store::row::{
@@ -132,20 +133,22 @@ impl PgStore {
     #[tracing::instrument(name = "store.finish", level = "debug", skip_all, fields(message_id = %f.id, status = f.status.as_str()))]
     pub(super) async fn finish_one(&self, f: &Finish) -> Result<bool, StoreError> {
         let a = f.attempt.as_ref();
-        let n: i64 = sqlx::query_scalar(
+        // The outbox row is written by this same statement (`EVENT_FROM_M`).
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "WITH m AS ( \
                 UPDATE messages SET status = $3, provider_message_id = $4, error = $5, \
                     sent_at = $6, updated_at = $7, finalized_at = $7, response_code = $8, \
                     response_body = $9, lease_token = NULL, lease_owner = NULL, \
                     lease_expires_at = NULL, next_attempt_at = NULL \
                 WHERE id = $1 AND lease_token = $2 AND status = 'processing' \
-                RETURNING id), \
+                RETURNING id, tenant_id, status, response_body, updated_at), \
              a AS ( \
                 UPDATE attempts SET finished_at = $11, outcome = $12, http_status = $13, \
                     provider_code = $14, error = $15, provider_message_id = $16 \
-                WHERE message_id = (SELECT id FROM m) AND number = $10 AND finished_at IS NULL) \
+                WHERE message_id = (SELECT id FROM m) AND number = $10 AND finished_at IS NULL), \
+             {EVENT_FROM_M} \
              SELECT count(*) FROM m",
-        )
+        )))
         .bind(f.id.0)
         .bind(f.lease_token)
         .bind(f.status)

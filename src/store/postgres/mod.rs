@@ -25,6 +25,7 @@ mod receipts;
 mod routing;
 mod tenants;
 mod verifications;
+mod webhooks;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 

@@ -147,10 +147,14 @@ async fn store_op(
     Ok(())
 }
 
+/// Writes a locked verification's state; a move out of `pending` writes its
+/// webhook event in the same transaction.
 async fn write_state(tx: &mut Tx, rec: &VerificationRecord) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE verifications SET status = $2, checks_remaining = $3, approved_at = $4, \
-            sends = $5, last_sent_at = $6, updated_at = $7 WHERE id = $1",
+    let before: Option<String> = sqlx::query_scalar(
+        "WITH old AS (SELECT status FROM verifications WHERE id = $1) \
+         UPDATE verifications SET status = $2, checks_remaining = $3, approved_at = $4, \
+            sends = $5, last_sent_at = $6, updated_at = $7 WHERE id = $1 \
+         RETURNING (SELECT status FROM old)",
     )
     .bind(rec.id)
     .bind(rec.status.as_str())
@@ -159,8 +163,13 @@ async fn write_state(tx: &mut Tx, rec: &VerificationRecord) -> Result<(), StoreE
     .bind(to_i32(rec.sends))
     .bind(db(rec.last_sent_at))
     .bind(db(rec.updated_at))
-    .execute(&mut **tx)
+    .fetch_optional(&mut **tx)
     .await?;
+    if before.as_deref() == Some("pending") && rec.status != VerificationStatus::Pending {
+        let (event_type, data) = crate::store::webhooks::verification_event(rec);
+        super::webhooks::enqueue_event(tx, rec.tenant_id, &event_type, None, &data, rec.updated_at)
+            .await?;
+    }
     Ok(())
 }
 
@@ -453,15 +462,25 @@ impl VerificationStore for PgStore {
         id: Uuid,
         now: OffsetDateTime,
     ) -> Result<Option<VerificationRecord>, StoreError> {
-        sqlx::query(
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query(
             "UPDATE verifications SET status = 'canceled', updated_at = $3 \
              WHERE id = $1 AND tenant_id = $2 AND status = 'pending' AND expires_at > $3",
         )
         .bind(id)
         .bind(tenant_id)
         .bind(db(now))
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        // The webhook event, in the transaction of the change.
+        if done.rows_affected() == 1
+            && let Some(rec) = locked(&mut tx, tenant_id, id).await?
+        {
+            let (event_type, data) = crate::store::webhooks::verification_event(&rec);
+            super::webhooks::enqueue_event(&mut tx, tenant_id, &event_type, None, &data, now)
+                .await?;
+        }
+        tx.commit().await?;
         self.verification(tenant_id, id).await
     }
 }

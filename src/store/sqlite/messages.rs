@@ -220,6 +220,20 @@ async fn finish(c: &mut SqliteConnection, f: &Finish) -> Result<bool, StoreError
     if let Some(a) = &f.attempt {
         close_attempt(c, f.id, a).await?;
     }
+    // The outbox row, in the same transaction as the final write.
+    let tenant_id: Uuid = sqlx::query_scalar("SELECT tenant_id FROM messages WHERE id = ?")
+        .bind(f.id.0)
+        .fetch_one(&mut *c)
+        .await?;
+    super::webhooks::enqueue_event(
+        c,
+        tenant_id,
+        &format!("message.{}", f.status.as_str()),
+        Some(f.id.0),
+        &f.response.body,
+        f.updated_at,
+    )
+    .await?;
     Ok(true)
 }
 

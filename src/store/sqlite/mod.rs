@@ -32,6 +32,7 @@ mod receipts;
 mod routing;
 mod tenants;
 mod verifications;
+mod webhooks;
 mod writer;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");

@@ -211,6 +211,9 @@ async fn link_and_apply_receipts(
             .bind(first.seq)
             .execute(&mut *tx)
             .await?;
+        // The outbox row, in the transaction of the status change.
+        let event_type = format!("message.{}", first.status.as_str());
+        super::webhooks::enqueue_message_event(tx, id, &event_type, now).await?;
     }
     Ok((Some(MessageId(id)), done.rows_affected() == 1))
 }

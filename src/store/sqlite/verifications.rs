@@ -155,7 +155,14 @@ async fn store_op(
     Ok(())
 }
 
+/// Writes a locked verification's state; a move out of `pending` writes its
+/// webhook event in the same transaction.
 async fn write_state(c: &mut SqliteConnection, rec: &VerificationRecord) -> Result<(), StoreError> {
+    let before: Option<String> =
+        sqlx::query_scalar("SELECT status FROM verifications WHERE id = ?")
+            .bind(rec.id)
+            .fetch_optional(&mut *c)
+            .await?;
     sqlx::query(
         "UPDATE verifications SET status = ?2, checks_remaining = ?3, approved_at = ?4, \
             sends = ?5, last_sent_at = ?6, updated_at = ?7 WHERE id = ?1",
@@ -169,6 +176,11 @@ async fn write_state(c: &mut SqliteConnection, rec: &VerificationRecord) -> Resu
     .bind(db(rec.updated_at))
     .execute(&mut *c)
     .await?;
+    if before.as_deref() == Some("pending") && rec.status != VerificationStatus::Pending {
+        let (event_type, data) = crate::store::webhooks::verification_event(rec);
+        super::webhooks::enqueue_event(c, rec.tenant_id, &event_type, None, &data, rec.updated_at)
+            .await?;
+    }
     Ok(())
 }
 
@@ -494,7 +506,7 @@ impl VerificationStore for SqliteStore {
     ) -> Result<Option<VerificationRecord>, StoreError> {
         self.write(move |c| {
             Box::pin(async move {
-                sqlx::query(
+                let done = sqlx::query(
                     "UPDATE verifications SET status = 'canceled', updated_at = ?3 \
                      WHERE id = ?1 AND tenant_id = ?2 AND status = 'pending' AND expires_at > ?3",
                 )
@@ -503,6 +515,14 @@ impl VerificationStore for SqliteStore {
                 .bind(db(now))
                 .execute(&mut *c)
                 .await?;
+                // The webhook event, in the transaction of the change.
+                if done.rows_affected() == 1
+                    && let Some(rec) = locked(c, tenant_id, id).await?
+                {
+                    let (event_type, data) = crate::store::webhooks::verification_event(&rec);
+                    super::webhooks::enqueue_event(c, tenant_id, &event_type, None, &data, now)
+                        .await?;
+                }
                 Ok(())
             })
         })

@@ -1,0 +1,293 @@
+//! Webhook endpoints and the events feed.
+//!
+//! `POST /webhook-endpoints` registers a URL (https, public: see
+//! `webhooks::ssrf`) for some or all event types and shows its secret once;
+//! `GET /webhook-endpoints`, `GET`/`DELETE /webhook-endpoints/{id}`,
+//! `POST /webhook-endpoints/{id}/rotate-secret` (the old secret keeps signing
+//! beside the new one for 24 h), `GET /webhook-endpoints/{id}/attempts`.
+//! `GET /events?after=&limit=` is the tenant's feed of the same events, in
+//! order, with a cursor: what an integrator who was down catches up from.
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::opt_outs::json_object;
+use super::{SharedState, Tenant};
+use crate::domain::FieldError;
+use crate::error::ApiError;
+use crate::store::webhooks::rfc3339;
+use crate::store::{EventCursor, NewWebhookEndpoint, WebhookEndpoint};
+use crate::webhooks::{EVENT_TYPES, is_event_type, signing, ssrf};
+
+/// Most endpoints one tenant may have.
+pub const MAX_ENDPOINTS: usize = 20;
+/// How long a rotated-out secret keeps signing.
+pub const OLD_SECRET_VALIDITY: time::Duration = time::Duration::hours(24);
+/// The prefix of endpoint ids.
+const ID_PREFIX: &str = "whe_";
+
+pub fn router() -> Router<SharedState> {
+    Router::new()
+        .route("/webhook-endpoints", get(list).post(create))
+        .route("/webhook-endpoints/{id}", get(show).delete(remove))
+        .route("/webhook-endpoints/{id}/rotate-secret", post(rotate))
+        .route("/webhook-endpoints/{id}/attempts", get(attempts))
+        .route("/events", get(feed))
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> ApiError {
+    ApiError::Validation(vec![FieldError {
+        field: field.into(),
+        message: message.into(),
+    }])
+}
+
+fn public_id(id: Uuid) -> String {
+    format!("{ID_PREFIX}{}", id.simple())
+}
+
+/// The endpoint id in a path; anything else is the same 404 as an unknown id.
+fn endpoint_id(id: Result<Path<String>, PathRejection>) -> Result<Uuid, ApiError> {
+    let Path(id) = id.map_err(|_| ApiError::NotFound)?;
+    let hex = id.strip_prefix(ID_PREFIX).ok_or(ApiError::NotFound)?;
+    if hex.len() != 32 {
+        return Err(ApiError::NotFound);
+    }
+    Uuid::try_parse(hex).map_err(|_| ApiError::NotFound)
+}
+
+/// The endpoint resource; the secret only when it was just made.
+fn endpoint_json(e: &WebhookEndpoint, secret: Option<&str>) -> Value {
+    let mut v = json!({
+        "id": public_id(e.id),
+        "url": e.url,
+        "events": e.events.clone().unwrap_or_else(|| EVENT_TYPES.iter().map(|s| s.to_string()).collect()),
+        "enabled": e.enabled,
+        "disabled_reason": e.disabled_reason,
+        "created_at": rfc3339(e.created_at),
+        "updated_at": rfc3339(e.updated_at),
+        "previous_secret_expires_at": e.previous_secret_expires_at.map(rfc3339),
+    });
+    if let (Some(secret), Value::Object(map)) = (secret, &mut v) {
+        map.insert("secret".into(), Value::String(secret.to_string()));
+    }
+    v
+}
+
+/// `events`: absent for every type, else a non-empty list of known
+/// types (duplicates dropped, documentation order).
+fn events_field(map: &serde_json::Map<String, Value>) -> Result<Option<Vec<String>>, ApiError> {
+    let list = match map.get("events") {
+        None => return Ok(None),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(invalid("events", "must be a list of event types")),
+    };
+    if list.is_empty() {
+        return Err(invalid(
+            "events",
+            "must name at least one event type (leave it out for all)",
+        ));
+    }
+    let mut errors = Vec::new();
+    for (i, item) in list.iter().enumerate() {
+        match item.as_str() {
+            Some(t) if is_event_type(t) => {}
+            _ => errors.push(FieldError {
+                field: format!("events[{i}]"),
+                message: format!("must be one of: {}", EVENT_TYPES.join(", ")),
+            }),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    let events = EVENT_TYPES
+        .iter()
+        .filter(|t| list.iter().any(|i| i.as_str() == Some(**t)))
+        .map(|t| t.to_string())
+        .collect();
+    Ok(Some(events))
+}
+
+async fn create(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = json_object(&state, &headers, body, &["url", "events"]).await?;
+    let url = match map.get("url") {
+        Some(Value::String(s)) => s.clone(),
+        None | Some(Value::Null) => return Err(invalid("url", "is required")),
+        Some(_) => return Err(invalid("url", "must be a string")),
+    };
+    let events = events_field(&map)?;
+    let url = ssrf::check(&url, state.webhooks.allow_private)
+        .await
+        .map_err(|refused| invalid("url", refused.to_string()))?;
+    if state.store.webhook_endpoints(tenant_id).await?.len() >= MAX_ENDPOINTS {
+        return Err(invalid(
+            "url",
+            format!("this account already has {MAX_ENDPOINTS} webhook endpoints, the most allowed"),
+        ));
+    }
+    let secret = signing::new_secret();
+    let created = state
+        .store
+        .create_webhook_endpoint(&NewWebhookEndpoint {
+            id: Uuid::now_v7(),
+            tenant_id,
+            url: url.to_string(),
+            events,
+            secret: secret.clone(),
+            created_at: state.clock.now(),
+        })
+        .await?;
+    state.webhook_dispatcher.endpoint_created();
+    Ok((
+        StatusCode::CREATED,
+        Json(endpoint_json(&created, Some(&secret))),
+    )
+        .into_response())
+}
+
+async fn list(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+) -> Result<Response, ApiError> {
+    let data: Vec<Value> = state
+        .store
+        .webhook_endpoints(tenant_id)
+        .await?
+        .iter()
+        .map(|e| endpoint_json(e, None))
+        .collect();
+    Ok(Json(json!({ "data": data })).into_response())
+}
+
+async fn show(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = endpoint_id(id)?;
+    let e = state
+        .store
+        .webhook_endpoint(tenant_id, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(endpoint_json(&e, None)).into_response())
+}
+
+async fn remove(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = endpoint_id(id)?;
+    if state.store.delete_webhook_endpoint(tenant_id, id).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::NotFound)
+    }
+}
+
+async fn rotate(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = endpoint_id(id)?;
+    let now = state.clock.now();
+    let secret = signing::new_secret();
+    let e = state
+        .store
+        .rotate_webhook_secret(tenant_id, id, &secret, now + OLD_SECRET_VALIDITY, now)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(endpoint_json(&e, Some(&secret))).into_response())
+}
+
+#[derive(Deserialize)]
+struct LimitQuery {
+    limit: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct FeedQuery {
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+fn limit_of(limit: Option<u32>) -> Result<u32, ApiError> {
+    let limit = limit.unwrap_or(100);
+    if (1..=1000).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(invalid("limit", "must be a whole number from 1 to 1000"))
+    }
+}
+
+async fn attempts(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<LimitQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let id = endpoint_id(id)?;
+    let Query(query) =
+        query.map_err(|_| invalid("limit", "must be a whole number from 1 to 1000"))?;
+    let limit = limit_of(query.limit)?;
+    if state.store.webhook_endpoint(tenant_id, id).await?.is_none() {
+        return Err(ApiError::NotFound);
+    }
+    let data = state.store.webhook_attempts(tenant_id, id, limit).await?;
+    Ok(Json(json!({ "data": data })).into_response())
+}
+
+async fn feed(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    query: Result<Query<FeedQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|_| {
+        ApiError::Validation(vec![
+            FieldError {
+                field: "limit".into(),
+                message: "must be a whole number from 1 to 1000".into(),
+            },
+            FieldError {
+                field: "after".into(),
+                message: "must be a cursor this API returned".into(),
+            },
+        ])
+    })?;
+    let limit = limit_of(query.limit)?;
+    let after = match query.after.as_deref() {
+        None => None,
+        Some(a) => Some(
+            EventCursor::decode(a)
+                .ok_or_else(|| invalid("after", "must be a cursor this API returned"))?,
+        ),
+    };
+    let events = state
+        .store
+        .webhook_events_after(tenant_id, after, limit)
+        .await?;
+    // Where to go on from: the last event given, else where the caller was.
+    let next = events
+        .last()
+        .map(|e| e.cursor)
+        .or(after)
+        .map(|c| c.encode());
+    let data: Vec<Value> = events.iter().map(|e| e.to_feed_json()).collect();
+    Ok(Json(json!({ "data": data, "next_cursor": next })).into_response())
+}

@@ -1,0 +1,345 @@
+//! Webhook endpoints, the events feed and deliveries on Postgres. The
+//! outbox rows are written by the status changes themselves (see
+//! [`EVENT_FROM_M`], used by `messages.rs`, `batch.rs` and `receipts.rs`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::PgStore;
+use crate::store::time::{db, micros};
+use crate::store::webhooks::{
+    ATTEMPT_COLUMNS, AttemptRowDb, ClaimedDelivery, ClaimedRow, DeliveryAttempt, DeliveryNext,
+    EndpointRow, EventCursor, EventRow, NewWebhookEndpoint, WebhookAttemptRow, WebhookEndpoint,
+    WebhookEvent, WebhookStore, claimed_columns, endpoint_columns, event_columns, events_column,
+};
+use crate::store::{MessageRecord, StoreError};
+
+/// Two CTEs to append (after a comma) to a statement whose CTE `m` returns
+/// the messages it made final (`id`, `tenant_id`, `status`,
+/// `response_body`, `updated_at`): one event per message, with the frozen
+/// response as its data, and one delivery per endpoint subscribed now.
+pub(super) const EVENT_FROM_M: &str = "\
+    ev AS ( \
+        INSERT INTO webhook_events (id, tenant_id, type, message_id, data, created_at) \
+        SELECT gen_random_uuid(), m.tenant_id, 'message.' || m.status, m.id, m.response_body, \
+            m.updated_at FROM m \
+        RETURNING id, tenant_id, type, created_at), \
+    wd AS ( \
+        INSERT INTO webhook_deliveries (event_id, endpoint_id, status, attempts, \
+            next_attempt_at, created_at, updated_at) \
+        SELECT ev.id, w.id, 'pending', 0, ev.created_at, ev.created_at, ev.created_at \
+        FROM ev JOIN webhook_endpoints w ON w.tenant_id = ev.tenant_id AND w.enabled \
+            AND (w.events IS NULL OR jsonb_exists(w.events::jsonb, ev.type)))";
+
+/// Writes the event of a message's status change (and its deliveries)
+/// inside the caller's transaction: `data` is the message as it is now.
+pub(super) async fn enqueue_message_event(
+    tx: &mut sqlx::PgConnection,
+    message_id: Uuid,
+    event_type: &str,
+    at: OffsetDateTime,
+) -> Result<(), StoreError> {
+    let row: Option<crate::store::row::MessageRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        crate::store::row::message_columns!(),
+        " FROM messages m WHERE m.id = $1"
+    ))
+    .bind(message_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        return Ok(());
+    };
+    let record = MessageRecord::from(row);
+    let data = record.to_out().to_json();
+    enqueue_event(
+        tx,
+        record.tenant_id,
+        event_type,
+        Some(message_id),
+        &data,
+        at,
+    )
+    .await
+}
+
+/// Writes an event and one delivery per endpoint of its tenant enabled and
+/// subscribed to its type now, inside the caller's transaction.
+pub(super) async fn enqueue_event(
+    tx: &mut sqlx::PgConnection,
+    tenant_id: Uuid,
+    event_type: &str,
+    message_id: Option<Uuid>,
+    data: &[u8],
+    at: OffsetDateTime,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "WITH ev AS ( \
+            INSERT INTO webhook_events (id, tenant_id, type, message_id, data, created_at) \
+            VALUES ($1, $2, $3, $4, $5, $6) \
+            RETURNING id, tenant_id, type, created_at) \
+         INSERT INTO webhook_deliveries (event_id, endpoint_id, status, attempts, \
+            next_attempt_at, created_at, updated_at) \
+         SELECT ev.id, w.id, 'pending', 0, ev.created_at, ev.created_at, ev.created_at \
+         FROM ev JOIN webhook_endpoints w ON w.tenant_id = ev.tenant_id AND w.enabled \
+            AND (w.events IS NULL OR jsonb_exists(w.events::jsonb, ev.type))",
+    )
+    .bind(Uuid::now_v7())
+    .bind(tenant_id)
+    .bind(event_type)
+    .bind(message_id)
+    .bind(data)
+    .bind(db(at))
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl WebhookStore for PgStore {
+    async fn create_webhook_endpoint(
+        &self,
+        e: &NewWebhookEndpoint,
+    ) -> Result<WebhookEndpoint, StoreError> {
+        sqlx::query(
+            "INSERT INTO webhook_endpoints (id, tenant_id, url, events, enabled, secret, \
+                created_at, updated_at) VALUES ($1, $2, $3, $4, true, $5, $6, $6)",
+        )
+        .bind(e.id)
+        .bind(e.tenant_id)
+        .bind(&e.url)
+        .bind(events_column(&e.events))
+        .bind(&e.secret)
+        .bind(db(e.created_at))
+        .execute(&self.pool)
+        .await?;
+        self.webhook_endpoint(e.tenant_id, e.id)
+            .await?
+            .ok_or(StoreError::Invariant(
+                "an endpoint vanished right after its insert",
+            ))
+    }
+
+    async fn webhook_endpoints(&self, tenant_id: Uuid) -> Result<Vec<WebhookEndpoint>, StoreError> {
+        let rows: Vec<EndpointRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            endpoint_columns!(),
+            " FROM webhook_endpoints w WHERE w.tenant_id = $1 ORDER BY w.created_at, w.id"
+        ))
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(WebhookEndpoint::from).collect())
+    }
+
+    async fn webhook_endpoint(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+    ) -> Result<Option<WebhookEndpoint>, StoreError> {
+        let row: Option<EndpointRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            endpoint_columns!(),
+            " FROM webhook_endpoints w WHERE w.tenant_id = $1 AND w.id = $2"
+        ))
+        .bind(tenant_id)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(WebhookEndpoint::from))
+    }
+
+    async fn delete_webhook_endpoint(&self, tenant_id: Uuid, id: Uuid) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM webhook_endpoints WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant_id)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        // Its deliveries and their attempts go with it (ON DELETE CASCADE).
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn rotate_webhook_secret(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        secret: &str,
+        old_until: OffsetDateTime,
+        now: OffsetDateTime,
+    ) -> Result<Option<WebhookEndpoint>, StoreError> {
+        let done = sqlx::query(
+            "UPDATE webhook_endpoints SET previous_secret = secret, \
+                previous_secret_expires_at = $4, secret = $3, updated_at = $5 \
+             WHERE tenant_id = $1 AND id = $2",
+        )
+        .bind(tenant_id)
+        .bind(id)
+        .bind(secret)
+        .bind(db(old_until))
+        .bind(db(now))
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() != 1 {
+            return Ok(None);
+        }
+        self.webhook_endpoint(tenant_id, id).await
+    }
+
+    async fn any_webhook_endpoints(&self) -> Result<bool, StoreError> {
+        let any: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE enabled)")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(any)
+    }
+
+    async fn webhook_events_after(
+        &self,
+        tenant_id: Uuid,
+        after: Option<EventCursor>,
+        limit: u32,
+    ) -> Result<Vec<WebhookEvent>, StoreError> {
+        let after = after.unwrap_or(EventCursor { txid: -1, seq: -1 });
+        // Only rows of transactions older than every one still running: a
+        // transaction that began earlier but commits later can then never
+        // add a row behind a cursor a reader already holds.
+        let rows: Vec<EventRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM webhook_events e WHERE e.tenant_id = $1 AND (e.txid, e.seq) > ($2, $3) \
+               AND e.txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint \
+             ORDER BY e.txid, e.seq LIMIT $4"
+        ))
+        .bind(tenant_id)
+        .bind(after.txid)
+        .bind(after.seq)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(WebhookEvent::from).collect())
+    }
+
+    async fn claim_webhook_deliveries(
+        &self,
+        owner: &str,
+        now: OffsetDateTime,
+        ttl: Duration,
+        limit: u32,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        let rows: Vec<ClaimedRow> = sqlx::query_as(concat!(
+            "WITH due AS ( \
+                SELECT id FROM webhook_deliveries \
+                WHERE status = 'pending' AND next_attempt_at <= $1 \
+                  AND (lease_token IS NULL OR lease_expires_at <= now()) \
+                  AND EXISTS (SELECT 1 FROM webhook_endpoints x \
+                      WHERE x.id = webhook_deliveries.endpoint_id AND x.enabled) \
+                ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+             c AS ( \
+                UPDATE webhook_deliveries d SET lease_token = gen_random_uuid(), \
+                    lease_owner = $3, lease_expires_at = now() + $4 * interval '1 microsecond' \
+                FROM due WHERE d.id = due.id \
+                RETURNING d.id, d.lease_token, d.attempts, d.event_id, d.endpoint_id) \
+             SELECT ",
+            claimed_columns!(),
+            " FROM c d JOIN webhook_events e ON e.id = d.event_id \
+               JOIN webhook_endpoints w ON w.id = d.endpoint_id"
+        ))
+        .bind(db(now))
+        .bind(i64::from(limit))
+        .bind(owner)
+        .bind(micros(ttl))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(ClaimedDelivery::from).collect())
+    }
+
+    async fn finish_webhook_attempt(&self, a: &DeliveryAttempt) -> Result<bool, StoreError> {
+        let next_at = match &a.next {
+            DeliveryNext::RetryAt(at) => Some(db(*at)),
+            _ => None,
+        };
+        let disable = match &a.next {
+            DeliveryNext::Disable(reason) => Some(reason.as_str()),
+            _ => None,
+        };
+        let n: i64 = sqlx::query_scalar(
+            "WITH d AS ( \
+                UPDATE webhook_deliveries SET status = $3, attempts = attempts + 1, \
+                    next_attempt_at = $4, lease_token = NULL, lease_owner = NULL, \
+                    lease_expires_at = NULL, updated_at = $5 \
+                WHERE id = $1 AND lease_token = $2 AND status = 'pending' \
+                RETURNING id, endpoint_id, event_id, attempts), \
+             a AS ( \
+                INSERT INTO webhook_attempts (delivery_id, endpoint_id, event_id, event_type, \
+                    number, outcome, http_status, error, response_excerpt, started_at, \
+                    finished_at) \
+                SELECT d.id, d.endpoint_id, d.event_id, $6, d.attempts, $7, $8, $9, $10, $11, $5 \
+                FROM d), \
+             w AS ( \
+                UPDATE webhook_endpoints SET enabled = false, disabled_reason = $12, \
+                    updated_at = $5 \
+                WHERE $12::text IS NOT NULL AND id = (SELECT endpoint_id FROM d)), \
+             c AS ( \
+                UPDATE webhook_deliveries SET status = 'canceled', next_attempt_at = NULL, \
+                    lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
+                    updated_at = $5 \
+                WHERE $12::text IS NOT NULL AND endpoint_id = (SELECT endpoint_id FROM d) \
+                    AND status = 'pending' AND id <> $1) \
+             SELECT count(*) FROM d",
+        )
+        .bind(a.delivery_id)
+        .bind(a.lease_token)
+        .bind(a.delivery_status())
+        .bind(next_at)
+        .bind(db(a.finished_at))
+        .bind(&a.event_type)
+        .bind(a.outcome())
+        .bind(a.http_status.map(i32::from))
+        .bind(&a.error)
+        .bind(&a.response_excerpt)
+        .bind(db(a.started_at))
+        .bind(disable)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n == 1)
+    }
+
+    async fn webhook_attempts(
+        &self,
+        tenant_id: Uuid,
+        endpoint_id: Uuid,
+        limit: u32,
+    ) -> Result<Vec<WebhookAttemptRow>, StoreError> {
+        let rows: Vec<AttemptRowDb> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM webhook_attempts \
+             WHERE endpoint_id = $2 AND EXISTS (SELECT 1 FROM webhook_endpoints w \
+                WHERE w.id = $2 AND w.tenant_id = $1) \
+             ORDER BY id DESC LIMIT $3"
+        )))
+        .bind(tenant_id)
+        .bind(endpoint_id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(WebhookAttemptRow::from).collect())
+    }
+
+    async fn purge_webhook_events(
+        &self,
+        cutoff: OffsetDateTime,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM webhook_events WHERE seq IN (SELECT seq FROM webhook_events \
+                WHERE created_at < $1 ORDER BY created_at LIMIT $2)",
+        )
+        .bind(db(cutoff))
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,281 @@
+//! Where webhooks may go: `https` only, and never to an address inside the
+//! service's own network (loopback, private, link-local, cloud metadata,
+//! unspecified, multicast, reserved), v4 and v6, v4-mapped v6 included.
+//! Checked when an endpoint is created (an IP literal, or what the name
+//! resolves to then) and again at every delivery, by a DNS resolver that
+//! drops forbidden addresses, so a name re-pointed after creation (DNS
+//! rebinding) reaches nothing inside. `SENDONCE_WEBHOOK_ALLOW_PRIVATE=true`
+//! lifts both rules (tests, local setups).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use reqwest::Url;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+/// Longest endpoint URL accepted.
+pub const MAX_URL_LEN: usize = 2048;
+
+/// Whether a webhook must never be sent to `ip`.
+pub fn forbidden(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => forbidden_v4(v4),
+        IpAddr::V6(v6) => forbidden_v6(v6),
+    }
+}
+
+fn forbidden_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    ip.is_unspecified()
+        || a == 0                                   // "this network"
+        || ip.is_loopback()                         // 127/8
+        || ip.is_private()                          // 10/8, 172.16/12, 192.168/16
+        || ip.is_link_local()                       // 169.254/16: metadata services
+        || (a == 100 && (64..128).contains(&b))     // 100.64/10 carrier-grade NAT
+        || (a == 192 && b == 0 && c == 0)           // 192.0.0/24 protocol assignments
+        || (a == 192 && b == 0 && c == 2)           // documentation
+        || (a == 198 && (b == 18 || b == 19))       // 198.18/15 benchmarking
+        || (a == 198 && b == 51 && c == 100)        // documentation
+        || (a == 203 && b == 0 && c == 113)         // documentation
+        || ip.is_multicast()                        // 224/4
+        || a >= 240 // 240/4 reserved, broadcast
+}
+
+fn forbidden_v6(ip: Ipv6Addr) -> bool {
+    if let Some(v4) = embedded_v4(ip) {
+        return forbidden_v4(v4);
+    }
+    let s = ip.segments();
+    ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || (s[0] & 0xfe00) == 0xfc00   // fc00::/7 unique local (fd00:ec2::254 metadata)
+        || (s[0] & 0xffc0) == 0xfe80   // fe80::/10 link-local
+        || (s[0] & 0xffc0) == 0xfec0   // fec0::/10 site-local (deprecated)
+        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+        || (s[0] == 0x2001 && s[1] == 0)      // Teredo: tunnels to anywhere
+        || s[0] == 0x0100 && s[1] == 0 && s[2] == 0 && s[3] == 0 // discard-only
+}
+
+/// The IPv4 address an IPv6 address carries: v4-mapped (`::ffff:a.b.c.d`),
+/// v4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::/96`) and 6to4 (`2002::/16`).
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let o = ip.octets();
+    let last = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
+    if s[..5] == [0, 0, 0, 0, 0]
+        && (s[5] == 0xffff || (s[5] == 0 && !ip.is_loopback() && !ip.is_unspecified()))
+    {
+        return Some(last);
+    }
+    if s[..6] == [0x0064, 0xff9b, 0, 0, 0, 0] {
+        return Some(last);
+    }
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
+    }
+    None
+}
+
+/// Why an endpoint URL is refused (shown to the caller).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlRefused {
+    #[error("must be an absolute URL")]
+    Invalid,
+    #[error("must be at most {MAX_URL_LEN} characters")]
+    TooLong,
+    #[error("must use https")]
+    NotHttps,
+    #[error("must not carry a user name or password")]
+    Credentials,
+    #[error("must not point at a loopback, private, link-local or metadata address ({0})")]
+    Forbidden(IpAddr),
+}
+
+/// The URL's form: absolute, `https` (or `http` when private targets are
+/// allowed), a host, no credentials, no fragment; an IP-literal host must be
+/// allowed. Does not resolve names (see [`check`]).
+pub fn check_form(url: &str, allow_private: bool) -> Result<Url, UrlRefused> {
+    if url.len() > MAX_URL_LEN {
+        return Err(UrlRefused::TooLong);
+    }
+    let parsed = Url::parse(url).map_err(|_| UrlRefused::Invalid)?;
+    match parsed.scheme() {
+        "https" => {}
+        "http" if allow_private => {}
+        _ => return Err(UrlRefused::NotHttps),
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(UrlRefused::Credentials);
+    }
+    if parsed.fragment().is_some() {
+        return Err(UrlRefused::Invalid);
+    }
+    match literal_ip(&parsed) {
+        None if parsed.host_str().is_none_or(str::is_empty) => Err(UrlRefused::Invalid),
+        Some(ip) if !allow_private && forbidden(ip) => Err(UrlRefused::Forbidden(ip)),
+        _ => Ok(parsed),
+    }
+}
+
+/// The host of `url` when it is an IP literal.
+pub fn literal_ip(url: &Url) -> Option<IpAddr> {
+    match url.host()? {
+        url::Host::Ipv4(v4) => Some(IpAddr::V4(v4)),
+        url::Host::Ipv6(v6) => Some(IpAddr::V6(v6)),
+        url::Host::Domain(_) => None,
+    }
+}
+
+/// [`check_form`], then, for a name, what it resolves to now: any forbidden
+/// address refuses it. A name that does not resolve (yet) is accepted; the
+/// delivery-time resolver checks again.
+pub async fn check(url: &str, allow_private: bool) -> Result<Url, UrlRefused> {
+    let parsed = check_form(url, allow_private)?;
+    if allow_private || literal_ip(&parsed).is_some() {
+        return Ok(parsed);
+    }
+    if let Some(host) = parsed.host_str() {
+        let port = parsed.port_or_known_default().unwrap_or(443);
+        let lookup = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tokio::net::lookup_host((host, port)),
+        )
+        .await;
+        if let Ok(Ok(addrs)) = lookup {
+            for addr in addrs {
+                if forbidden(addr.ip()) {
+                    return Err(UrlRefused::Forbidden(addr.ip()));
+                }
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+/// The delivery client's resolver: resolves with the system resolver and
+/// keeps only allowed addresses, so the connection goes to an address that
+/// was checked (no second lookup an attacker could answer differently).
+#[derive(Debug, Default)]
+pub struct FilteringResolver;
+
+impl Resolve for FilteringResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|a| !forbidden(a.ip()))
+                .collect();
+            if addrs.is_empty() {
+                return Err(
+                    format!("{host} resolves to no address webhooks may be sent to").into(),
+                );
+            }
+            Ok(Box::new(addrs.into_iter()) as Addrs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forbidden_addresses() {
+        let table: &[(&str, bool)] = &[
+            ("0.0.0.0", true),
+            ("0.1.2.3", true),
+            ("127.0.0.1", true),
+            ("127.9.9.9", true),
+            ("10.0.0.1", true),
+            ("172.16.0.1", true),
+            ("172.31.255.255", true),
+            ("172.32.0.1", false),
+            ("192.168.1.1", true),
+            ("169.254.169.254", true),
+            ("100.64.0.1", true),
+            ("100.128.0.1", false),
+            ("224.0.0.1", true),
+            ("255.255.255.255", true),
+            ("8.8.8.8", false),
+            ("93.184.216.34", false),
+            ("::", true),
+            ("::1", true),
+            ("fe80::1", true),
+            ("fc00::1", true),
+            ("fd00:ec2::254", true),
+            ("ff02::1", true),
+            ("::ffff:127.0.0.1", true),
+            ("::ffff:10.1.2.3", true),
+            ("::ffff:169.254.169.254", true),
+            ("::ffff:8.8.8.8", false),
+            ("64:ff9b::a9fe:a9fe", true),
+            ("2002:7f00:1::", true),
+            ("2001:db8::1", true),
+            ("2606:4700:4700::1111", false),
+        ];
+        for (ip, expected) in table {
+            let parsed: IpAddr = ip.parse().expect(ip);
+            assert_eq!(forbidden(parsed), *expected, "{ip}");
+        }
+    }
+
+    #[test]
+    fn url_forms() {
+        let table: &[(&str, bool, Result<(), UrlRefused>)] = &[
+            ("https://example.com/hook", false, Ok(())),
+            ("http://example.com/hook", false, Err(UrlRefused::NotHttps)),
+            ("http://example.com/hook", true, Ok(())),
+            ("ftp://example.com/", true, Err(UrlRefused::NotHttps)),
+            (
+                "https://u:p@example.com/",
+                false,
+                Err(UrlRefused::Credentials),
+            ),
+            ("example.com/hook", false, Err(UrlRefused::Invalid)),
+            ("https://example.com/#x", false, Err(UrlRefused::Invalid)),
+            (
+                "https://127.0.0.1/",
+                false,
+                Err(UrlRefused::Forbidden("127.0.0.1".parse().unwrap())),
+            ),
+            (
+                "https://[::ffff:169.254.169.254]/",
+                false,
+                Err(UrlRefused::Forbidden(
+                    "::ffff:169.254.169.254".parse().unwrap(),
+                )),
+            ),
+            (
+                "https://2130706433/",
+                false,
+                Err(UrlRefused::Forbidden("127.0.0.1".parse().unwrap())),
+            ),
+            ("http://127.0.0.1:8080/", true, Ok(())),
+            ("https://8.8.8.8/", false, Ok(())),
+        ];
+        for (url, allow, expected) in table {
+            assert_eq!(
+                check_form(url, *allow).map(|_| ()),
+                *expected,
+                "{url} allow_private={allow}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn names_that_resolve_inside_are_refused() {
+        assert!(matches!(
+            check("https://localhost/hook", false).await,
+            Err(UrlRefused::Forbidden(_))
+        ));
+        assert!(check("http://localhost:9/hook", true).await.is_ok());
+        let resolved = FilteringResolver
+            .resolve("localhost".parse().expect("name"))
+            .await;
+        assert!(
+            resolved.is_err(),
+            "localhost must resolve to nothing allowed"
+        );
+    }
+}

@@ -48,8 +48,18 @@ from sendonce_client.api.opt_outs import (  # noqa: E402
     list_opt_outs,
     remove_opt_out,
 )
+from sendonce_client.api.webhooks import (  # noqa: E402
+    create_webhook_endpoint,
+    delete_webhook_endpoint,
+    get_webhook_endpoint,
+    list_webhook_endpoints,
+    list_webhook_events,
+    rotate_webhook_secret,
+)
 from sendonce_client.models import (  # noqa: E402
     AddOptOutBody,
+    CreatedWebhookEndpoint,
+    CreateWebhookEndpoint,
     FieldError,
     FinalMessage,
     FinalMessageStatus,
@@ -64,6 +74,10 @@ from sendonce_client.models import (  # noqa: E402
     ProcessingMessageStatus,
     SendRequest,
     ValidationProblem,
+    WebhookEndpoint,
+    WebhookEndpointList,
+    WebhookEventFeed,
+    WebhookEventType,
 )
 
 PROBLEM = "urn:sendonce:problem:"
@@ -381,9 +395,74 @@ def one_sms_per_send(ctx: Ctx) -> None:
     expect(stats["deliveries"] == 3 and stats["duplicate_keys"] == 0, f"provider stats {stats}")
 
 
+def webhook_endpoints(ctx: Ctx) -> None:
+    """Create, list, read, rotate and delete an endpoint; a private target
+    is a 400 on `url` (the server runs without SENDONCE_WEBHOOK_ALLOW_PRIVATE)."""
+    private = create_webhook_endpoint.sync_detailed(
+        client=ctx.client, body=CreateWebhookEndpoint(url="https://127.0.0.1/hook")
+    )
+    problem = expect_problem(private, 400, "validation")
+    expect(isinstance(problem, ValidationProblem), f"the 400 parsed as {type(problem).__name__}")
+    expect([e.field for e in problem.errors] == ["url"], f"errors {problem.errors}")
+
+    # A public address as a literal: nothing to resolve, nothing delivered in
+    # this run (its events fire for no later send of this check).
+    body = CreateWebhookEndpoint(
+        url="https://93.184.215.14/sendonce", events=[WebhookEventType.MESSAGE_DELIVERED]
+    )
+    resp = create_webhook_endpoint.sync_detailed(client=ctx.client, body=body)
+    expect(resp.status_code == 201, f"create endpoint: {resp.status_code} {resp.content!r}")
+    created = resp.parsed
+    expect(isinstance(created, CreatedWebhookEndpoint), f"parsed as {type(created).__name__}")
+    expect(created.id.startswith("whe_") and created.enabled, f"endpoint {created}")
+    expect(created.secret.startswith("whsec_"), "the secret is not whsec_")
+    expect(created.events == [WebhookEventType.MESSAGE_DELIVERED], f"events {created.events}")
+
+    listed = list_webhook_endpoints.sync_detailed(client=ctx.client)
+    expect(isinstance(listed.parsed, WebhookEndpointList), "the list was not parsed")
+    expect(created.id in [e.id for e in listed.parsed.data], "the new endpoint is not listed")
+    expect(b"whsec_" not in listed.content, "the list shows a secret")
+
+    one = get_webhook_endpoint.sync_detailed(created.id, client=ctx.client)
+    expect(isinstance(one.parsed, WebhookEndpoint), f"get parsed as {type(one.parsed).__name__}")
+
+    rotated = rotate_webhook_secret.sync_detailed(created.id, client=ctx.client)
+    expect(isinstance(rotated.parsed, CreatedWebhookEndpoint), "the rotation was not parsed")
+    expect(rotated.parsed.secret != created.secret, "rotation kept the secret")
+    expect(rotated.parsed.previous_secret_expires_at is not None, "the old secret does not sign on")
+
+    gone = delete_webhook_endpoint.sync_detailed(created.id, client=ctx.client)
+    expect(gone.status_code == 204, f"delete: {gone.status_code}")
+    again = get_webhook_endpoint.sync_detailed(created.id, client=ctx.client)
+    expect_problem(again, 404, "not-found")
+
+
+def events_feed(ctx: Ctx) -> None:
+    """The feed has the sends that finished, in order, with a cursor that
+    stays put when nothing is new."""
+    wanted = {ctx.state["send"][2].id}
+    deadline = time.monotonic() + 30
+    after: str | None = None
+    seen: list[str] = []
+    while True:
+        kwargs = {"after": after} if after else {}
+        resp = list_webhook_events.sync_detailed(client=ctx.client, limit=100, **kwargs)
+        feed = resp.parsed
+        expect(isinstance(feed, WebhookEventFeed), f"the feed parsed as {type(feed).__name__}")
+        seen += [e.data.id for e in feed.data if e.type_ == WebhookEventType.MESSAGE_SENT]
+        if feed.next_cursor:
+            after = feed.next_cursor
+        if wanted <= set(seen):
+            break
+        expect(time.monotonic() < deadline, f"the feed never showed {wanted}: {seen}")
+        if not feed.data:
+            time.sleep(0.2)
+    expect(len(seen) == len(set(seen)), f"an event twice in the feed: {seen}")
+    last = list_webhook_events.sync_detailed(client=ctx.client, after=after, limit=100)
+    expect(isinstance(last.parsed, WebhookEventFeed), "the last page was not parsed")
+
+
 # The order matters: later steps use what earlier ones left in ctx.state.
-# Webhooks (issue 14, part A) add "create a webhook endpoint" here once
-# POST /webhook-endpoints exists.
 STEPS: list[Callable[[Ctx], None]] = [
     generated_every_operation_and_response,
     generated_models_are_sound,
@@ -399,6 +478,8 @@ STEPS: list[Callable[[Ctx], None]] = [
     opt_outs,
     readme_client_snippet,
     readme_webhook_verifier,
+    webhook_endpoints,
+    events_feed,
     one_sms_per_send,
 ]
 

@@ -210,6 +210,16 @@ impl App {
         let upkeep = Arc::clone(self.state.deliverer.metrics()).run_upkeep(stop.clone());
         let upkeep_task = tokio::spawn(upkeep);
         let webhooks_task = tokio::spawn(Arc::clone(&self.webhooks).run(stop.clone()));
+        // Verifications run out on the scheduler's beat.
+        let expiry_task = tokio::spawn(
+            crate::verify::expiry::Expirer::new(
+                Arc::clone(&self.state.store),
+                self.clock.clone(),
+                Arc::clone(self.state.deliverer.metrics()),
+                self.settings.scheduler.poll_interval,
+            )
+            .run(stop.clone()),
+        );
 
         let router = http::router_with(Arc::clone(&self.state), self.metrics_listener.is_none());
         let metrics_task = self.metrics_listener.map(|listener| {
@@ -251,6 +261,7 @@ impl App {
         let _ = purge_task.await;
         let _ = upkeep_task.await;
         let _ = webhooks_task.await;
+        let _ = expiry_task.await;
         if let Some(task) = metrics_task {
             let _ = task.await;
         }

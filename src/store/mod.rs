@@ -301,6 +301,14 @@ pub trait VerificationStore: Send + Sync {
         lease: &Lease,
         render: ResendRenderer,
     ) -> Result<ResendOutcome, StoreError>;
+    /// Marks up to `batch` pending verifications whose time ran out by
+    /// `now` as `expired`, each with its `verification.expired` webhook
+    /// event in the same transaction; returns them (after the change).
+    async fn expire_verifications(
+        &self,
+        now: OffsetDateTime,
+        batch: u32,
+    ) -> Result<Vec<VerificationRecord>, StoreError>;
     /// Deletes up to `batch` verifications (with their stored answers) that
     /// expired before `cutoff` (retention); their keys are free again.
     async fn purge_verifications(

@@ -26,6 +26,7 @@ use crate::store::{MessageRecord, NewMessage, VerificationRecord, send_key};
 
 pub mod crypto;
 pub mod decide;
+pub mod expiry;
 
 pub use crypto::{Keys, SecretSource};
 pub use decide::VerificationStatus;

@@ -2,7 +2,7 @@
 //! limits on checks and resends, idempotency, secrecy of the code, and the
 //! SMS-pumping defence shared between instances.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use sendonce::clock::Clock;
@@ -272,6 +272,45 @@ async fn expiry_under_a_moved_clock(backend: Backend) {
             .await,
         1
     );
+}
+
+/// Nobody checks or resends: the sweep expires it on its own once its time
+/// has run out (and not before), with its `verification.expired` event in
+/// the feed.
+async fn an_unchecked_verification_expires_on_its_own(backend: Backend) {
+    let clock = manual_clock();
+    let app = app_with(backend, clock.clone()).await;
+    let a = start_with(&app, "v", json!({ "to": TO, "ttl_seconds": 60 })).await;
+    let id = id_of(&a.json());
+    wait_sent(&app, &id, 1).await;
+    let expired = "SELECT count(*) FROM verifications WHERE status = 'expired'";
+    clock.advance(Duration::from_secs(59));
+    // The sweep runs every 50 ms here: let several pass at 59 s.
+    let pending_until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < pending_until {
+        assert_eq!(app.db.count(expired).await, 0, "expired before its time");
+        tokio::task::yield_now().await;
+    }
+    clock.advance(Duration::from_secs(1));
+    eventually("the sweep expires it", || async {
+        (app.db.count(expired).await == 1).then_some(())
+    })
+    .await;
+    let event = eventually("its event in the feed", || async {
+        let feed = app.get("/events").await.json();
+        feed["data"].as_array().and_then(|d| {
+            d.iter()
+                .find(|e| e["type"] == "verification.expired")
+                .cloned()
+        })
+    })
+    .await;
+    assert_eq!(event["data"]["id"], id.as_str());
+    assert_eq!(event["data"]["status"], "expired");
+    assert_eq!(events(&app, "expiry").await, 1);
+    // A late check finds it expired and changes nothing.
+    assert_eq!(check(&app, &id, "000000", None).await.status, 409);
+    assert_eq!(events(&app, "expiry").await, 1);
 }
 
 async fn resend_cooldown_and_limit_keep_the_code_and_the_counter(backend: Backend) {
@@ -886,6 +925,7 @@ on_both_backends!(
     approval_answers_valid_once_and_never_shows_the_code,
     wrong_codes_to_the_limit_refuse_even_the_right_one,
     expiry_under_a_moved_clock,
+    an_unchecked_verification_expires_on_its_own,
     resend_cooldown_and_limit_keep_the_code_and_the_counter,
     cancel_ends_it,
     another_tenants_verification_is_not_found,

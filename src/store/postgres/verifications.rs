@@ -440,6 +440,35 @@ impl VerificationStore for PgStore {
         })
     }
 
+    async fn expire_verifications(
+        &self,
+        now: OffsetDateTime,
+        batch: u32,
+    ) -> Result<Vec<VerificationRecord>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<VerificationRow> = sqlx::query_as(concat!(
+            "UPDATE verifications SET status = 'expired', updated_at = $1 WHERE id IN ( \
+                SELECT id FROM verifications WHERE status = 'pending' AND expires_at <= $1 \
+                ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING ",
+            verification_columns!()
+        ))
+        .bind(db(now))
+        .bind(i64::from(batch))
+        .fetch_all(&mut *tx)
+        .await?;
+        let expired = rows
+            .into_iter()
+            .map(VerificationRecord::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        for rec in &expired {
+            let (event_type, data) = crate::store::webhooks::verification_event(rec);
+            super::webhooks::enqueue_event(&mut tx, rec.tenant_id, &event_type, None, &data, now)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(expired)
+    }
+
     async fn purge_verifications(
         &self,
         cutoff: OffsetDateTime,

@@ -476,6 +476,38 @@ impl VerificationStore for SqliteStore {
         .await
     }
 
+    async fn expire_verifications(
+        &self,
+        now: OffsetDateTime,
+        batch: u32,
+    ) -> Result<Vec<VerificationRecord>, StoreError> {
+        self.write(move |c| {
+            Box::pin(async move {
+                let rows: Vec<VerificationRow> = sqlx::query_as(concat!(
+                    "UPDATE verifications SET status = 'expired', updated_at = ?1 WHERE id IN ( \
+                        SELECT id FROM verifications WHERE status = 'pending' \
+                        AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2) RETURNING ",
+                    verification_columns!()
+                ))
+                .bind(db(now))
+                .bind(i64::from(batch))
+                .fetch_all(&mut *c)
+                .await?;
+                let expired = rows
+                    .into_iter()
+                    .map(VerificationRecord::try_from)
+                    .collect::<Result<Vec<_>, _>>()?;
+                for rec in &expired {
+                    let (event_type, data) = crate::store::webhooks::verification_event(rec);
+                    super::webhooks::enqueue_event(c, rec.tenant_id, &event_type, None, &data, now)
+                        .await?;
+                }
+                Ok(expired)
+            })
+        })
+        .await
+    }
+
     async fn purge_verifications(
         &self,
         cutoff: OffsetDateTime,

@@ -9,6 +9,7 @@ pub mod phone;
 #[cfg(test)]
 mod proptests;
 pub mod request;
+pub mod schedule;
 pub mod segments;
 
 pub use attempt::AttemptOutcome;

@@ -26,7 +26,8 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use super::{Authenticated, BODY_LIMIT, SharedState, Tenant, preferred_wait};
 use crate::clock::to_time;
 use crate::domain::request::RequestError;
-use crate::domain::{FieldError, IdempotencyKey, MessageId, SendRequest};
+use crate::domain::schedule::{self, cancelable};
+use crate::domain::{FieldError, IdempotencyKey, MessageId, SendRequest, Status};
 use crate::error::ApiError;
 use crate::store::{Claim, MessageRecord, NewMessage, StoredResponse, TenantAuth};
 
@@ -35,6 +36,7 @@ pub fn router() -> Router<SharedState> {
         .route("/messages", post(create_message))
         .route("/messages/{key}", get(get_message))
         .route("/messages/{key}/attempts", get(list_attempts))
+        .route("/messages/{key}/cancel", post(cancel_message))
 }
 
 /// Unreserved characters (RFC 3986) stay as they are in `Location`.
@@ -126,6 +128,9 @@ async fn create_message(
     // A final response is immutable: a replay of one this instance has seen
     // touches no database (the cache never outlives retention or a purge).
     let now = state.clock.now();
+    // A `send_at` in the future schedules the message instead of sending.
+    let due =
+        schedule::start_at(request.send_at, now).map_err(|e| ApiError::Validation(vec![e]))?;
     if let Some(hit) = state.replays.get(tenant_id, key.as_str(), now) {
         if hit.fingerprint != fingerprint {
             return Err(ApiError::KeyReused);
@@ -136,6 +141,9 @@ async fn create_message(
     let replay_ticket = state.replays.ticket();
 
     let deliverer = &state.deliverer;
+    // Validity and the retry deadline run from when the message starts.
+    let starts = due.unwrap_or(now);
+    let send_at = request.send_at;
     let new = NewMessage {
         id: MessageId::new(),
         tenant_id,
@@ -152,17 +160,23 @@ async fn create_message(
         created_at: now,
         expires_at: request
             .validity_seconds
-            .map(|s| now + time::Duration::seconds(i64::from(s))),
-        deadline_at: now + to_time(deliverer.settings().retry.deadline),
+            .map(|s| starts + time::Duration::seconds(i64::from(s))),
+        deadline_at: starts + to_time(deliverer.settings().retry.deadline),
     };
     let lease = deliverer.new_lease();
 
     // Destination limits and the bound on queued sends count new sends
     // only: a request refused by either whose key already exists is a
-    // replay (or a 422) and goes on.
+    // replay (or a 422) and goes on. A scheduled message waits in the
+    // database, not in this instance's send queue.
     let permit = state.limiter.send(tenant_id, &new.to);
-    let queue_ticket = deliverer.reserve();
-    let permit = if permit.is_err() || queue_ticket.is_none() {
+    let queue_ticket = if due.is_some() {
+        None
+    } else {
+        deliverer.reserve()
+    };
+    let queue_full = due.is_none() && queue_ticket.is_none();
+    let permit = if permit.is_err() || queue_full {
         let exists = state
             .store
             .key_state(tenant_id, key.as_str())
@@ -185,13 +199,29 @@ async fn create_message(
     } else {
         permit.ok()
     };
-    let claim = state.store.insert_message(&new, &lease).await;
+    let claim = match (due, send_at) {
+        (Some(due), Some(send_at)) => state.store.schedule_message(&new, due, send_at).await,
+        _ => state.store.insert_message(&new, &lease).await,
+    };
     if !matches!(claim, Ok(Claim::Created(_)))
         && let Some(permit) = permit
     {
         state.limiter.refund(permit);
     }
     match claim? {
+        Claim::Created(record) if record.status == Status::Scheduled => {
+            // Any instance's scheduler starts it when due.
+            drop(queue_ticket);
+            if let Some(at) = record.next_attempt_at {
+                deliverer.nudge_at(at);
+            }
+            Ok(message_response(
+                StatusCode::ACCEPTED,
+                record.to_out().to_json(),
+                key.as_str(),
+                false,
+            ))
+        }
         Claim::Created(record) => {
             let id = record.id;
             deliverer.spawn_queued(*record, lease, queue_ticket);
@@ -216,6 +246,23 @@ async fn create_message(
                     replay_ticket,
                 );
                 return Ok(stored(response, key.as_str(), true));
+            }
+            if existing.status == Status::Scheduled {
+                // Waiting for a send weeks away makes no sense: the message
+                // as it stands, as the first answer gave it.
+                let record = state
+                    .store
+                    .message_by_id(existing.id)
+                    .await?
+                    .ok_or(ApiError::NotFound)?;
+                if record.status == Status::Scheduled {
+                    return Ok(message_response(
+                        StatusCode::ACCEPTED,
+                        record.to_out().to_json(),
+                        key.as_str(),
+                        true,
+                    ));
+                }
             }
             if budget.is_zero() {
                 return Err(ApiError::KeyInUse);
@@ -385,4 +432,62 @@ async fn list_attempts(
     let (_, record) = message_at(&state, tenant_id, key).await?;
     let attempts = state.store.attempts(record.id).await?;
     Ok(Json(serde_json::json!({ "data": attempts })).into_response())
+}
+
+/// `POST /messages/{key}/cancel`: a `scheduled` message, or one waiting for
+/// a retry with no attempt in flight, becomes `canceled` (final: replays of
+/// its `POST` then answer the canceled message). 409 `not-cancelable` once
+/// it is final or an attempt may have reached the provider. Canceling a
+/// canceled message answers it again (a retried cancel is safe).
+///
+/// The rule is [`cancelable`]; the write is one conditional `UPDATE` fenced
+/// on the same rule, so a cancel racing a scheduler's claim is decided by
+/// the database: whichever commits first wins and the other changes nothing.
+async fn cancel_message(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let (key, mut record) = message_at(&state, tenant_id, key).await?;
+    // A lost race re-reads the row: it has moved on (claimed, attempted,
+    // canceled by another request), and the rule decides again.
+    for _ in 0..3 {
+        if record.status == Status::Canceled {
+            return Ok(message_response(
+                StatusCode::OK,
+                record.to_out().to_json(),
+                key.as_str(),
+                false,
+            ));
+        }
+        if !cancelable(
+            record.status,
+            record.lease.is_some(),
+            record.last_attempt_open,
+        ) {
+            return Err(ApiError::NotCancelable);
+        }
+        let now = state.clock.now();
+        let mut out = record.to_out();
+        out.status = Status::Canceled;
+        out.updated_at = now;
+        out.next_attempt_at = None;
+        let response = StoredResponse {
+            status_code: StatusCode::OK.as_u16(),
+            body: out.to_json(),
+        };
+        if state
+            .store
+            .cancel_message(record.id, record.attempts, now, &response)
+            .await?
+        {
+            return Ok(stored(response, key.as_str(), false));
+        }
+        record = state
+            .store
+            .message_by_id(record.id)
+            .await?
+            .ok_or(ApiError::NotFound)?;
+    }
+    Err(ApiError::NotCancelable)
 }

@@ -131,6 +131,28 @@ pub trait MessageStore: Send + Sync {
     /// response from the same statement that found the key taken, and a new
     /// message learns whether its recipient opted out.
     async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError>;
+    /// Inserts a message as `scheduled` for `due` (no lease, no attempt:
+    /// any instance's [`MessageStore::claim_due`] starts it when due), or
+    /// reports the message that already holds the key. `send_at` is what
+    /// the request asked for (shown on the resource).
+    async fn schedule_message(
+        &self,
+        m: &NewMessage,
+        due: OffsetDateTime,
+        send_at: OffsetDateTime,
+    ) -> Result<Claim, StoreError>;
+    /// Makes a message `canceled` with its frozen `response`, in one
+    /// conditional write fenced on [`crate::domain::schedule::cancelable`]
+    /// (as SQL) and on `attempts` (the response was rendered from a row with
+    /// that many). False when the row no longer qualifies: a scheduler's
+    /// claim, an attempt or another cancel got there first.
+    async fn cancel_message(
+        &self,
+        id: MessageId,
+        attempts: u32,
+        now: OffsetDateTime,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError>;
     /// The state of a key, for replays and waiting duplicates.
     async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError>;
     /// The state of a message by id.
@@ -168,7 +190,8 @@ pub trait MessageStore: Send + Sync {
     /// Records the attempt and a due time, releasing the lease (fenced).
     async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError>;
     /// Claims up to `limit` messages that are due (`next_attempt_at <= now`,
-    /// the caller's clock) or whose lease expired (in the database's clock),
+    /// the caller's clock: a retry, or a `scheduled` message, which becomes
+    /// `processing`) or whose lease expired (in the database's clock),
     /// leasing each for `ttl` from the database's clock, never handing one
     /// row to two claimers.
     async fn claim_due(

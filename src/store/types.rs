@@ -214,6 +214,8 @@ pub struct MessageRecord {
     /// The recipient is on the tenant's opt-out list (as of reading the row:
     /// the insert for a new message, the claim for a resumed one).
     pub recipient_opted_out: bool,
+    /// The time the request asked to send at, if it asked.
+    pub send_at: Option<OffsetDateTime>,
 }
 
 impl MessageRecord {
@@ -259,6 +261,44 @@ impl MessageRecord {
             last_attempt_open: true,
             last_attempt_started_at: Some(m.created_at),
             recipient_opted_out,
+            send_at: None,
+        }
+    }
+
+    /// The row `schedule_message` just created: `scheduled` for `due`, no
+    /// lease, no attempt.
+    pub fn scheduled(m: &NewMessage, due: OffsetDateTime, send_at: OffsetDateTime) -> Self {
+        MessageRecord {
+            id: m.id,
+            tenant_id: m.tenant_id,
+            idempotency_key: m.idempotency_key.clone(),
+            fingerprint: m.fingerprint.clone(),
+            status: Status::Scheduled,
+            to: m.to.clone(),
+            from: m.from.clone(),
+            body: m.body.clone(),
+            segments: m.segments,
+            encoding: m.encoding,
+            metadata: m.metadata.clone(),
+            validity_seconds: m.validity_seconds,
+            provider: m.provider.clone(),
+            provider_message_id: None,
+            attempts: 0,
+            maybe_sent: false,
+            error: None,
+            response: None,
+            lease: None,
+            next_attempt_at: Some(due),
+            created_at: m.created_at,
+            updated_at: m.created_at,
+            sent_at: None,
+            delivery_status_at: None,
+            expires_at: m.expires_at,
+            deadline_at: m.deadline_at,
+            last_attempt_open: false,
+            last_attempt_started_at: None,
+            recipient_opted_out: false,
+            send_at: Some(send_at),
         }
     }
 
@@ -283,6 +323,7 @@ impl MessageRecord {
             sent_at: self.sent_at,
             delivery_status_at: self.delivery_status_at,
             next_attempt_at: self.next_attempt_at,
+            send_at: self.send_at,
         }
     }
 }

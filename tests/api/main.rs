@@ -29,6 +29,7 @@ macro_rules! on_both_backends {
 
 mod batching;
 mod caches;
+mod campaigns;
 mod contract;
 mod db_failover;
 mod delivery;

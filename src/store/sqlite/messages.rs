@@ -9,6 +9,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::SqliteStore;
+use crate::domain::schedule::cancelable_sql;
 use crate::domain::{AttemptOutcome, MessageId};
 use crate::store::row::{
     AttemptDbRow, KeyStateRow, MessageRow, attempt_columns, key_state_columns, message_columns,
@@ -16,7 +17,7 @@ use crate::store::row::{
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
     AttemptResult, AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore,
-    NewMessage, Reschedule, StoreError,
+    NewMessage, Reschedule, StoreError, StoredResponse,
 };
 
 /// Closes an open attempt with its result (inside the caller's transaction).
@@ -116,6 +117,58 @@ async fn insert(
         ))));
     }
     // In the writer's transaction the taken key's row is there to read.
+    let row: Option<KeyStateRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        key_state_columns!(),
+        " FROM messages WHERE tenant_id = ? AND idempotency_key = ?"
+    ))
+    .bind(m.tenant_id)
+    .bind(&m.idempotency_key)
+    .fetch_optional(&mut *c)
+    .await?;
+    row.map(|row| Claim::Existing(row.into()))
+        .ok_or(StoreError::Invariant("a taken key without its row"))
+}
+
+async fn schedule(
+    c: &mut SqliteConnection,
+    m: &NewMessage,
+    due: OffsetDateTime,
+    send_at: OffsetDateTime,
+) -> Result<Claim, StoreError> {
+    let inserted: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
+                to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
+                provider, attempts, next_attempt_at, send_at, created_at, updated_at, \
+                expires_at, deadline_at) \
+             VALUES (?, ?, ?, ?, 'scheduled', ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id",
+    )
+    .bind(m.id.0)
+    .bind(m.tenant_id)
+    .bind(&m.idempotency_key)
+    .bind(&m.fingerprint)
+    .bind(&m.to)
+    .bind(&m.from)
+    .bind(&m.body)
+    .bind(i64::from(m.segments))
+    .bind(m.encoding)
+    .bind(Json(&m.metadata))
+    .bind(m.validity_seconds)
+    .bind(&m.provider)
+    .bind(db(due))
+    .bind(db(send_at))
+    .bind(db(m.created_at))
+    .bind(db(m.created_at))
+    .bind(m.expires_at.map(db))
+    .bind(db(m.deadline_at))
+    .fetch_optional(&mut *c)
+    .await?;
+    if inserted.is_some() {
+        return Ok(Claim::Created(Box::new(MessageRecord::scheduled(
+            m, due, send_at,
+        ))));
+    }
     let row: Option<KeyStateRow> = sqlx::query_as(concat!(
         "SELECT ",
         key_state_columns!(),
@@ -259,11 +312,13 @@ async fn claim_due(
     // database's only.
     let ids: Vec<Uuid> = sqlx::query_scalar(concat!(
         "SELECT id FROM messages \
-         WHERE status = 'processing' \
-           AND ((lease_token IS NULL AND next_attempt_at <= ?) OR lease_expires_at <= ",
+         WHERE (status = 'processing' \
+                AND ((lease_token IS NULL AND next_attempt_at <= ?) OR lease_expires_at <= ",
         db_now!(),
-        ") ORDER BY COALESCE(next_attempt_at, lease_expires_at) LIMIT ?",
+        ")) OR (status = 'scheduled' AND next_attempt_at <= ?) \
+         ORDER BY COALESCE(next_attempt_at, lease_expires_at) LIMIT ?",
     ))
+    .bind(db(now))
     .bind(db(now))
     .bind(i64::from(limit))
     .fetch_all(&mut *c)
@@ -277,7 +332,8 @@ async fn claim_due(
             written,
         };
         sqlx::query(concat!(
-            "UPDATE messages SET lease_token = ?, lease_owner = ?, lease_expires_at = ",
+            "UPDATE messages SET status = 'processing', lease_token = ?, lease_owner = ?, \
+             lease_expires_at = ",
             db_now!(),
             " + ? WHERE id = ?",
         ))
@@ -314,6 +370,58 @@ impl MessageStore for SqliteStore {
         let (m, lease) = (m.clone(), lease.clone());
         self.write(move |c| Box::pin(async move { insert(c, &m, &lease).await }))
             .await
+    }
+
+    #[tracing::instrument(name = "store.schedule_message", level = "debug", skip_all, fields(message_id = %m.id))]
+    async fn schedule_message(
+        &self,
+        m: &NewMessage,
+        due: OffsetDateTime,
+        send_at: OffsetDateTime,
+    ) -> Result<Claim, StoreError> {
+        if let Some(state) = self
+            .key_state(m.tenant_id, m.idempotency_key.as_str())
+            .await?
+        {
+            return Ok(Claim::Existing(state));
+        }
+        let m = m.clone();
+        self.write(move |c| Box::pin(async move { schedule(c, &m, due, send_at).await }))
+            .await
+    }
+
+    #[tracing::instrument(name = "store.cancel_message", level = "debug", skip_all, fields(message_id = %id))]
+    async fn cancel_message(
+        &self,
+        id: MessageId,
+        attempts: u32,
+        now: OffsetDateTime,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        // The writer's transaction orders it with every claim and attempt
+        // of this file: the WHERE sees the row as the last of them left it.
+        let response = response.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(concat!(
+                    "UPDATE messages AS m SET status = 'canceled', response_code = ?, \
+                        response_body = ?, updated_at = ?, finalized_at = ?, \
+                        next_attempt_at = NULL \
+                     WHERE m.id = ? AND m.attempts = ? AND ",
+                    cancelable_sql!()
+                ))
+                .bind(i64::from(response.status_code))
+                .bind(&response.body)
+                .bind(db(now))
+                .bind(db(now))
+                .bind(id.0)
+                .bind(i64::from(attempts))
+                .execute(&mut *c)
+                .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
     }
 
     #[tracing::instrument(name = "store.key_state", level = "debug", skip_all)]

@@ -1,0 +1,122 @@
+//! Scheduled sends and cancel: the pure rules, tested as tables.
+//!
+//! - [`start_at`]: what a request's `send_at` means at the time it arrives
+//!   (send now, schedule, or refuse).
+//! - [`cancelable`]: whether a message, as its row stands, may be canceled.
+//!   The stores write the same rule as the `WHERE` of their one conditional
+//!   `UPDATE` (the fence), so a cancel racing a scheduler's claim is decided
+//!   by the database, never by a read followed by a write.
+
+use time::{Duration, OffsetDateTime};
+
+use super::{FieldError, Status};
+
+/// How far ahead a send may be scheduled (Twilio's limit too).
+pub const MAX_AHEAD: Duration = Duration::days(35);
+
+/// When a request with `send_at` starts: `Ok(None)` sends at once (no
+/// `send_at`, or one that is not in the future: "a time in the past means
+/// now"), `Ok(Some(t))` is scheduled for `t`, `Err` is a 400 for a time more
+/// than [`MAX_AHEAD`] away.
+pub fn start_at(
+    send_at: Option<OffsetDateTime>,
+    now: OffsetDateTime,
+) -> Result<Option<OffsetDateTime>, FieldError> {
+    match send_at {
+        None => Ok(None),
+        Some(t) if t <= now => Ok(None),
+        Some(t) if t - now > MAX_AHEAD => Err(FieldError {
+            field: "send_at".into(),
+            message: "must be at most 35 days ahead".into(),
+        }),
+        Some(t) => Ok(Some(t)),
+    }
+}
+
+/// Whether a message may be canceled: while it is `scheduled`, or
+/// `processing` waiting for a retry with no lease (nobody is about to call
+/// the provider) and no attempt without a recorded answer (none may have
+/// reached it). Never once it is final, and never while an instance holds
+/// it: its lease may cover a provider call in flight, and an expired lease
+/// means an owner that died perhaps mid-call.
+pub fn cancelable(status: Status, leased: bool, attempt_open: bool) -> bool {
+    match status {
+        Status::Scheduled => !leased && !attempt_open,
+        Status::Processing => !leased && !attempt_open,
+        Status::Sent
+        | Status::Failed
+        | Status::Unknown
+        | Status::Delivered
+        | Status::Undelivered
+        | Status::Canceled => false,
+    }
+}
+
+/// The SQL form of [`cancelable`] on a message row `m` (both backends),
+/// kept next to the function it mirrors.
+macro_rules! cancelable_sql {
+    () => {
+        "(m.status IN ('scheduled', 'processing') AND m.lease_token IS NULL \
+          AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.message_id = m.id \
+              AND a.finished_at IS NULL))"
+    };
+}
+pub(crate) use cancelable_sql;
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+
+    #[test]
+    fn when_a_request_starts() {
+        let now = datetime!(2026-03-01 12:00 UTC);
+        type Case = (Option<OffsetDateTime>, Result<Option<OffsetDateTime>, ()>);
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            (None, Ok(None)),
+            (Some(now - Duration::days(400)), Ok(None)),
+            (Some(now), Ok(None)),
+            (Some(now + Duration::seconds(1)), Ok(Some(now + Duration::seconds(1)))),
+            (Some(now + MAX_AHEAD), Ok(Some(now + MAX_AHEAD))),
+            (Some(now + MAX_AHEAD + Duration::seconds(1)), Err(())),
+            (Some(now + Duration::days(365)), Err(())),
+        ];
+        for (send_at, want) in cases {
+            assert_eq!(start_at(send_at, now).map_err(|_| ()), want, "{send_at:?}");
+        }
+    }
+
+    #[test]
+    fn who_may_be_canceled() {
+        // (status, leased, attempt open, cancelable)
+        #[rustfmt::skip]
+        let cases = [
+            (Status::Scheduled, false, false, true),
+            // A retry waiting, nothing in flight.
+            (Status::Processing, false, false, true),
+            // Leased: an attempt is starting or running (or its owner died
+            // mid-call: the lease expired but is still on the row).
+            (Status::Processing, true, false, false),
+            (Status::Processing, true, true, false),
+            // Released by a shutdown with an attempt unanswered: the
+            // provider may have it.
+            (Status::Processing, false, true, false),
+            (Status::Scheduled, true, false, false),
+            (Status::Sent, false, false, false),
+            (Status::Failed, false, false, false),
+            (Status::Unknown, false, false, false),
+            (Status::Delivered, false, false, false),
+            (Status::Undelivered, false, false, false),
+            (Status::Canceled, false, false, false),
+        ];
+        for (status, leased, open, want) in cases {
+            assert_eq!(
+                cancelable(status, leased, open),
+                want,
+                "{status:?} {leased} {open}"
+            );
+        }
+    }
+}

@@ -254,20 +254,28 @@ impl ApiError {
     }
 }
 
-/// A problem+json response for `e`, with the headers its status calls for.
-pub fn problem_response(e: &ApiError) -> Response {
-    let status = e.status();
-    let problem = Problem {
+fn problem(e: &ApiError) -> Problem<'_> {
+    Problem {
         kind: format!("{PROBLEM_TYPE_PREFIX}{}", e.slug()),
         title: e.title(),
-        status: status.as_u16(),
+        status: e.status().as_u16(),
         detail: e.detail(),
         errors: match e {
             ApiError::Validation(errors) => Some(errors),
             _ => None,
         },
-    };
-    let body = serde_json::to_vec(&problem).unwrap_or_default();
+    }
+}
+
+/// The problem document for `e` as a JSON value (a batch item's `problem`).
+pub fn problem_value(e: &ApiError) -> serde_json::Value {
+    serde_json::to_value(problem(e)).unwrap_or_default()
+}
+
+/// A problem+json response for `e`, with the headers its status calls for.
+pub fn problem_response(e: &ApiError) -> Response {
+    let status = e.status();
+    let body = serde_json::to_vec(&problem(e)).unwrap_or_default();
     let mut resp = (status, body).into_response();
     let headers = resp.headers_mut();
     headers.insert(

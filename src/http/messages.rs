@@ -68,7 +68,7 @@ pub(crate) fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// A response carrying a message body.
-fn message_response(
+pub(crate) fn message_response(
     status: StatusCode,
     body: impl Into<Body>,
     key: &str,
@@ -144,25 +144,15 @@ async fn create_message(
     // Validity and the retry deadline run from when the message starts.
     let starts = due.unwrap_or(now);
     let send_at = request.send_at;
-    let new = NewMessage {
-        id: MessageId::new(),
+    let new = new_message(
+        &state,
         tenant_id,
-        idempotency_key: key.clone(),
-        fingerprint: fingerprint.to_vec(),
-        to: request.to,
-        from: request.from,
-        body: request.body,
-        segments: request.segments.segments,
-        encoding: request.segments.encoding,
-        metadata: request.metadata,
-        validity_seconds: request.validity_seconds,
-        provider: deliverer.provider_name().to_string(),
-        created_at: now,
-        expires_at: request
-            .validity_seconds
-            .map(|s| starts + time::Duration::seconds(i64::from(s))),
-        deadline_at: starts + to_time(deliverer.settings().retry.deadline),
-    };
+        key.clone(),
+        request,
+        &fingerprint,
+        now,
+        starts,
+    );
     let lease = deliverer.new_lease();
 
     // Destination limits and the bound on queued sends count new sends
@@ -290,6 +280,38 @@ async fn create_message(
     }
 }
 
+/// The row a valid request makes, starting at `starts` (now, or when it is
+/// scheduled): its validity and retry deadline run from then.
+pub(crate) fn new_message(
+    state: &SharedState,
+    tenant_id: uuid::Uuid,
+    key: IdempotencyKey,
+    request: SendRequest,
+    fingerprint: &[u8],
+    now: time::OffsetDateTime,
+    starts: time::OffsetDateTime,
+) -> NewMessage {
+    NewMessage {
+        id: MessageId::new(),
+        tenant_id,
+        idempotency_key: key,
+        fingerprint: fingerprint.to_vec(),
+        to: request.to,
+        from: request.from,
+        body: request.body,
+        segments: request.segments.segments,
+        encoding: request.segments.encoding,
+        metadata: request.metadata,
+        validity_seconds: request.validity_seconds,
+        provider: state.deliverer.provider_name().to_string(),
+        created_at: now,
+        expires_at: request
+            .validity_seconds
+            .map(|s| starts + time::Duration::seconds(i64::from(s))),
+        deadline_at: starts + to_time(state.deliverer.settings().retry.deadline),
+    }
+}
+
 /// Keeps a final response for replays without the database.
 fn remember(
     state: &SharedState,
@@ -311,7 +333,16 @@ fn remember(
 
 /// Reads the body within the size and time limits.
 pub(crate) async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
-    let limited = http_body_util::Limited::new(body, BODY_LIMIT);
+    read_body_limited(body, timeout, BODY_LIMIT).await
+}
+
+/// Reads the body within `limit` bytes and the time limit.
+pub(crate) async fn read_body_limited(
+    body: Body,
+    timeout: Duration,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let limited = http_body_util::Limited::new(body, limit);
     match tokio::time::timeout(timeout, limited.collect()).await {
         Err(_) => Err(ApiError::RequestTimeout),
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
@@ -321,7 +352,7 @@ pub(crate) async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, Ap
 }
 
 /// What the tenant and the service allow beyond a well-formed request.
-fn check_policy(
+pub(crate) fn check_policy(
     request: &SendRequest,
     tenant: &TenantAuth,
     max_segments: u32,

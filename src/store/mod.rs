@@ -141,6 +141,12 @@ pub trait MessageStore: Send + Sync {
         due: OffsetDateTime,
         send_at: OffsetDateTime,
     ) -> Result<Claim, StoreError>;
+    /// Inserts a batch's messages (distinct keys) without leases, each
+    /// `scheduled` or `processing` due now (see [`Queued`]), in one
+    /// statement on Postgres and one writer transaction on SQLite; answers
+    /// per item, in input order: created, or the state of the message that
+    /// already holds the key.
+    async fn insert_batch(&self, items: &[Queued]) -> Result<Vec<Claim>, StoreError>;
     /// Makes a message `canceled` with its frozen `response`, in one
     /// conditional write fenced on [`crate::domain::schedule::cancelable`]
     /// (as SQL) and on `attempts` (the response was rendered from a row with

@@ -122,6 +122,31 @@ pub struct NewMessage {
     pub deadline_at: OffsetDateTime,
 }
 
+/// A batch item to insert without a lease: `scheduled` for `send_at` when
+/// it is given (a future time), else `processing` due at `due` with no
+/// attempt yet; either way any instance's scheduler starts it when due.
+#[derive(Clone, Debug)]
+pub struct Queued {
+    pub message: NewMessage,
+    pub due: OffsetDateTime,
+    pub send_at: Option<OffsetDateTime>,
+}
+
+impl Queued {
+    pub fn status(&self) -> Status {
+        if self.send_at.is_some() {
+            Status::Scheduled
+        } else {
+            Status::Processing
+        }
+    }
+
+    /// The row as inserted.
+    pub fn record(&self) -> MessageRecord {
+        MessageRecord::waiting(&self.message, self.status(), self.due, self.send_at)
+    }
+}
+
 /// The right to act on a message, held by this instance.
 ///
 /// Its expiry lives only in the row, in the database's clock: every write of
@@ -268,12 +293,22 @@ impl MessageRecord {
     /// The row `schedule_message` just created: `scheduled` for `due`, no
     /// lease, no attempt.
     pub fn scheduled(m: &NewMessage, due: OffsetDateTime, send_at: OffsetDateTime) -> Self {
+        Self::waiting(m, Status::Scheduled, due, Some(send_at))
+    }
+
+    /// A row inserted without a lease or an attempt, due at `due`.
+    pub fn waiting(
+        m: &NewMessage,
+        status: Status,
+        due: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
+    ) -> Self {
         MessageRecord {
             id: m.id,
             tenant_id: m.tenant_id,
             idempotency_key: m.idempotency_key.clone(),
             fingerprint: m.fingerprint.clone(),
-            status: Status::Scheduled,
+            status,
             to: m.to.clone(),
             from: m.from.clone(),
             body: m.body.clone(),
@@ -298,7 +333,7 @@ impl MessageRecord {
             last_attempt_open: false,
             last_attempt_started_at: None,
             recipient_opted_out: false,
-            send_at: Some(send_at),
+            send_at,
         }
     }
 

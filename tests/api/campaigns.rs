@@ -363,10 +363,246 @@ async fn a_cancel_racing_the_scheduler_never_loses_a_send(backend: Backend) {
     }
 }
 
+async fn post_batch(app: &TestApp, body: &Value) -> Answer {
+    let req = app
+        .request(reqwest::Method::POST, "/messages/batch")
+        .bearer_auth(&app.api_key)
+        .json(body);
+    answer(req.send().await.expect("POST /messages/batch")).await
+}
+
+fn item(key: &str, to: &str, body: &str) -> Value {
+    json!({ "idempotency_key": key, "to": to, "body": body })
+}
+
+fn problem_slug(result: &Value) -> String {
+    result["problem"]["type"]
+        .as_str()
+        .and_then(|t| t.strip_prefix("urn:sendonce:problem:"))
+        .unwrap_or("")
+        .to_string()
+}
+
+async fn a_batch_answers_each_item_as_its_own_post_in_order(backend: Backend) {
+    let app = spawn_manual(backend).await;
+    let old = app.post("OLD", &sms("+14155550100", "old")).await;
+    assert_eq!(old.status, 201);
+    let at = START + time::Duration::hours(1);
+    let mut later = item("B-2", "+14155550101", "later");
+    later["send_at"] = json!(rfc3339(at));
+    let answer = post_batch(
+        &app,
+        &json!({ "messages": [
+            item("B-1", "+14155550100", "new"),
+            item("OLD", "+14155550100", "old"),
+            item("OLD", "+14155550100", "not the old one"),
+            item("B-BAD", "nope", "x"),
+            { "to": "+14155550100", "body": "no key" },
+            later,
+            item("B-1", "+14155550100", "new"),
+            item("B-1", "+14155550100", "another"),
+            item("B-3", "+14155550100", ""),
+        ]}),
+    )
+    .await;
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.bytes)
+    );
+    let results = answer.json()["results"]
+        .as_array()
+        .cloned()
+        .expect("results");
+    let keys: Vec<&str> = results
+        .iter()
+        .map(|r| r["idempotency_key"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(
+        keys,
+        ["B-1", "OLD", "OLD", "B-BAD", "", "B-2", "B-1", "B-1", "B-3"]
+    );
+    let statuses: Vec<u64> = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(statuses, [202, 201, 422, 400, 400, 202, 409, 422, 400]);
+    assert_eq!(results[0]["message"]["status"], "processing");
+    assert_eq!(
+        results[1]["message"],
+        old.json(),
+        "a replay is the stored answer"
+    );
+    assert_eq!(problem_slug(&results[2]), "idempotency-key-reused");
+    assert_eq!(problem_slug(&results[3]), "validation");
+    assert_eq!(results[3]["problem"]["errors"][0]["field"], "to");
+    assert_eq!(problem_slug(&results[4]), "missing-idempotency-key");
+    assert_eq!(results[5]["message"]["status"], "scheduled");
+    assert_eq!(results[5]["message"]["send_at"], rfc3339(at));
+    assert_eq!(problem_slug(&results[6]), "idempotency-key-in-use");
+    assert_eq!(problem_slug(&results[7]), "idempotency-key-reused");
+    assert_eq!(results[8]["problem"]["errors"][0]["field"], "body");
+    assert!(results[0].get("problem").is_none() && results[3].get("message").is_none());
+    assert_eq!(
+        app.message_count().await,
+        3,
+        "OLD, B-1 and B-2; nothing else stored"
+    );
+
+    // Any scheduler starts the new one; the scheduled one waits.
+    assert_eq!(tick(&app).await, 1);
+    let sent = app.wait_for_status("B-1", "sent").await;
+    assert_eq!(sent["attempts"], 1);
+    assert_eq!(app.mock.deliveries_to("+14155550100", "new"), 1);
+    assert_eq!(app.get("/messages/B-2").await.json()["status"], "scheduled");
+
+    // The same batch again: every item replays.
+    let again = post_batch(
+        &app,
+        &json!({ "messages": [
+            item("B-1", "+14155550100", "new"),
+            {"idempotency_key": "B-2", "to": "+14155550101", "body": "later", "send_at": rfc3339(at)},
+        ]}),
+    )
+    .await;
+    let results = again.json()["results"]
+        .as_array()
+        .cloned()
+        .expect("results");
+    assert_eq!(results[0]["status"], 201);
+    assert_eq!(results[0]["message"]["status"], "sent");
+    assert_eq!(results[1]["status"], 202);
+    assert_eq!(results[1]["message"]["status"], "scheduled");
+    assert_eq!(app.message_count().await, 3);
+}
+
+async fn a_rate_limited_batch_item_gets_429_and_the_others_go_on(backend: Backend) {
+    let mut settings = quiet_settings();
+    settings.limits.rates.number = sendonce::ratelimit::Rate {
+        capacity: 2,
+        per: Duration::from_secs(3600),
+    };
+    let app = spawn_with(TestOptions {
+        backend,
+        clock: manual_clock(),
+        settings,
+        ..TestOptions::default()
+    })
+    .await;
+    let answer = post_batch(
+        &app,
+        &json!({ "messages": [
+            item("R-1", "+14155550100", "one"),
+            item("R-2", "+14155550100", "two"),
+            item("R-3", "+14155550100", "three"),
+            item("R-4", "+14155550199", "elsewhere"),
+        ]}),
+    )
+    .await;
+    assert_eq!(answer.status, 200);
+    let results = answer.json()["results"]
+        .as_array()
+        .cloned()
+        .expect("results");
+    let statuses: Vec<u64> = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(statuses, [202, 202, 429, 202]);
+    assert_eq!(problem_slug(&results[2]), "rate-limited");
+    assert_eq!(app.message_count().await, 3);
+    // A replay of a stored item is not a new send: no limit applies.
+    let replay = post_batch(
+        &app,
+        &json!({ "messages": [item("R-1", "+14155550100", "one")] }),
+    )
+    .await;
+    assert_eq!(
+        replay.json()["results"][0]["status"],
+        409,
+        "still being sent"
+    );
+}
+
+async fn oversized_batches_are_refused_whole(backend: Backend) {
+    let app = spawn_manual(backend).await;
+    let many: Vec<Value> = (0..1001)
+        .map(|i| item(&format!("K-{i}"), "+14155550100", "hi"))
+        .collect();
+    let too_many = post_batch(&app, &json!({ "messages": many })).await;
+    assert_eq!(too_many.status, 413);
+    assert_eq!(too_many.slug(), "payload-too-large");
+    let big = "x".repeat(1600);
+    let heavy: Vec<Value> = (0..700)
+        .map(|i| item(&format!("H-{i}"), "+14155550100", &big))
+        .collect();
+    let too_big = post_batch(&app, &json!({ "messages": heavy })).await;
+    assert_eq!(too_big.status, 413);
+    let empty = post_batch(&app, &json!({ "messages": [] })).await;
+    assert_eq!(empty.status, 400);
+    assert_eq!(empty.slug(), "validation");
+    let not_a_list = post_batch(&app, &json!({ "messages": {"to": "+14155550100"} })).await;
+    assert_eq!(not_a_list.status, 400);
+    assert_eq!(app.message_count().await, 0);
+}
+
+async fn a_batch_of_a_thousand_is_written_at_once_and_each_sent_once(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let items: Vec<Value> = (0..1000)
+        .map(|i| {
+            item(
+                &format!("IMPORT-{i:04}"),
+                "+14155550100",
+                &format!("order {i} confirmed"),
+            )
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let answer = post_batch(&app, &json!({ "messages": items })).await;
+    let took = started.elapsed();
+    assert_eq!(answer.status, 200);
+    let results = answer.json()["results"]
+        .as_array()
+        .cloned()
+        .expect("results");
+    assert_eq!(results.len(), 1000);
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(
+            r["idempotency_key"],
+            format!("IMPORT-{i:04}"),
+            "request order"
+        );
+        assert_eq!(r["status"], 202);
+    }
+    // A debug build on a shared machine: a loose bound; BENCHMARKS.md has
+    // the release figure.
+    assert!(
+        took < Duration::from_secs(10),
+        "a batch of 1,000 took {took:?}"
+    );
+    assert_eq!(app.message_count().await, 1000);
+    eventually("every message to be sent", || async {
+        (app.db
+            .count("SELECT count(*) FROM messages WHERE status = 'sent'")
+            .await
+            == 1000)
+            .then_some(())
+    })
+    .await;
+    let stats = app.mock.stats();
+    assert_eq!(stats.calls, 1000);
+    assert_eq!(stats.max_deliveries_per_recipient_body, 1);
+}
+
 on_both_backends!(
     a_scheduled_send_waits_for_its_time_and_is_sent_once,
     send_at_too_far_is_refused_and_a_past_one_sends_now,
     scheduled_sends_survive_a_crash_and_three_instances_start_each_once,
     cancel_before_during_and_after_an_attempt,
     a_cancel_racing_the_scheduler_never_loses_a_send,
+    a_batch_answers_each_item_as_its_own_post_in_order,
+    a_rate_limited_batch_item_gets_429_and_the_others_go_on,
+    oversized_batches_are_refused_whole,
+    a_batch_of_a_thousand_is_written_at_once_and_each_sent_once,
 );

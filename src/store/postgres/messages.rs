@@ -16,7 +16,7 @@ use crate::store::row::{
 };
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
-    AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore, NewMessage,
+    AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore, NewMessage, Queued,
     Reschedule, StoreError, StoredResponse,
 };
 
@@ -262,6 +262,10 @@ impl MessageStore for PgStore {
         send_at: OffsetDateTime,
     ) -> Result<Claim, StoreError> {
         self.schedule_one(m, due, send_at).await
+    }
+
+    async fn insert_batch(&self, items: &[Queued]) -> Result<Vec<Claim>, StoreError> {
+        self.insert_queued(items).await
     }
 
     #[tracing::instrument(name = "store.cancel_message", level = "debug", skip_all, fields(message_id = %id))]

@@ -15,6 +15,7 @@ use super::StoreError;
 use crate::metrics::BatchSizes;
 
 mod batch;
+mod campaigns;
 pub mod connect;
 mod maintenance;
 mod messages;

@@ -17,7 +17,7 @@ use crate::store::row::{
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
     AttemptResult, AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore,
-    NewMessage, Reschedule, StoreError, StoredResponse,
+    NewMessage, Queued, Reschedule, StoreError, StoredResponse,
 };
 
 /// Closes an open attempt with its result (inside the caller's transaction).
@@ -180,6 +180,63 @@ async fn schedule(
     .await?;
     row.map(|row| Claim::Existing(row.into()))
         .ok_or(StoreError::Invariant("a taken key without its row"))
+}
+
+/// A batch's rows in the writer's one transaction: each inserted without a
+/// lease, or the state of the message holding its key.
+async fn insert_queued(
+    c: &mut SqliteConnection,
+    items: &[Queued],
+) -> Result<Vec<Claim>, StoreError> {
+    let mut answers = Vec::with_capacity(items.len());
+    for q in items {
+        let m = &q.message;
+        let inserted: Option<Uuid> = sqlx::query_scalar(
+            "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
+                    to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
+                    provider, attempts, next_attempt_at, send_at, created_at, updated_at, \
+                    expires_at, deadline_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?) \
+                 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id",
+        )
+        .bind(m.id.0)
+        .bind(m.tenant_id)
+        .bind(&m.idempotency_key)
+        .bind(&m.fingerprint)
+        .bind(q.status())
+        .bind(&m.to)
+        .bind(&m.from)
+        .bind(&m.body)
+        .bind(i64::from(m.segments))
+        .bind(m.encoding)
+        .bind(Json(&m.metadata))
+        .bind(m.validity_seconds)
+        .bind(&m.provider)
+        .bind(db(q.due))
+        .bind(q.send_at.map(db))
+        .bind(db(m.created_at))
+        .bind(db(m.created_at))
+        .bind(m.expires_at.map(db))
+        .bind(db(m.deadline_at))
+        .fetch_optional(&mut *c)
+        .await?;
+        if inserted.is_some() {
+            answers.push(Claim::Created(Box::new(q.record())));
+            continue;
+        }
+        let row: Option<KeyStateRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            key_state_columns!(),
+            " FROM messages WHERE tenant_id = ? AND idempotency_key = ?"
+        ))
+        .bind(m.tenant_id)
+        .bind(&m.idempotency_key)
+        .fetch_optional(&mut *c)
+        .await?;
+        let state = row.ok_or(StoreError::Invariant("a taken key without its row"))?;
+        answers.push(Claim::Existing(state.into()));
+    }
+    Ok(answers)
 }
 
 async fn start_attempt(
@@ -387,6 +444,13 @@ impl MessageStore for SqliteStore {
         }
         let m = m.clone();
         self.write(move |c| Box::pin(async move { schedule(c, &m, due, send_at).await }))
+            .await
+    }
+
+    #[tracing::instrument(name = "store.insert_batch", level = "debug", skip_all, fields(rows = items.len()))]
+    async fn insert_batch(&self, items: &[Queued]) -> Result<Vec<Claim>, StoreError> {
+        let items = items.to_vec();
+        self.write(move |c| Box::pin(async move { insert_queued(c, &items).await }))
             .await
     }
 

@@ -38,7 +38,12 @@ pub const BATCH_BODY_LIMIT: usize = 1024 * 1024;
 pub const BATCH_MAX_ITEMS: usize = 1000;
 
 pub fn router() -> Router<SharedState> {
-    Router::new().route("/messages/batch", post(create_batch))
+    // `GET` here is the message whose key is `batch` (a static route wins
+    // over `/messages/{key}`).
+    Router::new().route(
+        "/messages/batch",
+        post(create_batch).get(super::messages::get_message_named_batch),
+    )
 }
 
 /// One item's answer.

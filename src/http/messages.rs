@@ -441,6 +441,15 @@ pub(crate) async fn message_at(
     Ok((key, record))
 }
 
+/// `GET /messages/batch`: the static batch route shadows the message whose
+/// key is `batch`; this serves it.
+pub(crate) async fn get_message_named_batch(
+    state: State<SharedState>,
+    tenant: Tenant,
+) -> Result<Response, ApiError> {
+    get_message(state, tenant, Ok(Path("batch".to_string()))).await
+}
+
 async fn get_message(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,

@@ -475,6 +475,12 @@ async fn a_batch_answers_each_item_as_its_own_post_in_order(backend: Backend) {
     assert_eq!(results[1]["status"], 202);
     assert_eq!(results[1]["message"]["status"], "scheduled");
     assert_eq!(app.message_count().await, 3);
+
+    // A message whose key is `batch` is still reachable.
+    assert_eq!(app.post("batch", &sms("+14155550100", "k")).await.status, 201);
+    assert_eq!(app.get("/messages/batch").await.json()["status"], "sent");
+    assert_eq!(app.get("/messages/batch/attempts").await.status, 200);
+    assert_eq!(cancel(&app, "batch").await.status, 409);
 }
 
 async fn a_rate_limited_batch_item_gets_429_and_the_others_go_on(backend: Backend) {

@@ -6,6 +6,7 @@ pub mod attempt;
 pub mod idempotency_key;
 pub mod message;
 pub mod phone;
+pub mod quiet;
 #[cfg(test)]
 mod proptests;
 pub mod request;

@@ -22,3 +22,7 @@ ALTER TABLE messages ADD CONSTRAINT messages_scheduled_is_due_and_free CHECK (
     status <> 'scheduled' OR (next_attempt_at IS NOT NULL AND lease_token IS NULL));
 
 CREATE INDEX messages_scheduled_idx ON messages (next_attempt_at) WHERE status = 'scheduled';
+
+-- Quiet hours: a tenant's daily window (`21:00-08:00`) in the recipient's
+-- local time; NULL is none.
+ALTER TABLE tenants ADD COLUMN quiet_hours text;

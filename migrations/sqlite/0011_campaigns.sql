@@ -73,6 +73,10 @@ CREATE INDEX messages_processing_created_idx ON messages (created_at)
     WHERE status = 'processing';
 CREATE INDEX messages_scheduled_idx ON messages (next_attempt_at) WHERE status = 'scheduled';
 
+-- Quiet hours: a tenant's daily window (`21:00-08:00`) in the recipient's
+-- local time; NULL is none.
+ALTER TABLE tenants ADD COLUMN quiet_hours TEXT;
+
 PRAGMA foreign_key_check;
 
 COMMIT;

@@ -144,6 +144,18 @@ pub struct MessageOut {
     /// The time the request asked to send at (`send_at`), if it asked.
     #[serde(with = "time::serde::rfc3339::option")]
     pub send_at: Option<OffsetDateTime>,
+    /// Why a `scheduled` message waits (`null` otherwise).
+    pub waiting_for: Option<WaitingFor>,
+}
+
+/// Why a `scheduled` message waits until `next_attempt_at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingFor {
+    /// The request's `send_at`.
+    SendAt,
+    /// The tenant's quiet hours in the recipient's local time.
+    QuietHours,
 }
 
 impl MessageOut {

@@ -6,9 +6,9 @@ pub mod attempt;
 pub mod idempotency_key;
 pub mod message;
 pub mod phone;
-pub mod quiet;
 #[cfg(test)]
 mod proptests;
+pub mod quiet;
 pub mod request;
 pub mod schedule;
 pub mod segments;

@@ -36,6 +36,7 @@ const FIELDS: &[&str] = &[
     "validity_seconds",
     "metadata",
     "send_at",
+    "quiet_hours",
 ];
 
 /// One field's problem, as returned in the `errors` array of a 400.
@@ -85,6 +86,10 @@ pub struct SendRequest {
         with = "time::serde::rfc3339::option"
     )]
     pub send_at: Option<time::OffsetDateTime>,
+    /// `false`: send at once even inside the tenant's quiet hours. Part of
+    /// the fingerprint only when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quiet_hours: Option<bool>,
     #[serde(skip)]
     pub segments: SegmentCount,
 }
@@ -199,6 +204,15 @@ impl SendRequest {
             }
         };
 
+        let quiet_hours = match map.get("quiet_hours") {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(b)) => Some(*b),
+            Some(_) => {
+                errors.push(FieldError::new("quiet_hours", "must be true or false"));
+                None
+            }
+        };
+
         if let Err(e) = input.validate() {
             for field in e.field_errors().keys() {
                 let message = match field.as_ref() {
@@ -306,6 +320,7 @@ impl SendRequest {
             validity_seconds,
             metadata,
             send_at,
+            quiet_hours,
             segments,
         })
     }

@@ -9,6 +9,7 @@
 
 use time::{Duration, OffsetDateTime};
 
+use super::quiet::QuietHours;
 use super::{FieldError, Status};
 
 /// How far ahead a send may be scheduled (Twilio's limit too).
@@ -31,6 +32,25 @@ pub fn start_at(
         }),
         Some(t) => Ok(Some(t)),
     }
+}
+
+/// When a message starts: its `send_at` ([`start_at`], already checked),
+/// then moved to the end of the tenant's quiet hours in the recipient's
+/// zones when it would fall inside them, unless the request opted out.
+/// `None`: at once.
+pub fn starts_at(
+    due: Option<OffsetDateTime>,
+    now: OffsetDateTime,
+    quiet: Option<&QuietHours>,
+    honour_quiet: bool,
+    zones: &[chrono_tz::Tz],
+) -> Option<OffsetDateTime> {
+    let Some(q) = quiet.filter(|_| honour_quiet) else {
+        return due;
+    };
+    let t = due.unwrap_or(now);
+    let released = super::quiet::release_at(q, zones, t);
+    if released > t { Some(released) } else { due }
 }
 
 /// Whether a message may be canceled: while it is `scheduled`, or
@@ -86,6 +106,41 @@ mod tests {
         for (send_at, want) in cases {
             assert_eq!(start_at(send_at, now).map_err(|_| ()), want, "{send_at:?}");
         }
+    }
+
+    #[test]
+    fn quiet_hours_move_the_start() {
+        let now = datetime!(2026-03-01 13:00 UTC); // 22:00 in Tokyo
+        let q = QuietHours::parse("21:00-08:00").expect("window");
+        let tokyo = [chrono_tz::Asia::Tokyo];
+        let morning = datetime!(2026-03-01 23:00 UTC); // 08:00 in Tokyo
+        let noon = datetime!(2026-03-02 03:00 UTC); // 12:00 in Tokyo
+        type Case<'a> = (
+            Option<OffsetDateTime>,
+            Option<&'a QuietHours>,
+            bool,
+            Option<OffsetDateTime>,
+        );
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            (None, None, true, None),
+            (None, Some(&q), true, Some(morning)),
+            // "quiet_hours": false sends at once.
+            (None, Some(&q), false, None),
+            // A send_at inside the window waits for its end too.
+            (Some(now + Duration::hours(1)), Some(&q), true, Some(morning)),
+            (Some(noon), Some(&q), true, Some(noon)),
+            (Some(noon), None, true, Some(noon)),
+        ];
+        for (due, quiet, honour, want) in cases {
+            assert_eq!(
+                starts_at(due, now, quiet, honour, &tokyo),
+                want,
+                "{due:?} {honour}"
+            );
+        }
+        // A number with no known zone is not held.
+        assert_eq!(starts_at(None, now, Some(&q), true, &[]), None);
     }
 
     #[test]

@@ -24,7 +24,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Map, Value, json};
 
-use super::messages::{check_policy, is_json, new_message, read_body_limited};
+use super::messages::{
+    check_policy, is_json, new_message, read_body_limited, start_with_quiet_hours,
+};
 use super::{Authenticated, SharedState};
 use crate::domain::request::{RequestError, duplicate_key};
 use crate::domain::schedule;
@@ -341,7 +343,7 @@ async fn parse_item(
         return Ok(Parsed::Done(ItemResult::refused(key_text, &e)));
     }
     let due = match schedule::start_at(request.send_at, now) {
-        Ok(due) => due,
+        Ok(due) => start_with_quiet_hours(&request, tenant, due, now),
         Err(e) => {
             return Ok(Parsed::Done(ItemResult::refused(
                 key_text,
@@ -378,7 +380,7 @@ async fn parse_item(
             }
         },
     };
-    let send_at = due.and(request.send_at);
+    let send_at = request.send_at.filter(|t| *t > now);
     let message = new_message(
         state,
         tenant.id,

@@ -128,9 +128,11 @@ async fn create_message(
     // A final response is immutable: a replay of one this instance has seen
     // touches no database (the cache never outlives retention or a purge).
     let now = state.clock.now();
-    // A `send_at` in the future schedules the message instead of sending.
+    // A `send_at` in the future, or the tenant's quiet hours, schedule the
+    // message instead of sending.
     let due =
         schedule::start_at(request.send_at, now).map_err(|e| ApiError::Validation(vec![e]))?;
+    let due = start_with_quiet_hours(&request, &tenant, due, now);
     if let Some(hit) = state.replays.get(tenant_id, key.as_str(), now) {
         if hit.fingerprint != fingerprint {
             return Err(ApiError::KeyReused);
@@ -143,7 +145,7 @@ async fn create_message(
     let deliverer = &state.deliverer;
     // Validity and the retry deadline run from when the message starts.
     let starts = due.unwrap_or(now);
-    let send_at = request.send_at;
+    let send_at = request.send_at.filter(|t| *t > now);
     let new = new_message(
         &state,
         tenant_id,
@@ -189,9 +191,9 @@ async fn create_message(
     } else {
         permit.ok()
     };
-    let claim = match (due, send_at) {
-        (Some(due), Some(send_at)) => state.store.schedule_message(&new, due, send_at).await,
-        _ => state.store.insert_message(&new, &lease).await,
+    let claim = match due {
+        Some(due) => state.store.schedule_message(&new, due, send_at).await,
+        None => state.store.insert_message(&new, &lease).await,
     };
     if !matches!(claim, Ok(Claim::Created(_)))
         && let Some(permit) = permit
@@ -278,6 +280,28 @@ async fn create_message(
             }
         }
     }
+}
+
+/// When a request starts, given its checked `send_at` (`due`): later still
+/// if that falls in the tenant's quiet hours in the recipient's zones
+/// (unless the request says `"quiet_hours": false`). `None`: at once.
+pub(crate) fn start_with_quiet_hours(
+    request: &SendRequest,
+    tenant: &TenantAuth,
+    due: Option<time::OffsetDateTime>,
+    now: time::OffsetDateTime,
+) -> Option<time::OffsetDateTime> {
+    let Some(quiet) = tenant.quiet_hours.as_ref() else {
+        return due;
+    };
+    let zones = crate::domain::quiet::zones_for(request.to.as_str(), request.to_country.as_deref());
+    schedule::starts_at(
+        due,
+        now,
+        Some(quiet),
+        request.quiet_hours != Some(false),
+        &zones,
+    )
 }
 
 /// The row a valid request makes, starting at `starts` (now, or when it is

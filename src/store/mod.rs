@@ -104,6 +104,13 @@ pub trait TenantStore: Send + Sync {
         tenant_name: &str,
         countries: Option<&[String]>,
     ) -> Result<bool, StoreError>;
+    /// Sets (or with `None` clears) a tenant's quiet hours; false if there
+    /// is no such tenant.
+    async fn set_quiet_hours(
+        &self,
+        tenant_name: &str,
+        window: Option<crate::domain::quiet::QuietHours>,
+    ) -> Result<bool, StoreError>;
     /// A tenant's allowed senders: `None` if there is no such tenant,
     /// `Some(None)` if it has no list.
     async fn allowed_senders(
@@ -139,7 +146,7 @@ pub trait MessageStore: Send + Sync {
         &self,
         m: &NewMessage,
         due: OffsetDateTime,
-        send_at: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
     ) -> Result<Claim, StoreError>;
     /// Inserts a batch's messages (distinct keys) without leases, each
     /// `scheduled` or `processing` due now (see [`Queued`]), in one

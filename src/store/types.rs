@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::domain::message::WaitingFor;
 use crate::domain::{
     AttemptOutcome, Encoding, IdempotencyKey, MessageError, MessageId, MessageOut, Phone, Status,
 };
@@ -29,6 +30,8 @@ pub struct TenantAuth {
     /// This is tenant `default`, which accepts any sender until a list is set
     /// (single-tenant installs keep working).
     pub bootstrap_tenant: bool,
+    /// Quiet hours in the recipient's local time, if the tenant set them.
+    pub quiet_hours: Option<crate::domain::quiet::QuietHours>,
 }
 
 impl TenantAuth {
@@ -122,9 +125,10 @@ pub struct NewMessage {
     pub deadline_at: OffsetDateTime,
 }
 
-/// A batch item to insert without a lease: `scheduled` for `send_at` when
-/// it is given (a future time), else `processing` due at `due` with no
-/// attempt yet; either way any instance's scheduler starts it when due.
+/// A batch item to insert without a lease: `scheduled` when `due` is later
+/// than its creation (a `send_at`, or the end of quiet hours), else
+/// `processing` due now with no attempt yet; either way any instance's
+/// scheduler starts it when due. `send_at`: what the request asked for.
 #[derive(Clone, Debug)]
 pub struct Queued {
     pub message: NewMessage,
@@ -134,7 +138,7 @@ pub struct Queued {
 
 impl Queued {
     pub fn status(&self) -> Status {
-        if self.send_at.is_some() {
+        if self.due > self.message.created_at {
             Status::Scheduled
         } else {
             Status::Processing
@@ -292,8 +296,8 @@ impl MessageRecord {
 
     /// The row `schedule_message` just created: `scheduled` for `due`, no
     /// lease, no attempt.
-    pub fn scheduled(m: &NewMessage, due: OffsetDateTime, send_at: OffsetDateTime) -> Self {
-        Self::waiting(m, Status::Scheduled, due, Some(send_at))
+    pub fn scheduled(m: &NewMessage, due: OffsetDateTime, send_at: Option<OffsetDateTime>) -> Self {
+        Self::waiting(m, Status::Scheduled, due, send_at)
     }
 
     /// A row inserted without a lease or an attempt, due at `due`.
@@ -337,6 +341,18 @@ impl MessageRecord {
         }
     }
 
+    /// Why a `scheduled` message waits: its `send_at`, or the tenant's
+    /// quiet hours in the recipient's time (due later than asked).
+    pub fn waiting_for(&self) -> Option<WaitingFor> {
+        if self.status != Status::Scheduled {
+            return None;
+        }
+        Some(match (self.send_at, self.next_attempt_at) {
+            (Some(asked), Some(due)) if due <= asked => WaitingFor::SendAt,
+            _ => WaitingFor::QuietHours,
+        })
+    }
+
     /// The resource as the API shows it now.
     pub fn to_out(&self) -> MessageOut {
         MessageOut {
@@ -359,6 +375,7 @@ impl MessageRecord {
             delivery_status_at: self.delivery_status_at,
             next_attempt_at: self.next_attempt_at,
             send_at: self.send_at,
+            waiting_for: self.waiting_for(),
         }
     }
 }
@@ -528,6 +545,7 @@ mod tests {
                 allowed_countries: None,
                 allowed_senders: allowed_senders.clone(),
                 bootstrap_tenant,
+                quiet_hours: None,
             };
             assert_eq!(
                 t.may_send_as(from),

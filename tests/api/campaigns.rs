@@ -477,7 +477,10 @@ async fn a_batch_answers_each_item_as_its_own_post_in_order(backend: Backend) {
     assert_eq!(app.message_count().await, 3);
 
     // A message whose key is `batch` is still reachable.
-    assert_eq!(app.post("batch", &sms("+14155550100", "k")).await.status, 201);
+    assert_eq!(
+        app.post("batch", &sms("+14155550100", "k")).await.status,
+        201
+    );
     assert_eq!(app.get("/messages/batch").await.json()["status"], "sent");
     assert_eq!(app.get("/messages/batch/attempts").await.status, 200);
     assert_eq!(cancel(&app, "batch").await.status, 409);
@@ -601,6 +604,136 @@ async fn a_batch_of_a_thousand_is_written_at_once_and_each_sent_once(backend: Ba
     assert_eq!(stats.max_deliveries_per_recipient_body, 1);
 }
 
+async fn spawn_quiet(backend: Backend, at: time::OffsetDateTime) -> TestApp {
+    let app = spawn_with(TestOptions {
+        backend,
+        clock: Clock::manual(at),
+        settings: quiet_settings(),
+        ..TestOptions::default()
+    })
+    .await;
+    let window = sendonce::domain::quiet::QuietHours::parse("21:00-08:00");
+    let set = app
+        .handle
+        .store
+        .set_quiet_hours(&app.tenant, window)
+        .await
+        .expect("set quiet hours");
+    assert!(set);
+    app
+}
+
+async fn quiet_hours_hold_messages_until_morning_where_the_recipient_is(backend: Backend) {
+    // 12:00 UTC on 29 November: 21:00 in Tokyo, 07:00 in New York (EST),
+    // 12:00 in London, 23:00 in Sydney and 20:00 in Perth.
+    let app = spawn_quiet(backend, START).await;
+    let async_ = [("prefer", "respond-async")];
+    let tokyo = app
+        .post_with(Some("Q-TOKYO"), &sms("+819012345678", "tokyo"), &async_)
+        .await;
+    let new_york = app
+        .post_with(Some("Q-NY"), &sms("+12125550100", "new york"), &async_)
+        .await;
+    let australia = app
+        .post_with(Some("Q-AU"), &sms("+61412345678", "australia"), &async_)
+        .await;
+    let london = app.post("Q-LONDON", &sms("+447911123456", "london")).await;
+    let urgent = app
+        .post(
+            "Q-URGENT",
+            &json!({"to": "+819012345678", "body": "urgent", "quiet_hours": false}),
+        )
+        .await;
+    for (a, due) in [
+        (&tokyo, "2026-11-29T23:00:00Z"),
+        (&new_york, "2026-11-29T13:00:00Z"),
+        // Region unknown from a mobile number: quiet anywhere in Australia
+        // waits, so 08:00 in Perth (00:00 UTC), when Sydney is at 11:00.
+        (&australia, "2026-11-30T00:00:00Z"),
+    ] {
+        assert_eq!(a.status, 202);
+        let m = a.json();
+        assert_eq!(m["status"], "scheduled");
+        assert_eq!(m["next_attempt_at"], due);
+        assert_eq!(m["waiting_for"], "quiet_hours");
+        assert_eq!(m["send_at"], Value::Null);
+    }
+    assert_eq!(london.status, 201, "noon in London");
+    assert_eq!(urgent.status, 201, "\"quiet_hours\": false sends at once");
+    assert_eq!(
+        app.get("/messages/Q-TOKYO").await.json()["waiting_for"],
+        "quiet_hours",
+        "GET shows why it waits"
+    );
+
+    // Each goes when its morning comes, not before.
+    app.clock
+        .advance(Duration::from_secs(3600) - Duration::from_secs(1));
+    assert_eq!(tick(&app).await, 0);
+    app.clock.advance(Duration::from_secs(1));
+    assert_eq!(tick(&app).await, 1);
+    app.wait_for_status("Q-NY", "sent").await;
+    app.clock.advance(Duration::from_secs(10 * 3600));
+    assert_eq!(tick(&app).await, 1);
+    app.wait_for_status("Q-TOKYO", "sent").await;
+    assert_eq!(
+        app.get("/messages/Q-AU").await.json()["status"],
+        "scheduled"
+    );
+    app.clock.advance(Duration::from_secs(3600));
+    assert_eq!(tick(&app).await, 1);
+    app.wait_for_status("Q-AU", "sent").await;
+    assert_eq!(app.mock.call_count(), 5);
+
+    // A send_at inside the window waits for the window's end, and shows both.
+    let at = START + time::Duration::days(1) + time::Duration::hours(2); // 23:00 Tokyo
+    let late = app
+        .post("Q-LATE", &scheduled("+819012345678", "late", at))
+        .await;
+    assert_eq!(late.status, 202);
+    assert_eq!(late.json()["send_at"], rfc3339(at));
+    assert_eq!(late.json()["next_attempt_at"], "2026-11-30T23:00:00Z");
+    assert_eq!(late.json()["waiting_for"], "quiet_hours");
+}
+
+async fn quiet_hours_follow_new_york_across_the_march_change(backend: Backend) {
+    // 06:30 UTC on 8 March 2026 is 01:30 EST, half an hour before clocks go
+    // forward: the night ends at 08:00 EDT, 12:00 UTC (not 13:00).
+    let app = spawn_quiet(backend, time::macros::datetime!(2026-03-08 06:30 UTC)).await;
+    let a = app
+        .post_with(
+            Some("Q-DST"),
+            &sms("+12125550100", "spring"),
+            &[("prefer", "respond-async")],
+        )
+        .await;
+    assert_eq!(a.status, 202);
+    assert_eq!(a.json()["next_attempt_at"], "2026-03-08T12:00:00Z");
+    // A batch item is held the same way; one with "quiet_hours": false is not.
+    let batch = post_batch(
+        &app,
+        &json!({ "messages": [
+            item("Q-B1", "+12125550100", "batched"),
+            {"idempotency_key": "Q-B2", "to": "+12125550100", "body": "now", "quiet_hours": false},
+        ]}),
+    )
+    .await;
+    let results = batch.json()["results"]
+        .as_array()
+        .cloned()
+        .expect("results");
+    assert_eq!(results[0]["message"]["status"], "scheduled");
+    assert_eq!(
+        results[0]["message"]["next_attempt_at"],
+        "2026-03-08T12:00:00Z"
+    );
+    assert_eq!(results[1]["message"]["status"], "processing", "{}", results[1]);
+    app.clock.advance(Duration::from_secs(5 * 3600 + 30 * 60));
+    assert_eq!(tick(&app).await, 3);
+    app.wait_for_status("Q-DST", "sent").await;
+    app.wait_for_status("Q-B1", "sent").await;
+}
+
 on_both_backends!(
     a_scheduled_send_waits_for_its_time_and_is_sent_once,
     send_at_too_far_is_refused_and_a_past_one_sends_now,
@@ -611,4 +744,6 @@ on_both_backends!(
     a_rate_limited_batch_item_gets_429_and_the_others_go_on,
     oversized_batches_are_refused_whole,
     a_batch_of_a_thousand_is_written_at_once_and_each_sent_once,
+    quiet_hours_hold_messages_until_morning_where_the_recipient_is,
+    quiet_hours_follow_new_york_across_the_march_change,
 );

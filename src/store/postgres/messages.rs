@@ -136,7 +136,7 @@ impl PgStore {
         &self,
         m: &NewMessage,
         due: OffsetDateTime,
-        send_at: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
     ) -> Result<Claim, StoreError> {
         for _ in 0..3 {
             let row: Option<InsertRow> = sqlx::query_as(
@@ -174,7 +174,7 @@ impl PgStore {
             .bind(m.validity_seconds)
             .bind(&m.provider)
             .bind(db(due))
-            .bind(db(send_at))
+            .bind(send_at.map(db))
             .bind(db(m.created_at))
             .bind(m.expires_at.map(db))
             .bind(db(m.deadline_at))
@@ -259,7 +259,7 @@ impl MessageStore for PgStore {
         &self,
         m: &NewMessage,
         due: OffsetDateTime,
-        send_at: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
     ) -> Result<Claim, StoreError> {
         self.schedule_one(m, due, send_at).await
     }

@@ -134,7 +134,7 @@ async fn schedule(
     c: &mut SqliteConnection,
     m: &NewMessage,
     due: OffsetDateTime,
-    send_at: OffsetDateTime,
+    send_at: Option<OffsetDateTime>,
 ) -> Result<Claim, StoreError> {
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
@@ -157,7 +157,7 @@ async fn schedule(
     .bind(m.validity_seconds)
     .bind(&m.provider)
     .bind(db(due))
-    .bind(db(send_at))
+    .bind(send_at.map(db))
     .bind(db(m.created_at))
     .bind(db(m.created_at))
     .bind(m.expires_at.map(db))
@@ -434,7 +434,7 @@ impl MessageStore for SqliteStore {
         &self,
         m: &NewMessage,
         due: OffsetDateTime,
-        send_at: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
     ) -> Result<Claim, StoreError> {
         if let Some(state) = self
             .key_state(m.tenant_id, m.idempotency_key.as_str())

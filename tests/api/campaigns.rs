@@ -727,7 +727,11 @@ async fn quiet_hours_follow_new_york_across_the_march_change(backend: Backend) {
         results[0]["message"]["next_attempt_at"],
         "2026-03-08T12:00:00Z"
     );
-    assert_eq!(results[1]["message"]["status"], "processing", "{}", results[1]);
+    assert_eq!(
+        results[1]["message"]["status"], "processing",
+        "{}",
+        results[1]
+    );
     app.clock.advance(Duration::from_secs(5 * 3600 + 30 * 60));
     assert_eq!(tick(&app).await, 3);
     app.wait_for_status("Q-DST", "sent").await;
@@ -747,3 +751,124 @@ on_both_backends!(
     quiet_hours_hold_messages_until_morning_where_the_recipient_is,
     quiet_hours_follow_new_york_across_the_march_change,
 );
+
+/// The binary, SIGKILLed right after accepting scheduled sends and a batch:
+/// a second process on the same database sends every one of them, once.
+#[tokio::test]
+async fn scheduled_sends_and_a_batch_survive_a_sigkill() {
+    use crate::process::start_server;
+    let database = fresh_database().await;
+    let (mock, mock_url, _) = testkit::mock_provider::MockProvider::start()
+        .await
+        .expect("mock");
+    let key = "so_campaigns-sigkill-key-aaaaaaaaaaaaa";
+    let env = [
+        ("SENDONCE_BOOTSTRAP_API_KEY", key),
+        ("SENDONCE_POLL_INTERVAL_MS", "100"),
+        // Twenty sends to one number: not what this test is about.
+        ("SENDONCE_RATE_NUMBER_PER_HOUR", "0"),
+        ("SENDONCE_RATE_PREFIX_PER_HOUR", "0"),
+    ];
+    let (mut first, _) = start_server(&database, &mock_url, &env).await;
+    let client = reqwest::Client::new();
+    let at = time::OffsetDateTime::now_utc() + time::Duration::seconds(2);
+    for i in 0..10 {
+        let r = client
+            .post(format!("{}/messages", first.base))
+            .bearer_auth(key)
+            .header("Idempotency-Key", format!("KILL-{i}"))
+            .json(&scheduled("+14155550100", &format!("scheduled {i}"), at))
+            .send()
+            .await
+            .expect("POST");
+        assert_eq!(r.status(), 202);
+    }
+    let later: Vec<Value> = (0..10)
+        .map(|i| {
+            let mut it = item(
+                &format!("KILL-B-{i}"),
+                "+14155550100",
+                &format!("batched {i}"),
+            );
+            it["send_at"] = json!(rfc3339(at));
+            it
+        })
+        .collect();
+    let r = client
+        .post(format!("{}/messages/batch", first.base))
+        .bearer_auth(key)
+        .json(&json!({ "messages": later }))
+        .send()
+        .await
+        .expect("POST batch");
+    assert_eq!(r.status(), 200);
+    let results: Value = r.json().await.expect("results");
+    for result in results["results"].as_array().expect("results") {
+        assert_eq!(result["status"], 202, "{result}");
+    }
+    // SIGKILL: nothing is released, nothing is flushed.
+    first.child.kill().await.expect("SIGKILL");
+    assert_eq!(mock.call_count(), 0, "nothing was due yet");
+
+    let (mut second, _) = start_server(&database, &mock_url, &env).await;
+    eventually("all twenty to be delivered", || async {
+        (mock.call_count() >= 20).then_some(())
+    })
+    .await;
+    for i in 0..10 {
+        assert_eq!(
+            mock.deliveries_to("+14155550100", &format!("scheduled {i}")),
+            1
+        );
+        assert_eq!(
+            mock.deliveries_to("+14155550100", &format!("batched {i}")),
+            1
+        );
+    }
+    assert_eq!(mock.call_count(), 20);
+    second.child.kill().await.expect("stop");
+}
+
+/// `sendonce tenant quiet-hours NAME 21:00-08:00` and `off`.
+#[tokio::test]
+async fn the_quiet_hours_command() {
+    use crate::process::sendonce;
+    let database = fresh_database().await;
+    let store = store_for(&database);
+    use sendonce::store::{MaintenanceStore, TenantStore};
+    store.migrate().await.expect("migrate");
+    let key = sendonce::apikey::generate();
+    store
+        .create_tenant("acme", &key.stored)
+        .await
+        .expect("tenant");
+    let run = |args: &'static [&'static str]| {
+        let mut cmd = sendonce(&database);
+        cmd.args(args);
+        async move { cmd.output().await.expect("run sendonce") }
+    };
+    let quiet = || async {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT quiet_hours FROM tenants WHERE name = 'acme'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("read")
+    };
+    let out = run(&["tenant", "quiet-hours", "acme", "21:00-08:00"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(quiet().await.as_deref(), Some("21:00-08:00"));
+    let out = run(&["tenant", "quiet-hours", "acme", "9pm-8am"]).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("21:00-08:00"));
+    assert_eq!(quiet().await.as_deref(), Some("21:00-08:00"), "unchanged");
+    let out = run(&["tenant", "quiet-hours", "nobody", "off"]).await;
+    assert!(!out.status.success());
+    let out = run(&["tenant", "quiet-hours", "acme", "off"]).await;
+    assert!(out.status.success());
+    assert_eq!(quiet().await, None);
+}

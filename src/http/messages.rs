@@ -545,6 +545,7 @@ async fn cancel_message(
             .cancel_message(record.id, record.attempts, now, &response)
             .await?
         {
+            state.metrics.message_final(Status::Canceled.as_str());
             return Ok(stored(response, key.as_str(), false));
         }
         record = state

@@ -29,15 +29,8 @@ pub const FIELD_LABEL_MAX: usize = 40;
 /// Most unknown fields listed in one answer.
 pub const UNKNOWN_FIELDS_LISTED: usize = 10;
 
-const FIELDS: &[&str] = &[
-    "to",
-    "body",
-    "from",
-    "validity_seconds",
-    "metadata",
-    "send_at",
-    "quiet_hours",
-];
+#[rustfmt::skip]
+const FIELDS: &[&str] = &["to", "body", "from", "validity_seconds", "metadata", "send_at", "quiet_hours"];
 
 /// One field's problem, as returned in the `errors` array of a 400.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -77,17 +70,10 @@ pub struct SendRequest {
     pub body: String,
     pub validity_seconds: Option<i32>,
     pub metadata: BTreeMap<String, String>,
-    /// When to send (RFC 3339 with an offset, kept in UTC). Part of the
-    /// fingerprint only when given, so requests without it keep theirs.
-    /// Whether it is in range depends on the time: see
-    /// [`super::schedule::start_at`].
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        with = "time::serde::rfc3339::option"
-    )]
+    /// When to send, in UTC; with `quiet_hours`, fingerprinted only if given.
+    #[serde(skip_serializing_if = "Option::is_none", with = "super::schedule::utc")]
     pub send_at: Option<time::OffsetDateTime>,
-    /// `false`: send at once even inside the tenant's quiet hours. Part of
-    /// the fingerprint only when given.
+    /// `false`: send at once even inside the tenant's quiet hours.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quiet_hours: Option<bool>,
     #[serde(skip)]
@@ -180,38 +166,7 @@ impl SendRequest {
             )),
         }
 
-        let send_at = match map.get("send_at") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(t)) => {
-                match time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
-                {
-                    Ok(t) => Some(t.to_offset(time::UtcOffset::UTC)),
-                    Err(_) => {
-                        errors.push(FieldError::new(
-                        "send_at",
-                        "must be an RFC 3339 date-time with an offset, e.g. 2026-03-08T09:30:00-05:00",
-                    ));
-                        None
-                    }
-                }
-            }
-            Some(_) => {
-                errors.push(FieldError::new(
-                    "send_at",
-                    "must be an RFC 3339 date-time with an offset, e.g. 2026-03-08T09:30:00-05:00",
-                ));
-                None
-            }
-        };
-
-        let quiet_hours = match map.get("quiet_hours") {
-            None | Some(Value::Null) => None,
-            Some(Value::Bool(b)) => Some(*b),
-            Some(_) => {
-                errors.push(FieldError::new("quiet_hours", "must be true or false"));
-                None
-            }
-        };
+        let (send_at, quiet_hours) = super::schedule::parse_fields(&map, &mut errors);
 
         if let Err(e) = input.validate() {
             for field in e.field_errors().keys() {
@@ -481,40 +436,6 @@ mod tests {
         assert_eq!(r.validity_seconds, Some(300));
         assert_eq!(r.metadata.get("order").map(String::as_str), Some("92831"));
         assert_eq!(r.segments.segments, 1);
-    }
-
-    #[test]
-    fn send_at_is_parsed_and_part_of_the_fingerprint() {
-        let plain = SendRequest::parse(br#"{"to":"+14155550100","body":"hi"}"#).unwrap();
-        let a = SendRequest::parse(
-            br#"{"to":"+14155550100","body":"hi","send_at":"2026-03-08T09:30:00-05:00"}"#,
-        )
-        .unwrap();
-        let same_instant = SendRequest::parse(
-            br#"{"to":"+14155550100","body":"hi","send_at":"2026-03-08T14:30:00Z"}"#,
-        )
-        .unwrap();
-        let later = SendRequest::parse(
-            br#"{"to":"+14155550100","body":"hi","send_at":"2026-03-08T14:31:00Z"}"#,
-        )
-        .unwrap();
-        let null =
-            SendRequest::parse(br#"{"to":"+14155550100","body":"hi","send_at":null}"#).unwrap();
-        assert_eq!(
-            a.send_at,
-            Some(time::macros::datetime!(2026-03-08 14:30 UTC))
-        );
-        assert_eq!(a.fingerprint(), same_instant.fingerprint());
-        assert_ne!(a.fingerprint(), later.fingerprint());
-        assert_ne!(a.fingerprint(), plain.fingerprint());
-        assert_eq!(null.fingerprint(), plain.fingerprint());
-        for bad in [
-            r#"{"to":"+14155550100","body":"hi","send_at":"2026-03-08T09:30:00"}"#,
-            r#"{"to":"+14155550100","body":"hi","send_at":"tomorrow"}"#,
-            r#"{"to":"+14155550100","body":"hi","send_at":1772980200}"#,
-        ] {
-            assert_eq!(fields(bad), vec!["send_at"], "{bad}");
-        }
     }
 
     #[test]

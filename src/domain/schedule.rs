@@ -12,8 +12,63 @@ use time::{Duration, OffsetDateTime};
 use super::quiet::QuietHours;
 use super::{FieldError, Status};
 
+/// `send_at` in the fingerprint: RFC 3339 (UTC, as parsed).
+pub(crate) mod utc {
+    pub use time::serde::rfc3339::option::serialize;
+}
+
 /// How far ahead a send may be scheduled (Twilio's limit too).
 pub const MAX_AHEAD: Duration = Duration::days(35);
+
+const SEND_AT_FORMAT: &str =
+    "must be an RFC 3339 date-time with an offset, e.g. 2026-03-08T09:30:00-05:00";
+
+/// A request's `send_at` and `quiet_hours`, their problems added to `errors`.
+pub(crate) fn parse_fields(
+    map: &serde_json::Map<String, serde_json::Value>,
+    errors: &mut Vec<FieldError>,
+) -> (Option<OffsetDateTime>, Option<bool>) {
+    let send_at = parse_send_at(map.get("send_at")).unwrap_or_else(|e| {
+        errors.push(e);
+        None
+    });
+    let quiet = parse_quiet_hours(map.get("quiet_hours")).unwrap_or_else(|e| {
+        errors.push(e);
+        None
+    });
+    (send_at, quiet)
+}
+
+/// A request's `send_at` (absent or `null`: none), kept in UTC.
+pub(crate) fn parse_send_at(
+    v: Option<&serde_json::Value>,
+) -> Result<Option<OffsetDateTime>, FieldError> {
+    let refused = || FieldError {
+        field: "send_at".into(),
+        message: SEND_AT_FORMAT.into(),
+    };
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(t)) => {
+            OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                .map(|t| Some(t.to_offset(time::UtcOffset::UTC)))
+                .map_err(|_| refused())
+        }
+        Some(_) => Err(refused()),
+    }
+}
+
+/// A request's `quiet_hours` (absent or `null`: none given).
+pub(crate) fn parse_quiet_hours(v: Option<&serde_json::Value>) -> Result<Option<bool>, FieldError> {
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(FieldError {
+            field: "quiet_hours".into(),
+            message: "must be true or false".into(),
+        }),
+    }
+}
 
 /// When a request with `send_at` starts: `Ok(None)` sends at once (no
 /// `send_at`, or one that is not in the future: "a time in the past means
@@ -88,6 +143,55 @@ mod tests {
     use time::macros::datetime;
 
     use super::*;
+
+    #[test]
+    fn send_at_and_quiet_hours_are_parsed_and_part_of_the_fingerprint() {
+        let plain =
+            crate::domain::SendRequest::parse(br#"{"to":"+14155550100","body":"hi"}"#).unwrap();
+        let a = crate::domain::SendRequest::parse(
+            br#"{"to":"+14155550100","body":"hi","send_at":"2026-03-08T09:30:00-05:00"}"#,
+        )
+        .unwrap();
+        let same_instant = crate::domain::SendRequest::parse(
+            br#"{"to":"+14155550100","body":"hi","send_at":"2026-03-08T14:30:00Z"}"#,
+        )
+        .unwrap();
+        let later = crate::domain::SendRequest::parse(
+            br#"{"to":"+14155550100","body":"hi","send_at":"2026-03-08T14:31:00Z"}"#,
+        )
+        .unwrap();
+        let null = crate::domain::SendRequest::parse(
+            br#"{"to":"+14155550100","body":"hi","send_at":null}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            a.send_at,
+            Some(time::macros::datetime!(2026-03-08 14:30 UTC))
+        );
+        assert_eq!(a.fingerprint(), same_instant.fingerprint());
+        assert_ne!(a.fingerprint(), later.fingerprint());
+        assert_ne!(a.fingerprint(), plain.fingerprint());
+        assert_eq!(null.fingerprint(), plain.fingerprint());
+        let urgent = crate::domain::SendRequest::parse(
+            br#"{"to":"+14155550100","body":"hi","quiet_hours":false}"#,
+        )
+        .unwrap();
+        assert_eq!(urgent.quiet_hours, Some(false));
+        assert_ne!(urgent.fingerprint(), plain.fingerprint());
+        for bad in [
+            r#"{"to":"+14155550100","body":"hi","send_at":"2026-03-08T09:30:00"}"#,
+            r#"{"to":"+14155550100","body":"hi","send_at":"tomorrow"}"#,
+            r#"{"to":"+14155550100","body":"hi","send_at":1772980200}"#,
+        ] {
+            match crate::domain::SendRequest::parse(bad.as_bytes()) {
+                Err(crate::domain::request::RequestError::Invalid(e)) => {
+                    let fields: Vec<String> = e.into_iter().map(|e| e.field).collect();
+                    assert_eq!(fields, vec!["send_at"], "{bad}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn when_a_request_starts() {

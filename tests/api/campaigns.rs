@@ -738,6 +738,30 @@ async fn quiet_hours_follow_new_york_across_the_march_change(backend: Backend) {
     app.wait_for_status("Q-B1", "sent").await;
 }
 
+async fn verifications_ignore_quiet_hours(backend: Backend) {
+    // 21:00 in Tokyo, inside the tenant's quiet hours: a one-time code is
+    // sent at once anyway (no scheduler scan runs in this test).
+    let app = spawn_quiet(backend, START).await;
+    let started = app
+        .request(reqwest::Method::POST, "/verifications")
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", "LOGIN-1")
+        .json(&json!({ "to": "+819012345678" }))
+        .send()
+        .await
+        .expect("POST /verifications");
+    assert_eq!(started.status(), 201);
+    eventually("the code to reach the provider", || async {
+        (app.mock.call_count() == 1).then_some(())
+    })
+    .await;
+    let scheduled = app
+        .db
+        .count("SELECT count(*) FROM messages WHERE status = 'scheduled'")
+        .await;
+    assert_eq!(scheduled, 0);
+}
+
 on_both_backends!(
     a_scheduled_send_waits_for_its_time_and_is_sent_once,
     send_at_too_far_is_refused_and_a_past_one_sends_now,
@@ -750,6 +774,7 @@ on_both_backends!(
     a_batch_of_a_thousand_is_written_at_once_and_each_sent_once,
     quiet_hours_hold_messages_until_morning_where_the_recipient_is,
     quiet_hours_follow_new_york_across_the_march_change,
+    verifications_ignore_quiet_hours,
 );
 
 /// The binary, SIGKILLed right after accepting scheduled sends and a batch:

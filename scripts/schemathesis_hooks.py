@@ -34,3 +34,18 @@ VALID_CURSORS = [
 ]
 
 schemathesis.openapi.format("cursor", st.sampled_from(VALID_CURSORS))
+
+# `send_at` may be at most 35 days ahead of the server's clock (400 beyond),
+# which no schema can say: request date-times are drawn from a year back
+# (a past time means "now") to 30 days ahead.
+from datetime import datetime, timedelta, timezone
+
+
+def _date_time(offset_seconds):
+    t = datetime.now(timezone.utc) + timedelta(seconds=offset_seconds)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+schemathesis.openapi.format(
+    "date-time", st.integers(-365 * 86400, 30 * 86400).map(_date_time)
+)

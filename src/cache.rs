@@ -388,6 +388,7 @@ mod tests {
             allowed_countries: None,
             allowed_senders: None,
             bootstrap_tenant: false,
+            quiet_hours: None,
         }
     }
 

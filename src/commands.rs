@@ -217,6 +217,26 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 bail!("no tenant named {name:?}")
             }
         }
+        TenantCommand::QuietHours { name, window } => {
+            let window = if window.trim().eq_ignore_ascii_case("off") {
+                None
+            } else {
+                Some(
+                    crate::domain::quiet::QuietHours::parse(window).ok_or_else(|| {
+                        anyhow!("{window:?} is not a window like 21:00-08:00 (or off)")
+                    })?,
+                )
+            };
+            if store
+                .set_quiet_hours(name, window)
+                .await
+                .context("setting quiet hours")?
+            {
+                Ok(())
+            } else {
+                bail!("no tenant named {name:?}")
+            }
+        }
         TenantCommand::Senders { name, command } => senders(store.as_ref(), name, command).await,
         TenantCommand::List => {
             for (id, name, created) in store.list_tenants().await.context("listing tenants")? {

@@ -37,6 +37,9 @@ pub enum ApiError {
     KeyReused,
     #[error("Idempotency-Key in use")]
     KeyInUse,
+    /// The message is final, or an attempt may have reached the provider.
+    #[error("not cancelable")]
+    NotCancelable,
     /// Too many of the tenant's requests already wait for messages in flight.
     #[error("too many waiting requests")]
     TooManyWaiters,
@@ -104,7 +107,9 @@ impl ApiError {
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::KeyInUse | ApiError::TooManyWaiters => StatusCode::CONFLICT,
+            ApiError::KeyInUse | ApiError::TooManyWaiters | ApiError::NotCancelable => {
+                StatusCode::CONFLICT
+            }
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::VerificationNotPending(_) => StatusCode::CONFLICT,
@@ -132,6 +137,7 @@ impl ApiError {
             ApiError::PayloadTooLarge => "payload-too-large",
             ApiError::KeyReused => "idempotency-key-reused",
             ApiError::KeyInUse => "idempotency-key-in-use",
+            ApiError::NotCancelable => "not-cancelable",
             ApiError::TooManyWaiters => "too-many-waiters",
             ApiError::Overloaded => "overloaded",
             ApiError::RateLimited { .. } => "rate-limited",
@@ -160,6 +166,7 @@ impl ApiError {
             ApiError::PayloadTooLarge => "Payload too large",
             ApiError::KeyReused => "Idempotency-Key reused",
             ApiError::KeyInUse => "Idempotency-Key in use",
+            ApiError::NotCancelable => "Not cancelable",
             ApiError::TooManyWaiters => "Too many waiting requests",
             ApiError::Overloaded => "Overloaded",
             ApiError::RateLimited { .. } => "Too many requests",
@@ -196,6 +203,11 @@ impl ApiError {
             ApiError::KeyReused => {
                 "this Idempotency-Key was already used with a different request; \
                 use a new key for a different message"
+                    .into()
+            }
+            ApiError::NotCancelable => {
+                "the message is final, or an attempt to send it may already \
+                have reached the provider; GET the message to see its status"
                     .into()
             }
             ApiError::KeyInUse => "a request with this Idempotency-Key is still being processed; \
@@ -242,20 +254,28 @@ impl ApiError {
     }
 }
 
-/// A problem+json response for `e`, with the headers its status calls for.
-pub fn problem_response(e: &ApiError) -> Response {
-    let status = e.status();
-    let problem = Problem {
+fn problem(e: &ApiError) -> Problem<'_> {
+    Problem {
         kind: format!("{PROBLEM_TYPE_PREFIX}{}", e.slug()),
         title: e.title(),
-        status: status.as_u16(),
+        status: e.status().as_u16(),
         detail: e.detail(),
         errors: match e {
             ApiError::Validation(errors) => Some(errors),
             _ => None,
         },
-    };
-    let body = serde_json::to_vec(&problem).unwrap_or_default();
+    }
+}
+
+/// The problem document for `e` as a JSON value (a batch item's `problem`).
+pub fn problem_value(e: &ApiError) -> serde_json::Value {
+    serde_json::to_value(problem(e)).unwrap_or_default()
+}
+
+/// A problem+json response for `e`, with the headers its status calls for.
+pub fn problem_response(e: &ApiError) -> Response {
+    let status = e.status();
+    let body = serde_json::to_vec(&problem(e)).unwrap_or_default();
     let mut resp = (status, body).into_response();
     let headers = resp.headers_mut();
     headers.insert(

@@ -62,6 +62,10 @@ pub enum TenantCommand {
         name: String,
         countries: Vec<String>,
     },
+    /// Quiet hours in the recipient's local time: `21:00-08:00`, or `off`.
+    /// A message due inside the window is scheduled for its end (requests
+    /// may opt out with `"quiet_hours": false`; verifications never wait).
+    QuietHours { name: String, window: String },
     /// The senders (`from`) a tenant may use. Without a list a tenant sends
     /// only from the provider's default sender; tenant `default` accepts any
     /// sender until a list is set.

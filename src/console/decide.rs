@@ -370,7 +370,8 @@ pub fn timeline(
 /// When the message got its final (send) status.
 fn final_at(m: &MessageRecord) -> Option<OffsetDateTime> {
     match m.status {
-        Status::Processing => None,
+        Status::Processing | Status::Scheduled => None,
+        Status::Canceled => Some(m.updated_at),
         Status::Sent | Status::Delivered | Status::Undelivered => m.sent_at.or(Some(m.updated_at)),
         Status::Failed | Status::Unknown => Some(m.updated_at),
     }
@@ -395,6 +396,22 @@ pub fn plain_words(m: &MessageRecord) -> String {
             ),
             None => "Being sent right now: give it a minute and look again.".into(),
         },
+        Status::Scheduled => {
+            let due = when(m.next_attempt_at.or(m.send_at).unwrap_or(m.updated_at));
+            // Held past its send_at: the tenant's quiet hours where the
+            // recipient is.
+            if m.send_at.is_some_and(|at| Some(at) == m.next_attempt_at) {
+                format!("Not sent yet: it is scheduled to go out at {due}, as requested.")
+            } else {
+                format!(
+                    "Not sent yet: it is held for the quiet hours where the customer is, and goes out at {due}."
+                )
+            }
+        }
+        Status::Canceled => format!(
+            "Not sent: it was canceled at {}, before anything reached the provider. Nothing reached the phone.",
+            when(m.updated_at)
+        ),
         Status::Sent => format!(
             "Sent to the carrier at {}; the carrier has not reported delivery yet.",
             sent.unwrap_or_else(|| when(m.updated_at))

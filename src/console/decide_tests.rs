@@ -38,6 +38,7 @@ fn message(status: Status) -> MessageRecord {
         response: None,
         lease: None,
         next_attempt_at: None,
+        send_at: None,
         created_at: T0,
         updated_at: T0,
         sent_at: None,
@@ -164,7 +165,29 @@ fn plain_words_say_what_to_tell_the_customer() {
     });
     let mut unknown = message(Status::Unknown);
     unknown.attempts = 5;
+    let mut scheduled = message(Status::Scheduled);
+    scheduled.attempts = 0;
+    scheduled.send_at = Some(at(3600));
+    scheduled.next_attempt_at = Some(at(3600));
+    let mut quiet = message(Status::Scheduled);
+    quiet.attempts = 0;
+    quiet.next_attempt_at = Some(at(7200));
+    let mut canceled = message(Status::Canceled);
+    canceled.attempts = 0;
+    canceled.updated_at = at(60);
     for (m, want) in [
+        (
+            scheduled,
+            "Not sent yet: it is scheduled to go out at 2026-12-01 15:02:11 UTC, as requested.",
+        ),
+        (
+            quiet,
+            "Not sent yet: it is held for the quiet hours where the customer is, and goes out at 2026-12-01 16:02:11 UTC.",
+        ),
+        (
+            canceled,
+            "Not sent: it was canceled at 2026-12-01 14:03:11 UTC, before anything reached the provider. Nothing reached the phone.",
+        ),
         (
             delivered,
             "Sent to the carrier at 2026-12-01 14:02:11 UTC; the carrier reported it delivered at 2026-12-01 14:02:14 UTC.",

@@ -178,9 +178,9 @@ impl Deliverer {
         }
     }
 
-    /// Wakes the scheduler when a retry falls due before its next regular
+    /// Wakes the scheduler when a retry (or a scheduled send) falls due before its next regular
     /// scan. The timer is not a delivery: shutdown does not wait for it.
-    pub(super) fn nudge_at(&self, at: OffsetDateTime) {
+    pub fn nudge_at(&self, at: OffsetDateTime) {
         let wait = Duration::try_from(at - self.clock.now()).unwrap_or(Duration::ZERO);
         if self.clock.is_manual() || wait > Duration::from_secs(60) {
             return;

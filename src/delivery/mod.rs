@@ -247,6 +247,12 @@ impl Deliverer {
         self.hub.len()
     }
 
+    /// Waits until a provider-call slot is free (and leaves it free); false
+    /// if the slots are closed.
+    pub async fn slot_freed(&self) -> bool {
+        Arc::clone(&self.permits).acquire_owned().await.is_ok()
+    }
+
     /// A free provider-call slot, if there is one now. The scheduler takes
     /// its slots before it claims, so no claimed message waits leased for one.
     pub fn try_permit(&self) -> Option<OwnedSemaphorePermit> {

@@ -34,6 +34,11 @@ impl Scheduler {
     /// Claims what is due now and starts delivering it. Returns how many
     /// messages were claimed.
     pub async fn tick(&self) -> Result<usize, StoreError> {
+        self.scan().await.map(|(n, _)| n)
+    }
+
+    /// [`Scheduler::tick`], also returning how many slots it had.
+    async fn scan(&self) -> Result<(usize, usize), StoreError> {
         // Take the send slots first and hand one to each claimed message: a
         // claimed message never waits, leased, for a slot.
         let mut permits = Vec::new();
@@ -44,8 +49,9 @@ impl Scheduler {
             }
         }
         if permits.is_empty() {
-            return Ok(0);
+            return Ok((0, 0));
         }
+        let slots = permits.len();
         let limit = u32::try_from(permits.len()).unwrap_or(u32::MAX);
         let now = self.deliverer.clock().now();
         let claimed = self
@@ -66,19 +72,37 @@ impl Scheduler {
             }
             self.deliverer.spawn_with_permit(msg, lease, permit);
         }
-        Ok(n)
+        Ok((n, slots))
     }
 
     /// Runs until `shutdown` is cancelled.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let nudge = Arc::clone(&self.deliverer.nudge);
+        // The last scan filled every slot it had, so more may be due (a
+        // batch, schedules falling due in bulk): scan again as soon as a
+        // slot frees rather than after the interval.
+        let mut more = false;
         loop {
-            match self.tick().await {
-                // A full batch: there may be more waiting.
-                Ok(n) if n as u32 == self.batch => continue,
+            match self.scan().await {
+                // A full batch, or every slot filled: there may be more.
+                Ok((n, slots)) if n as u32 == self.batch || (n > 0 && n == slots) => {
+                    more = true;
+                    continue;
+                }
+                Ok((0, 0)) if more => {
+                    tokio::select! {
+                        freed = self.deliverer.slot_freed() => {
+                            if freed {
+                                continue;
+                            }
+                        }
+                        () = shutdown.cancelled() => return,
+                    }
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "scheduler scan failed"),
             }
+            more = false;
             tokio::select! {
                 () = tokio::time::sleep(self.interval) => {}
                 () = nudge.notified() => {}

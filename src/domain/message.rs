@@ -11,7 +11,12 @@
 //!   |   delivered       failed                    unknown
 //!   +--receipt--> undelivered
 //! ```
-//! `sent`, `failed` and `unknown` are final for idempotency: the response
+//! A request with a future `send_at` is inserted `scheduled` instead (no
+//! lease, no attempt); any instance's scheduler claims it when due, making it
+//! `processing`. `POST /messages/{key}/cancel` makes a `scheduled` message,
+//! or one waiting for a retry with no attempt in flight, `canceled` (final).
+//!
+//! `sent`, `failed`, `unknown` and `canceled` are final for idempotency: the response
 //! stored with them is what every replay gets. Receipts may later move `sent`
 //! forward to `delivered` or `undelivered` (visible in GET, never in a replay).
 
@@ -26,41 +31,50 @@ use super::segments::Encoding;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
+    /// Waiting for its `send_at` (or the end of a quiet window): no lease,
+    /// no attempt yet; cancelable.
+    Scheduled,
     Processing,
     Sent,
     Failed,
     Unknown,
     Delivered,
     Undelivered,
+    /// Canceled before any attempt could reach the provider: final.
+    Canceled,
 }
 
 impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
+            Status::Scheduled => "scheduled",
             Status::Processing => "processing",
             Status::Sent => "sent",
             Status::Failed => "failed",
             Status::Unknown => "unknown",
             Status::Delivered => "delivered",
             Status::Undelivered => "undelivered",
+            Status::Canceled => "canceled",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
+            "scheduled" => Status::Scheduled,
             "processing" => Status::Processing,
             "sent" => Status::Sent,
             "failed" => Status::Failed,
             "unknown" => Status::Unknown,
             "delivered" => Status::Delivered,
             "undelivered" => Status::Undelivered,
+            "canceled" => Status::Canceled,
             _ => return None,
         })
     }
 
     /// Final for idempotency: the stored response will never change.
     pub fn is_final(self) -> bool {
-        !matches!(self, Status::Processing)
+        !matches!(self, Status::Processing | Status::Scheduled)
     }
 }
 
@@ -123,9 +137,25 @@ pub struct MessageOut {
     /// When a delivery receipt moved the status to `delivered`/`undelivered`.
     #[serde(with = "time::serde::rfc3339::option")]
     pub delivery_status_at: Option<OffsetDateTime>,
-    /// When the next attempt is due, while a retry waits.
+    /// When the next attempt is due, while a retry waits; when a
+    /// `scheduled` message starts.
     #[serde(with = "time::serde::rfc3339::option")]
     pub next_attempt_at: Option<OffsetDateTime>,
+    /// The time the request asked to send at (`send_at`), if it asked.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub send_at: Option<OffsetDateTime>,
+    /// Why a `scheduled` message waits (`null` otherwise).
+    pub waiting_for: Option<WaitingFor>,
+}
+
+/// Why a `scheduled` message waits until `next_attempt_at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingFor {
+    /// The request's `send_at`.
+    SendAt,
+    /// The tenant's quiet hours in the recipient's local time.
+    QuietHours,
 }
 
 impl MessageOut {

@@ -8,7 +8,9 @@ pub mod message;
 pub mod phone;
 #[cfg(test)]
 mod proptests;
+pub mod quiet;
 pub mod request;
+pub mod schedule;
 pub mod segments;
 
 pub use attempt::AttemptOutcome;

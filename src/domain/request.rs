@@ -29,7 +29,8 @@ pub const FIELD_LABEL_MAX: usize = 40;
 /// Most unknown fields listed in one answer.
 pub const UNKNOWN_FIELDS_LISTED: usize = 10;
 
-const FIELDS: &[&str] = &["to", "body", "from", "validity_seconds", "metadata"];
+#[rustfmt::skip]
+const FIELDS: &[&str] = &["to", "body", "from", "validity_seconds", "metadata", "send_at", "quiet_hours"];
 
 /// One field's problem, as returned in the `errors` array of a 400.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -69,6 +70,12 @@ pub struct SendRequest {
     pub body: String,
     pub validity_seconds: Option<i32>,
     pub metadata: BTreeMap<String, String>,
+    /// When to send, in UTC; with `quiet_hours`, fingerprinted only if given.
+    #[serde(skip_serializing_if = "Option::is_none", with = "super::schedule::utc")]
+    pub send_at: Option<time::OffsetDateTime>,
+    /// `false`: send at once even inside the tenant's quiet hours.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quiet_hours: Option<bool>,
     #[serde(skip)]
     pub segments: SegmentCount,
 }
@@ -158,6 +165,8 @@ impl SendRequest {
                 "must be an object of string keys to string values",
             )),
         }
+
+        let (send_at, quiet_hours) = super::schedule::parse_fields(&map, &mut errors);
 
         if let Err(e) = input.validate() {
             for field in e.field_errors().keys() {
@@ -265,6 +274,8 @@ impl SendRequest {
             body,
             validity_seconds,
             metadata,
+            send_at,
+            quiet_hours,
             segments,
         })
     }

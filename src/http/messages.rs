@@ -26,7 +26,8 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use super::{Authenticated, BODY_LIMIT, SharedState, Tenant, preferred_wait};
 use crate::clock::to_time;
 use crate::domain::request::RequestError;
-use crate::domain::{FieldError, IdempotencyKey, MessageId, SendRequest};
+use crate::domain::schedule::{self, cancelable};
+use crate::domain::{FieldError, IdempotencyKey, MessageId, SendRequest, Status};
 use crate::error::ApiError;
 use crate::store::{Claim, MessageRecord, NewMessage, StoredResponse, TenantAuth};
 
@@ -35,6 +36,7 @@ pub fn router() -> Router<SharedState> {
         .route("/messages", post(create_message))
         .route("/messages/{key}", get(get_message))
         .route("/messages/{key}/attempts", get(list_attempts))
+        .route("/messages/{key}/cancel", post(cancel_message))
 }
 
 /// Unreserved characters (RFC 3986) stay as they are in `Location`.
@@ -66,7 +68,7 @@ pub(crate) fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// A response carrying a message body.
-fn message_response(
+pub(crate) fn message_response(
     status: StatusCode,
     body: impl Into<Body>,
     key: &str,
@@ -126,6 +128,11 @@ async fn create_message(
     // A final response is immutable: a replay of one this instance has seen
     // touches no database (the cache never outlives retention or a purge).
     let now = state.clock.now();
+    // A `send_at` in the future, or the tenant's quiet hours, schedule the
+    // message instead of sending.
+    let due =
+        schedule::start_at(request.send_at, now).map_err(|e| ApiError::Validation(vec![e]))?;
+    let due = start_with_quiet_hours(&request, &tenant, due, now);
     if let Some(hit) = state.replays.get(tenant_id, key.as_str(), now) {
         if hit.fingerprint != fingerprint {
             return Err(ApiError::KeyReused);
@@ -136,33 +143,32 @@ async fn create_message(
     let replay_ticket = state.replays.ticket();
 
     let deliverer = &state.deliverer;
-    let new = NewMessage {
-        id: MessageId::new(),
+    // Validity and the retry deadline run from when the message starts.
+    let starts = due.unwrap_or(now);
+    let send_at = request.send_at.filter(|t| *t > now);
+    let new = new_message(
+        &state,
         tenant_id,
-        idempotency_key: key.clone(),
-        fingerprint: fingerprint.to_vec(),
-        to: request.to,
-        from: request.from,
-        body: request.body,
-        segments: request.segments.segments,
-        encoding: request.segments.encoding,
-        metadata: request.metadata,
-        validity_seconds: request.validity_seconds,
-        provider: deliverer.provider_name().to_string(),
-        created_at: now,
-        expires_at: request
-            .validity_seconds
-            .map(|s| now + time::Duration::seconds(i64::from(s))),
-        deadline_at: now + to_time(deliverer.settings().retry.deadline),
-    };
+        key.clone(),
+        request,
+        &fingerprint,
+        now,
+        starts,
+    );
     let lease = deliverer.new_lease();
 
     // Destination limits and the bound on queued sends count new sends
     // only: a request refused by either whose key already exists is a
-    // replay (or a 422) and goes on.
+    // replay (or a 422) and goes on. A scheduled message waits in the
+    // database, not in this instance's send queue.
     let permit = state.limiter.send(tenant_id, &new.to);
-    let queue_ticket = deliverer.reserve();
-    let permit = if permit.is_err() || queue_ticket.is_none() {
+    let queue_ticket = if due.is_some() {
+        None
+    } else {
+        deliverer.reserve()
+    };
+    let queue_full = due.is_none() && queue_ticket.is_none();
+    let permit = if permit.is_err() || queue_full {
         let exists = state
             .store
             .key_state(tenant_id, key.as_str())
@@ -185,13 +191,29 @@ async fn create_message(
     } else {
         permit.ok()
     };
-    let claim = state.store.insert_message(&new, &lease).await;
+    let claim = match due {
+        Some(due) => state.store.schedule_message(&new, due, send_at).await,
+        None => state.store.insert_message(&new, &lease).await,
+    };
     if !matches!(claim, Ok(Claim::Created(_)))
         && let Some(permit) = permit
     {
         state.limiter.refund(permit);
     }
     match claim? {
+        Claim::Created(record) if record.status == Status::Scheduled => {
+            // Any instance's scheduler starts it when due.
+            drop(queue_ticket);
+            if let Some(at) = record.next_attempt_at {
+                deliverer.nudge_at(at);
+            }
+            Ok(message_response(
+                StatusCode::ACCEPTED,
+                record.to_out().to_json(),
+                key.as_str(),
+                false,
+            ))
+        }
         Claim::Created(record) => {
             let id = record.id;
             deliverer.spawn_queued(*record, lease, queue_ticket);
@@ -216,6 +238,23 @@ async fn create_message(
                     replay_ticket,
                 );
                 return Ok(stored(response, key.as_str(), true));
+            }
+            if existing.status == Status::Scheduled {
+                // Waiting for a send weeks away makes no sense: the message
+                // as it stands, as the first answer gave it.
+                let record = state
+                    .store
+                    .message_by_id(existing.id)
+                    .await?
+                    .ok_or(ApiError::NotFound)?;
+                if record.status == Status::Scheduled {
+                    return Ok(message_response(
+                        StatusCode::ACCEPTED,
+                        record.to_out().to_json(),
+                        key.as_str(),
+                        true,
+                    ));
+                }
             }
             if budget.is_zero() {
                 return Err(ApiError::KeyInUse);
@@ -243,6 +282,60 @@ async fn create_message(
     }
 }
 
+/// When a request starts, given its checked `send_at` (`due`): later still
+/// if that falls in the tenant's quiet hours in the recipient's zones
+/// (unless the request says `"quiet_hours": false`). `None`: at once.
+pub(crate) fn start_with_quiet_hours(
+    request: &SendRequest,
+    tenant: &TenantAuth,
+    due: Option<time::OffsetDateTime>,
+    now: time::OffsetDateTime,
+) -> Option<time::OffsetDateTime> {
+    let Some(quiet) = tenant.quiet_hours.as_ref() else {
+        return due;
+    };
+    let zones = crate::domain::quiet::zones_for(request.to.as_str(), request.to_country.as_deref());
+    schedule::starts_at(
+        due,
+        now,
+        Some(quiet),
+        request.quiet_hours != Some(false),
+        &zones,
+    )
+}
+
+/// The row a valid request makes, starting at `starts` (now, or when it is
+/// scheduled): its validity and retry deadline run from then.
+pub(crate) fn new_message(
+    state: &SharedState,
+    tenant_id: uuid::Uuid,
+    key: IdempotencyKey,
+    request: SendRequest,
+    fingerprint: &[u8],
+    now: time::OffsetDateTime,
+    starts: time::OffsetDateTime,
+) -> NewMessage {
+    NewMessage {
+        id: MessageId::new(),
+        tenant_id,
+        idempotency_key: key,
+        fingerprint: fingerprint.to_vec(),
+        to: request.to,
+        from: request.from,
+        body: request.body,
+        segments: request.segments.segments,
+        encoding: request.segments.encoding,
+        metadata: request.metadata,
+        validity_seconds: request.validity_seconds,
+        provider: state.deliverer.provider_name().to_string(),
+        created_at: now,
+        expires_at: request
+            .validity_seconds
+            .map(|s| starts + time::Duration::seconds(i64::from(s))),
+        deadline_at: starts + to_time(state.deliverer.settings().retry.deadline),
+    }
+}
+
 /// Keeps a final response for replays without the database.
 fn remember(
     state: &SharedState,
@@ -264,7 +357,16 @@ fn remember(
 
 /// Reads the body within the size and time limits.
 pub(crate) async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
-    let limited = http_body_util::Limited::new(body, BODY_LIMIT);
+    read_body_limited(body, timeout, BODY_LIMIT).await
+}
+
+/// Reads the body within `limit` bytes and the time limit.
+pub(crate) async fn read_body_limited(
+    body: Body,
+    timeout: Duration,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let limited = http_body_util::Limited::new(body, limit);
     match tokio::time::timeout(timeout, limited.collect()).await {
         Err(_) => Err(ApiError::RequestTimeout),
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
@@ -274,7 +376,7 @@ pub(crate) async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, Ap
 }
 
 /// What the tenant and the service allow beyond a well-formed request.
-fn check_policy(
+pub(crate) fn check_policy(
     request: &SendRequest,
     tenant: &TenantAuth,
     max_segments: u32,
@@ -363,6 +465,15 @@ pub(crate) async fn message_at(
     Ok((key, record))
 }
 
+/// `GET /messages/batch`: the static batch route shadows the message whose
+/// key is `batch`; this serves it.
+pub(crate) async fn get_message_named_batch(
+    state: State<SharedState>,
+    tenant: Tenant,
+) -> Result<Response, ApiError> {
+    get_message(state, tenant, Ok(Path("batch".to_string()))).await
+}
+
 async fn get_message(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
@@ -385,4 +496,63 @@ async fn list_attempts(
     let (_, record) = message_at(&state, tenant_id, key).await?;
     let attempts = state.store.attempts(record.id).await?;
     Ok(Json(serde_json::json!({ "data": attempts })).into_response())
+}
+
+/// `POST /messages/{key}/cancel`: a `scheduled` message, or one waiting for
+/// a retry with no attempt in flight, becomes `canceled` (final: replays of
+/// its `POST` then answer the canceled message). 409 `not-cancelable` once
+/// it is final or an attempt may have reached the provider. Canceling a
+/// canceled message answers it again (a retried cancel is safe).
+///
+/// The rule is [`cancelable`]; the write is one conditional `UPDATE` fenced
+/// on the same rule, so a cancel racing a scheduler's claim is decided by
+/// the database: whichever commits first wins and the other changes nothing.
+async fn cancel_message(
+    State(state): State<SharedState>,
+    Tenant(tenant_id): Tenant,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let (key, mut record) = message_at(&state, tenant_id, key).await?;
+    // A lost race re-reads the row: it has moved on (claimed, attempted,
+    // canceled by another request), and the rule decides again.
+    for _ in 0..3 {
+        if record.status == Status::Canceled {
+            return Ok(message_response(
+                StatusCode::OK,
+                record.to_out().to_json(),
+                key.as_str(),
+                false,
+            ));
+        }
+        if !cancelable(
+            record.status,
+            record.lease.is_some(),
+            record.last_attempt_open,
+        ) {
+            return Err(ApiError::NotCancelable);
+        }
+        let now = state.clock.now();
+        let mut out = record.to_out();
+        out.status = Status::Canceled;
+        out.updated_at = now;
+        out.next_attempt_at = None;
+        let response = StoredResponse {
+            status_code: StatusCode::OK.as_u16(),
+            body: out.to_json(),
+        };
+        if state
+            .store
+            .cancel_message(record.id, record.attempts, now, &response)
+            .await?
+        {
+            state.metrics.message_final(Status::Canceled.as_str());
+            return Ok(stored(response, key.as_str(), false));
+        }
+        record = state
+            .store
+            .message_by_id(record.id)
+            .await?
+            .ok_or(ApiError::NotFound)?;
+    }
+    Err(ApiError::NotCancelable)
 }

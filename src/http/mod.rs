@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
 use crate::store::{Store, TenantAuth};
 
+pub mod batch;
 pub mod health;
 pub mod messages;
 pub mod metrics;
@@ -75,6 +76,7 @@ pub fn router(state: SharedState) -> Router {
 pub fn router_with(state: SharedState, serve_metrics: bool) -> Router {
     let mut api = Router::new()
         .merge(messages::router())
+        .merge(batch::router())
         .merge(opt_outs::router())
         .merge(receipts::router())
         .merge(verifications::router())

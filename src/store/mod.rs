@@ -115,6 +115,13 @@ pub trait TenantStore: Send + Sync {
         tenant_name: &str,
         countries: Option<&[String]>,
     ) -> Result<bool, StoreError>;
+    /// Sets (or with `None` clears) a tenant's quiet hours; false if there
+    /// is no such tenant.
+    async fn set_quiet_hours(
+        &self,
+        tenant_name: &str,
+        window: Option<crate::domain::quiet::QuietHours>,
+    ) -> Result<bool, StoreError>;
     /// A tenant's allowed senders: `None` if there is no such tenant,
     /// `Some(None)` if it has no list.
     async fn allowed_senders(
@@ -142,6 +149,34 @@ pub trait MessageStore: Send + Sync {
     /// response from the same statement that found the key taken, and a new
     /// message learns whether its recipient opted out.
     async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError>;
+    /// Inserts a message as `scheduled` for `due` (no lease, no attempt:
+    /// any instance's [`MessageStore::claim_due`] starts it when due), or
+    /// reports the message that already holds the key. `send_at` is what
+    /// the request asked for (shown on the resource).
+    async fn schedule_message(
+        &self,
+        m: &NewMessage,
+        due: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
+    ) -> Result<Claim, StoreError>;
+    /// Inserts a batch's messages (distinct keys) without leases, each
+    /// `scheduled` or `processing` due now (see [`Queued`]), in one
+    /// statement on Postgres and one writer transaction on SQLite; answers
+    /// per item, in input order: created, or the state of the message that
+    /// already holds the key.
+    async fn insert_batch(&self, items: &[Queued]) -> Result<Vec<Claim>, StoreError>;
+    /// Makes a message `canceled` with its frozen `response`, in one
+    /// conditional write fenced on [`crate::domain::schedule::cancelable`]
+    /// (as SQL) and on `attempts` (the response was rendered from a row with
+    /// that many). False when the row no longer qualifies: a scheduler's
+    /// claim, an attempt or another cancel got there first.
+    async fn cancel_message(
+        &self,
+        id: MessageId,
+        attempts: u32,
+        now: OffsetDateTime,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError>;
     /// The state of a key, for replays and waiting duplicates.
     async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError>;
     /// The state of a message by id.
@@ -179,7 +214,8 @@ pub trait MessageStore: Send + Sync {
     /// Records the attempt and a due time, releasing the lease (fenced).
     async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError>;
     /// Claims up to `limit` messages that are due (`next_attempt_at <= now`,
-    /// the caller's clock) or whose lease expired (in the database's clock),
+    /// the caller's clock: a retry, or a `scheduled` message, which becomes
+    /// `processing`) or whose lease expired (in the database's clock),
     /// leasing each for `ttl` from the database's clock, never handing one
     /// row to two claimers.
     async fn claim_due(

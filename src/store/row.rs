@@ -27,7 +27,7 @@ macro_rules! message_columns {
         m.validity_seconds, m.provider, m.provider_message_id, m.attempts, m.maybe_sent, m.error, \
         m.response_code, m.response_body, m.lease_token, m.lease_owner, m.lease_expires_at, \
         m.next_attempt_at, m.created_at, m.updated_at, m.sent_at, m.delivery_status_at, \
-        m.expires_at, m.deadline_at, \
+        m.expires_at, m.deadline_at, m.send_at, \
         (SELECT a.started_at FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
             AS last_attempt_started_at, \
         COALESCE((SELECT a.finished_at IS NULL FROM attempts a \
@@ -145,6 +145,7 @@ pub struct MessageRow {
     delivery_status_at: Option<DbTime>,
     expires_at: Option<DbTime>,
     deadline_at: DbTime,
+    send_at: Option<DbTime>,
     last_attempt_started_at: Option<DbTime>,
     last_attempt_open: bool,
     recipient_opted_out: bool,
@@ -208,6 +209,7 @@ impl From<MessageRow> for MessageRecord {
             last_attempt_open: r.last_attempt_open,
             last_attempt_started_at: t(r.last_attempt_started_at),
             recipient_opted_out: r.recipient_opted_out,
+            send_at: t(r.send_at),
         }
     }
 }

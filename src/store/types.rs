@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::domain::message::WaitingFor;
 use crate::domain::{
     AttemptOutcome, Encoding, IdempotencyKey, MessageError, MessageId, MessageOut, Phone, Status,
 };
@@ -29,6 +30,8 @@ pub struct TenantAuth {
     /// This is tenant `default`, which accepts any sender until a list is set
     /// (single-tenant installs keep working).
     pub bootstrap_tenant: bool,
+    /// Quiet hours in the recipient's local time, if the tenant set them.
+    pub quiet_hours: Option<crate::domain::quiet::QuietHours>,
 }
 
 impl TenantAuth {
@@ -125,6 +128,32 @@ pub struct NewMessage {
     pub deadline_at: OffsetDateTime,
 }
 
+/// A batch item to insert without a lease: `scheduled` when `due` is later
+/// than its creation (a `send_at`, or the end of quiet hours), else
+/// `processing` due now with no attempt yet; either way any instance's
+/// scheduler starts it when due. `send_at`: what the request asked for.
+#[derive(Clone, Debug)]
+pub struct Queued {
+    pub message: NewMessage,
+    pub due: OffsetDateTime,
+    pub send_at: Option<OffsetDateTime>,
+}
+
+impl Queued {
+    pub fn status(&self) -> Status {
+        if self.due > self.message.created_at {
+            Status::Scheduled
+        } else {
+            Status::Processing
+        }
+    }
+
+    /// The row as inserted.
+    pub fn record(&self) -> MessageRecord {
+        MessageRecord::waiting(&self.message, self.status(), self.due, self.send_at)
+    }
+}
+
 /// The right to act on a message, held by this instance.
 ///
 /// Its expiry lives only in the row, in the database's clock: every write of
@@ -217,6 +246,8 @@ pub struct MessageRecord {
     /// The recipient is on the tenant's opt-out list (as of reading the row:
     /// the insert for a new message, the claim for a resumed one).
     pub recipient_opted_out: bool,
+    /// The time the request asked to send at, if it asked.
+    pub send_at: Option<OffsetDateTime>,
 }
 
 impl MessageRecord {
@@ -262,7 +293,67 @@ impl MessageRecord {
             last_attempt_open: true,
             last_attempt_started_at: Some(m.created_at),
             recipient_opted_out,
+            send_at: None,
         }
+    }
+
+    /// The row `schedule_message` just created: `scheduled` for `due`, no
+    /// lease, no attempt.
+    pub fn scheduled(m: &NewMessage, due: OffsetDateTime, send_at: Option<OffsetDateTime>) -> Self {
+        Self::waiting(m, Status::Scheduled, due, send_at)
+    }
+
+    /// A row inserted without a lease or an attempt, due at `due`.
+    pub fn waiting(
+        m: &NewMessage,
+        status: Status,
+        due: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
+    ) -> Self {
+        MessageRecord {
+            id: m.id,
+            tenant_id: m.tenant_id,
+            idempotency_key: m.idempotency_key.clone(),
+            fingerprint: m.fingerprint.clone(),
+            status,
+            to: m.to.clone(),
+            from: m.from.clone(),
+            body: m.body.clone(),
+            segments: m.segments,
+            encoding: m.encoding,
+            metadata: m.metadata.clone(),
+            validity_seconds: m.validity_seconds,
+            provider: m.provider.clone(),
+            provider_message_id: None,
+            attempts: 0,
+            maybe_sent: false,
+            error: None,
+            response: None,
+            lease: None,
+            next_attempt_at: Some(due),
+            created_at: m.created_at,
+            updated_at: m.created_at,
+            sent_at: None,
+            delivery_status_at: None,
+            expires_at: m.expires_at,
+            deadline_at: m.deadline_at,
+            last_attempt_open: false,
+            last_attempt_started_at: None,
+            recipient_opted_out: false,
+            send_at,
+        }
+    }
+
+    /// Why a `scheduled` message waits: its `send_at`, or the tenant's
+    /// quiet hours in the recipient's time (due later than asked).
+    pub fn waiting_for(&self) -> Option<WaitingFor> {
+        if self.status != Status::Scheduled {
+            return None;
+        }
+        Some(match (self.send_at, self.next_attempt_at) {
+            (Some(asked), Some(due)) if due <= asked => WaitingFor::SendAt,
+            _ => WaitingFor::QuietHours,
+        })
     }
 
     /// The resource as the API shows it now.
@@ -286,6 +377,8 @@ impl MessageRecord {
             sent_at: self.sent_at,
             delivery_status_at: self.delivery_status_at,
             next_attempt_at: self.next_attempt_at,
+            send_at: self.send_at,
+            waiting_for: self.waiting_for(),
         }
     }
 }
@@ -455,6 +548,7 @@ mod tests {
                 allowed_countries: None,
                 allowed_senders: allowed_senders.clone(),
                 bootstrap_tenant,
+                quiet_hours: None,
             };
             assert_eq!(
                 t.may_send_as(from),

@@ -48,6 +48,7 @@ macro_rules! through_pgbouncer {
 
 mod batching;
 mod caches;
+mod campaigns;
 mod console;
 mod contract;
 mod db_failover;

@@ -65,7 +65,7 @@ impl MaintenanceStore for PgStore {
     async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError> {
         let done = sqlx::query(
             "DELETE FROM messages WHERE id IN ( \
-                SELECT id FROM messages WHERE created_at < $1 AND status <> 'processing' \
+                SELECT id FROM messages WHERE created_at < $1 AND status NOT IN ('processing', 'scheduled') \
                 ORDER BY created_at LIMIT $2)",
         )
         .bind(db(cutoff))

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::webhooks::EVENT_FROM_M;
 use super::{PgStore, to_i32};
+use crate::domain::schedule::cancelable_sql;
 use crate::domain::{MessageId, Status};
 use crate::store::row::{
     AttemptDbRow, KeyStateRow, MessageRow, attempt_columns, key_state_columns, message_columns,
@@ -16,8 +17,8 @@ use crate::store::row::{
 };
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
-    AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore, NewMessage,
-    Reschedule, StoreError,
+    AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore, NewMessage, Queued,
+    Reschedule, StoreError, StoredResponse,
 };
 
 /// What the insert statement returns: the new message, or the key's holder.
@@ -129,6 +130,85 @@ impl PgStore {
         ))
     }
 
+    /// The insert of a `scheduled` message (not coalesced: off the hot
+    /// path, and it takes no lease).
+    #[tracing::instrument(name = "store.schedule_message", level = "debug", skip_all, fields(message_id = %m.id))]
+    async fn schedule_one(
+        &self,
+        m: &NewMessage,
+        due: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
+    ) -> Result<Claim, StoreError> {
+        for _ in 0..3 {
+            let row: Option<InsertRow> = sqlx::query_as(
+                "WITH ins AS ( \
+                    INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
+                        to_number, from_sender, body, segments, encoding, metadata, \
+                        validity_seconds, provider, attempts, next_attempt_at, send_at, \
+                        created_at, updated_at, expires_at, deadline_at) \
+                    VALUES ($1, $2, $3, $4, 'scheduled', $5, $6, $7, $8, $9, $10, $11, $12, 0, \
+                        $13, $14, $15, $15, $16, $17) \
+                    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
+                    RETURNING id) \
+                 SELECT true AS created, ins.id, NULL::bytea AS fingerprint, \
+                    NULL::text AS status, NULL::smallint AS response_code, \
+                    NULL::bytea AS response_body, false AS opted_out, \
+                    NULL::timestamptz AS lease_expires_at \
+                 FROM ins \
+                 UNION ALL \
+                 SELECT false, m.id, m.fingerprint, m.status, m.response_code, m.response_body, \
+                    false, NULL::timestamptz \
+                 FROM messages m \
+                 WHERE m.tenant_id = $2 AND m.idempotency_key = $3 \
+                    AND NOT EXISTS (SELECT 1 FROM ins)",
+            )
+            .bind(m.id.0)
+            .bind(m.tenant_id)
+            .bind(&m.idempotency_key)
+            .bind(&m.fingerprint)
+            .bind(&m.to)
+            .bind(&m.from)
+            .bind(&m.body)
+            .bind(to_i32(m.segments))
+            .bind(m.encoding)
+            .bind(Json(&m.metadata))
+            .bind(m.validity_seconds)
+            .bind(&m.provider)
+            .bind(db(due))
+            .bind(send_at.map(db))
+            .bind(db(m.created_at))
+            .bind(m.expires_at.map(db))
+            .bind(db(m.deadline_at))
+            .fetch_optional(&self.pool)
+            .await?;
+            if let Some(row) = row {
+                if row.created {
+                    return Ok(Claim::Created(Box::new(MessageRecord::scheduled(
+                        m, due, send_at,
+                    ))));
+                }
+                let (Some(fingerprint), Some(status)) = (row.fingerprint, row.status) else {
+                    return Err(StoreError::Invariant("a taken key's row without its state"));
+                };
+                return Ok(Claim::Existing(KeyState {
+                    id: MessageId(row.id),
+                    fingerprint,
+                    status,
+                    response: stored_response(row.response_code, row.response_body),
+                }));
+            }
+            if let Some(state) = self
+                .key_state(m.tenant_id, m.idempotency_key.as_str())
+                .await?
+            {
+                return Ok(Claim::Existing(state));
+            }
+        }
+        Err(StoreError::Invariant(
+            "the key was taken and released three times in a row",
+        ))
+    }
+
     /// The fenced final write of one message.
     #[tracing::instrument(name = "store.finish", level = "debug", skip_all, fields(message_id = %f.id, status = f.status.as_str()))]
     pub(super) async fn finish_one(&self, f: &Finish) -> Result<bool, StoreError> {
@@ -176,6 +256,47 @@ impl MessageStore for PgStore {
     /// Coalesced with concurrent claims (`batch.rs`).
     async fn insert_message(&self, m: &NewMessage, lease: &Lease) -> Result<Claim, StoreError> {
         self.lanes().claim.call((m.clone(), lease.clone())).await
+    }
+
+    async fn schedule_message(
+        &self,
+        m: &NewMessage,
+        due: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
+    ) -> Result<Claim, StoreError> {
+        self.schedule_one(m, due, send_at).await
+    }
+
+    async fn insert_batch(&self, items: &[Queued]) -> Result<Vec<Claim>, StoreError> {
+        self.insert_queued(items).await
+    }
+
+    #[tracing::instrument(name = "store.cancel_message", level = "debug", skip_all, fields(message_id = %id))]
+    async fn cancel_message(
+        &self,
+        id: MessageId,
+        attempts: u32,
+        now: OffsetDateTime,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        // One statement: under READ COMMITTED a concurrent claim or attempt
+        // that committed first is re-checked against this WHERE (and one
+        // still running holds the row lock until it commits), so the row
+        // is canceled only if it still qualifies when written.
+        let done = sqlx::query(concat!(
+            "UPDATE messages m SET status = 'canceled', response_code = $3, \
+                response_body = $4, updated_at = $5, finalized_at = $5, next_attempt_at = NULL \
+             WHERE m.id = $1 AND m.attempts = $2 AND ",
+            cancelable_sql!()
+        ))
+        .bind(id.0)
+        .bind(to_i32(attempts))
+        .bind(i16::try_from(response.status_code).unwrap_or(500))
+        .bind(&response.body)
+        .bind(db(now))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     #[tracing::instrument(name = "store.key_state", level = "debug", skip_all)]
@@ -366,13 +487,14 @@ impl MessageStore for PgStore {
         // SKIP LOCKED: two claimers scanning at once never wait for, nor get,
         // the same row; the lock is held only for this statement.
         let rows: Vec<MessageRow> = sqlx::query_as(concat!(
-            "UPDATE messages m SET lease_token = gen_random_uuid(), lease_owner = $1, \
-                lease_expires_at = now() + $3 * interval '1 microsecond' \
+            "UPDATE messages m SET status = 'processing', lease_token = gen_random_uuid(), \
+                lease_owner = $1, lease_expires_at = now() + $3 * interval '1 microsecond' \
              WHERE m.id IN ( \
                 SELECT id FROM messages \
-                WHERE status = 'processing' \
-                  AND ((lease_token IS NULL AND next_attempt_at <= $2) \
-                       OR lease_expires_at <= now()) \
+                WHERE (status = 'processing' \
+                       AND ((lease_token IS NULL AND next_attempt_at <= $2) \
+                            OR lease_expires_at <= now())) \
+                   OR (status = 'scheduled' AND next_attempt_at <= $2) \
                 ORDER BY COALESCE(next_attempt_at, lease_expires_at) \
                 LIMIT $4 FOR UPDATE SKIP LOCKED) \
              RETURNING ",

@@ -16,6 +16,7 @@ use crate::config::Pooler;
 use crate::metrics::BatchSizes;
 
 mod batch;
+mod campaigns;
 pub mod connect;
 mod console;
 mod maintenance;

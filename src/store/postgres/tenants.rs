@@ -1,5 +1,6 @@
 //! Tenants, API keys and tenant settings on Postgres.
 
+use crate::domain::quiet::QuietHours;
 use async_trait::async_trait;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -94,8 +95,16 @@ impl TenantStore for PgStore {
 
     #[tracing::instrument(name = "store.tenant_for_key", level = "debug", skip_all)]
     async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError> {
-        let row: Option<(Uuid, Option<Vec<String>>, Option<Vec<String>>, bool)> = sqlx::query_as(
-            "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, t.name = 'default' \
+        type Row = (
+            Uuid,
+            Option<Vec<String>>,
+            Option<Vec<String>>,
+            bool,
+            Option<String>,
+        );
+        let row: Option<Row> = sqlx::query_as(
+            "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, t.name = 'default', \
+                t.quiet_hours \
              FROM api_keys k \
              JOIN tenants t ON t.id = k.tenant_id \
              WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
@@ -104,11 +113,12 @@ impl TenantStore for PgStore {
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(
-            |(id, allowed_countries, allowed_senders, bootstrap_tenant)| TenantAuth {
+            |(id, allowed_countries, allowed_senders, bootstrap_tenant, quiet)| TenantAuth {
                 id,
                 allowed_countries,
                 allowed_senders,
                 bootstrap_tenant,
+                quiet_hours: quiet.as_deref().and_then(QuietHours::parse),
             },
         ))
     }
@@ -178,6 +188,25 @@ impl TenantStore for PgStore {
         let done = sqlx::query("UPDATE tenants SET allowed_countries = $2 WHERE name = $1")
             .bind(tenant_name)
             .bind(countries)
+            .execute(&self.pool)
+            .await?;
+        if let Some(acks) = acks
+            && done.rows_affected() > 0
+        {
+            acks.wait().await;
+        }
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn set_quiet_hours(
+        &self,
+        tenant_name: &str,
+        window: Option<QuietHours>,
+    ) -> Result<bool, StoreError> {
+        let acks = Acks::start(&self.pool).await;
+        let done = sqlx::query("UPDATE tenants SET quiet_hours = $2 WHERE name = $1")
+            .bind(tenant_name)
+            .bind(window.map(|w| w.to_string()))
             .execute(&self.pool)
             .await?;
         if let Some(acks) = acks

@@ -47,7 +47,7 @@ impl MaintenanceStore for SqliteStore {
             Box::pin(async move {
                 let done = sqlx::query(
                     "DELETE FROM messages WHERE id IN ( \
-                        SELECT id FROM messages WHERE created_at < ? AND status <> 'processing' \
+                        SELECT id FROM messages WHERE created_at < ? AND status NOT IN ('processing', 'scheduled') \
                         ORDER BY created_at LIMIT ?)",
                 )
                 .bind(db(cutoff))

@@ -16,7 +16,7 @@ use crate::store::row::{
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
     AttemptResult, AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore,
-    NewMessage, Reschedule, StoreError,
+    NewMessage, Queued, Reschedule, StoreError, StoredResponse,
 };
 
 /// Closes an open attempt with its result (inside the caller's transaction).
@@ -273,11 +273,13 @@ async fn claim_due(
     // database's only.
     let ids: Vec<Uuid> = sqlx::query_scalar(concat!(
         "SELECT id FROM messages \
-         WHERE status = 'processing' \
-           AND ((lease_token IS NULL AND next_attempt_at <= ?) OR lease_expires_at <= ",
+         WHERE (status = 'processing' \
+                AND ((lease_token IS NULL AND next_attempt_at <= ?) OR lease_expires_at <= ",
         db_now!(),
-        ") ORDER BY COALESCE(next_attempt_at, lease_expires_at) LIMIT ?",
+        ")) OR (status = 'scheduled' AND next_attempt_at <= ?) \
+         ORDER BY COALESCE(next_attempt_at, lease_expires_at) LIMIT ?",
     ))
+    .bind(db(now))
     .bind(db(now))
     .bind(i64::from(limit))
     .fetch_all(&mut *c)
@@ -291,7 +293,8 @@ async fn claim_due(
             written,
         };
         sqlx::query(concat!(
-            "UPDATE messages SET lease_token = ?, lease_owner = ?, lease_expires_at = ",
+            "UPDATE messages SET status = 'processing', lease_token = ?, lease_owner = ?, \
+             lease_expires_at = ",
             db_now!(),
             " + ? WHERE id = ?",
         ))
@@ -328,6 +331,29 @@ impl MessageStore for SqliteStore {
         let (m, lease) = (m.clone(), lease.clone());
         self.write(move |c| Box::pin(async move { insert(c, &m, &lease).await }))
             .await
+    }
+
+    async fn schedule_message(
+        &self,
+        m: &NewMessage,
+        due: OffsetDateTime,
+        send_at: Option<OffsetDateTime>,
+    ) -> Result<Claim, StoreError> {
+        self.schedule_one(m, due, send_at).await
+    }
+
+    async fn insert_batch(&self, items: &[Queued]) -> Result<Vec<Claim>, StoreError> {
+        self.insert_queued(items).await
+    }
+
+    async fn cancel_message(
+        &self,
+        id: MessageId,
+        attempts: u32,
+        now: OffsetDateTime,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        self.cancel_one(id, attempts, now, response).await
     }
 
     #[tracing::instrument(name = "store.key_state", level = "debug", skip_all)]

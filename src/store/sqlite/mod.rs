@@ -24,6 +24,7 @@ use tokio::sync::{OnceCell, mpsc};
 
 use super::{SqlxResultExt, StoreError};
 
+mod campaigns;
 mod console;
 mod maintenance;
 mod messages;

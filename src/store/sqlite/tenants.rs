@@ -1,5 +1,6 @@
 //! Tenants, API keys and tenant settings on SQLite.
 
+use crate::domain::quiet::QuietHours;
 use async_trait::async_trait;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -100,8 +101,10 @@ impl TenantStore for SqliteStore {
 
     #[tracing::instrument(name = "store.tenant_for_key", level = "debug", skip_all)]
     async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError> {
-        let row: Option<(Uuid, Option<String>, Option<String>, bool)> = sqlx::query_as(
-            "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, t.name = 'default' \
+        type Row = (Uuid, Option<String>, Option<String>, bool, Option<String>);
+        let row: Option<Row> = sqlx::query_as(
+            "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, t.name = 'default', \
+                t.quiet_hours \
              FROM api_keys k \
              JOIN tenants t ON t.id = k.tenant_id \
              WHERE k.key_hash = ? AND k.revoked_at IS NULL",
@@ -109,15 +112,16 @@ impl TenantStore for SqliteStore {
         .bind(key_hash)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(
-            row.map(|(id, countries, senders, bootstrap_tenant)| TenantAuth {
+        Ok(row.map(
+            |(id, countries, senders, bootstrap_tenant, quiet)| TenantAuth {
                 id,
                 // Stored comma-separated: SQLite has no arrays.
                 allowed_countries: countries.as_deref().map(split_list),
                 allowed_senders: senders.as_deref().map(split_list),
                 bootstrap_tenant,
-            }),
-        )
+                quiet_hours: quiet.as_deref().and_then(QuietHours::parse),
+            },
+        ))
     }
 
     async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError> {
@@ -191,6 +195,25 @@ impl TenantStore for SqliteStore {
             Box::pin(async move {
                 let done = sqlx::query("UPDATE tenants SET allowed_countries = ? WHERE name = ?")
                     .bind(&countries)
+                    .bind(&tenant_name)
+                    .execute(&mut *c)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
+    }
+
+    async fn set_quiet_hours(
+        &self,
+        tenant_name: &str,
+        window: Option<QuietHours>,
+    ) -> Result<bool, StoreError> {
+        let (window, tenant_name) = (window.map(|w| w.to_string()), tenant_name.to_string());
+        self.write(move |c| {
+            Box::pin(async move {
+                let done = sqlx::query("UPDATE tenants SET quiet_hours = ? WHERE name = ?")
+                    .bind(&window)
                     .bind(&tenant_name)
                     .execute(&mut *c)
                     .await?;

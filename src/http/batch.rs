@@ -1,0 +1,435 @@
+//! `POST /messages/batch`: up to 1,000 sends in one request.
+//!
+//! Each item is exactly what `POST /messages` with its `idempotency_key` as
+//! the `Idempotency-Key` and `Prefer: respond-async` would be: a new key is
+//! created (202), the same key and item replays (the stored answer, or 202
+//! for a message still scheduled; 409 while one is being sent), the same key
+//! with another item is refused (422), an invalid item is refused with its
+//! field errors (400), an item over a destination rate limit gets 429. One
+//! item's refusal never affects the others; results come in request order.
+//!
+//! All new rows are written by one statement (Postgres) or one writer
+//! transaction (SQLite), without leases: each is `scheduled` for its
+//! `send_at` or `processing` due now, and every instance's scheduler starts
+//! them at the pace of its free send slots (a batch never fills one
+//! instance's send queue, and a crash right after the answer loses none).
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Map, Value, json};
+
+use super::messages::{
+    check_policy, is_json, new_message, read_body_limited, start_with_quiet_hours,
+};
+use super::{Authenticated, SharedState};
+use crate::domain::request::{RequestError, duplicate_key};
+use crate::domain::schedule;
+use crate::domain::{FieldError, IdempotencyKey, SendRequest, Status};
+use crate::error::{ApiError, problem_value};
+use crate::store::{Claim, KeyState, Queued, TenantAuth};
+
+/// Largest batch body accepted (413 above).
+pub const BATCH_BODY_LIMIT: usize = 1024 * 1024;
+/// Most items in one batch (413 above).
+pub const BATCH_MAX_ITEMS: usize = 1000;
+
+pub fn router() -> Router<SharedState> {
+    // `GET` here is the message whose key is `batch` (a static route wins
+    // over `/messages/{key}`).
+    Router::new().route(
+        "/messages/batch",
+        post(create_batch).get(super::messages::get_message_named_batch),
+    )
+}
+
+/// One item's answer.
+struct ItemResult {
+    key: String,
+    status: StatusCode,
+    message: Option<Value>,
+    problem: Option<Value>,
+}
+
+impl ItemResult {
+    fn refused(key: String, e: &ApiError) -> Self {
+        Self {
+            key,
+            status: e.status(),
+            message: None,
+            problem: Some(problem_value(e)),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let mut o = Map::new();
+        o.insert("idempotency_key".into(), Value::String(self.key.clone()));
+        o.insert("status".into(), json!(self.status.as_u16()));
+        if let Some(m) = &self.message {
+            o.insert("message".into(), m.clone());
+        }
+        if let Some(p) = &self.problem {
+            o.insert("problem".into(), p.clone());
+        }
+        Value::Object(o)
+    }
+}
+
+/// A valid item, about to be written.
+struct Valid {
+    index: usize,
+    fingerprint: [u8; 32],
+    queued: Queued,
+    permit: Option<crate::ratelimit::SendPermit>,
+}
+
+/// What becomes of one item before the write.
+enum Parsed {
+    Done(ItemResult),
+    Valid(Box<Valid>),
+    /// The same key as an earlier item of this batch.
+    Repeat {
+        first: usize,
+        key: String,
+        fingerprint: [u8; 32],
+    },
+}
+
+async fn create_batch(
+    State(state): State<SharedState>,
+    Authenticated(tenant): Authenticated,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    // The batch is one request for the tenant's request rate; each new item
+    // counts against the destination limits like a send.
+    state
+        .limiter
+        .request(tenant.id)
+        .map_err(|r| ApiError::RateLimited {
+            limit: r.limit,
+            retry_after: r.retry_after,
+        })?;
+    if !is_json(&headers) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let bytes = read_body_limited(body, state.body_read_timeout, BATCH_BODY_LIMIT).await?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|_| ApiError::MalformedJson)?;
+    // Items are read from the parsed value; a duplicated JSON key anywhere
+    // would mean different things to different parsers.
+    if let Some(path) = duplicate_key(&bytes) {
+        return Err(ApiError::Validation(vec![FieldError {
+            field: path,
+            message: "appears more than once in the JSON object".into(),
+        }]));
+    }
+    let items = batch_items(value)?;
+    let now = state.clock.now();
+
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut parsed = Vec::with_capacity(items.len());
+    for (index, item) in items.into_iter().enumerate() {
+        let p = parse_item(&state, &tenant, index, item, now, &mut seen).await?;
+        parsed.push(p);
+    }
+
+    let mut permits: HashMap<usize, crate::ratelimit::SendPermit> = parsed
+        .iter_mut()
+        .filter_map(|p| match p {
+            Parsed::Valid(v) => v.permit.take().map(|permit| (v.index, permit)),
+            _ => None,
+        })
+        .collect();
+    let valid: Vec<&Valid> = parsed
+        .iter()
+        .filter_map(|p| match p {
+            Parsed::Valid(v) => Some(&**v),
+            _ => None,
+        })
+        .collect();
+    let queued: Vec<Queued> = valid.iter().map(|v| v.queued.clone()).collect();
+    let claims = if queued.is_empty() {
+        Vec::new()
+    } else {
+        state.store.insert_batch(&queued).await?
+    };
+    let mut by_index: HashMap<usize, (&Valid, &Claim)> = HashMap::new();
+    for (v, claim) in valid.iter().zip(&claims) {
+        by_index.insert(v.index, (v, claim));
+    }
+
+    let mut results = Vec::with_capacity(parsed.len());
+    let mut wake = None::<time::OffsetDateTime>;
+    for p in &parsed {
+        let r = match p {
+            Parsed::Done(r) => ItemResult {
+                key: r.key.clone(),
+                status: r.status,
+                message: r.message.clone(),
+                problem: r.problem.clone(),
+            },
+            Parsed::Valid(v) => {
+                let Some((v, claim)) = by_index.get(&v.index) else {
+                    return Err(ApiError::Internal("a batch item without its answer".into()));
+                };
+                let key = v.queued.message.idempotency_key.to_string();
+                match claim {
+                    Claim::Created(record) => {
+                        if let Some(at) = record.next_attempt_at {
+                            wake = Some(wake.map_or(at, |w| w.min(at)));
+                        }
+                        ItemResult {
+                            key,
+                            status: StatusCode::ACCEPTED,
+                            message: serde_json::to_value(record.to_out()).ok(),
+                            problem: None,
+                        }
+                    }
+                    Claim::Existing(existing) => {
+                        if let Some(permit) = permits.remove(&v.index) {
+                            state.limiter.refund(permit);
+                        }
+                        existing_result(&state, key, &v.fingerprint, existing).await?
+                    }
+                }
+            }
+            Parsed::Repeat {
+                first,
+                key,
+                fingerprint,
+            } => {
+                // What a POST right after the first item would get.
+                match by_index.get(first) {
+                    Some((v, Claim::Created(record))) => {
+                        let state_now = KeyState {
+                            id: record.id,
+                            fingerprint: v.fingerprint.to_vec(),
+                            status: record.status,
+                            response: None,
+                        };
+                        existing_result(&state, key.clone(), fingerprint, &state_now).await?
+                    }
+                    Some((_, Claim::Existing(existing))) => {
+                        existing_result(&state, key.clone(), fingerprint, existing).await?
+                    }
+                    // The first was refused before the write (invalid or
+                    // rate limited): so is this one, for the same reason.
+                    None => match parsed.get(*first) {
+                        Some(Parsed::Done(r)) => ItemResult {
+                            key: key.clone(),
+                            status: r.status,
+                            message: r.message.clone(),
+                            problem: r.problem.clone(),
+                        },
+                        _ => {
+                            return Err(ApiError::Internal(
+                                "a repeated batch key without its first".into(),
+                            ));
+                        }
+                    },
+                }
+            }
+        };
+        results.push(r.to_json());
+    }
+    if let Some(at) = wake {
+        state.deliverer.nudge_at(at);
+    }
+    Ok((StatusCode::OK, axum::Json(json!({ "results": results }))).into_response())
+}
+
+/// The `messages` array, 1 to [`BATCH_MAX_ITEMS`] items.
+fn batch_items(value: Value) -> Result<Vec<Value>, ApiError> {
+    let field = |message: &str| {
+        ApiError::Validation(vec![FieldError {
+            field: "messages".into(),
+            message: message.into(),
+        }])
+    };
+    let Value::Object(mut map) = value else {
+        return Err(ApiError::Validation(vec![FieldError {
+            field: String::new(),
+            message: "the request body must be a JSON object".into(),
+        }]));
+    };
+    let unknown: Vec<FieldError> = map
+        .keys()
+        .filter(|k| k.as_str() != "messages")
+        .take(10)
+        .map(|k| FieldError {
+            field: k.chars().take(40).collect(),
+            message: "is not a known field".into(),
+        })
+        .collect();
+    if !unknown.is_empty() {
+        return Err(ApiError::Validation(unknown));
+    }
+    match map.remove("messages") {
+        None | Some(Value::Null) => Err(field("is required")),
+        Some(Value::Array(items)) if items.is_empty() => Err(field("must have at least one item")),
+        Some(Value::Array(items)) if items.len() > BATCH_MAX_ITEMS => {
+            Err(ApiError::PayloadTooLarge)
+        }
+        Some(Value::Array(items)) => Ok(items),
+        Some(_) => Err(field("must be an array of messages")),
+    }
+}
+
+/// Validates one item and takes its rate-limit permit.
+async fn parse_item(
+    state: &SharedState,
+    tenant: &TenantAuth,
+    index: usize,
+    item: Value,
+    now: time::OffsetDateTime,
+    seen: &mut HashMap<String, usize>,
+) -> Result<Parsed, ApiError> {
+    let Value::Object(mut fields) = item else {
+        let e = ApiError::Validation(vec![FieldError {
+            field: String::new(),
+            message: "each item must be a JSON object".into(),
+        }]);
+        return Ok(Parsed::Done(ItemResult::refused(String::new(), &e)));
+    };
+    let raw_key = match fields.remove("idempotency_key") {
+        Some(Value::String(k)) => k,
+        None | Some(Value::Null) => {
+            return Ok(Parsed::Done(ItemResult::refused(
+                String::new(),
+                &ApiError::MissingIdempotencyKey,
+            )));
+        }
+        Some(_) => {
+            let e = ApiError::Validation(vec![FieldError {
+                field: "idempotency_key".into(),
+                message: "must be a string".into(),
+            }]);
+            return Ok(Parsed::Done(ItemResult::refused(String::new(), &e)));
+        }
+    };
+    let key = match IdempotencyKey::parse(&raw_key) {
+        Ok(k) => k,
+        Err(e) => {
+            let shown: String = raw_key.chars().take(255).collect();
+            return Ok(Parsed::Done(ItemResult::refused(
+                shown,
+                &ApiError::InvalidIdempotencyKey(e),
+            )));
+        }
+    };
+    let key_text = key.to_string();
+    let body = serde_json::to_vec(&Value::Object(fields)).unwrap_or_default();
+    let request = match SendRequest::parse(&body) {
+        Ok(r) => r,
+        Err(RequestError::Malformed) => {
+            return Ok(Parsed::Done(ItemResult::refused(
+                key_text,
+                &ApiError::MalformedJson,
+            )));
+        }
+        Err(RequestError::Invalid(errors)) => {
+            return Ok(Parsed::Done(ItemResult::refused(
+                key_text,
+                &ApiError::Validation(errors),
+            )));
+        }
+    };
+    if let Err(e) = check_policy(&request, tenant, state.max_segments) {
+        return Ok(Parsed::Done(ItemResult::refused(key_text, &e)));
+    }
+    let due = match schedule::start_at(request.send_at, now) {
+        Ok(due) => start_with_quiet_hours(&request, tenant, due, now),
+        Err(e) => {
+            return Ok(Parsed::Done(ItemResult::refused(
+                key_text,
+                &ApiError::Validation(vec![e]),
+            )));
+        }
+    };
+    let fingerprint = request.fingerprint();
+    if let Some(&first) = seen.get(&key_text) {
+        return Ok(Parsed::Repeat {
+            first,
+            key: key_text,
+            fingerprint,
+        });
+    }
+    seen.insert(key_text.clone(), index);
+
+    // Destination limits count new sends only: a refused item whose key
+    // exists is a replay (or a 422) and goes on.
+    let permit = match state.limiter.send(tenant.id, &request.to) {
+        Ok(p) => Some(p),
+        Err(refused) => match state.store.key_state(tenant.id, key.as_str()).await? {
+            Some(existing) => {
+                return Ok(Parsed::Done(
+                    existing_result(state, key_text, &fingerprint, &existing).await?,
+                ));
+            }
+            None => {
+                let e = ApiError::RateLimited {
+                    limit: refused.limit,
+                    retry_after: refused.retry_after,
+                };
+                return Ok(Parsed::Done(ItemResult::refused(key_text, &e)));
+            }
+        },
+    };
+    let send_at = request.send_at.filter(|t| *t > now);
+    let message = new_message(
+        state,
+        tenant.id,
+        key,
+        request,
+        &fingerprint,
+        now,
+        due.unwrap_or(now),
+    );
+    Ok(Parsed::Valid(Box::new(Valid {
+        index,
+        fingerprint,
+        queued: Queued {
+            message,
+            due: due.unwrap_or(now),
+            send_at,
+        },
+        permit,
+    })))
+}
+
+/// What a respond-async `POST /messages` with a taken key answers.
+async fn existing_result(
+    state: &SharedState,
+    key: String,
+    fingerprint: &[u8],
+    existing: &KeyState,
+) -> Result<ItemResult, ApiError> {
+    if existing.fingerprint != fingerprint {
+        return Ok(ItemResult::refused(key, &ApiError::KeyReused));
+    }
+    if let Some(response) = &existing.response {
+        return Ok(ItemResult {
+            key,
+            status: StatusCode::from_u16(response.status_code).unwrap_or(StatusCode::CREATED),
+            message: serde_json::from_slice(&response.body).ok(),
+            problem: None,
+        });
+    }
+    if existing.status == Status::Scheduled
+        && let Some(record) = state.store.message_by_id(existing.id).await?
+        && record.status == Status::Scheduled
+    {
+        return Ok(ItemResult {
+            key,
+            status: StatusCode::ACCEPTED,
+            message: serde_json::to_value(record.to_out()).ok(),
+            problem: None,
+        });
+    }
+    Ok(ItemResult::refused(key, &ApiError::KeyInUse))
+}

@@ -10,7 +10,9 @@ use time::macros::format_description;
 use uuid::Uuid;
 
 use crate::domain::{MessageId, Status};
-use crate::store::{AttemptRow, MessageEvent, MessageRecord, OverviewCounts, ReceiptRow};
+use crate::store::{
+    AttemptRow, MessageEvent, MessageRecord, MessageWebhookDelivery, OverviewCounts, ReceiptRow,
+};
 
 /// Longest search box entry (an idempotency key is at most 255 characters).
 pub const MAX_QUERY: usize = 255;
@@ -185,6 +187,7 @@ pub enum Kind {
     Reconciliation,
     Receipt,
     Final,
+    Webhook,
 }
 
 impl Kind {
@@ -197,6 +200,7 @@ impl Kind {
             Kind::Reconciliation => "reconciliation",
             Kind::Receipt => "receipt",
             Kind::Final => "final",
+            Kind::Webhook => "webhook",
         }
     }
 }
@@ -213,16 +217,19 @@ pub struct Entry {
 
 /// Everything that happened to one message, on one time axis, oldest first
 /// (ties keep the order in which they happened: accepted, attempts with
-/// their retries, routing, the final status, receipts).
+/// their retries, routing, the final status, receipts, webhook deliveries).
 ///
-/// Webhook deliveries join here when they land (issue 14's records, as
-/// `Kind::Webhook` entries), as do scheduled sends (issue 15: a `Kind::Scheduled`
-/// entry before the first attempt).
+/// Webhook deliveries of the message's events (issue 14) are `Kind::Webhook`
+/// entries: one per delivery attempt (endpoint, event type, HTTP status or
+/// error, duration), then one for where the delivery stands (see
+/// [`webhook_state`]). Scheduled sends join here when they land (issue 15: a
+/// `Kind::Scheduled` entry before the first attempt).
 pub fn timeline(
     m: &MessageRecord,
     attempts: &[AttemptRow],
     routing: &[MessageEvent],
     receipts: &[ReceiptRow],
+    webhooks: &[MessageWebhookDelivery],
 ) -> Vec<Entry> {
     let mut out = vec![Entry {
         at: m.created_at,
@@ -363,7 +370,72 @@ pub fn timeline(
             facts,
         });
     }
+    for d in webhooks {
+        out.extend(webhook_entries(d));
+    }
     out.sort_by_key(|e| e.at);
+    out
+}
+
+/// Where a webhook delivery stands, as the last line of its entries: when
+/// the next attempt is due, `delivered`, `given up` or `endpoint disabled`.
+pub fn webhook_state(d: &MessageWebhookDelivery) -> String {
+    let gone = d.attempts.last().is_some_and(|a| a.outcome == "gone");
+    match d.status.as_str() {
+        "pending" => match (d.next_attempt_at, d.attempts.len()) {
+            (Some(due), 0) => format!("first attempt due at {}", when(due)),
+            (Some(due), n) => format!("attempt {} due at {}", n + 1, when(due)),
+            (None, _) => "waiting".into(),
+        },
+        "succeeded" => "delivered".into(),
+        "failed" if gone => "endpoint disabled".into(),
+        "failed" => format!(
+            "given up after {} attempt{}",
+            d.attempts.len(),
+            if d.attempts.len() == 1 { "" } else { "s" }
+        ),
+        "canceled" => "endpoint disabled".into(),
+        other => other.to_string(),
+    }
+}
+
+/// A delivery's entries: each attempt, then where it stands.
+fn webhook_entries(d: &MessageWebhookDelivery) -> Vec<Entry> {
+    let mut out = Vec::with_capacity(d.attempts.len() + 1);
+    let about = || vec![("event", d.event_type.clone()), ("endpoint", d.url.clone())];
+    for a in &d.attempts {
+        let mut facts = about();
+        facts.push(("answer", a.outcome.clone()));
+        if let Some(s) = a.http_status {
+            facts.push(("HTTP status", s.to_string()));
+        }
+        if let Some(e) = &a.error {
+            facts.push(("error", e.clone()));
+        }
+        facts.push(("duration", human(span(a.started_at, a.finished_at))));
+        out.push(Entry {
+            at: a.started_at,
+            kind: Kind::Webhook,
+            title: format!("Webhook {} attempt {}", d.event_type, a.number),
+            facts,
+        });
+    }
+    let last = d.attempts.last().map(|a| a.finished_at);
+    let at = match d.status.as_str() {
+        // Waiting: placed after what it waits on.
+        "pending" => last.unwrap_or(d.event_at),
+        _ => last.map_or(d.updated_at, |f| f.max(d.updated_at)),
+    };
+    let mut facts = about();
+    if let (false, Some(r)) = (d.endpoint_enabled, &d.endpoint_disabled_reason) {
+        facts.push(("endpoint disabled", r.clone()));
+    }
+    out.push(Entry {
+        at,
+        kind: Kind::Webhook,
+        title: format!("Webhook {}: {}", d.event_type, webhook_state(d)),
+        facts,
+    });
     out
 }
 

@@ -8,7 +8,10 @@ use time::macros::datetime;
 
 use super::decide::*;
 use crate::domain::{Encoding, IdempotencyKey, MessageError, MessageId, Phone, Status};
-use crate::store::{AttemptRow, MessageRecord, OverviewCounts, ReceiptRow};
+use crate::store::{
+    AttemptRow, MessageRecord, MessageWebhookAttempt, MessageWebhookDelivery, OverviewCounts,
+    ReceiptRow,
+};
 
 const T0: OffsetDateTime = datetime!(2026-12-01 14:02:11 UTC);
 
@@ -228,7 +231,7 @@ fn the_timeline_puts_everything_on_one_axis() {
         applied: true,
         received_at: at(5),
     }];
-    let entries = timeline(&m, &attempts, &[], &receipts);
+    let entries = timeline(&m, &attempts, &[], &receipts, &[]);
     let kinds: Vec<Kind> = entries.iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds,
@@ -249,11 +252,113 @@ fn the_timeline_puts_everything_on_one_axis() {
     // A retry still waiting shows its due time.
     let mut waiting = message(Status::Processing);
     waiting.next_attempt_at = Some(at(60));
-    let entries = timeline(&waiting, &[attempt(1, 0, 1, "ambiguous")], &[], &[]);
+    let entries = timeline(&waiting, &[attempt(1, 0, 1, "ambiguous")], &[], &[], &[]);
     assert_eq!(
         entries.last().map(|e| e.title.as_str()),
         Some("Retry scheduled: attempt 2 due at 2026-12-01 14:03:11 UTC")
     );
+}
+
+fn hook(status: &str, attempts: &[(i64, Option<u16>, &str)]) -> MessageWebhookDelivery {
+    MessageWebhookDelivery {
+        event_type: "message.sent".into(),
+        event_at: at(3),
+        url: "https://hooks.example.com/sms".into(),
+        status: status.into(),
+        next_attempt_at: (status == "pending").then(|| at(300)),
+        updated_at: at(3 + attempts.last().map_or(0, |a| a.0 + 1)),
+        endpoint_enabled: !matches!(status, "canceled")
+            && attempts.last().is_none_or(|a| a.2 != "gone"),
+        endpoint_disabled_reason: (status == "canceled"
+            || attempts.last().is_some_and(|a| a.2 == "gone"))
+        .then(|| "the endpoint answered 410 Gone".into()),
+        attempts: attempts
+            .iter()
+            .enumerate()
+            .map(|(i, (start, http_status, outcome))| MessageWebhookAttempt {
+                number: u32::try_from(i + 1).unwrap(),
+                outcome: (*outcome).into(),
+                http_status: *http_status,
+                error: http_status.is_none().then(|| "timed out after 10 s".into()),
+                started_at: at(3 + start),
+                finished_at: at(3 + start) + time::Duration::milliseconds(250),
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn webhook_deliveries_join_the_timeline_with_where_they_stand() {
+    // (delivery, its state line, the entries' kinds after the final status)
+    let cases = [
+        (
+            hook("pending", &[]),
+            "Webhook message.sent: first attempt due at 2026-12-01 14:07:11 UTC",
+        ),
+        (
+            hook("pending", &[(0, Some(500), "failed")]),
+            "Webhook message.sent: attempt 2 due at 2026-12-01 14:07:11 UTC",
+        ),
+        (
+            hook("succeeded", &[(0, Some(204), "succeeded")]),
+            "Webhook message.sent: delivered",
+        ),
+        (
+            hook("failed", &[(0, None, "failed"), (5, Some(503), "failed")]),
+            "Webhook message.sent: given up after 2 attempts",
+        ),
+        (
+            hook("failed", &[(0, Some(410), "gone")]),
+            "Webhook message.sent: endpoint disabled",
+        ),
+        (
+            hook("canceled", &[]),
+            "Webhook message.sent: endpoint disabled",
+        ),
+    ];
+    for (d, state) in cases {
+        let mut m = message(Status::Sent);
+        m.sent_at = Some(at(3));
+        let entries = timeline(
+            &m,
+            &[attempt(1, 0, 3, "sent")],
+            &[],
+            &[],
+            std::slice::from_ref(&d),
+        );
+        let hooks: Vec<&Entry> = entries.iter().filter(|e| e.kind == Kind::Webhook).collect();
+        assert_eq!(hooks.len(), d.attempts.len() + 1, "{state}");
+        // Attempts first, in order, then where the delivery stands, last on the axis.
+        assert_eq!(hooks.last().map(|e| e.title.as_str()), Some(state));
+        assert_eq!(entries.last().map(|e| e.title.as_str()), Some(state));
+        for (e, a) in hooks.iter().zip(&d.attempts) {
+            assert_eq!(
+                e.title,
+                format!("Webhook message.sent attempt {}", a.number)
+            );
+            assert_eq!(e.at, a.started_at);
+            assert!(
+                e.facts
+                    .contains(&("endpoint", "https://hooks.example.com/sms".into()))
+            );
+            assert!(e.facts.contains(&("duration", "250 ms".into())), "{state}");
+            match a.http_status {
+                Some(s) => assert!(e.facts.contains(&("HTTP status", s.to_string()))),
+                None => assert!(e.facts.contains(&("error", "timed out after 10 s".into()))),
+            }
+        }
+        // The final status comes before any webhook about it.
+        let fin = entries.iter().position(|e| e.kind == Kind::Final).unwrap();
+        let first_hook = entries
+            .iter()
+            .position(|e| e.kind == Kind::Webhook)
+            .unwrap();
+        assert!(fin < first_hook, "{state}");
+        let disabled = hooks
+            .last()
+            .is_some_and(|e| e.facts.iter().any(|(n, _)| *n == "endpoint disabled"));
+        assert_eq!(disabled, state.ends_with("endpoint disabled"), "{state}");
+    }
 }
 
 #[test]

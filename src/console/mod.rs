@@ -586,7 +586,11 @@ async fn timeline(
     let attempts = state.store.attempts(m.id).await?;
     let routing = state.store.message_events(m.id).await?;
     let receipts = state.store.receipts(m.id).await?;
-    let entries = decide::timeline(&m, &attempts, &routing, &receipts);
+    let webhooks = state
+        .store
+        .message_webhook_deliveries(session.tenant_id, m.id)
+        .await?;
+    let entries = decide::timeline(&m, &attempts, &routing, &receipts, &webhooks);
     // A verification's SMS is stored sealed: show its template, code masked.
     let verification = match m
         .metadata
@@ -600,10 +604,18 @@ async fn timeline(
         Some(v) => crate::verify::masked(v),
         None => decide::masked_body(&m.body),
     };
-    Ok(
-        Html(pages::timeline(&session, &m, &body, verification.as_ref(), &entries).into_string())
-            .into_response(),
+    Ok(Html(
+        pages::timeline(
+            &session,
+            &m,
+            &body,
+            verification.as_ref(),
+            &entries,
+            &webhooks,
+        )
+        .into_string(),
     )
+    .into_response())
 }
 
 async fn verification(

@@ -9,7 +9,10 @@ use time::OffsetDateTime;
 
 use super::decide::{self, Entry, human, when};
 use super::{Session, enc};
-use crate::store::{MessageRecord, MessageSummary, OptOut, OverviewCounts, VerificationRecord};
+use crate::store::{
+    MessageRecord, MessageSummary, MessageWebhookDelivery, OptOut, OverviewCounts,
+    VerificationRecord,
+};
 
 fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
     html! {
@@ -177,6 +180,7 @@ pub fn timeline(
     body: &str,
     verification: Option<&VerificationRecord>,
     entries: &[Entry],
+    webhooks: &[MessageWebhookDelivery],
 ) -> Markup {
     let title = format!("Message {}", m.idempotency_key);
     layout(
@@ -202,6 +206,32 @@ pub fn timeline(
             }
             h2 { "Text" }
             pre.body { (body) }
+            @if !webhooks.is_empty() {
+                h2 { "Webhook deliveries" }
+                div.table-wrap {
+                    table {
+                        caption.visually-hidden { "Webhook deliveries of this message" }
+                        thead {
+                            tr {
+                                th scope="col" { "Event" }
+                                th scope="col" { "Endpoint" }
+                                th scope="col" { "Attempts" }
+                                th scope="col" { "State" }
+                            }
+                        }
+                        tbody {
+                            @for d in webhooks {
+                                tr {
+                                    td { code { (d.event_type) } }
+                                    td { (d.url) }
+                                    td { (d.attempts.len()) }
+                                    td { (decide::webhook_state(d)) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
             h2 { "Timeline" }
             ol.timeline {
                 @for e in entries {
@@ -326,6 +356,7 @@ pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> M
             dl.facts {
                 dt { "Processing now" } dd { (c.processing) }
                 dt { "Waiting for a retry" } dd { (c.waiting_retries) }
+                dt { "Webhook deliveries waiting for a retry" } dd { (c.waiting_webhooks) }
                 // Scheduled messages join this list when they land.
                 dt { "Oldest processing" } dd { (oldest.unwrap_or_else(|| "none".into())) }
             }

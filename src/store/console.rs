@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use super::time::DbTime;
 use super::{MessageRecord, OptOut, StoreError};
 use crate::domain::{MessageId, Status};
 
@@ -58,6 +59,39 @@ pub struct OverviewCounts {
     pub processing: i64,
     /// When the oldest message still `processing` was created.
     pub oldest_processing: Option<OffsetDateTime>,
+    /// Webhook deliveries `pending` after at least one failed attempt
+    /// (waiting for a retry's due time).
+    pub waiting_webhooks: i64,
+}
+
+/// One webhook delivery of one of a message's events (one endpoint), with
+/// its attempts oldest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageWebhookDelivery {
+    pub event_type: String,
+    pub event_at: OffsetDateTime,
+    pub url: String,
+    /// `pending`, `succeeded`, `failed` or `canceled`.
+    pub status: String,
+    /// When a `pending` delivery's next attempt is due.
+    pub next_attempt_at: Option<OffsetDateTime>,
+    /// When the delivery last changed (its last attempt, or its cancel).
+    pub updated_at: OffsetDateTime,
+    pub endpoint_enabled: bool,
+    pub endpoint_disabled_reason: Option<String>,
+    pub attempts: Vec<MessageWebhookAttempt>,
+}
+
+/// One attempt of a [`MessageWebhookDelivery`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageWebhookAttempt {
+    pub number: u32,
+    /// `succeeded`, `failed` or `gone`.
+    pub outcome: String,
+    pub http_status: Option<u16>,
+    pub error: Option<String>,
+    pub started_at: OffsetDateTime,
+    pub finished_at: OffsetDateTime,
 }
 
 #[async_trait]
@@ -97,6 +131,13 @@ pub trait ConsoleStore: Send + Sync {
         tenant_id: Uuid,
         id: MessageId,
     ) -> Result<Option<MessageRecord>, StoreError>;
+    /// The webhook deliveries of a tenant's message's events (none for
+    /// another tenant's message), in event order, then endpoint.
+    async fn message_webhook_deliveries(
+        &self,
+        tenant_id: Uuid,
+        id: MessageId,
+    ) -> Result<Vec<MessageWebhookDelivery>, StoreError>;
     /// Counts for the overview since `since`.
     async fn overview(
         &self,
@@ -155,3 +196,88 @@ pub(crate) const SUMMARY_COLUMNS: &str = "id, idempotency_key, status, to_number
 
 /// Attempt outcomes that count as a provider error on the overview.
 pub(crate) const ERROR_OUTCOMES: &str = "('rejected', 'retryable', 'ambiguous', 'lost')";
+
+/// The query behind [`ConsoleStore::message_webhook_deliveries`], with
+/// `{t}` and `{m}` standing for the tenant and message parameters. One row
+/// per attempt (a delivery without attempts yet: one row, attempt columns
+/// NULL). The attempts join on the endpoint too, so the planner may use the
+/// attempts' endpoint index.
+pub(crate) fn message_webhooks_sql(t: &str, m: &str) -> String {
+    format!(
+        "SELECT d.id AS d_id, e.type AS event_type, e.created_at AS event_at, w.url AS url, \
+         d.status AS status, d.next_attempt_at AS next_attempt_at, d.updated_at AS updated_at, \
+         w.enabled AS enabled, w.disabled_reason AS disabled_reason, \
+         a.number AS a_number, a.outcome AS a_outcome, a.http_status AS a_http_status, \
+         a.error AS a_error, a.started_at AS a_started_at, a.finished_at AS a_finished_at \
+         FROM webhook_events e \
+         JOIN webhook_deliveries d ON d.event_id = e.id \
+         JOIN webhook_endpoints w ON w.id = d.endpoint_id AND w.tenant_id = e.tenant_id \
+         LEFT JOIN webhook_attempts a ON a.delivery_id = d.id AND a.endpoint_id = d.endpoint_id \
+         WHERE e.tenant_id = {t} AND e.message_id = {m} \
+         ORDER BY e.created_at, e.seq, d.id, a.number \
+         LIMIT {MESSAGE_WEBHOOK_ROWS}"
+    )
+}
+
+/// At most this many rows (attempts) of a message's webhooks are read.
+pub(crate) const MESSAGE_WEBHOOK_ROWS: u32 = 500;
+
+/// A row of [`message_webhooks_sql`].
+#[derive(sqlx::FromRow)]
+pub(crate) struct MessageWebhookRow {
+    d_id: i64,
+    event_type: String,
+    event_at: DbTime,
+    url: String,
+    status: String,
+    next_attempt_at: Option<DbTime>,
+    updated_at: DbTime,
+    enabled: bool,
+    disabled_reason: Option<String>,
+    a_number: Option<i32>,
+    a_outcome: Option<String>,
+    a_http_status: Option<i32>,
+    a_error: Option<String>,
+    a_started_at: Option<DbTime>,
+    a_finished_at: Option<DbTime>,
+}
+
+/// Groups the rows (ordered by delivery) into deliveries.
+pub(crate) fn group_webhook_rows(rows: Vec<MessageWebhookRow>) -> Vec<MessageWebhookDelivery> {
+    let mut out: Vec<(i64, MessageWebhookDelivery)> = Vec::new();
+    for r in rows {
+        let attempt = match (r.a_number, r.a_outcome, r.a_started_at, r.a_finished_at) {
+            (Some(n), Some(outcome), Some(started), Some(finished)) => {
+                Some(MessageWebhookAttempt {
+                    number: u32::try_from(n).unwrap_or(0),
+                    outcome,
+                    http_status: r.a_http_status.and_then(|s| u16::try_from(s).ok()),
+                    error: r.a_error,
+                    started_at: started.0,
+                    finished_at: finished.0,
+                })
+            }
+            _ => None,
+        };
+        if out.last().is_none_or(|(id, _)| *id != r.d_id) {
+            out.push((
+                r.d_id,
+                MessageWebhookDelivery {
+                    event_type: r.event_type,
+                    event_at: r.event_at.0,
+                    url: r.url,
+                    status: r.status,
+                    next_attempt_at: r.next_attempt_at.map(|t| t.0),
+                    updated_at: r.updated_at.0,
+                    endpoint_enabled: r.enabled,
+                    endpoint_disabled_reason: r.disabled_reason,
+                    attempts: Vec::new(),
+                },
+            ));
+        }
+        if let (Some(a), Some((_, d))) = (attempt, out.last_mut()) {
+            d.attempts.push(a);
+        }
+    }
+    out.into_iter().map(|(_, d)| d).collect()
+}

@@ -27,7 +27,10 @@ pub mod types;
 pub mod verification;
 pub mod webhooks;
 
-pub use console::{ConsoleStore, MessageSummary, NewSession, OverviewCounts, SessionRecord};
+pub use console::{
+    ConsoleStore, MessageSummary, MessageWebhookAttempt, MessageWebhookDelivery, NewSession,
+    OverviewCounts, SessionRecord,
+};
 pub use error::{SqlxResultExt, StoreError};
 pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};

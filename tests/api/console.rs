@@ -1,7 +1,8 @@
 //! The support console (issue 16): sign-in and its cookie, CSRF, tenant
 //! isolation by URL, the search kinds, the timeline of a retried then
 //! delivered message, opt-outs, revoked keys and idle sessions, and the
-//! sign-in rate limit. Every test runs on both backends.
+//! sign-in rate limit, and webhook deliveries on the timeline. Every test
+//! runs on both backends.
 
 use std::time::Duration;
 
@@ -643,6 +644,140 @@ async fn a_verification_and_its_sealed_message_show_no_code(backend: Backend) {
     );
 }
 
+/// A local webhook receiver answering every delivery with `status`.
+async fn hook_receiver(status: u16) -> String {
+    let code = axum::http::StatusCode::from_u16(status).expect("a status");
+    let app = axum::Router::new().route("/hook", axum::routing::post(move || async move { code }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    url
+}
+
+/// Three endpoints (one answers 200, one 500, one 410 Gone) and a message
+/// sent then delivered: its timeline shows each delivery attempt and where
+/// each delivery stands; another tenant's store query sees none of them.
+async fn the_timeline_shows_webhook_deliveries(backend: Backend) {
+    let mut settings = receipts_settings();
+    settings.webhooks.allow_private = true;
+    settings.webhooks.poll_interval = Duration::from_millis(50);
+    settings.webhooks.timeout = Duration::from_millis(700);
+    settings.webhooks.connect_timeout = Duration::from_millis(500);
+    let app = spawn_with(TestOptions {
+        backend,
+        settings,
+        ..TestOptions::default()
+    })
+    .await;
+    let (ok, busy, gone) = (
+        hook_receiver(200).await,
+        hook_receiver(500).await,
+        hook_receiver(410).await,
+    );
+    for url in [&ok, &busy, &gone] {
+        let a = answer(
+            app.client
+                .post(format!("{}/webhook-endpoints", app.base))
+                .bearer_auth(&app.api_key)
+                .json(&json!({ "url": url }))
+                .send()
+                .await
+                .expect("POST"),
+        )
+        .await;
+        assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.bytes));
+    }
+    let id = retried_then_delivered(&app, "ORDER-HOOKS-1", "+14155550100", "Order shipped").await;
+
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let timeline = format!("/console/messages/{id}");
+    let needles = [
+        "Webhook deliveries",
+        ok.as_str(),
+        busy.as_str(),
+        gone.as_str(),
+        "Webhook message.sent attempt 1",
+        "Webhook message.sent: delivered",
+        "Webhook message.delivered: delivered",
+        "<dd>500</dd>",
+        "<dd>410</dd>",
+        "Webhook message.sent: endpoint disabled",
+        "<dt>duration</dt>",
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let html = loop {
+        let page = b.get(&timeline).await;
+        assert_eq!(page.status, 200);
+        let html = text(&page);
+        let due = html.contains("Webhook message.sent: attempt ") && html.contains(" due at ");
+        if due && needles.iter().all(|n| html.contains(n)) {
+            break html;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the timeline never showed every delivery: missing {:?} (retry due shown: {due})",
+            needles
+                .iter()
+                .filter(|n| !html.contains(*n))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Delivery entries come after the final status they report.
+    let fin = html.find("Final status: sent").expect("final status");
+    let first = html
+        .find("Webhook message.sent attempt 1")
+        .expect("an attempt");
+    assert!(fin < first, "the axis puts the status before its webhook");
+    // The 500 endpoint's delivery waits for a retry: the overview counts it.
+    let overview = text(&b.get("/console/overview").await);
+    let label = "<dt>Webhook deliveries waiting for a retry</dt><dd>";
+    let at = overview.find(label).expect("the waiting line") + label.len();
+    let waiting: i64 = overview[at..]
+        .split('<')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a count");
+    assert!(waiting >= 1, "waiting webhooks: {waiting}");
+
+    // The store query is tenant-scoped: another tenant on the same database
+    // gets nothing for this message, its own tenant gets every delivery.
+    let other = spawn_with(TestOptions {
+        backend,
+        database: Some(app.database.clone()),
+        ..TestOptions::default()
+    })
+    .await;
+    let tenant = |a: &TestApp| {
+        let store = a.handle.store.clone();
+        let key = sendonce::apikey::hash(&a.api_key);
+        async move { store.tenant_for_key(&key).await.unwrap().unwrap().id }
+    };
+    let message = sendonce::console::decide::parse_message_id(&id).expect("a message id");
+    let mine = app
+        .handle
+        .store
+        .message_webhook_deliveries(tenant(&app).await, message)
+        .await
+        .unwrap();
+    assert!(mine.len() >= 4, "{} deliveries", mine.len());
+    let theirs = app
+        .handle
+        .store
+        .message_webhook_deliveries(tenant(&other).await, message)
+        .await
+        .unwrap();
+    assert!(theirs.is_empty(), "another tenant sees {theirs:?}");
+    let mut o = Browser::new(&other);
+    assert_eq!(o.sign_in(&other.api_key).await.status, 303);
+    assert_eq!(o.get(&timeline).await.status, 404);
+}
+
 fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
@@ -656,4 +791,5 @@ on_both_backends!(
     a_revoked_key_or_an_idle_session_ends_it,
     failed_sign_ins_are_rate_limited,
     a_verification_and_its_sealed_message_show_no_code,
+    the_timeline_shows_webhook_deliveries,
 );

@@ -8,12 +8,15 @@ use uuid::Uuid;
 
 use super::SqliteStore;
 use crate::domain::MessageId;
-use crate::store::console::{ERROR_OUTCOMES, SUMMARY_COLUMNS, SummaryRow};
+use crate::store::console::{
+    ERROR_OUTCOMES, MessageWebhookRow, SUMMARY_COLUMNS, SummaryRow, group_webhook_rows,
+    message_webhooks_sql,
+};
 use crate::store::row::{MessageRow, message_columns};
 use crate::store::time::{DbTime, db};
 use crate::store::{
-    ConsoleStore, MessageRecord, MessageSummary, NewSession, OptOut, OverviewCounts, SessionRecord,
-    StoreError,
+    ConsoleStore, MessageRecord, MessageSummary, MessageWebhookDelivery, NewSession, OptOut,
+    OverviewCounts, SessionRecord, StoreError,
 };
 
 #[async_trait]
@@ -163,6 +166,20 @@ impl ConsoleStore for SqliteStore {
         Ok(row.map(MessageRecord::from))
     }
 
+    async fn message_webhook_deliveries(
+        &self,
+        tenant_id: Uuid,
+        id: MessageId,
+    ) -> Result<Vec<MessageWebhookDelivery>, StoreError> {
+        let rows: Vec<MessageWebhookRow> =
+            sqlx::query_as(AssertSqlSafe(message_webhooks_sql("?", "?")))
+                .bind(tenant_id)
+                .bind(id.0)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(group_webhook_rows(rows))
+    }
+
     async fn overview(
         &self,
         tenant_id: Uuid,
@@ -197,12 +214,21 @@ impl ConsoleStore for SqliteStore {
             .bind(tenant_id)
             .fetch_one(&self.pool)
             .await?;
+        let waiting_webhooks: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM webhook_deliveries d \
+             JOIN webhook_endpoints w ON w.id = d.endpoint_id \
+             WHERE w.tenant_id = ? AND d.status = 'pending' AND d.attempts > 0",
+        )
+        .bind(tenant_id)
+        .fetch_one(&self.pool)
+        .await?;
         Ok(OverviewCounts {
             by_status_provider,
             attempts_by_provider,
             waiting_retries,
             processing,
             oldest_processing: oldest_processing.map(|t| t.0),
+            waiting_webhooks,
         })
     }
 

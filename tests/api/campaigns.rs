@@ -567,9 +567,7 @@ async fn a_batch_of_a_thousand_is_written_at_once_and_each_sent_once(backend: Ba
             )
         })
         .collect();
-    let started = std::time::Instant::now();
     let answer = post_batch(&app, &json!({ "messages": items })).await;
-    let took = started.elapsed();
     assert_eq!(answer.status, 200);
     let results = answer.json()["results"]
         .as_array()
@@ -584,12 +582,7 @@ async fn a_batch_of_a_thousand_is_written_at_once_and_each_sent_once(backend: Ba
         );
         assert_eq!(r["status"], 202);
     }
-    // A debug build on a shared machine: a loose bound; BENCHMARKS.md has
-    // the release figure.
-    assert!(
-        took < Duration::from_secs(10),
-        "a batch of 1,000 took {took:?}"
-    );
+    // How long it takes is the benchmark's (`batch_once`, BENCHMARKS.md).
     assert_eq!(app.message_count().await, 1000);
     eventually("every message to be sent", || async {
         (app.db
@@ -855,6 +848,42 @@ async fn scheduled_sends_and_a_batch_survive_a_sigkill() {
 }
 
 /// `sendonce tenant quiet-hours NAME 21:00-08:00` and `off`.
+/// The whole batch's new rows are one round of writes: on Postgres every
+/// row of a batch of 1,000 carries the same inserting transaction id
+/// (`xmin`). Scheduled a day ahead, no claim rewrites them before the look.
+#[tokio::test]
+async fn a_batch_of_a_thousand_is_one_transaction() {
+    let app = spawn_manual(Backend::Postgres).await;
+    let at = START + time::Duration::days(1);
+    let items: Vec<Value> = (0..1000)
+        .map(|i| {
+            let mut it = item(&format!("LATER-{i:04}"), "+14155550100", &format!("n {i}"));
+            it["send_at"] = json!(rfc3339(at));
+            it
+        })
+        .collect();
+    let answer = post_batch(&app, &json!({ "messages": items })).await;
+    assert_eq!(answer.status, 200);
+    let results = answer.json()["results"]
+        .as_array()
+        .cloned()
+        .expect("results");
+    assert!(results.iter().all(|r| r["status"] == 202), "every item 202");
+    assert_eq!(
+        app.db
+            .count("SELECT count(*) FROM messages WHERE status = 'scheduled'")
+            .await,
+        1000
+    );
+    assert_eq!(
+        app.db
+            .count("SELECT count(DISTINCT xmin::text) FROM messages")
+            .await,
+        1,
+        "the batch's rows were written by more than one transaction"
+    );
+}
+
 #[tokio::test]
 async fn the_quiet_hours_command() {
     use crate::process::sendonce;

@@ -50,6 +50,9 @@ impl TenantStore for PgStore {
         key: &NewApiKey,
         at: OffsetDateTime,
     ) -> Result<BootstrapOutcome, StoreError> {
+        // A revoked previous bootstrap key is refused at once: wait, as
+        // `revoke_key` does, until every instance dropped it from its cache.
+        let acks = Acks::start(self.session_pool()).await;
         let mut tx = self.pool.begin().await?;
         sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
             .bind(Uuid::now_v7())
@@ -90,6 +93,11 @@ impl TenantStore for PgStore {
             _ => outcome.configured_key_revoked = true,
         }
         tx.commit().await?;
+        if let Some(acks) = acks
+            && !outcome.revoked.is_empty()
+        {
+            acks.wait().await;
+        }
         Ok(outcome)
     }
 
@@ -203,7 +211,7 @@ impl TenantStore for PgStore {
         tenant_name: &str,
         window: Option<QuietHours>,
     ) -> Result<bool, StoreError> {
-        let acks = Acks::start(&self.pool).await;
+        let acks = Acks::start(self.session_pool()).await;
         let done = sqlx::query("UPDATE tenants SET quiet_hours = $2 WHERE name = $1")
             .bind(tenant_name)
             .bind(window.map(|w| w.to_string()))

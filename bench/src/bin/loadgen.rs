@@ -826,7 +826,9 @@ async fn floor(
         let store = PgStore::connect_lazy(
             &db.url,
             &PoolSettings {
-                max_connections: 1,
+                // Two: the bootstrap holds one listening for the instances'
+                // acknowledgements while its transaction uses the other.
+                max_connections: 2,
                 acquire_timeout: Duration::from_secs(5),
             },
         )

@@ -188,9 +188,12 @@ pub async fn connect_tcp<Ws: WithSocket>(
 ) -> crate::Result<Ws::Output> {
     #[cfg(feature = "_rt-tokio")]
     if crate::rt::rt_tokio::available() {
-        return Ok(with_socket
-            .with_socket(tokio::net::TcpStream::connect((host, port)).await?)
-            .await);
+        let stream = tokio::net::TcpStream::connect((host, port)).await?;
+        // sendonce: the fix of upstream PR 4336 (sqlx issue 4335), not yet
+        // released: without it a small write waits on the server's delayed
+        // ACK (about 40 ms) behind an unacknowledged one.
+        stream.set_nodelay(true)?;
+        return Ok(with_socket.with_socket(stream).await);
     }
 
     cfg_if! {

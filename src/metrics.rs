@@ -96,6 +96,8 @@ pub enum BatchKind {
     Claim = 0,
     /// Fenced final writes (`finish`).
     Finish = 1,
+    /// Looks for receipts that overtook a final write (a read).
+    Look = 2,
 }
 
 /// Upper bounds of the batch size buckets (rows per statement).
@@ -108,7 +110,7 @@ const BATCH_BUCKETS: [u64; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
 /// statements (and commits) that kind took.
 #[derive(Debug, Default)]
 pub struct BatchSizes {
-    kinds: [BatchHistogram; 2],
+    kinds: [BatchHistogram; 3],
 }
 
 #[derive(Debug, Default)]
@@ -145,10 +147,10 @@ impl BatchSizes {
     fn render(&self, out: &mut String) {
         let _ = writeln!(
             out,
-            "# HELP {BATCH_SIZE} Rows per coalesced store write, by kind (claim, finish)"
+            "# HELP {BATCH_SIZE} Rows per coalesced store statement, by kind (claim, finish, receipt_look)"
         );
         let _ = writeln!(out, "# TYPE {BATCH_SIZE} histogram");
-        for (kind, h) in ["claim", "finish"].iter().zip(&self.kinds) {
+        for (kind, h) in ["claim", "finish", "receipt_look"].iter().zip(&self.kinds) {
             let mut cumulative = 0;
             for (i, n) in h.buckets.iter().enumerate() {
                 cumulative += n.load(Ordering::Relaxed);

@@ -219,9 +219,67 @@ async fn a_crash_between_batch_commit_and_answer_loses_nothing(backend: Backend)
     );
 }
 
+/// Concurrent looks for receipts that overtook a final write share reads
+/// (on Postgres) and each still gets its own answer: unlinked receipts for
+/// its id (true), none (false), or receipts under another provider's name
+/// only (false).
+async fn concurrent_receipt_looks_each_get_their_own_answer(backend: Backend) {
+    let url = fresh_database_on(backend).await;
+    let (store, _) = open_store(&url, Duration::from_secs(5));
+    let receipt = |provider: &str, id: String| sendonce::store::NewReceipt {
+        provider: provider.into(),
+        event_id: format!("{provider}-{id}"),
+        provider_message_id: id,
+        provider_status: "delivered".into(),
+        status: Some(sendonce::domain::Status::Delivered),
+        error_code: None,
+        received_at: T0,
+    };
+    // Every third id has an unlinked receipt under "http"; every fifth one
+    // under "twilio" only.
+    for i in 0..60 {
+        if i % 3 == 0 {
+            store
+                .record_receipt(&receipt("http", format!("SM{i}")))
+                .await
+                .unwrap();
+        } else if i % 5 == 0 {
+            store
+                .record_receipt(&receipt("twilio", format!("SM{i}")))
+                .await
+                .unwrap();
+        }
+    }
+    let before = store.batch_sizes().map(|s| s.totals(BatchKind::Look));
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                store
+                    .has_unmatched_receipts("http", &format!("SM{i}"))
+                    .await
+            })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let found = t.await.expect("look task").unwrap();
+        assert_eq!(found, i % 3 == 0, "SM{i}");
+    }
+    if let (Some(sizes), Some((statements, rows))) = (store.batch_sizes(), before) {
+        let (s, r) = sizes.totals(BatchKind::Look);
+        assert_eq!(r - rows, 60, "every look went through the lane once");
+        assert!(
+            s - statements < 60,
+            "looks shared reads: {} for 60",
+            s - statements
+        );
+    }
+}
+
 on_both_backends!(
     one_failing_row_does_not_fail_its_batch_mates,
     a_crash_between_batch_commit_and_answer_loses_nothing,
+    concurrent_receipt_looks_each_get_their_own_answer,
 );
 
 /// The value of a series in a Prometheus text exposition.

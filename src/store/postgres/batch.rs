@@ -110,10 +110,12 @@ impl<I: Send + 'static, O: Send + 'static> Lane<I, O> {
     }
 }
 
-/// The two lanes of one store.
+/// The lanes of one store: claims and final writes, and the look for
+/// receipts that overtook a final write (a read, coalesced the same way).
 pub(super) struct Lanes {
     pub(super) claim: Lane<(NewMessage, Lease), Claim>,
     pub(super) finish: Lane<Finish, bool>,
+    pub(super) look: Lane<(String, String), bool>,
 }
 
 impl Lanes {
@@ -133,12 +135,21 @@ impl Lanes {
             let s = s.clone();
             async move { claim_batch(&s, items).await }
         });
-        let s = bare;
+        let s = bare.clone();
         let finish = Lane::start(BatchKind::Finish, Arc::clone(&store.sizes), move |items| {
             let s = s.clone();
             async move { finish_batch(&s, items).await }
         });
-        Self { claim, finish }
+        let s = bare;
+        let look = Lane::start(BatchKind::Look, Arc::clone(&store.sizes), move |items| {
+            let s = s.clone();
+            async move { look_batch(&s, items).await }
+        });
+        Self {
+            claim,
+            finish,
+            look,
+        }
     }
 }
 
@@ -551,4 +562,47 @@ async fn finish_statement(
     .fetch_all(pool)
     .await?;
     Ok(done.into_iter().collect())
+}
+
+// ---------------------------------------------------------------- receipts
+
+/// Whether unlinked receipts wait for each (provider, provider message id):
+/// one read for the batch. It runs after the final writes it follows have
+/// committed (each caller queues only after its own commit), which is what
+/// keeps it from missing a receipt that committed in between
+/// (`delivery/apply.rs`). A failed read is tried again row by row.
+async fn look_batch(
+    store: &PgStore,
+    items: Vec<(String, String)>,
+) -> Vec<Result<bool, StoreError>> {
+    if let [(provider, id)] = items.as_slice() {
+        return vec![store.has_unmatched_one(provider, id).await];
+    }
+    let providers: Vec<&str> = items.iter().map(|(p, _)| p.as_str()).collect();
+    let ids: Vec<&str> = items.iter().map(|(_, i)| i.as_str()).collect();
+    let found = sqlx::query_as::<_, (String, String)>(
+        "SELECT DISTINCT r.provider, r.provider_message_id \
+         FROM unnest($1::text[], $2::text[]) AS q(provider, provider_message_id) \
+         JOIN receipts r ON r.provider = q.provider \
+          AND r.provider_message_id = q.provider_message_id \
+         WHERE r.message_id IS NULL",
+    )
+    .bind(&providers)
+    .bind(&ids)
+    .fetch_all(&store.pool)
+    .await;
+    match found {
+        Ok(found) => {
+            let found: std::collections::HashSet<(String, String)> = found.into_iter().collect();
+            items.iter().map(|k| Ok(found.contains(k))).collect()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, rows = items.len(), "a coalesced receipts look failed; trying its rows one by one");
+            let mut out = Vec::with_capacity(items.len());
+            for (provider, id) in &items {
+                out.push(store.has_unmatched_one(provider, id).await);
+            }
+            out
+        }
+    }
 }

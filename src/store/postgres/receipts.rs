@@ -66,15 +66,10 @@ impl ReceiptStore for PgStore {
         provider: &str,
         provider_message_id: &str,
     ) -> Result<bool, StoreError> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM receipts \
-             WHERE provider = $1 AND provider_message_id = $2 AND message_id IS NULL)",
-        )
-        .bind(provider)
-        .bind(provider_message_id)
-        .fetch_one(&self.pool)
-        .await
-        .store_err()
+        self.lanes()
+            .look
+            .call((provider.to_string(), provider_message_id.to_string()))
+            .await
     }
 
     async fn attach_receipts(
@@ -225,4 +220,23 @@ async fn link_and_apply_receipts(
         super::webhooks::enqueue_message_event(tx, id, &event_type, now).await?;
     }
     Ok((Some(MessageId(id)), done.rows_affected() == 1))
+}
+
+impl PgStore {
+    /// [`ReceiptStore::has_unmatched_receipts`] for one id, as one read.
+    pub(super) async fn has_unmatched_one(
+        &self,
+        provider: &str,
+        provider_message_id: &str,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM receipts \
+             WHERE provider = $1 AND provider_message_id = $2 AND message_id IS NULL)",
+        )
+        .bind(provider)
+        .bind(provider_message_id)
+        .fetch_one(&self.pool)
+        .await
+        .store_err()
+    }
 }

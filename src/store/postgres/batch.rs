@@ -273,7 +273,10 @@ enum ClaimAnswer {
 
 /// One multi-row claiming insert, with the attempt rows, the opt-out check
 /// and, for a taken key, the holder's state: the single-row statement of
-/// `messages.rs` over arrays. Answers in the order of `rows`.
+/// `messages.rs` over arrays. Answers in the order of `rows`. A taken key's
+/// holder is read per row through its unique index (`LATERAL … LIMIT 1`,
+/// which the planner cannot turn into a join over the whole table, as it
+/// did, scanning `messages`, while its statistics lagged a growing table).
 async fn claim_statement(
     pool: &PgPool,
     rows: &[&(NewMessage, Lease)],
@@ -352,8 +355,10 @@ async fn claim_statement(
             ins.lease_expires_at \
          FROM input i \
          LEFT JOIN ins ON ins.id = i.id \
-         LEFT JOIN messages m ON ins.id IS NULL AND m.tenant_id = i.tenant_id \
-            AND m.idempotency_key = i.idempotency_key \
+         LEFT JOIN LATERAL ( \
+            SELECT id, fingerprint, status, response_code, response_body FROM messages \
+            WHERE ins.id IS NULL AND tenant_id = i.tenant_id \
+                AND idempotency_key = i.idempotency_key LIMIT 1) m ON true \
          ORDER BY i.ord",
     )
     .bind(&id)
@@ -464,7 +469,13 @@ async fn finish_batch(store: &PgStore, items: Vec<Finish>) -> Vec<Result<bool, S
 }
 
 /// One fenced multi-row final write, closing each message's attempt: the
-/// single-row statement of `messages.rs` over arrays. Returns the ids it
+/// single-row statement of `messages.rs` over arrays. Rows are found by
+/// primary key (`id = ANY($1)`); the status test is written as an
+/// expression (`status || ''`) so that the planner can never answer it
+/// from a partial index on `status = 'processing'`: such an index holds an
+/// entry for every message that was processing since the last vacuum, and
+/// the planner, which counts only live rows, took it for the cheapest way
+/// and read it whole (BENCHMARKS.md, plans under load). Returns the ids it
 /// made final (the others' leases were no longer theirs).
 async fn finish_statement(
     pool: &PgPool,
@@ -529,8 +540,9 @@ async fn finish_statement(
                 response_body = i.response_body, lease_token = NULL, lease_owner = NULL, \
                 lease_expires_at = NULL, next_attempt_at = NULL \
             FROM input i \
-            WHERE messages.id = i.id AND messages.lease_token = i.lease_token \
-                AND messages.status = 'processing' \
+            WHERE messages.id = i.id AND messages.id = ANY($1) \
+                AND messages.lease_token = i.lease_token \
+                AND messages.status || '' = 'processing' \
             RETURNING messages.id, messages.tenant_id, messages.status, \
                 messages.response_body, messages.updated_at), \
          a AS ( \

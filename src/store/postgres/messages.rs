@@ -209,7 +209,9 @@ impl PgStore {
         ))
     }
 
-    /// The fenced final write of one message.
+    /// The fenced final write of one message. Every fenced write tests the
+    /// status as `status || ''`, an expression no partial index matches: see
+    /// `batch.rs`, `finish_statement`.
     #[tracing::instrument(name = "store.finish", level = "debug", skip_all, fields(message_id = %f.id, status = f.status.as_str()))]
     pub(super) async fn finish_one(&self, f: &Finish) -> Result<bool, StoreError> {
         let a = f.attempt.as_ref();
@@ -220,7 +222,7 @@ impl PgStore {
                     sent_at = $6, updated_at = $7, finalized_at = $7, response_code = $8, \
                     response_body = $9, lease_token = NULL, lease_owner = NULL, \
                     lease_expires_at = NULL, next_attempt_at = NULL \
-                WHERE id = $1 AND lease_token = $2 AND status = 'processing' \
+                WHERE id = $1 AND lease_token = $2 AND status || '' = 'processing' \
                 RETURNING id, tenant_id, status, response_body, updated_at), \
              a AS ( \
                 UPDATE attempts SET finished_at = $11, outcome = $12, http_status = $13, \
@@ -398,7 +400,7 @@ impl MessageStore for PgStore {
                     next_attempt_at = NULL, updated_at = $4, \
                     maybe_sent = maybe_sent OR EXISTS (SELECT 1 FROM attempts o \
                         WHERE o.message_id = $1 AND o.finished_at IS NULL) \
-                WHERE id = $1 AND lease_token = $2 AND status = 'processing' \
+                WHERE id = $1 AND lease_token = $2 AND status || '' = 'processing' \
                 RETURNING id, attempts), \
              closed AS ( \
                 UPDATE attempts SET finished_at = $4, outcome = $6, \
@@ -424,7 +426,7 @@ impl MessageStore for PgStore {
     async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE messages SET lease_expires_at = now() + $3 * interval '1 microsecond' \
-             WHERE id = $1 AND lease_token = $2 AND status = 'processing'",
+             WHERE id = $1 AND lease_token = $2 AND status || '' = 'processing'",
         )
         .bind(id.0)
         .bind(lease.token)
@@ -447,7 +449,7 @@ impl MessageStore for PgStore {
                 UPDATE messages SET next_attempt_at = $3, updated_at = $4, error = $5, \
                     lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
                     maybe_sent = maybe_sent OR $13 \
-                WHERE id = $1 AND lease_token = $2 AND status = 'processing' \
+                WHERE id = $1 AND lease_token = $2 AND status || '' = 'processing' \
                 RETURNING id), \
              a AS ( \
                 UPDATE attempts SET finished_at = $7, outcome = $8, http_status = $9, \

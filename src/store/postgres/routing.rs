@@ -89,7 +89,7 @@ impl RoutingStore for PgStore {
             "UPDATE messages SET provider = $4, \
                 lease_expires_at = now() + $5 * interval '1 microsecond', updated_at = $6, \
                 attempts = attempts + $7 \
-             WHERE id = $1 AND lease_token = $2 AND status = 'processing' AND provider = $3 \
+             WHERE id = $1 AND lease_token = $2 AND status || '' = 'processing' AND provider = $3 \
              RETURNING attempts",
         )
         .bind(m.id.0)

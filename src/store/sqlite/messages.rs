@@ -60,7 +60,9 @@ async fn insert(
     m: &NewMessage,
     lease: &Lease,
 ) -> Result<Claim, StoreError> {
-    let inserted: Option<DbTime> = sqlx::query_scalar(concat!(
+    // The opt-out check comes back with the insert (one round trip to
+    // SQLite's worker thread fewer).
+    let inserted: Option<(DbTime, bool)> = sqlx::query_as(concat!(
         "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
                 provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
@@ -68,7 +70,10 @@ async fn insert(
              VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ",
         db_now!(),
         " + ?, ?, ?, ?, ?) \
-             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING lease_expires_at",
+             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
+             RETURNING lease_expires_at, \
+                EXISTS (SELECT 1 FROM opt_outs o \
+                        WHERE o.tenant_id = messages.tenant_id AND o.number = messages.to_number)",
     ))
     .bind(m.id.0)
     .bind(m.tenant_id)
@@ -91,7 +96,7 @@ async fn insert(
     .bind(db(m.deadline_at))
     .fetch_optional(&mut *c)
     .await?;
-    if let Some(lease_expires_at) = inserted {
+    if let Some((lease_expires_at, opted_out)) = inserted {
         sqlx::query(
             "INSERT INTO attempts (message_id, number, lease_owner, started_at) \
                  VALUES (?, 1, ?, ?)",
@@ -100,13 +105,6 @@ async fn insert(
         .bind(&lease.owner)
         .bind(db(m.created_at))
         .execute(&mut *c)
-        .await?;
-        let opted_out: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = ? AND number = ?)",
-        )
-        .bind(m.tenant_id)
-        .bind(&m.to)
-        .fetch_one(&mut *c)
         .await?;
         return Ok(Claim::Created(Box::new(MessageRecord::claimed(
             m,
@@ -195,12 +193,15 @@ async fn renew_lease(
 }
 
 async fn finish(c: &mut SqliteConnection, f: &Finish) -> Result<bool, StoreError> {
-    let done = sqlx::query(
+    // Every statement is a round trip to SQLite's worker thread: the tenant
+    // the event needs comes back with the write.
+    let tenant_id: Option<Uuid> = sqlx::query_scalar(
         "UPDATE messages SET status = ?, provider_message_id = ?, error = ?, sent_at = ?, \
             updated_at = ?, finalized_at = ?, response_code = ?, response_body = ?, \
             lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
             next_attempt_at = NULL \
-         WHERE id = ? AND lease_token = ? AND status = 'processing'",
+         WHERE id = ? AND lease_token = ? AND status = 'processing' \
+         RETURNING tenant_id",
     )
     .bind(f.status)
     .bind(&f.provider_message_id)
@@ -212,19 +213,15 @@ async fn finish(c: &mut SqliteConnection, f: &Finish) -> Result<bool, StoreError
     .bind(&f.response.body)
     .bind(f.id.0)
     .bind(f.lease_token)
-    .execute(&mut *c)
+    .fetch_optional(&mut *c)
     .await?;
-    if done.rows_affected() != 1 {
+    let Some(tenant_id) = tenant_id else {
         return Ok(false);
-    }
+    };
     if let Some(a) = &f.attempt {
         close_attempt(c, f.id, a).await?;
     }
     // The outbox row, in the same transaction as the final write.
-    let tenant_id: Uuid = sqlx::query_scalar("SELECT tenant_id FROM messages WHERE id = ?")
-        .bind(f.id.0)
-        .fetch_one(&mut *c)
-        .await?;
     super::webhooks::enqueue_event(
         c,
         tenant_id,

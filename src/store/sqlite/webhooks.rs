@@ -49,22 +49,7 @@ pub(super) async fn enqueue_event(
     .bind(db(at))
     .execute(&mut *c)
     .await?;
-    sqlx::query(
-        "INSERT INTO webhook_deliveries (event_id, endpoint_id, status, attempts, \
-            next_attempt_at, created_at, updated_at) \
-         SELECT ?, w.id, 'pending', 0, ?, ?, ? FROM webhook_endpoints w \
-         WHERE w.tenant_id = ? AND w.enabled \
-           AND (w.events IS NULL OR EXISTS (SELECT 1 FROM json_each(w.events) j \
-                WHERE j.value = ?))",
-    )
-    .bind(id)
-    .bind(db(at))
-    .bind(db(at))
-    .bind(db(at))
-    .bind(tenant_id)
-    .bind(event_type)
-    .execute(&mut *c)
-    .await?;
+    // Its deliveries: the trigger `webhook_events_fan_out` (migration 0015).
     Ok(())
 }
 

@@ -99,7 +99,7 @@ impl SqliteStore {
             .get_or_try_init(|| async {
                 let conn = self.write_options.connect().await.store_err()?;
                 let (tx, rx) = mpsc::channel(writer::QUEUE);
-                tokio::spawn(writer::run(conn, rx));
+                writer::start(conn, rx)?;
                 Ok::<_, StoreError>(tx)
             })
             .await?;

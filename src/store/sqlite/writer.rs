@@ -86,6 +86,22 @@ fn group_failed(e: &StoreError) -> StoreError {
     ))))
 }
 
+/// Starts the writer on a thread of its own, with a single-threaded runtime:
+/// a group is a run of round trips to SQLite's worker thread, and each time
+/// the writer is woken it must not wait in the request runtime's queue
+/// behind the requests' tasks. It ends when every sender is gone.
+pub(super) fn start(conn: SqliteConnection, jobs: mpsc::Receiver<Job>) -> Result<(), StoreError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StoreError::Unavailable(sqlx::Error::Io(e)))?;
+    std::thread::Builder::new()
+        .name("sqlite-writer".into())
+        .spawn(move || runtime.block_on(run(conn, jobs)))
+        .map_err(|e| StoreError::Unavailable(sqlx::Error::Io(e)))?;
+    Ok(())
+}
+
 /// The writer's loop: runs until every sender is gone.
 pub(super) async fn run(mut conn: SqliteConnection, mut jobs: mpsc::Receiver<Job>) {
     let mut group: Vec<Job> = Vec::with_capacity(MAX_GROUP);
@@ -139,9 +155,23 @@ async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), Stor
     Ok(())
 }
 
+/// Runs several statements (no parameters) in one round trip; stops at the
+/// first that fails.
+async fn exec_many(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), StoreError> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// Runs `group` as one transaction and answers its callers after the commit.
 /// Jobs not answered (the transaction could not start, or a savepoint
 /// failed) are dropped, which their callers see as the writer failing.
+///
+/// Every statement is a round trip to SQLite's worker thread (two thread
+/// wake-ups), so the end of one job's savepoint and the start of the next
+/// one's go as one batch of statements, and so do the last job's end and
+/// the commit.
 async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
     if let Err(e) = exec(conn, "BEGIN IMMEDIATE").await {
         tracing::warn!(error = %e, jobs = group.len(), "could not start a group commit");
@@ -150,40 +180,45 @@ async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(group.len());
     let mut broken: Option<StoreError> = None;
+    // How the previous job's savepoint ends: `None` before the first job.
+    let mut previous: Option<bool> = None;
     for job in group.drain(..) {
         if broken.is_some() {
             continue;
         }
-        if let Err(e) = exec(conn, "SAVEPOINT job").await {
+        let start = match previous {
+            None => "SAVEPOINT job",
+            Some(true) => "RELEASE job; SAVEPOINT job",
+            Some(false) => "ROLLBACK TO job; RELEASE job; SAVEPOINT job",
+        };
+        if let Err(e) = exec_many(conn, start).await {
             broken = Some(e);
             continue;
         }
         let (ok, reply) = job(conn).await;
-        let end = if ok {
-            exec(conn, "RELEASE job").await
-        } else {
-            match exec(conn, "ROLLBACK TO job").await {
-                Ok(()) => exec(conn, "RELEASE job").await,
-                Err(e) => Err(e),
-            }
-        };
         replies.push(reply);
-        if let Err(e) = end {
-            broken = Some(e);
-        }
+        previous = Some(ok);
     }
     let outcome = match broken {
         Some(e) => {
             let _ = exec(conn, "ROLLBACK").await;
             Err(e)
         }
-        None => match exec(conn, "COMMIT").await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let _ = exec(conn, "ROLLBACK").await;
-                Err(e)
+        None => {
+            let end = match previous {
+                None => "COMMIT",
+                Some(true) => "RELEASE job; COMMIT",
+                Some(false) => "ROLLBACK TO job; RELEASE job; COMMIT",
+            };
+            match exec_many(conn, end).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    // A failed release or commit: nothing of the group is kept.
+                    let _ = exec(conn, "ROLLBACK").await;
+                    Err(e)
+                }
             }
-        },
+        }
     };
     if let Err(e) = &outcome {
         tracing::error!(error = %e, jobs = replies.len(), "a group commit failed");

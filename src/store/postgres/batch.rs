@@ -21,6 +21,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
@@ -40,6 +41,13 @@ use crate::store::{Claim, Finish, KeyState, Lease, MessageRecord, NewMessage, St
 /// arrives while the other is at the database, and a lone request never
 /// waits behind a running batch.
 const IN_FLIGHT: usize = 2;
+/// A second statement starts beside a running one only while that one
+/// carries fewer rows than this. Under light load batches are small and the
+/// second slot keeps a lone request from waiting; under heavy load a second
+/// statement would only split what becomes one bigger batch if it waits for
+/// the running one, and every statement costs Postgres a commit (measured:
+/// BENCHMARKS.md, coalesced writes).
+const SHARE_BELOW: usize = 4;
 /// Rows per statement at most; the rest waits for the next slot.
 const MAX_ROWS: usize = 128;
 
@@ -60,6 +68,8 @@ impl<I: Send + 'static, O: Send + 'static> Lane<I, O> {
     {
         let (tx, mut rx) = mpsc::unbounded_channel::<(I, Reply<O>)>();
         let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+        // Rows of the statements running now.
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let run = Arc::new(run);
         tokio::spawn(async move {
             loop {
@@ -69,6 +79,14 @@ impl<I: Send + 'static, O: Send + 'static> Lane<I, O> {
                 let Some(first) = rx.recv().await else {
                     return;
                 };
+                if running.load(Ordering::Acquire) >= SHARE_BELOW {
+                    // A large batch is at the database: wait for its slot,
+                    // gathering what arrives meanwhile into this batch.
+                    match slots.acquire().await {
+                        Ok(other) => drop(other),
+                        Err(_) => return,
+                    }
+                }
                 let mut batch = vec![first];
                 while batch.len() < MAX_ROWS {
                     match rx.try_recv() {
@@ -77,6 +95,9 @@ impl<I: Send + 'static, O: Send + 'static> Lane<I, O> {
                     }
                 }
                 sizes.record(kind, batch.len());
+                let rows = batch.len();
+                running.fetch_add(rows, Ordering::AcqRel);
+                let running = Arc::clone(&running);
                 let run = Arc::clone(&run);
                 tokio::spawn(async move {
                     let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
@@ -91,6 +112,7 @@ impl<I: Send + 'static, O: Send + 'static> Lane<I, O> {
                         let _ = reply.send(result);
                     }
                     debug_assert!(results.next().is_none(), "batch of {n} answered more");
+                    running.fetch_sub(rows, Ordering::AcqRel);
                     drop(slot);
                 });
             }

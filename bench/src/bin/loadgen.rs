@@ -1658,10 +1658,11 @@ fn print_targets(reports: &[MixReport], floors: &[Floor], peak_mb: Option<f64>, 
             r.rps() / u.rps()
         );
     }
-    if let Some(u) = unique {
+    for u in [unique, simulated].into_iter().flatten() {
         let p99 = ms(u.tally.hist.value_at_quantile(0.99));
         println!(
-            "unique sends p99: {p99:.2} ms at concurrency {c} (target < 25 ms: {})",
+            "{} p99: {p99:.2} ms at concurrency {c} (target < 25 ms: {})",
+            u.name,
             verdict(p99 < 25.0)
         );
     }

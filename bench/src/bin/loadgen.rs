@@ -269,6 +269,20 @@ struct MixReport {
     counts: Option<Counts>,
 }
 
+impl MixReport {
+    /// A mix reported by its main tally alone.
+    fn plain(name: impl Into<String>, m: Measured) -> Self {
+        Self {
+            name: name.into(),
+            tally: m.main,
+            parts: Vec::new(),
+            elapsed: m.elapsed,
+            cpu: m.cpu,
+            counts: None,
+        }
+    }
+}
+
 /// Database transactions and coalesced writes during a mix.
 #[derive(Clone, Default)]
 struct Counts {
@@ -1301,30 +1315,16 @@ async fn run_mix(
     let limit = Limit::new(args);
     match mix {
         Mix::Unique => {
-            let m = unique_mix(target, limit, c, pids).await;
-            pool.extend(m.sent);
+            let mut m = unique_mix(target, limit, c, pids).await;
+            pool.extend(std::mem::take(&mut m.sent));
             let created = m.main.ok;
-            let report = MixReport {
-                name: "unique sends".into(),
-                tally: m.main,
-                parts: Vec::new(),
-                elapsed: m.elapsed,
-                cpu: m.cpu,
-                counts: None,
-            };
+            let report = MixReport::plain("unique sends", m);
             (report, created)
         }
         Mix::Replays => {
             let recent = pool[pool.len().saturating_sub(REPLAY_KEYS)..].to_vec();
             let m = replay_mix(target, &Arc::new(recent), 1.0, limit, c, pids).await;
-            let report = MixReport {
-                name: REPLAYS.into(),
-                tally: m.main,
-                parts: Vec::new(),
-                elapsed: m.elapsed,
-                cpu: m.cpu,
-                counts: None,
-            };
+            let report = MixReport::plain(REPLAYS, m);
             (report, 0)
         }
         Mix::Replay => {
@@ -1368,14 +1368,7 @@ async fn run_mix(
             let shared = Arc::new(std::mem::take(pool));
             let m = get_mix(target, &shared, limit, c, pids).await;
             *pool = Arc::into_inner(shared).unwrap_or_default();
-            let report = MixReport {
-                name: "GET by key".into(),
-                tally: m.main,
-                parts: Vec::new(),
-                elapsed: m.elapsed,
-                cpu: m.cpu,
-                counts: None,
-            };
+            let report = MixReport::plain("GET by key", m);
             (report, 0)
         }
     }

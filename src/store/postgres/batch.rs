@@ -39,14 +39,14 @@ use crate::store::{Claim, Finish, KeyState, Lease, MessageRecord, NewMessage, St
 
 /// Statements of one kind running at once. Two: a batch forms from what
 /// arrives while the other is at the database, and a lone request never
-/// waits behind a running batch.
+/// waits behind a small running batch (see [`SHARE_BELOW`]).
 const IN_FLIGHT: usize = 2;
 /// A second statement starts beside a running one only while that one
 /// carries fewer rows than this. Under light load batches are small and the
 /// second slot keeps a lone request from waiting; under heavy load a second
 /// statement would only split what becomes one bigger batch if it waits for
 /// the running one, and every statement costs Postgres a commit (measured:
-/// BENCHMARKS.md, coalesced writes).
+/// BENCHMARKS.md, "Lanes", and `docs/architecture.md`).
 const SHARE_BELOW: usize = 4;
 /// Rows per statement at most; the rest waits for the next slot.
 const MAX_ROWS: usize = 128;
@@ -497,7 +497,7 @@ async fn finish_batch(store: &PgStore, items: Vec<Finish>) -> Vec<Result<bool, S
 /// from a partial index on `status = 'processing'`: such an index holds an
 /// entry for every message that was processing since the last vacuum, and
 /// the planner, which counts only live rows, took it for the cheapest way
-/// and read it whole (BENCHMARKS.md, plans under load). Returns the ids it
+/// and read it whole (BENCHMARKS.md, "Plans"). Returns the ids it
 /// made final (the others' leases were no longer theirs).
 async fn finish_statement(
     pool: &PgPool,

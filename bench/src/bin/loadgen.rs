@@ -1645,7 +1645,8 @@ fn print_targets(reports: &[MixReport], floors: &[Floor], peak_mb: Option<f64>, 
     }
     if let (Some(u), Some(r)) = (unique, replay_mix) {
         println!(
-            "90% replay mix / unique sends: {:.0} / {:.0} = {:.2}",
+            "{} / unique sends: {:.0} / {:.0} = {:.2}",
+            r.name,
             r.rps(),
             u.rps(),
             r.rps() / u.rps()

@@ -13,18 +13,25 @@
 //! duplicated; Twilio's signed with the auth token the request was
 //! authenticated with.
 //!
-//! It behaves like a provider that de-duplicates on `Idempotency-Key`: a key
-//! it already accepted is answered with the same id and not delivered again.
-//! It counts calls per key and deliveries (distinct keys accepted), so a test
-//! can assert "one message on the phone". Behaviours can be queued: each call
-//! takes the next one; once the queue is empty, each call draws one at
-//! random from the configured [`Faults`] (none by default: accept).
+//! It counts every message it creates, per idempotency key and per (To,
+//! Body) over both protocols, so a test can assert "one message on the
+//! phone" by counting creations. Whether its `http` endpoint de-duplicates on
+//! `Idempotency-Key` is a mode ([`Dedup`]): by default it does not (every
+//! accepted call creates a message, as Twilio's endpoint always does), so a
+//! test never counts the mock's own de-duplication as ours; `Replay`
+//! answers a key it already accepted with the same id and creates nothing;
+//! `Ietf` follows the IETF Idempotency-Key draft (as Stripe does): a replay
+//! as above, `409` while a request with the same key is still being
+//! processed, `422` for the key with another payload. Behaviours can be
+//! queued: each call takes the next one; once the queue is empty, each call
+//! draws one at random from the configured [`Faults`] (none by default:
+//! accept).
 //!
 //! It serves HTTP/1.1 connection by connection (hyper directly rather than
 //! `axum::serve`) so that it can drop a connection after accepting a message
 //! and before answering: the most dangerous thing a provider can do.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -52,6 +59,8 @@ pub enum Behaviour {
     },
     /// Deliver, then answer this status (a 5xx after acting: the dangerous case).
     AcceptThenFail { status: u16 },
+    /// Deliver, then answer this status with `Retry-After` (seconds).
+    AcceptThenRetryLater { status: u16, retry_after: u64 },
     /// Wait for the gate to open, then accept.
     Gate(Arc<Notify>),
     /// Never answer (the caller times out).
@@ -62,6 +71,56 @@ pub enum Behaviour {
     AcceptThenDrop,
     /// Deliver, then never answer (the caller times out after the send).
     AcceptThenHang,
+    /// Deliver at once, then answer after this long (a slow answer to a
+    /// message that already exists).
+    AcceptThenDelay(Duration),
+    /// Wait for the gate to open, then behave as the inner behaviour says.
+    After(Arc<Notify>, Box<Behaviour>),
+    /// Go on processing for this long whatever the caller does, then create
+    /// the message (and answer, if the caller still waits): a provider that
+    /// acts on a request its caller already gave up on (a timeout, a
+    /// shutdown that cut the call off).
+    Processing(Duration),
+}
+
+impl Behaviour {
+    /// The behaviour to carry out once every gate in front of it opened.
+    async fn after_gates(self) -> Behaviour {
+        let mut b = self;
+        while let Behaviour::After(gate, inner) = b {
+            gate.notified().await;
+            b = *inner;
+        }
+        b
+    }
+}
+
+/// How the mock's `http` endpoint treats a repeated `Idempotency-Key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dedup {
+    /// Every accepted call creates a message (Twilio's endpoint always
+    /// behaves so: it has no idempotency key).
+    #[default]
+    None,
+    /// A key already accepted is answered with its id; nothing is created.
+    Replay,
+    /// The IETF Idempotency-Key draft: a key already accepted is answered
+    /// with its id (the scripted behaviour queue is not consumed); a key
+    /// whose first request is still being processed is answered `409`; the
+    /// key with another payload `422`.
+    Ietf,
+}
+
+impl Dedup {
+    /// Reads `MOCK_DEDUP`: `none` (default), `replay` or `ietf`.
+    pub fn from_env() -> Result<Dedup, String> {
+        match std::env::var("MOCK_DEDUP").ok().as_deref() {
+            None | Some("") | Some("none") => Ok(Dedup::None),
+            Some("replay") => Ok(Dedup::Replay),
+            Some("ietf") => Ok(Dedup::Ietf),
+            Some(_) => Err("MOCK_DEDUP must be none, replay or ietf".into()),
+        }
+    }
 }
 
 /// Random misbehaviour for calls that have no queued behaviour. Rates are
@@ -181,11 +240,21 @@ pub struct Call {
 #[derive(Default)]
 struct Inner {
     faults: Faults,
+    dedup: Dedup,
+    /// `Ietf`: keys whose request is being processed now.
+    in_flight: HashSet<String>,
+    /// Requests being processed now (answered or not), over both protocols.
+    busy: usize,
+    /// `Ietf`: the payload each accepted key came with.
+    payloads: HashMap<String, serde_json::Value>,
+    /// How far the mock Twilio's clock is from this machine's (its
+    /// `date_created` and its `Date` header).
+    twilio_clock_offset: time::Duration,
     script: VecDeque<Behaviour>,
     calls: Vec<Call>,
     /// Idempotency key -> the id it was accepted under.
     accepted: HashMap<String, String>,
-    /// Deliveries per key (more than one would be a duplicate on a phone).
+    /// Messages created per key (more than one is a duplicate on a phone).
     deliveries: HashMap<String, u32>,
     next_id: u64,
     /// Deliveries per (To, Body), over both protocols.
@@ -293,6 +362,8 @@ pub struct MockProvider {
 #[derive(Serialize)]
 pub struct Stats {
     pub calls: usize,
+    /// Messages created, over both protocols.
+    pub created: u32,
     pub deliveries: u32,
     pub keys_delivered: usize,
     pub max_deliveries_per_key: u32,
@@ -314,6 +385,45 @@ impl MockProvider {
         let mock = MockProvider::default();
         mock.lock().faults = faults;
         mock
+    }
+
+    /// Sets how the `http` endpoint treats a repeated key.
+    pub fn set_dedup(&self, dedup: Dedup) {
+        self.lock().dedup = dedup;
+    }
+
+    /// Sets the mock Twilio's clock `offset` from this machine's (positive:
+    /// ahead): the times it shows and its `Date` header.
+    pub fn set_twilio_clock_offset(&self, offset: time::Duration) {
+        self.lock().twilio_clock_offset = offset;
+    }
+
+    /// `resp` with the mock Twilio's own `Date` header (its clock may be
+    /// set apart from this machine's).
+    fn twilio_dated(&self, mut resp: Response) -> Response {
+        let offset = self.lock().twilio_clock_offset;
+        let now = std::time::SystemTime::now();
+        let at = if offset.is_negative() {
+            now - offset.unsigned_abs()
+        } else {
+            now + offset.unsigned_abs()
+        };
+        if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(at)) {
+            resp.headers_mut().insert(header::DATE, v);
+        }
+        resp
+    }
+
+    /// Requests the mock is still processing (some may create a message
+    /// yet, whatever their caller did): a test counts messages once this is
+    /// zero.
+    pub fn busy(&self) -> usize {
+        self.lock().busy
+    }
+
+    /// Messages created in all (over both protocols).
+    pub fn created(&self) -> u32 {
+        self.lock().by_recipient_body.values().sum()
     }
 
     /// Serves on `listener` until the returned task is aborted.
@@ -373,6 +483,7 @@ impl MockProvider {
         let inner = self.lock();
         Stats {
             calls: inner.calls.len(),
+            created: inner.by_recipient_body.values().sum(),
             deliveries: inner.deliveries.values().sum(),
             keys_delivered: inner.deliveries.len(),
             max_deliveries_per_key: inner.deliveries.values().copied().max().unwrap_or(0),
@@ -415,6 +526,7 @@ impl MockProvider {
     /// Creates a Twilio message (a delivery) and returns its resource.
     fn twilio_create(&self, account_sid: &str, form: &HashMap<String, String>) -> TwilioRecord {
         let mut inner = self.lock();
+        let now = time::OffsetDateTime::now_utc() + inner.twilio_clock_offset;
         let record = TwilioRecord {
             sid: format!("SM{}", uuid::Uuid::new_v4().simple()),
             account_sid: account_sid.to_string(),
@@ -422,7 +534,7 @@ impl MockProvider {
             from: form.get("From").cloned(),
             messaging_service_sid: form.get("MessagingServiceSid").cloned(),
             body: form.get("Body").cloned().unwrap_or_default(),
-            created_at: sendonce::clock::truncate_to_micros(time::OffsetDateTime::now_utc()),
+            created_at: sendonce::clock::truncate_to_micros(now),
             status: "queued",
             date_sent: None,
         };
@@ -437,8 +549,11 @@ impl MockProvider {
     /// Hands every queued Twilio message to the carrier: `sent`, with
     /// `date_sent` now (Twilio sets it only then).
     pub fn twilio_hand_over(&self) {
-        let now = sendonce::clock::truncate_to_micros(time::OffsetDateTime::now_utc());
-        for m in &mut self.lock().twilio_messages {
+        let mut inner = self.lock();
+        let now = sendonce::clock::truncate_to_micros(
+            time::OffsetDateTime::now_utc() + inner.twilio_clock_offset,
+        );
+        for m in &mut inner.twilio_messages {
             if m.date_sent.is_none() {
                 m.status = "sent";
                 m.date_sent = Some(now);
@@ -466,17 +581,21 @@ impl MockProvider {
             .collect()
     }
 
-    /// Delivers (once per key) and returns the id; sends the receipts for
-    /// a new delivery when configured.
+    /// Creates the message and returns its id (with `Replay` or `Ietf`, a
+    /// key already accepted gets its id and nothing is created); sends the
+    /// receipts for a new message when configured.
     fn deliver(&self, key: Option<&str>, sms: &serde_json::Value) -> String {
         let mut inner = self.lock();
-        if let Some(id) = key.and_then(|k| inner.accepted.get(k)).cloned() {
+        if inner.dedup != Dedup::None
+            && let Some(id) = key.and_then(|k| inner.accepted.get(k)).cloned()
+        {
             return id;
         }
         inner.next_id += 1;
         let id = format!("prov_{}", inner.next_id);
         let key = key.map_or_else(|| id.clone(), str::to_string);
         inner.accepted.insert(key.clone(), id.clone());
+        inner.payloads.insert(key.clone(), sms.clone());
         *inner.deliveries.entry(key).or_default() += 1;
         let text = |name: &str| sms[name].as_str().unwrap_or_default().to_string();
         *inner
@@ -527,6 +646,76 @@ fn accepted(id: String) -> Response {
         .into_response()
 }
 
+/// Counts a request as being processed until dropped.
+struct Busy(MockProvider);
+
+impl Busy {
+    fn new(mock: &MockProvider) -> Self {
+        mock.lock().busy += 1;
+        Busy(mock.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.lock().busy -= 1;
+    }
+}
+
+/// `Ietf`: marks a key as being processed until dropped.
+struct InFlight {
+    mock: MockProvider,
+    key: Option<String>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.mock.lock().in_flight.remove(&key);
+        }
+    }
+}
+
+/// What the `http` endpoint answers before running a behaviour, under the
+/// IETF draft: a replay, 409 or 422; `None` to go on (the key is then held
+/// as in flight by the returned guard).
+fn ietf_answer(
+    mock: &MockProvider,
+    key: Option<&str>,
+    sms: &serde_json::Value,
+) -> Result<InFlight, Response> {
+    let mut inner = mock.lock();
+    let Some(key) = key.filter(|_| inner.dedup == Dedup::Ietf) else {
+        return Ok(InFlight {
+            mock: mock.clone(),
+            key: None,
+        });
+    };
+    if inner.in_flight.contains(key) {
+        let body = serde_json::json!({
+            "type": "https://developer.example.com/idempotency/in-flight",
+            "title": "A request with this Idempotency-Key is still being processed",
+            "message": "a request with this Idempotency-Key is still being processed",
+        });
+        return Err(json_answer(StatusCode::CONFLICT, &body, Some(1)));
+    }
+    if let Some(id) = inner.accepted.get(key).cloned() {
+        if inner.payloads.get(key).is_some_and(|p| p != sms) {
+            let body = serde_json::json!({
+                "title": "This Idempotency-Key was used with another payload",
+                "message": "this Idempotency-Key was used with another payload",
+            });
+            return Err(json_answer(StatusCode::UNPROCESSABLE_ENTITY, &body, None));
+        }
+        return Err(accepted(id));
+    }
+    inner.in_flight.insert(key.to_string());
+    Ok(InFlight {
+        mock: mock.clone(),
+        key: Some(key.to_string()),
+    })
+}
+
 async fn send(
     State(mock): State<MockProvider>,
     switch: Option<axum::Extension<DropSwitch>>,
@@ -538,17 +727,22 @@ async fn send(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let sms: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    let busy = Busy::new(&mock);
+    mock.lock().calls.push(Call {
+        endpoint: "http".into(),
+        idempotency_key: key.clone(),
+        authorization: headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        body: sms.clone(),
+    });
+    let in_flight = match ietf_answer(&mock, key.as_deref(), &sms) {
+        Ok(guard) => guard,
+        Err(answer) => return answer,
+    };
     let (behaviour, latency) = {
         let mut inner = mock.lock();
-        inner.calls.push(Call {
-            endpoint: "http".into(),
-            idempotency_key: key.clone(),
-            authorization: headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string),
-            body: sms.clone(),
-        });
         let behaviour = match inner.script.pop_front() {
             Some(b) => b,
             None => inner.faults.draw(),
@@ -558,8 +752,14 @@ async fn send(
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
+    let behaviour = behaviour.after_gates().await;
+    let create = {
+        let mock = mock.clone();
+        move || mock.deliver(key.as_deref(), &sms)
+    };
     match behaviour {
-        Behaviour::Accept => accepted(mock.deliver(key.as_deref(), &sms)),
+        // (`After` was unwrapped above.)
+        Behaviour::Accept | Behaviour::After(..) => accepted(create()),
         Behaviour::Fail {
             status,
             body,
@@ -569,33 +769,73 @@ async fn send(
             json_answer(status, &body, retry_after)
         }
         Behaviour::AcceptThenFail { status } => {
-            mock.deliver(key.as_deref(), &sms);
+            create();
             StatusCode::from_u16(status)
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
                 .into_response()
         }
+        Behaviour::AcceptThenRetryLater {
+            status,
+            retry_after,
+        } => {
+            create();
+            drop(in_flight);
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            json_answer(
+                status,
+                &serde_json::json!({"message": "injected failure after sending"}),
+                Some(retry_after),
+            )
+        }
         Behaviour::Gate(gate) => {
             gate.notified().await;
-            accepted(mock.deliver(key.as_deref(), &sms))
+            accepted(create())
         }
         Behaviour::Hang => std::future::pending().await,
         Behaviour::Delay(d) => {
             tokio::time::sleep(d).await;
-            accepted(mock.deliver(key.as_deref(), &sms))
+            accepted(create())
+        }
+        Behaviour::AcceptThenDelay(d) => {
+            let id = create();
+            drop(in_flight);
+            tokio::time::sleep(d).await;
+            accepted(id)
+        }
+        Behaviour::Processing(d) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                let id = create();
+                drop(in_flight);
+                drop(busy);
+                let _ = tx.send(id);
+            });
+            match rx.await {
+                Ok(id) => accepted(id),
+                Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+            }
         }
         Behaviour::AcceptThenHang => {
-            mock.deliver(key.as_deref(), &sms);
+            create();
+            drop(in_flight);
             std::future::pending().await
         }
         Behaviour::AcceptThenDrop => {
-            mock.deliver(key.as_deref(), &sms);
-            if let Some(axum::Extension(DropSwitch(switch))) = switch
-                && let Some(tx) = switch.lock().unwrap_or_else(PoisonError::into_inner).take()
-            {
-                let _ = tx.send(());
-            }
+            create();
+            drop(in_flight);
+            drop_connection(switch);
             std::future::pending().await
         }
+    }
+}
+
+/// Closes the caller's connection without an answer.
+fn drop_connection(switch: Option<axum::Extension<DropSwitch>>) {
+    if let Some(axum::Extension(DropSwitch(switch))) = switch
+        && let Some(tx) = switch.lock().unwrap_or_else(PoisonError::into_inner).take()
+    {
+        let _ = tx.send(());
     }
 }
 
@@ -715,6 +955,7 @@ async fn twilio_send(
     body: Bytes,
 ) -> Response {
     let form: HashMap<String, String> = form_urlencoded::parse(&body).into_owned().collect();
+    let busy = Busy::new(&mock);
     let (behaviour, latency) = {
         let mut inner = mock.lock();
         inner.calls.push(Call {
@@ -744,31 +985,38 @@ async fn twilio_send(
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let create = || {
-        let record = mock.twilio_create(&account_sid, &form);
-        let receipts = mock.lock().receipts.clone();
-        if let Some(callback) = form.get("StatusCallback").cloned()
-            && receipts.order != ReceiptOrder::None
-        {
-            tokio::spawn(send_twilio_receipts(
-                receipts,
-                callback,
-                token.clone(),
-                record.clone(),
-            ));
+    let behaviour = behaviour.after_gates().await;
+    let create = {
+        let (mock, account_sid, form) = (mock.clone(), account_sid.clone(), form.clone());
+        move || {
+            let record = mock.twilio_create(&account_sid, &form);
+            let receipts = mock.lock().receipts.clone();
+            if let Some(callback) = form.get("StatusCallback").cloned()
+                && receipts.order != ReceiptOrder::None
+            {
+                tokio::spawn(send_twilio_receipts(
+                    receipts,
+                    callback,
+                    token.clone(),
+                    record.clone(),
+                ));
+            }
+            record
         }
-        record
     };
     let created = |record: &TwilioRecord| {
-        (
-            StatusCode::CREATED,
-            [(header::CONTENT_TYPE, "application/json")],
-            twilio_resource(record).to_string(),
+        mock.twilio_dated(
+            (
+                StatusCode::CREATED,
+                [(header::CONTENT_TYPE, "application/json")],
+                twilio_resource(record).to_string(),
+            )
+                .into_response(),
         )
-            .into_response()
     };
     match behaviour {
-        Behaviour::Accept => created(&create()),
+        // (`After` was unwrapped above.)
+        Behaviour::Accept | Behaviour::After(..) => created(&create()),
         Behaviour::Fail {
             status,
             body,
@@ -777,6 +1025,13 @@ async fn twilio_send(
         Behaviour::AcceptThenFail { status } => {
             create();
             twilio_error(status, 20500, "Internal Server Error", None)
+        }
+        Behaviour::AcceptThenRetryLater {
+            status,
+            retry_after,
+        } => {
+            create();
+            twilio_error(status, 20500, "Internal Server Error", Some(retry_after))
         }
         Behaviour::Gate(gate) => {
             gate.notified().await;
@@ -787,17 +1042,30 @@ async fn twilio_send(
             tokio::time::sleep(d).await;
             created(&create())
         }
+        Behaviour::AcceptThenDelay(d) => {
+            let record = create();
+            tokio::time::sleep(d).await;
+            created(&record)
+        }
+        Behaviour::Processing(d) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                let _ = tx.send(create());
+                drop(busy);
+            });
+            match rx.await {
+                Ok(record) => created(&record),
+                Err(_) => twilio_error(500, 20500, "Internal Server Error", None),
+            }
+        }
         Behaviour::AcceptThenHang => {
             create();
             std::future::pending().await
         }
         Behaviour::AcceptThenDrop => {
             create();
-            if let Some(axum::Extension(DropSwitch(switch))) = switch
-                && let Some(tx) = switch.lock().unwrap_or_else(PoisonError::into_inner).take()
-            {
-                let _ = tx.send(());
-            }
+            drop_connection(switch);
             std::future::pending().await
         }
     }
@@ -896,7 +1164,7 @@ async fn twilio_list(
         "end": page * page_size + messages.len().saturating_sub(1),
         "start": page * page_size,
     });
-    axum::Json(body).into_response()
+    mock.twilio_dated(axum::Json(body).into_response())
 }
 
 fn receipt_client() -> Option<reqwest::Client> {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sendonce::clock::Clock;
 use serde_json::json;
-use testkit::mock_provider::Behaviour;
+use testkit::mock_provider::{Behaviour, Dedup};
 use tokio::sync::Notify;
 
 use crate::helpers::*;
@@ -174,6 +174,9 @@ async fn retryable_answers_are_retried_until_the_attempts_run_out(backend: Backe
 
 async fn ambiguous_answers_exhausting_the_attempts_end_unknown(backend: Backend) {
     let app = spawn_app_on(backend).await;
+    // The `http` contract: the bridge de-duplicates on Idempotency-Key
+    // (and here answers every retry with the same 502).
+    app.mock.set_dedup(Dedup::Replay);
     app.mock
         .push((0..5).map(|_| Behaviour::AcceptThenFail { status: 502 }));
     let m = app.post("MAYBE", &sms("+14155550100", "hi")).await.json();
@@ -315,6 +318,8 @@ async fn provider_calls_are_capped_per_instance(backend: Backend) {
 
 async fn accept_then_drop_is_ambiguous_and_the_resend_does_not_send_twice(backend: Backend) {
     let app = spawn_app_on(backend).await;
+    // The `http` contract: the bridge de-duplicates on Idempotency-Key.
+    app.mock.set_dedup(Dedup::Ietf);
     app.mock.push([Behaviour::AcceptThenDrop]);
     let m = app.post("DROPPED", &sms("+14155550100", "hi")).await.json();
     assert_eq!(m["status"], "sent");

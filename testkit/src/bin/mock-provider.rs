@@ -1,14 +1,15 @@
 //! `mock-provider`: the scriptable stand-in SMS provider as a process, for
 //! demos (docker-compose) and the chaos run. It speaks the `http` provider
-//! protocol on `POST /messages` (de-duplicating on `Idempotency-Key`) and
+//! protocol on `POST /messages` (de-duplicating on `Idempotency-Key` as
+//! `MOCK_DEDUP` says: `none`, the default, `replay` or `ietf`) and
 //! Twilio's Messages endpoint (`/2010-04-01/Accounts/{sid}/Messages.json`),
-//! and reports deliveries per key and per (To, Body) on `GET /stats`.
+//! and reports messages created per key and per (To, Body) on `GET /stats`.
 //!
 //! `MOCK_LISTEN` (default 127.0.0.1:9090) sets the address; the fault
 //! variables of [`Faults::from_env`] make it misbehave at random; those of
 //! [`ReceiptConfig::from_env`] make it send delivery receipts back.
 
-use testkit::mock_provider::{Faults, MockProvider, ReceiptConfig};
+use testkit::mock_provider::{Dedup, Faults, MockProvider, ReceiptConfig};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -16,6 +17,13 @@ async fn main() -> std::process::ExitCode {
     let listen = std::env::var("MOCK_LISTEN").unwrap_or_else(|_| "127.0.0.1:9090".into());
     let faults = match Faults::from_env() {
         Ok(f) => f,
+        Err(e) => {
+            eprintln!("mock-provider: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let dedup = match Dedup::from_env() {
+        Ok(d) => d,
         Err(e) => {
             eprintln!("mock-provider: {e}");
             return std::process::ExitCode::from(2);
@@ -38,6 +46,7 @@ async fn main() -> std::process::ExitCode {
     tracing::info!(%listen, ?faults, "mock provider listening");
     let mock = MockProvider::with_faults(faults);
     mock.set_receipts(receipts);
+    mock.set_dedup(dedup);
     let task = mock.serve(listener);
     tokio::select! {
         _ = task => {}

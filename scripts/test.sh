@@ -80,4 +80,6 @@ if [ -n "${psql:-}" ]; then
     done
 fi
 
-cargo test --all-targets "$@"
+# `failpoints`: the test build of the binary can crash or pause itself at
+# named points (src/failpoint.rs); no other build has them.
+cargo test --all-targets --features failpoints "$@"

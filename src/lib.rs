@@ -32,6 +32,7 @@ pub mod console;
 pub mod delivery;
 pub mod domain;
 pub mod error;
+pub mod failpoint;
 pub mod http;
 pub mod metrics;
 pub mod notify;

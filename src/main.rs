@@ -10,6 +10,10 @@ use sendonce::config::{Cli, Command, Settings};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = sendonce::failpoint::check_configuration() {
+        eprintln!("sendonce: {e}");
+        return ExitCode::from(2);
+    }
     let settings = match Settings::from_args(&cli.config) {
         Ok(s) => s,
         Err(e) => {

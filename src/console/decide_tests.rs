@@ -50,6 +50,7 @@ fn message(status: Status) -> MessageRecord {
         deadline_at: at(3600),
         last_attempt_open: false,
         last_attempt_started_at: None,
+        last_attempt_sender: None,
         recipient_opted_out: false,
     }
 }

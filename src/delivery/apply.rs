@@ -27,12 +27,64 @@ pub enum Report {
     StoreDown,
     /// Shutdown stopped the run where it was.
     Stopped,
+    /// The final write named a provider message id another message holds
+    /// (the unique constraint refused it); nothing was written. Within a run
+    /// only: a reconciliation that meets it learns the candidate was not
+    /// its own, and an accepted answer is stored without the id.
+    IdTaken,
 }
 
 impl Deliverer {
     /// Writes `t`, fenced on `lease`. `Proceed`, `Reconcile` and `MoveOn`
-    /// are not results and are never handed here.
+    /// are not results and are never handed here. A provider's answer with
+    /// an id that another message already holds is a message the provider
+    /// sent (it said so) under an id we cannot keep: it is stored `sent`
+    /// without the id, and the error says why.
     pub(super) async fn apply(
+        &self,
+        msg: &mut MessageRecord,
+        lease: &Lease,
+        registration: &Registration,
+        t: Transition,
+    ) -> Report {
+        let kept = t.clone();
+        match self.apply_once(msg, lease, registration, t).await {
+            Report::IdTaken => {
+                let Transition::Final {
+                    status,
+                    provider_message_id,
+                    attempt,
+                    ..
+                } = kept
+                else {
+                    return Report::StoreDown;
+                };
+                let t = Transition::Final {
+                    status,
+                    error: Some(super::decide::error(
+                        "provider_id_taken",
+                        &format!(
+                            "the provider answered with message id {}, which another message \
+                             already holds; this message was sent, its id is not kept",
+                            provider_message_id.as_deref().unwrap_or_default()
+                        ),
+                        None,
+                    )),
+                    provider_message_id: None,
+                    attempt,
+                };
+                match self.apply_once(msg, lease, registration, t).await {
+                    Report::IdTaken => Report::StoreDown,
+                    report => report,
+                }
+            }
+            report => report,
+        }
+    }
+
+    /// [`Deliverer::apply`], answering [`Report::IdTaken`] instead of
+    /// handling it.
+    pub(super) async fn apply_once(
         &self,
         msg: &mut MessageRecord,
         lease: &Lease,
@@ -70,11 +122,13 @@ impl Deliverer {
                     response: response.clone(),
                     attempt,
                 };
+                crate::failpoint::hit("finish.before");
                 match self.write(lease, || self.store.finish(&f)).await {
                     Ok(true) => {}
                     Ok(false) => return Report::LeaseLost,
                     Err(report) => return report,
                 }
+                crate::failpoint::hit("finish.after");
                 registration.complete(response);
                 if status == Status::Sent {
                     self.attach_early_receipts(msg, now).await;
@@ -88,7 +142,27 @@ impl Deliverer {
                     next_attempt_at: at,
                     updated_at: self.clock.now(),
                     error: Some(error),
-                    attempt,
+                    attempt: Some(attempt),
+                };
+                match self.write(lease, || self.store.reschedule(&r)).await {
+                    Ok(true) => {
+                        self.nudge_at(at);
+                        Report::Rescheduled(at)
+                    }
+                    Ok(false) => Report::LeaseLost,
+                    Err(report) => report,
+                }
+            }
+            Transition::Recheck { at, error } => {
+                // The attempt stays open: whoever claims it when due asks
+                // the provider again before anything else.
+                let r = Reschedule {
+                    id: msg.id,
+                    lease_token: lease.token,
+                    next_attempt_at: at,
+                    updated_at: self.clock.now(),
+                    error: Some(error),
+                    attempt: None,
                 };
                 match self.write(lease, || self.store.reschedule(&r)).await {
                     Ok(true) => {
@@ -129,6 +203,10 @@ impl Deliverer {
                 tracing::info!("stopped by shutdown");
                 self.metrics.delivery_interrupted("stopped");
             }
+            Report::IdTaken => {
+                tracing::warn!("the provider message id is another message's: nothing written");
+                self.metrics.delivery_interrupted("store_down");
+            }
         }
     }
 
@@ -162,6 +240,7 @@ impl Deliverer {
         loop {
             match op().await {
                 Ok(done) => return Ok(done),
+                Err(StoreError::Conflict { .. }) => return Err(Report::IdTaken),
                 Err(StoreError::Unavailable(e)) if !lease.left().is_zero() => {
                     tracing::warn!(error = %e, "database unavailable, retrying the write");
                     tokio::select! {

@@ -12,12 +12,17 @@
 //! |                                        | the provider does not de-duplicate)          |
 //! | refused (the account, not the message) | final `failed` (`unknown` if maybe sent)     |
 //! | retryable                              | retry at backoff/Retry-After, or give up     |
-//! | ambiguous, provider de-duplicates      | retry (resending cannot send twice)          |
+//! | ambiguous, provider de-duplicates      | retry (resending cannot send twice; a 409,   |
+//! |                                        | "still processing this key", is one of them) |
 //! | ambiguous, otherwise                   | reconcile since the current attempt started  |
 //! | reconciled `Sent`                      | final `sent`                                 |
 //! | reconciled `NotSent` after an answer   | as retryable                                 |
 //! | reconciled `NotSent` on resume         | proceed                                      |
+//! | reconciled `Pending` (after an answer  | ask again later, the attempt left open; past |
+//! | or on resume)                          | the deadline final `unknown`                 |
 //! | reconciled `Unknown`                   | final `unknown`                              |
+//! | the body cannot be opened (a sealed    | final `failed` (`unknown` if maybe sent)     |
+//! | code whose secret is gone)             |                                              |
 //!
 //! With several providers, [`route`](super::route::route) turns some of
 //! these into moving on to the next provider.
@@ -78,6 +83,9 @@ pub enum Event<'a> {
     /// The provider was asked about an attempt a previous owner left open,
     /// before starting a new one.
     Resumed(&'a Reconciled),
+    /// The message cannot be handed to any provider, ever (a sealed body
+    /// whose secret is gone): why.
+    Unsendable(&'a str),
 }
 
 /// What to do next.
@@ -98,6 +106,12 @@ pub enum Transition {
     },
     /// Ask the provider whether it sent the message since `since`.
     Reconcile { since: OffsetDateTime },
+    /// Leave the current attempt open (its outcome is not known yet) and
+    /// ask the provider about it again at `at`; nothing is sent meanwhile.
+    Recheck {
+        at: OffsetDateTime,
+        error: MessageError,
+    },
     /// Go on: start (or make) the provider call.
     Proceed,
     /// Move the message to provider `to` and go on there at once (see
@@ -166,6 +180,12 @@ pub fn decide(
                 let (_, retry_after, message) = parts(after);
                 retry_or_give_up(snap, after, retry_after, now, policy, false, &message)
             }
+            Reconciled::Pending(reason) => {
+                let (_, retry_after, _) = parts(after);
+                recheck_or_give_up(snap, reason, retry_after, now, policy, || {
+                    result_from(after, snap.attempt, now)
+                })
+            }
             Reconciled::Unknown(reason) => Transition::Final {
                 status: Status::Unknown,
                 provider_message_id: None,
@@ -188,6 +208,16 @@ pub fn decide(
                 )),
             },
             Reconciled::NotSent => Transition::Proceed,
+            Reconciled::Pending(reason) => {
+                recheck_or_give_up(snap, reason, None, now, policy, || {
+                    local_result(
+                        snap.attempt,
+                        AttemptOutcome::Lost,
+                        Some(reason.clone()),
+                        now,
+                    )
+                })
+            }
             Reconciled::Unknown(reason) => Transition::Final {
                 status: Status::Unknown,
                 provider_message_id: None,
@@ -200,6 +230,52 @@ pub fn decide(
                 )),
             },
         },
+        Event::Unsendable(why) => {
+            let e = error("unsendable", why, None);
+            Transition::Final {
+                status: give_up_status(snap.maybe_sent),
+                provider_message_id: None,
+                attempt: Some(local_result(
+                    snap.attempt,
+                    AttemptOutcome::Unsendable,
+                    Some(e.message.clone()),
+                    now,
+                )),
+                error: Some(e),
+            }
+        }
+    }
+}
+
+/// Asking again later about an attempt whose outcome is not known yet:
+/// before the retry deadline, a recheck (the attempt stays open, nothing is
+/// sent); after it, final `unknown`, closing the attempt as `closing` says.
+fn recheck_or_give_up(
+    snap: &Snapshot,
+    reason: &str,
+    retry_after: Option<Duration>,
+    now: OffsetDateTime,
+    policy: &RetryPolicy,
+    closing: impl FnOnce() -> AttemptResult,
+) -> Transition {
+    let at = now + to_time(policy.delay(snap.attempt, retry_after));
+    if at > snap.deadline_at {
+        return Transition::Final {
+            status: Status::Unknown,
+            provider_message_id: None,
+            error: Some(error(
+                "outcome_unknown",
+                &format!(
+                    "the retry deadline passed while the provider could not tell yet: {reason}"
+                ),
+                None,
+            )),
+            attempt: Some(closing()),
+        };
+    }
+    Transition::Recheck {
+        at,
+        error: error("provider_ambiguous", reason, None),
     }
 }
 

@@ -71,6 +71,8 @@ enum Want {
     /// Due between these many seconds from now (inclusive), error code.
     Retry(f64, f64, &'static str),
     Reconcile(OffsetDateTime),
+    /// Asked again between these many seconds from now, the attempt open.
+    Recheck(f64, f64),
     Proceed,
 }
 
@@ -94,6 +96,10 @@ fn matches(t: &Transition, want: &Want) -> bool {
             *lo <= secs && secs <= *hi && error.code == *code && attempt.finished_at == NOW
         }
         (Transition::Reconcile { since }, Want::Reconcile(w)) => since == w,
+        (Transition::Recheck { at, error }, Want::Recheck(lo, hi)) => {
+            let secs = (*at - NOW).as_seconds_f64();
+            *lo <= secs && secs <= *hi && error.code == "provider_ambiguous"
+        }
         (Transition::Proceed, Want::Proceed) => true,
         _ => false,
     }
@@ -150,6 +156,13 @@ fn the_decision_table() {
     };
     let not_sent = Reconciled::NotSent;
     let unknown = Reconciled::Unknown("cannot ask".into());
+    let pending = Reconciled::Pending("a sibling may own it".into());
+    // An IETF-draft provider still processing the same key (409).
+    let in_flight = SendOutcome::Ambiguous {
+        http_status: Some(409),
+        retry_after: Some(Duration::from_secs(1)),
+        message: "still processing".into(),
+    };
     let starting = |opted_out, closing| Event::Starting { opted_out, closing };
 
     #[rustfmt::skip]
@@ -172,6 +185,14 @@ fn the_decision_table() {
         ("reconciled: not sent", snap(), Event::Reconciled { after: &amb, answer: &not_sent }, false, Want::Retry(0.0, 1.0, "provider_unavailable")),
         ("reconciled: not sent, attempts used up", last.clone(), Event::Reconciled { after: &amb, answer: &not_sent }, false, Want::Final(Failed, Some("retries_exhausted"), Some(O::Ambiguous))),
         ("reconciled: unknown", snap(), Event::Reconciled { after: &amb, answer: &unknown }, false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Ambiguous))),
+        ("409 in flight on a deduping provider", maybe_sent.clone(), Event::Answered(&in_flight), true, Want::Retry(1.0, 1.0, "provider_ambiguous")),
+        ("reconciled: pending (a sibling may own the candidate)", snap(), Event::Reconciled { after: &amb, answer: &pending }, false, Want::Recheck(0.0, 1.0)),
+        ("reconciled: pending, attempts used up (rechecks add none)", last.clone(), Event::Reconciled { after: &amb, answer: &pending }, false, Want::Recheck(0.0, 4.0)),
+        ("reconciled: pending past the deadline", past_deadline.clone(), Event::Reconciled { after: &amb, answer: &pending }, false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Ambiguous))),
+        ("resumed: pending", snap(), Event::Resumed(&pending), false, Want::Recheck(0.0, 1.0)),
+        ("resumed: pending past the deadline", past_deadline.clone(), Event::Resumed(&pending), false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Lost))),
+        ("unsendable (a sealed body that does not open)", snap(), Event::Unsendable("secret changed"), false, Want::Final(Failed, Some("unsendable"), Some(O::Unsendable))),
+        ("unsendable after a maybe-sent attempt", maybe_sent.clone(), Event::Unsendable("secret changed"), false, Want::Final(Unknown, Some("unsendable"), Some(O::Unsendable))),
         ("resumed: sent", snap(), Event::Resumed(&sent), false, Want::Final(Sent, None, Some(O::Reconciled))),
         ("resumed: not sent", snap(), Event::Resumed(&not_sent), false, Want::Proceed),
         ("resumed: unknown", snap(), Event::Resumed(&unknown), false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Lost))),
@@ -231,6 +252,7 @@ fn a_resumed_message_reconciles_from_its_current_attempt() {
             metadata: Default::default(),
             validity_seconds: None,
             provider: "http".into(),
+            sender: None,
             created_at: PREVIOUS_START,
             expires_at: None,
             deadline_at: NOW + time::Duration::minutes(10),

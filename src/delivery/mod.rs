@@ -11,18 +11,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use time::OffsetDateTime;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::domain::{AttemptOutcome, MessageId};
-use crate::provider::{OutgoingSms, Provider, SendOutcome};
+use crate::domain::MessageId;
+use crate::provider::Provider;
 use crate::store::{Lease, MessageRecord, Store, StoreError, StoredResponse};
 
 pub mod apply;
+mod attempt;
 pub mod circuit;
 pub mod decide;
 pub mod hub;
@@ -34,6 +34,7 @@ mod routing;
 pub mod scheduler;
 
 pub use apply::Report;
+pub use attempt::Start;
 pub use circuit::CircuitPolicy;
 pub use decide::{Event, Snapshot, Transition, decide};
 pub use hub::Hub;
@@ -102,6 +103,8 @@ pub struct Deliverer {
     /// Opens sealed message bodies (verification codes) right before the
     /// provider call; set once by `App::build`.
     sealed: std::sync::OnceLock<Arc<crate::verify::SecretSource>>,
+    /// Provider calls that may be in flight (see [`Deliverer::shutdown`]).
+    calls: std::sync::Mutex<Calls>,
 }
 
 impl Deliverer {
@@ -157,51 +160,13 @@ impl Deliverer {
             nudge: Arc::new(Notify::new()),
             metrics: Arc::default(),
             sealed: std::sync::OnceLock::new(),
+            calls: std::sync::Mutex::default(),
         })
     }
 
     /// Where the key to open sealed bodies comes from (verifications).
     pub fn open_sealed_bodies_with(&self, secret: Arc<crate::verify::SecretSource>) {
         let _ = self.sealed.set(secret);
-    }
-
-    /// The body to hand the provider: a sealed one (a verification's code)
-    /// opened, any other as stored. `None` when a sealed body cannot be
-    /// opened now (the database holding the secret is away, or the secret
-    /// changed): nothing is sent, and the message is left to be resumed.
-    /// The SMS to hand the provider, its body opened if it was sealed (a
-    /// verification's code); `None` when it cannot be opened.
-    async fn outgoing(&self, msg: &MessageRecord, now: OffsetDateTime) -> Option<OutgoingSms> {
-        let mut sms = self.sms(msg, now);
-        self.open_body(&mut sms).await?;
-        Some(sms)
-    }
-
-    async fn open_body(&self, sms: &mut OutgoingSms) -> Option<()> {
-        if !crate::verify::crypto::is_sealed(&sms.body) {
-            return Some(());
-        }
-        let Some(secret) = self.sealed.get() else {
-            tracing::error!(message_id = %sms.message_id, "a sealed body, and no verify secret to open it");
-            return None;
-        };
-        let keys = match secret.keys().await {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::warn!(message_id = %sms.message_id, error = %e, "verify secret unavailable");
-                return None;
-            }
-        };
-        match keys.open_body(sms.message_id.0, &sms.body) {
-            Ok(body) => {
-                sms.body = body;
-                Some(())
-            }
-            Err(e) => {
-                tracing::error!(message_id = %sms.message_id, error = %e, "sealed body does not open");
-                None
-            }
-        }
     }
 
     pub fn owner(&self) -> &str {
@@ -211,6 +176,16 @@ impl Deliverer {
     /// The primary provider's name: where new messages start.
     pub fn provider_name(&self) -> &'static str {
         self.providers[0].name()
+    }
+
+    /// Where a new message with this `from` starts: the primary provider,
+    /// and who its first attempt sends as there.
+    pub fn first_route(&self, from: Option<&str>) -> crate::verify::Via {
+        let primary = &self.providers[0];
+        crate::verify::Via {
+            provider: primary.name().to_string(),
+            sender: primary.sender(from),
+        }
     }
 
     /// The configured providers' names, in order.
@@ -259,10 +234,10 @@ impl Deliverer {
         Arc::clone(&self.permits).try_acquire_owned().ok()
     }
 
-    /// Starts delivering a message this instance holds the lease of.
-    /// `fresh`: the message was just inserted with its first attempt started.
-    pub fn spawn(self: &Arc<Self>, msg: MessageRecord, lease: Lease, fresh: bool) {
-        self.spawn_run(msg, lease, fresh, None, None);
+    /// Starts delivering a message just inserted with its first attempt
+    /// started under `lease`.
+    pub fn spawn(self: &Arc<Self>, msg: MessageRecord, lease: Lease) {
+        self.spawn_run(msg, lease, Start::Fresh, None, None);
     }
 
     /// Starts delivering a new message with its place in the send queue
@@ -273,24 +248,26 @@ impl Deliverer {
         lease: Lease,
         ticket: Option<QueueTicket>,
     ) {
-        self.spawn_run(msg, lease, true, None, ticket);
+        self.spawn_run(msg, lease, Start::Fresh, None, ticket);
     }
 
-    /// Resumes a claimed message with the send slot taken for it.
+    /// Resumes a claimed message with the send slot taken for it; `start`
+    /// says whether it was due or taken over from an expired lease.
     pub fn spawn_with_permit(
         self: &Arc<Self>,
         msg: MessageRecord,
         lease: Lease,
+        start: Start,
         permit: OwnedSemaphorePermit,
     ) {
-        self.spawn_run(msg, lease, false, Some(permit), None);
+        self.spawn_run(msg, lease, start, Some(permit), None);
     }
 
     fn spawn_run(
         self: &Arc<Self>,
         msg: MessageRecord,
         lease: Lease,
-        fresh: bool,
+        start: Start,
         permit: Option<OwnedSemaphorePermit>,
         ticket: Option<QueueTicket>,
     ) {
@@ -308,7 +285,7 @@ impl Deliverer {
             // Out of the queue: sending, or stopped.
             drop(ticket);
             let _ = tracing::Instrument::instrument(
-                this.deliver(msg, lease, fresh, permit, &registration),
+                this.deliver(msg, lease, start, permit, &registration),
                 span,
             )
             .await;
@@ -356,8 +333,11 @@ impl Deliverer {
     }
 
     /// Stops accepting work and waits until `deadline` for provider calls
-    /// in flight; then stops the rest where they are and releases their
-    /// leases so another instance resumes them at once. Retry wake-ups are
+    /// in flight; then stops the rest where they are. What never reached a
+    /// provider call is released so another instance resumes it at once; a
+    /// call cut off mid-flight keeps its lease for the provider timeout (the
+    /// provider may still be acting on it: issue 24, finding 1), and its
+    /// next owner waits that out again before asking. Retry wake-ups are
     /// dropped at once: the row holds the due time.
     pub async fn shutdown(&self, deadline: Instant) -> Result<u64, StoreError> {
         self.tasks.close();
@@ -368,15 +348,31 @@ impl Deliverer {
         {
             tracing::warn!(
                 in_flight = self.in_flight(),
-                "grace period over: stopping deliveries and releasing their leases"
+                "grace period over: stopping deliveries; calls cut off keep their leases"
             );
         }
+        let cut_off = self.cut_off_calls();
         self.stop.cancel();
         // Tasks stop at their next await point; none holds us for long.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.tasks.wait()).await;
-        self.store
-            .release_leases(&self.owner, self.clock.now())
-            .await
+        crate::failpoint::hit("shutdown.before_release");
+        let released = self
+            .store
+            .release_leases(
+                &self.owner,
+                self.clock.now(),
+                &cut_off,
+                self.settings.provider_timeout,
+            )
+            .await;
+        crate::failpoint::hit("shutdown.after_release");
+        if !cut_off.is_empty() {
+            tracing::warn!(
+                cut_off = cut_off.len(),
+                "provider calls cut off: their messages are resumed once the provider timeout has passed"
+            );
+        }
+        released
     }
 
     /// Stops every task without releasing anything, as a crash would (tests).
@@ -387,306 +383,28 @@ impl Deliverer {
         self.tasks.wait().await;
     }
 
-    fn sms(&self, msg: &MessageRecord, now: OffsetDateTime) -> OutgoingSms {
-        OutgoingSms {
-            message_id: msg.id,
-            to: msg.to.to_string(),
-            from: msg.from.clone(),
-            body: msg.body.clone(),
-            validity: msg
-                .expires_at
-                .map(|e| Duration::try_from(e - now).unwrap_or(Duration::ZERO)),
-        }
-    }
-
     /// One run of a delivery (at most one provider attempt), logged and
     /// counted once.
     pub async fn deliver(
         &self,
         msg: MessageRecord,
         lease: Lease,
-        fresh: bool,
+        start: Start,
         permit: Option<OwnedSemaphorePermit>,
         registration: &hub::Registration,
     ) -> Report {
-        let report = self.run(msg, lease, fresh, permit, registration).await;
+        let report = self.run(msg, lease, start, permit, registration).await;
         self.record(&report);
         report
     }
+}
 
-    fn decide(
-        &self,
-        snap: &Snapshot,
-        event: &Event<'_>,
-        dedupes: bool,
-        r: &Route<'_>,
-    ) -> Transition {
-        route::route(
-            snap,
-            event,
-            self.clock.now(),
-            &self.settings.retry,
-            dedupes,
-            r,
-        )
-    }
-
-    async fn run(
-        &self,
-        mut msg: MessageRecord,
-        mut lease: Lease,
-        fresh: bool,
-        permit: Option<OwnedSemaphorePermit>,
-        registration: &hub::Registration,
-    ) -> Report {
-        let mut permit = Some(match permit {
-            Some(p) => p,
-            None => match self.acquire().await {
-                Some(p) => p,
-                None => return Report::Stopped,
-            },
-        });
-        let now = self.clock.now();
-        let previous_start = msg.last_attempt_started_at.unwrap_or(msg.created_at);
-        // Routing as of a message that is not moving: decisions before a
-        // send never move it except through `route_state`.
-        let stay = Route {
-            current: "",
-            current_open: false,
-            next: None,
-        };
-
-        let (mut attempt, mut started_at) = if fresh {
-            (msg.attempts, previous_start)
-        } else {
-            let open = msg.last_attempt_open;
-            let provider = self.provider_named(&msg.provider);
-            let dedupes = provider.as_ref().is_some_and(|p| p.dedupes_by_key());
-            if open && !dedupes {
-                // The previous owner may have sent it and cannot tell us:
-                // ask the provider it was sending with before sending
-                // anything again.
-                let Some(sms) = self.outgoing(&msg, now).await else {
-                    return Report::StoreDown;
-                };
-                let snap = Snapshot::of(&msg, msg.attempts, previous_start);
-                let Some(answer) = self
-                    .reconcile(provider.as_deref(), &msg.provider, &sms, previous_start)
-                    .await
-                else {
-                    return Report::Stopped;
-                };
-                let t = self.decide(&snap, &Event::Resumed(&answer), dedupes, &stay);
-                if t != Transition::Proceed {
-                    return self.apply(&mut msg, &lease, registration, t).await;
-                }
-            }
-            msg.maybe_sent |= open;
-            let snap = Snapshot::of(&msg, msg.attempts, previous_start);
-            let closing = open.then_some((msg.attempts, AttemptOutcome::Lost));
-            let t = self.decide(
-                &snap,
-                &Event::Starting {
-                    opted_out: false,
-                    closing,
-                },
-                dedupes,
-                &stay,
-            );
-            if t != Transition::Proceed {
-                return self.apply(&mut msg, &lease, registration, t).await;
-            }
-            let written = std::time::Instant::now();
-            match self.store.start_attempt(msg.id, &lease, now).await {
-                Ok(Some(n)) => {
-                    lease.written = written;
-                    msg.attempts = n;
-                    (n, now)
-                }
-                Ok(None) => return Report::LeaseLost,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not start an attempt");
-                    return Report::StoreDown;
-                }
-            }
-        };
-
-        // One provider call per pass; a message that moves on to the next
-        // provider goes round again at once.
-        loop {
-            let snap = Snapshot::of(&msg, attempt, started_at);
-            let routing = self.route_state(&msg).await;
-            let current = msg.provider.clone();
-            let r = Route {
-                current: &current,
-                current_open: routing.current_open,
-                next: routing.next,
-            };
-            let dedupes = routing
-                .provider
-                .as_ref()
-                .is_some_and(|p| p.dedupes_by_key());
-
-            // Past its validity (perhaps after waiting for a send slot), or
-            // to a number that opted out (read with the row, the insert or
-            // the claim): no provider is called. A circuit that is open
-            // sends the message on to the next provider.
-            let t = self.decide(
-                &snap,
-                &Event::Starting {
-                    opted_out: msg.recipient_opted_out,
-                    closing: Some((attempt, AttemptOutcome::Expired)),
-                },
-                dedupes,
-                &r,
-            );
-            match t {
-                Transition::Proceed => {}
-                Transition::MoveOn {
-                    to,
-                    reason,
-                    attempt: closing,
-                } => {
-                    let moved_attempt = closing.is_some();
-                    match self
-                        .move_on(&mut msg, &mut lease, to, reason, closing)
-                        .await
-                    {
-                        Ok(n) => {
-                            attempt = n;
-                            if moved_attempt {
-                                started_at = self.clock.now();
-                            }
-                            continue;
-                        }
-                        Err(report) => return report,
-                    }
-                }
-                t => return self.apply(&mut msg, &lease, registration, t).await,
-            }
-            let Some(provider) = routing.provider else {
-                // Its provider is no longer configured and something may
-                // have been sent through it: nobody can tell.
-                let t = Transition::Final {
-                    status: crate::domain::Status::Unknown,
-                    provider_message_id: None,
-                    error: Some(decide::error(
-                        "outcome_unknown",
-                        &format!(
-                            "the {} provider is no longer configured and may have sent it",
-                            msg.provider
-                        ),
-                        None,
-                    )),
-                    attempt: None,
-                };
-                return self.apply(&mut msg, &lease, registration, t).await;
-            };
-
-            // Every call starts under a (nearly) full lease, however long
-            // the wait for a slot was, so no other instance takes the
-            // message over while it runs. A lease whose latest write started
-            // within the last second (the insert of a new message, the claim,
-            // the start of a resumed attempt or a move to the next provider)
-            // already is one: renewing it again would cost a round trip per
-            // send for nothing. The age is measured on this instance's
-            // monotonic clock, from before that write, so neither a skewed
-            // nor a hand-moved wall clock bears on it; the lease itself runs
-            // on the database's clock, which advances at the same rate.
-            let now = self.clock.now();
-            if needs_renewal(lease.age()) {
-                let written = std::time::Instant::now();
-                match self.store.renew_lease(msg.id, &lease).await {
-                    Ok(true) => lease.written = written,
-                    Ok(false) => return Report::LeaseLost,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not renew the lease");
-                        return Report::StoreDown;
-                    }
-                }
-            }
-            let slot = match permit.take() {
-                Some(p) => p,
-                None => match self.acquire().await {
-                    Some(p) => p,
-                    None => return Report::Stopped,
-                },
-            };
-
-            let Some(sms) = self.outgoing(&msg, now).await else {
-                return Report::StoreDown;
-            };
-            let started = Instant::now();
-            let outcome = tokio::select! {
-                o = tokio::time::timeout(self.settings.provider_timeout, provider.send(&sms)) => {
-                    o.unwrap_or_else(|_| SendOutcome::Ambiguous {
-                        http_status: None,
-                        retry_after: None,
-                        message: "the provider did not answer in time".into(),
-                    })
-                }
-                // Shutdown grace is over: the attempt stays open and whoever
-                // resumes the message treats it as ambiguous.
-                () = self.stop.cancelled() => return Report::Stopped,
-            };
-            let class = outcome.class();
-            self.metrics
-                .provider_attempt(provider.name(), class, started.elapsed());
-            tracing::debug!(
-                provider = provider.name(),
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                ?outcome,
-                "provider answered"
-            );
-            drop(slot);
-            self.record_circuit(provider.name(), outcome.provider_works(), &msg)
-                .await;
-
-            let mut t = self.decide(&snap, &Event::Answered(&outcome), dedupes, &r);
-            if let Transition::Reconcile { since } = t {
-                let Some(answer) = self
-                    .reconcile(Some(provider.as_ref()), provider.name(), &sms, since)
-                    .await
-                else {
-                    return Report::Stopped;
-                };
-                t = self.decide(
-                    &snap,
-                    &Event::Reconciled {
-                        after: &outcome,
-                        answer: &answer,
-                    },
-                    dedupes,
-                    &r,
-                );
-            }
-            match t {
-                Transition::MoveOn {
-                    to,
-                    reason,
-                    attempt: closing,
-                } => match self
-                    .move_on(&mut msg, &mut lease, to, reason, closing)
-                    .await
-                {
-                    Ok(n) => {
-                        attempt = n;
-                        started_at = self.clock.now();
-                    }
-                    Err(report) => return report,
-                },
-                t => return self.apply(&mut msg, &lease, registration, t).await,
-            }
-        }
-    }
-
-    /// A provider-call slot; `None` when shutdown stopped the wait.
-    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
-        tokio::select! {
-            p = Arc::clone(&self.permits).acquire_owned() => p.ok(),
-            () = self.stop.cancelled() => None,
-        }
-    }
+/// The provider calls of this instance that may be in flight.
+#[derive(Default)]
+struct Calls {
+    /// Set once shutdown has cut calls off: none may start after.
+    stopping: bool,
+    in_flight: std::collections::HashSet<MessageId>,
 }
 
 /// How fresh a lease must be for a provider call to start under it without

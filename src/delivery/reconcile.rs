@@ -1,25 +1,29 @@
 //! Asking a provider whether it sent a message whose outcome we did not see.
 
-use time::OffsetDateTime;
-
 use super::Deliverer;
-use crate::provider::{OutgoingSms, Provider, Reconciled};
+use crate::provider::{AttemptRef, OutgoingSms, Provider, Reconciled};
 
 impl Deliverer {
-    /// Asks `provider` (called `name`) whether it sent `sms` since `since`:
-    /// the one reconcile path, for an attempt a previous owner left open and
-    /// for an ambiguous answer. `None` when shutdown stopped it. A provider
-    /// no longer configured cannot be asked.
+    /// Asks `provider` (called `name`) whether `attempt` sent `sms`: the one
+    /// reconcile path, for an attempt a previous owner left open and for an
+    /// ambiguous answer. `None` when shutdown stopped it. A provider no
+    /// longer configured cannot be asked.
     ///
-    /// A provider message id that another message already holds is never
-    /// ours: the provider's single candidate was someone else's SMS, so
-    /// nothing of ours was listed.
+    /// A provider message id is never read-then-taken. A candidate that
+    /// another message already holds is not ours (the provider's single
+    /// candidate was someone else's SMS, so nothing of ours was listed). A
+    /// candidate that another in-flight message to the same number with the
+    /// same body could still turn out to own (its answer not written yet) is
+    /// not taken either: the question is asked again later, when that
+    /// message has written its id or its own doubt (issue 24, finding 3).
+    /// And the final write of a taken id is refused by the unique
+    /// constraint on (provider, id) if another message wrote it first.
     pub(super) async fn reconcile(
         &self,
         provider: Option<&dyn Provider>,
         name: &str,
         sms: &OutgoingSms,
-        since: OffsetDateTime,
+        attempt: &AttemptRef,
     ) -> Option<Reconciled> {
         let Some(provider) = provider else {
             return Some(Reconciled::Unknown(format!(
@@ -27,7 +31,7 @@ impl Deliverer {
             )));
         };
         let answer = tokio::select! {
-            r = provider.reconcile(sms, since) => r,
+            r = provider.reconcile(sms, attempt) => r,
             () = self.stop.cancelled() => return None,
         };
         let Reconciled::Sent {
@@ -40,18 +44,43 @@ impl Deliverer {
             .store
             .provider_message_owner(provider.name(), provider_message_id)
             .await;
-        Some(match owner {
+        match owner {
             Ok(Some(owner)) if owner != sms.message_id => {
                 tracing::warn!(
                     %owner,
                     "the provider's only candidate belongs to another message: not ours"
                 );
-                Reconciled::NotSent
+                return Some(Reconciled::NotSent);
             }
-            Ok(_) => answer,
-            Err(e) => Reconciled::Unknown(format!(
-                "could not check who holds provider message {provider_message_id}: {e}"
-            )),
-        })
+            Ok(_) => {}
+            Err(e) => {
+                return Some(Reconciled::Unknown(format!(
+                    "could not check who holds provider message {provider_message_id}: {e}"
+                )));
+            }
+        }
+        Some(
+            match self
+                .store
+                .in_flight_sibling(sms.message_id, provider.name())
+                .await
+            {
+                Ok(None) => answer,
+                Ok(Some(sibling)) => {
+                    tracing::info!(
+                        %sibling,
+                        "the provider's only candidate could be another message's still in flight: asking again later"
+                    );
+                    Reconciled::Pending(format!(
+                        "provider message {provider_message_id} could belong to another message \
+                         to this number with the same text, still in flight"
+                    ))
+                }
+                Err(e) => Reconciled::Pending(format!(
+                    "could not check for another message in flight that may own provider \
+                     message {provider_message_id}: {e}"
+                )),
+            },
+        )
     }
 }

@@ -89,6 +89,7 @@ enum Want {
     Proceed,
     Retry,
     Reconcile,
+    Recheck,
     MoveOn,
     Sent,
     Failed,
@@ -100,6 +101,7 @@ fn kind(t: &Transition) -> Want {
         Transition::Proceed => Want::Proceed,
         Transition::Retry { .. } => Want::Retry,
         Transition::Reconcile { .. } => Want::Reconcile,
+        Transition::Recheck { .. } => Want::Recheck,
         Transition::MoveOn { .. } => Want::MoveOn,
         Transition::Final { status, .. } => match status {
             Status::Sent => Want::Sent,

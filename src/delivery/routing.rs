@@ -229,10 +229,14 @@ impl Deliverer {
         let now = self.clock.now();
         // The move extends the lease (the database's now plus its length).
         let written_at = std::time::Instant::now();
+        let sender = self
+            .provider_named(&to)
+            .and_then(|p| p.sender(msg.from.as_deref()));
         let m = MoveOn {
             id: msg.id,
             lease: lease.clone(),
             from: msg.provider.clone(),
+            sender: sender.clone(),
             to,
             closing,
             reason,
@@ -256,6 +260,7 @@ impl Deliverer {
         msg.provider = m.to;
         msg.attempts = n;
         msg.last_attempt_started_at = Some(now);
+        msg.last_attempt_sender = sender;
         Ok(n)
     }
 }

@@ -66,11 +66,16 @@ impl Scheduler {
         let n = claimed.len();
         // Slots left over (fewer messages were due) go back when dropped.
         for ((msg, lease), permit) in claimed.into_iter().zip(permits) {
-            if msg.next_attempt_at.is_none_or(|due| due > now) {
+            // A leased row has no due time: one claimed without being due
+            // was taken from an owner whose lease ran out.
+            let start = if msg.next_attempt_at.is_none_or(|due| due > now) {
                 tracing::info!(message_id = %msg.id, attempts = msg.attempts, "rescuing a message whose lease expired");
                 self.deliverer.metrics().takeover();
-            }
-            self.deliverer.spawn_with_permit(msg, lease, permit);
+                super::Start::Takeover
+            } else {
+                super::Start::Due
+            };
+            self.deliverer.spawn_with_permit(msg, lease, start, permit);
         }
         Ok((n, slots))
     }

@@ -26,6 +26,9 @@ pub enum AttemptOutcome {
     Expired,
     /// The recipient opted out; the provider was not called.
     OptedOut,
+    /// The message could not be handed to a provider (a sealed body whose
+    /// secret is gone); the provider was not called.
+    Unsendable,
 }
 
 impl AttemptOutcome {
@@ -41,6 +44,7 @@ impl AttemptOutcome {
             Self::Lost => "lost",
             Self::Expired => "expired",
             Self::OptedOut => "opted_out",
+            Self::Unsendable => "unsendable",
         }
     }
 
@@ -56,6 +60,7 @@ impl AttemptOutcome {
             "lost" => Self::Lost,
             "expired" => Self::Expired,
             "opted_out" => Self::OptedOut,
+            "unsendable" => Self::Unsendable,
             _ => return None,
         })
     }
@@ -88,6 +93,7 @@ mod tests {
             (Lost, "lost"),
             (Expired, "expired"),
             (OptedOut, "opted_out"),
+            (Unsendable, "unsendable"),
         ];
         for (outcome, name) in all {
             assert_eq!(outcome.as_str(), name);

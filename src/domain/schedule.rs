@@ -110,14 +110,15 @@ pub fn starts_at(
 
 /// Whether a message may be canceled: while it is `scheduled`, or
 /// `processing` waiting for a retry with no lease (nobody is about to call
-/// the provider) and no attempt without a recorded answer (none may have
-/// reached it). Never once it is final, and never while an instance holds
-/// it: its lease may cover a provider call in flight, and an expired lease
-/// means an owner that died perhaps mid-call.
-pub fn cancelable(status: Status, leased: bool, attempt_open: bool) -> bool {
+/// the provider), no attempt without a recorded answer, and no earlier
+/// attempt that may have reached the provider (`maybe_sent`: an ambiguous
+/// answer, a 5xx after sending). Never once it is final, and never while an
+/// instance holds it: its lease may cover a provider call in flight, and an
+/// expired lease means an owner that died perhaps mid-call. A `canceled`
+/// answer is a promise that nothing was sent.
+pub fn cancelable(status: Status, leased: bool, attempt_open: bool, maybe_sent: bool) -> bool {
     match status {
-        Status::Scheduled => !leased && !attempt_open,
-        Status::Processing => !leased && !attempt_open,
+        Status::Scheduled | Status::Processing => !leased && !attempt_open && !maybe_sent,
         Status::Sent
         | Status::Failed
         | Status::Unknown
@@ -132,6 +133,7 @@ pub fn cancelable(status: Status, leased: bool, attempt_open: bool) -> bool {
 macro_rules! cancelable_sql {
     () => {
         "(m.status IN ('scheduled', 'processing') AND m.lease_token IS NULL \
+          AND NOT m.maybe_sent \
           AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.message_id = m.id \
               AND a.finished_at IS NULL))"
     };
@@ -249,30 +251,34 @@ mod tests {
 
     #[test]
     fn who_may_be_canceled() {
-        // (status, leased, attempt open, cancelable)
+        // (status, leased, attempt open, maybe sent, cancelable)
         #[rustfmt::skip]
         let cases = [
-            (Status::Scheduled, false, false, true),
-            // A retry waiting, nothing in flight.
-            (Status::Processing, false, false, true),
+            (Status::Scheduled, false, false, false, true),
+            // A retry waiting, nothing in flight, nothing maybe sent.
+            (Status::Processing, false, false, false, true),
+            // A retry waiting after an ambiguous answer (a 5xx after the
+            // provider sent, with Retry-After): it may be on the phone, so
+            // `canceled` would not be true (issue 24, finding 7).
+            (Status::Processing, false, false, true, false),
             // Leased: an attempt is starting or running (or its owner died
             // mid-call: the lease expired but is still on the row).
-            (Status::Processing, true, false, false),
-            (Status::Processing, true, true, false),
+            (Status::Processing, true, false, false, false),
+            (Status::Processing, true, true, false, false),
             // Released by a shutdown with an attempt unanswered: the
             // provider may have it.
-            (Status::Processing, false, true, false),
-            (Status::Scheduled, true, false, false),
-            (Status::Sent, false, false, false),
-            (Status::Failed, false, false, false),
-            (Status::Unknown, false, false, false),
-            (Status::Delivered, false, false, false),
-            (Status::Undelivered, false, false, false),
-            (Status::Canceled, false, false, false),
+            (Status::Processing, false, true, false, false),
+            (Status::Scheduled, true, false, false, false),
+            (Status::Sent, false, false, false, false),
+            (Status::Failed, false, false, false, false),
+            (Status::Unknown, false, false, false, false),
+            (Status::Delivered, false, false, false, false),
+            (Status::Undelivered, false, false, false, false),
+            (Status::Canceled, false, false, false, false),
         ];
-        for (status, leased, open, want) in cases {
+        for (status, leased, open, maybe_sent, want) in cases {
             assert_eq!(
-                cancelable(status, leased, open),
+                cancelable(status, leased, open, maybe_sent),
                 want,
                 "{status:?} {leased} {open}"
             );

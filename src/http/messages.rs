@@ -191,10 +191,12 @@ async fn create_message(
     } else {
         permit.ok()
     };
+    crate::failpoint::hit("claim.before");
     let claim = match due {
         Some(due) => state.store.schedule_message(&new, due, send_at).await,
         None => state.store.insert_message(&new, &lease).await,
     };
+    crate::failpoint::hit("claim.after");
     if !matches!(claim, Ok(Claim::Created(_)))
         && let Some(permit) = permit
     {
@@ -315,6 +317,7 @@ pub(crate) fn new_message(
     now: time::OffsetDateTime,
     starts: time::OffsetDateTime,
 ) -> NewMessage {
+    let sender = state.deliverer.first_route(request.from.as_deref()).sender;
     NewMessage {
         id: MessageId::new(),
         tenant_id,
@@ -328,6 +331,7 @@ pub(crate) fn new_message(
         metadata: request.metadata,
         validity_seconds: request.validity_seconds,
         provider: state.deliverer.provider_name().to_string(),
+        sender,
         created_at: now,
         expires_at: request
             .validity_seconds
@@ -501,7 +505,8 @@ async fn list_attempts(
 /// `POST /messages/{key}/cancel`: a `scheduled` message, or one waiting for
 /// a retry with no attempt in flight, becomes `canceled` (final: replays of
 /// its `POST` then answer the canceled message). 409 `not-cancelable` once
-/// it is final or an attempt may have reached the provider. Canceling a
+/// it is final or an attempt may have reached the provider (one in flight,
+/// one without a recorded answer, or one whose answer was ambiguous). Canceling a
 /// canceled message answers it again (a retried cancel is safe).
 ///
 /// The rule is [`cancelable`]; the write is one conditional `UPDATE` fenced
@@ -528,6 +533,7 @@ async fn cancel_message(
             record.status,
             record.lease.is_some(),
             record.last_attempt_open,
+            record.maybe_sent,
         ) {
             return Err(ApiError::NotCancelable);
         }

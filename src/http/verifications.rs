@@ -190,7 +190,7 @@ async fn create(
         &first,
         1,
         &code,
-        deliverer.provider_name(),
+        &deliverer.first_route(None),
         deliverer.settings().retry.deadline,
         now,
     )
@@ -234,7 +234,7 @@ async fn create(
                 &verify.settings,
                 now,
             );
-            deliverer.spawn(*message, lease, true);
+            deliverer.spawn(*message, lease);
             Ok(respond(StatusCode::CREATED, out.to_json(), id, false))
         }
         StartOutcome::Existing(v) => {
@@ -380,10 +380,10 @@ async fn resend(
     let now = state.clock.now();
     let settings = &state.verify.settings;
     let deliverer = &state.deliverer;
-    let provider = deliverer.provider_name();
+    let via = deliverer.first_route(None);
     let deadline = deliverer.settings().retry.deadline;
     let build: SendBuilder =
-        Arc::new(move |rec: &VerificationRecord| next_send(&keys, rec, provider, deadline, now));
+        Arc::new(move |rec: &VerificationRecord| next_send(&keys, rec, &via, deadline, now));
     let shown = settings.clone();
     let render: ResendRenderer = Arc::new(
         move |rec: &VerificationRecord, m: &crate::store::MessageRecord| {
@@ -428,7 +428,7 @@ async fn resend(
             message, response, ..
         } => {
             state.metrics.verify_event("send", country);
-            deliverer.spawn(*message, lease, true);
+            deliverer.spawn(*message, lease);
             Ok(respond(StatusCode::CREATED, response.body, id, false))
         }
     }

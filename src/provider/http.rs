@@ -4,7 +4,9 @@
 //! id>` (the same on every attempt of one message, which is what makes a
 //! resend after an ambiguous outcome safe) and `Authorization: Bearer <token>`
 //! when a token is configured. A 2xx JSON answer with a string `id` is
-//! success; a 4xx answer's JSON `message`/`code` become the error.
+//! success; a 4xx answer's JSON `message`/`code` become the error. A `409`
+//! is the IETF Idempotency-Key draft's "this key is still being processed":
+//! ambiguous (the provider is acting on it), retried later under the same key.
 
 use std::time::{Duration, SystemTime};
 
@@ -203,6 +205,15 @@ fn classify_status(
             retry_after,
             message,
         },
+        // The IETF Idempotency-Key draft's "a request with this key is
+        // still being processed" (Stripe, Sinch): the provider is acting on
+        // our message right now. Never a refusal: ask again (the same key)
+        // later, and it answers what the first request did.
+        409 => SendOutcome::Ambiguous {
+            http_status,
+            retry_after,
+            message,
+        },
         // Bad or insufficient credentials: a refusal of everything we
         // send, not of this message.
         401 | 403 => SendOutcome::Refused {
@@ -252,6 +263,10 @@ mod tests {
         assert!(matches!(c(503, None), SendOutcome::Ambiguous { .. }));
         assert!(matches!(c(500, None), SendOutcome::Ambiguous { .. }));
         assert!(matches!(c(302, None), SendOutcome::Rejected { .. }));
+        // 409: the same key is still being processed (IETF draft), never
+        // a refusal of the message.
+        assert!(matches!(c(409, Some(1)), SendOutcome::Ambiguous { .. }));
+        assert!(matches!(c(422, None), SendOutcome::Rejected { .. }));
         assert!(matches!(c(502, None), SendOutcome::Ambiguous { .. }));
     }
 }

@@ -128,8 +128,24 @@ pub enum Reconciled {
     Sent { provider_message_id: String },
     /// It certainly has no such message: sending again is safe.
     NotSent,
+    /// Not yet known: the provider is still acting on the request, or its
+    /// one candidate could still turn out to be another in-flight message's.
+    /// Nothing is sent; the question is asked again later.
+    Pending(String),
     /// Nobody can tell.
     Unknown(String),
+}
+
+/// The attempt a reconciliation asks about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptRef {
+    /// When it started, on the clock of the instance that started it.
+    pub started_at: OffsetDateTime,
+    /// How long ago that was by the asking instance's clock.
+    pub age: Duration,
+    /// Who it sent as, in the provider's words ([`Provider::sender`]), when
+    /// that was recorded (attempts made before it was are not).
+    pub sender: Option<String>,
 }
 
 #[async_trait]
@@ -144,9 +160,18 @@ pub trait Provider: Send + Sync + 'static {
     /// Makes one attempt. Never panics; every failure is classified.
     async fn send(&self, sms: &OutgoingSms) -> SendOutcome;
 
-    /// Asks the provider whether `sms` was sent since `since`. Providers that
-    /// cannot be asked say `Unknown`.
-    async fn reconcile(&self, _sms: &OutgoingSms, _since: OffsetDateTime) -> Reconciled {
+    /// Who a message with this `from` (the request's, if any) is sent as,
+    /// in this provider's own words, when its configuration decides more
+    /// than the request does (a default sender, a messaging service). It is
+    /// recorded with each attempt, so that whoever reconciles the attempt
+    /// later, under another configuration, matches what was really sent.
+    fn sender(&self, _from: Option<&str>) -> Option<String> {
+        None
+    }
+
+    /// Asks the provider whether `sms` was sent by `attempt`. Providers
+    /// that cannot be asked say `Unknown`.
+    async fn reconcile(&self, _sms: &OutgoingSms, _attempt: &AttemptRef) -> Reconciled {
         Reconciled::Unknown(format!(
             "the {} provider cannot be asked whether it sent the message",
             self.name()

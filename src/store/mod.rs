@@ -191,6 +191,16 @@ pub trait MessageStore: Send + Sync {
         provider: &str,
         provider_message_id: &str,
     ) -> Result<Option<MessageId>, StoreError>;
+    /// Another message on `provider` to the same number with the same body
+    /// that could still own a provider message it has not written yet: one
+    /// `processing`, with no provider message id, whose latest attempt is
+    /// open or which may have been sent. A candidate such a message could
+    /// own is never taken by reconciliation (issue 24, finding 3).
+    async fn in_flight_sibling(
+        &self,
+        id: MessageId,
+        provider: &str,
+    ) -> Result<Option<MessageId>, StoreError>;
     async fn message(
         &self,
         tenant_id: Uuid,
@@ -208,6 +218,7 @@ pub trait MessageStore: Send + Sync {
         id: MessageId,
         lease: &Lease,
         now: OffsetDateTime,
+        sender: Option<&str>,
     ) -> Result<Option<u32>, StoreError>;
     /// Renews the lease for its `ttl` from the database's clock (fenced).
     /// False when it is no longer ours.
@@ -404,8 +415,18 @@ pub trait MaintenanceStore: Send + Sync {
         ConnectionStats::default()
     }
     /// Releases every lease `owner` holds so another instance resumes those
-    /// messages at once (graceful shutdown). Returns how many.
-    async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError>;
+    /// messages at once (graceful shutdown), except those in `hold`: their
+    /// provider call was cut off and the provider may still be acting on
+    /// it, so their lease is only shortened to `hold_for` from the
+    /// database's now (never lengthened), and nobody takes them before.
+    /// Returns how many were released.
+    async fn release_leases(
+        &self,
+        owner: &str,
+        now: OffsetDateTime,
+        hold: &[MessageId],
+        hold_for: std::time::Duration,
+    ) -> Result<u64, StoreError>;
     /// Deletes up to `batch` final messages created before `cutoff`.
     async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError>;
     /// Deletes up to `batch` unmatched receipts received before `cutoff`.

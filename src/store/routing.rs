@@ -92,6 +92,8 @@ pub struct MoveOn {
     /// Why, as shown in the message's events.
     pub reason: String,
     pub now: OffsetDateTime,
+    /// Who the attempt on `to` sends as ([`crate::provider::Provider::sender`]).
+    pub sender: Option<String>,
 }
 
 /// A routing event of one message.

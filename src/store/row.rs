@@ -30,6 +30,8 @@ macro_rules! message_columns {
         m.expires_at, m.deadline_at, m.send_at, \
         (SELECT a.started_at FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
             AS last_attempt_started_at, \
+        (SELECT a.sender FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
+            AS last_attempt_sender, \
         COALESCE((SELECT a.finished_at IS NULL FROM attempts a \
             WHERE a.message_id = m.id AND a.number = m.attempts), false) AS last_attempt_open, \
         EXISTS (SELECT 1 FROM opt_outs o WHERE o.tenant_id = m.tenant_id \
@@ -147,6 +149,7 @@ pub struct MessageRow {
     deadline_at: DbTime,
     send_at: Option<DbTime>,
     last_attempt_started_at: Option<DbTime>,
+    last_attempt_sender: Option<String>,
     last_attempt_open: bool,
     recipient_opted_out: bool,
 }
@@ -208,6 +211,7 @@ impl From<MessageRow> for MessageRecord {
             deadline_at: r.deadline_at.0,
             last_attempt_open: r.last_attempt_open,
             last_attempt_started_at: t(r.last_attempt_started_at),
+            last_attempt_sender: r.last_attempt_sender,
             recipient_opted_out: r.recipient_opted_out,
             send_at: t(r.send_at),
         }

@@ -123,6 +123,9 @@ pub struct NewMessage {
     pub metadata: BTreeMap<String, String>,
     pub validity_seconds: Option<i32>,
     pub provider: String,
+    /// Who its first attempt sends as ([`crate::provider::Provider::sender`]),
+    /// recorded with that attempt when the insert starts it.
+    pub sender: Option<String>,
     pub created_at: OffsetDateTime,
     pub expires_at: Option<OffsetDateTime>,
     pub deadline_at: OffsetDateTime,
@@ -243,6 +246,8 @@ pub struct MessageRecord {
     pub last_attempt_open: bool,
     /// When the latest attempt started.
     pub last_attempt_started_at: Option<OffsetDateTime>,
+    /// Who the latest attempt sent as, when that was recorded.
+    pub last_attempt_sender: Option<String>,
     /// The recipient is on the tenant's opt-out list (as of reading the row:
     /// the insert for a new message, the claim for a resumed one).
     pub recipient_opted_out: bool,
@@ -292,6 +297,7 @@ impl MessageRecord {
             deadline_at: m.deadline_at,
             last_attempt_open: true,
             last_attempt_started_at: Some(m.created_at),
+            last_attempt_sender: m.sender.clone(),
             recipient_opted_out,
             send_at: None,
         }
@@ -339,6 +345,7 @@ impl MessageRecord {
             deadline_at: m.deadline_at,
             last_attempt_open: false,
             last_attempt_started_at: None,
+            last_attempt_sender: None,
             recipient_opted_out: false,
             send_at,
         }
@@ -444,7 +451,10 @@ pub struct Reschedule {
     pub next_attempt_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
     pub error: Option<MessageError>,
-    pub attempt: AttemptResult,
+    /// The attempt this closes; `None` leaves it open (its outcome is not
+    /// known yet: the next owner asks the provider again before anything
+    /// else) and marks the message as maybe sent.
+    pub attempt: Option<AttemptResult>,
 }
 
 /// One row of a message's attempt history.

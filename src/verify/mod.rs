@@ -215,19 +215,27 @@ pub fn parse_id(s: &str) -> Option<Uuid> {
     Uuid::try_parse(hex).ok()
 }
 
+/// The provider a verification's message starts on, and who its first
+/// attempt sends as there.
+#[derive(Clone, Debug)]
+pub struct Via {
+    pub provider: String,
+    pub sender: Option<String>,
+}
+
 /// The message of send number `v.sends + 1`: the code opened, rendered,
 /// and sealed again to the new message's id. `None` when the code does not
 /// open (the verify secret changed).
 pub fn next_send(
     keys: &Keys,
     v: &VerificationRecord,
-    provider: &str,
+    via: &Via,
     retry_deadline: std::time::Duration,
     now: OffsetDateTime,
 ) -> Option<NewMessage> {
     let code = keys.open(v.id.as_bytes(), &v.code_sealed).ok()?;
     let code = String::from_utf8(code).ok()?;
-    send_message(keys, v, v.sends + 1, &code, provider, retry_deadline, now)
+    send_message(keys, v, v.sends + 1, &code, via, retry_deadline, now)
 }
 
 /// The message of send number `n` of `code`; `None` if the stored number
@@ -237,7 +245,7 @@ pub fn send_message(
     v: &VerificationRecord,
     n: u32,
     code: &str,
-    provider: &str,
+    via: &Via,
     retry_deadline: std::time::Duration,
     now: OffsetDateTime,
 ) -> Option<NewMessage> {
@@ -259,7 +267,8 @@ pub fn send_message(
         encoding: count.encoding,
         metadata: BTreeMap::from([("verification_id".to_string(), public_id(v.id))]),
         validity_seconds: Some(i32::try_from(remaining).unwrap_or(i32::MAX)),
-        provider: provider.to_string(),
+        provider: via.provider.clone(),
+        sender: via.sender.clone(),
         created_at: now,
         expires_at: Some(v.expires_at),
         deadline_at: (now + to_time(retry_deadline)).min(v.expires_at),

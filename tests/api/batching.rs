@@ -32,6 +32,7 @@ fn message(tenant_id: Uuid, i: usize) -> NewMessage {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "http".into(),
+        sender: None,
         created_at: T0,
         expires_at: None,
         deadline_at: T0 + time::Duration::hours(1),

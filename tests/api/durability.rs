@@ -78,6 +78,9 @@ fn short_lease_settings() -> (sendonce::config::Settings, Duration) {
     let mut s = quiet_settings();
     let lease = Duration::from_secs(3);
     s.delivery.lease = lease;
+    // The shortest lease a call may start under is the provider timeout
+    // plus 1 s (and the configuration asks for twice that plus 2 s).
+    s.delivery.provider_timeout = Duration::from_millis(500);
     (s, lease)
 }
 
@@ -157,15 +160,13 @@ async fn a_crashed_instance_is_taken_over_and_the_message_sent_once(backend: Bac
 
 async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) {
     let clock = manual_clock();
-    // a's call outlasts its lease (the configuration forbids that; a stalled
-    // instance does it anyway).
-    let (mut settings, _) = short_lease_settings();
-    settings.delivery.provider_timeout = Duration::from_secs(60);
+    // a's lease runs out while its call is in flight: the database's clock
+    // steps forward (see `promise::step_database_clock`).
+    let (settings, _) = short_lease_settings();
     let a = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
         settings: settings.clone(),
-        provider_timeout: Duration::from_secs(60),
         ..TestOptions::default()
     })
     .await;
@@ -199,7 +200,8 @@ async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) 
     })
     .await;
 
-    // a is alive but slow: its lease runs out and b takes over.
+    // a is alive but its lease ran out: b takes over.
+    crate::promise::step_database_clock(&a, 30).await;
     assert_eq!(b.claim_within(Duration::from_secs(15)).await, 1);
     let m = a.wait_for_status("STALE", "failed").await;
     let final_bytes = a.get("/messages/STALE").await.bytes;
@@ -218,9 +220,13 @@ async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) 
     assert_eq!(replay.json()["status"], "failed");
 }
 
+/// A shutdown releases at once what never reached a provider call, and
+/// holds what it cut off mid-call for the provider timeout (the provider may
+/// still be acting on it); another instance resumes both, each sent once.
 async fn shutdown_releases_unfinished_sends_for_another_instance(backend: Backend) {
     let mut settings = test_settings();
     settings.server.shutdown_grace = Duration::from_millis(200);
+    settings.delivery.max_concurrent_sends = 3;
     let mut a = spawn_with(TestOptions {
         backend,
         settings,
@@ -229,6 +235,7 @@ async fn shutdown_releases_unfinished_sends_for_another_instance(backend: Backen
     .await;
     a.mock
         .push([Behaviour::Hang, Behaviour::Hang, Behaviour::Hang]);
+    let queued_body = sms("+14155550100", "queued");
     for i in 0..3 {
         let r = a
             .post_with(
@@ -243,28 +250,47 @@ async fn shutdown_releases_unfinished_sends_for_another_instance(backend: Backen
         (a.mock.call_count() == 3).then_some(())
     })
     .await;
+    // Waits for a send slot behind the three: never calls the provider.
+    let queued = a
+        .post_with(
+            Some("DRAIN-QUEUED"),
+            &queued_body,
+            &[("prefer", "respond-async")],
+        )
+        .await;
+    assert_eq!(queued.status, 202);
     a.stop().await;
 
-    // Nothing is left processing with a lease; every row is due now.
     let processing =
         a.db.count("SELECT count(*) FROM messages WHERE status = 'processing'")
             .await;
-    assert_eq!(processing, 3);
+    assert_eq!(processing, 4);
+    // The one that never reached a call is due now, for anyone.
     let released =
         a.db.count(
             "SELECT count(*) FROM messages WHERE status = 'processing' \
              AND lease_owner IS NULL AND lease_token IS NULL AND next_attempt_at IS NOT NULL",
         )
         .await;
-    assert_eq!(released, 3);
+    assert_eq!(released, 1);
+    // The three cut off keep their leases (no due time): nobody resumes
+    // them before the provider timeout has passed.
+    let held =
+        a.db.count(
+            "SELECT count(*) FROM messages WHERE status = 'processing' \
+             AND lease_token IS NOT NULL AND next_attempt_at IS NULL",
+        )
+        .await;
+    assert_eq!(held, 3);
 
-    // Another instance resumes them at once, under the same keys.
+    // Another instance resumes all four, under the same keys.
     let b = spawn_with(sibling(&a, test_settings())).await;
+    b.wait_for_status("DRAIN-QUEUED", "sent").await;
     for i in 0..3 {
         b.wait_for_status(&format!("DRAIN-{i}"), "sent").await;
     }
     let stats = a.mock.stats();
-    assert_eq!(stats.keys_delivered, 3);
+    assert_eq!(stats.keys_delivered, 4);
     assert_eq!(stats.max_deliveries_per_key, 1);
 }
 

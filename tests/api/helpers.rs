@@ -295,6 +295,16 @@ pub async fn spawn_with(opts: TestOptions) -> TestApp {
     }
 }
 
+/// The attempt a reconciliation asks about: started at `since` (on this
+/// machine's clock), its sender not recorded.
+pub fn attempt_at(since: time::OffsetDateTime) -> sendonce::provider::AttemptRef {
+    sendonce::provider::AttemptRef {
+        started_at: since,
+        age: Duration::try_from(time::OffsetDateTime::now_utc() - since).unwrap_or(Duration::ZERO),
+        sender: None,
+    }
+}
+
 /// A request body for `to` with `body`.
 pub fn sms(to: &str, body: &str) -> serde_json::Value {
     serde_json::json!({ "to": to, "body": body })

@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sendonce::provider::{HttpProvider, OutgoingSms, Provider, Reconciled, SendOutcome};
+use sendonce::provider::{
+    AttemptRef, HttpProvider, OutgoingSms, Provider, Reconciled, SendOutcome,
+};
 use time::OffsetDateTime;
 
 use sendonce::clock::{Clock, to_time};
@@ -119,12 +121,16 @@ async fn one_deadline_bounds_the_whole_drain(backend: Backend) {
     );
     assert!(took >= grace, "the call in flight got its grace ({took:?})");
     let _ = waiting.await;
-    // The lease was released for another instance to resume at once.
-    let leased = app
+    // The call was cut off mid-flight: its lease is held (the provider may
+    // still be acting on it), not released for another instance at once.
+    let held = app
         .db
-        .count("SELECT count(*) FROM messages WHERE lease_owner IS NOT NULL")
+        .count(
+            "SELECT count(*) FROM messages WHERE lease_owner IS NOT NULL \
+             AND next_attempt_at IS NULL",
+        )
         .await;
-    assert_eq!(leased, 0);
+    assert_eq!(held, 1);
 }
 
 /// The scheduler takes a send slot before it claims: with the only slot
@@ -294,8 +300,8 @@ impl Provider for Asked {
         self.inner.send(sms).await
     }
 
-    async fn reconcile(&self, _sms: &OutgoingSms, since: OffsetDateTime) -> Reconciled {
-        self.since.lock().unwrap().push(since);
+    async fn reconcile(&self, _sms: &OutgoingSms, attempt: &AttemptRef) -> Reconciled {
+        self.since.lock().unwrap().push(attempt.started_at);
         self.answers.lock().unwrap().remove(0)
     }
 }
@@ -308,12 +314,15 @@ async fn a_resumed_attempt_is_reconciled_from_its_own_start(backend: Backend) {
     let start = clock.now();
     let mut settings = test_settings();
     settings.scheduler.poll_interval = Duration::from_secs(3600);
-    // A short lease, to run out in real time after the crash.
-    settings.delivery.lease = Duration::from_secs(2);
+    // A short lease, to run out in real time after the crash (the
+    // shortest a 500 ms provider timeout allows: 2 x timeout + 2 s).
+    settings.delivery.lease = Duration::from_secs(3);
+    settings.delivery.provider_timeout = Duration::from_millis(500);
     let mut a = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
         settings: settings.clone(),
+        provider_timeout: Duration::from_millis(500),
         ..TestOptions::default()
     })
     .await;

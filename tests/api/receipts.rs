@@ -444,6 +444,7 @@ fn new_message(tenant_id: Uuid, key: &str) -> NewMessage {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "twilio".into(),
+        sender: None,
         created_at: T0,
         expires_at: None,
         deadline_at: T0 + time::Duration::hours(1),

@@ -30,6 +30,7 @@ fn message(tenant_id: uuid::Uuid, key: &str, n: u32) -> NewMessage {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "http".into(),
+        sender: None,
         created_at: now,
         expires_at: None,
         deadline_at: now + time::Duration::hours(1),
@@ -125,7 +126,10 @@ async fn run_mix(store: Arc<dyn Store>, tenant: uuid::Uuid) -> Duration {
                             .expect("receipt");
                     }
                     _ => {
-                        store.release_leases("claimer", now).await.expect("release");
+                        store
+                            .release_leases("claimer", now, &[], Duration::ZERO)
+                            .await
+                            .expect("release");
                     }
                 }
                 timed(Arc::clone(&worst), started);

@@ -41,6 +41,7 @@ fn message(tenant_id: Uuid, key: &str) -> NewMessage {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "http".into(),
+        sender: None,
         created_at: T0,
         expires_at: None,
         deadline_at: T0 + time::Duration::hours(1),
@@ -124,7 +125,10 @@ async fn finishing_writes_are_fenced_on_the_lease(backend: Backend) {
         attempt: None,
     };
     assert!(
-        a.start_attempt(m.id, &old, later).await.unwrap().is_none(),
+        a.start_attempt(m.id, &old, later, None)
+            .await
+            .unwrap()
+            .is_none(),
         "stale start"
     );
     assert!(!a.renew_lease(m.id, &old).await.unwrap(), "stale renewal");
@@ -132,7 +136,10 @@ async fn finishing_writes_are_fenced_on_the_lease(backend: Backend) {
         !a.finish(&finish(old.token, "stale")).await.unwrap(),
         "stale finish"
     );
-    assert_eq!(a.start_attempt(m.id, &new, later).await.unwrap(), Some(2));
+    assert_eq!(
+        a.start_attempt(m.id, &new, later, None).await.unwrap(),
+        Some(2)
+    );
     assert!(a.finish(&finish(new.token, "fresh")).await.unwrap());
     assert!(
         !a.finish(&finish(new.token, "again")).await.unwrap(),

@@ -10,7 +10,7 @@ use sendonce::provider::{
     OutgoingSms, Provider, Reconciled, SendOutcome, TwilioProvider, TwilioSettings,
 };
 use serde_json::json;
-use testkit::mock_provider::Behaviour;
+use testkit::mock_provider::{Behaviour, Dedup};
 
 use crate::helpers::*;
 
@@ -290,6 +290,8 @@ async fn timeout_after_accept_with_http_resends_the_same_key_and_delivers_once(b
         ..TestOptions::default()
     })
     .await;
+    // The `http` contract: the bridge de-duplicates on Idempotency-Key.
+    app.mock.set_dedup(Dedup::Ietf);
     app.mock.push([Behaviour::AcceptThenHang]);
     let a = app.post("HTTP-HANG", &sms("+14155550100", "hi")).await;
     let m = a.json();
@@ -411,7 +413,7 @@ async fn prism_accepts_the_adapters_requests() {
         // The lookup's request must be well-formed too (what Prism answers
         // is its example list, which may run to many pages).
         let since = time::OffsetDateTime::now_utc();
-        if let Reconciled::Unknown(reason) = provider.reconcile(&sms, since).await {
+        if let Reconciled::Unknown(reason) = provider.reconcile(&sms, &attempt_at(since)).await {
             assert!(
                 !reason.contains("answered"),
                 "Prism refused the message lookup: {reason}"

@@ -294,7 +294,7 @@ async fn a_message_from_another_sender_is_not_ours() {
     let r = |p: &TwilioProvider, body: &str, from: Option<&str>| {
         let sms = outgoing(body, from);
         let p = p.clone();
-        async move { p.reconcile(&sms, since).await }
+        async move { p.reconcile(&sms, &attempt_at(since)).await }
     };
     assert_eq!(
         r(&ours, "Your code is 111", None).await,
@@ -336,7 +336,7 @@ async fn two_candidates_are_unknown_not_a_guess() {
     let sms = outgoing("Your code is 4321", None);
     let first = sent(&p, &sms).await;
     let second = sent(&p, &sms).await;
-    match p.reconcile(&sms, since).await {
+    match p.reconcile(&sms, &attempt_at(since)).await {
         Reconciled::Unknown(reason) => {
             assert!(
                 reason.contains(&first) && reason.contains(&second),
@@ -364,7 +364,10 @@ async fn a_next_page_at_another_host_is_not_followed() {
         let (base, calls, _) = stub(Arc::new(move |_, _| (200, page.clone()))).await;
         let p = provider(&base, |_| {});
         let r = p
-            .reconcile(&outgoing("Your code is 5555", None), attempt_start())
+            .reconcile(
+                &outgoing("Your code is 5555", None),
+                &attempt_at(attempt_start()),
+            )
             .await;
         assert!(matches!(r, Reconciled::Unknown(_)), "{next}: {r:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 1, "{next}");
@@ -393,7 +396,7 @@ async fn paging_stops_once_messages_are_older_than_the_window() {
     // first old ones; page 3 (old messages only) is never asked for.
     let before = mock.stats().lookups;
     assert_eq!(
-        p.reconcile(&outgoing("Your code is 8080", None), since)
+        p.reconcile(&outgoing("Your code is 8080", None), &attempt_at(since))
             .await,
         Reconciled::Sent {
             provider_message_id: target
@@ -402,7 +405,7 @@ async fn paging_stops_once_messages_are_older_than_the_window() {
     assert_eq!(mock.stats().lookups - before, 2);
     let before = mock.stats().lookups;
     assert_eq!(
-        p.reconcile(&outgoing("Your code is 9090", None), since)
+        p.reconcile(&outgoing("Your code is 9090", None), &attempt_at(since))
             .await,
         Reconciled::NotSent
     );
@@ -418,7 +421,10 @@ async fn endless_pages_within_the_window_are_unknown() {
     .await;
     let p = provider(&base, |_| {});
     let r = p
-        .reconcile(&outgoing("Your code is 1", None), attempt_start())
+        .reconcile(
+            &outgoing("Your code is 1", None),
+            &attempt_at(attempt_start()),
+        )
         .await;
     assert!(matches!(r, Reconciled::Unknown(_)), "{r:?}");
     assert_eq!(calls.load(Ordering::SeqCst), MAX_LOOKUP_PAGES);
@@ -438,7 +444,10 @@ async fn oversized_answers_are_not_read() {
     let (base, _, _) = stub(Arc::new(move |_, _| (200, huge.clone()))).await;
     let p = provider(&base, |_| {});
     match p
-        .reconcile(&outgoing("Your code is 2", None), attempt_start())
+        .reconcile(
+            &outgoing("Your code is 2", None),
+            &attempt_at(attempt_start()),
+        )
         .await
     {
         Reconciled::Unknown(reason) => assert!(reason.contains("larger"), "{reason}"),

@@ -758,12 +758,15 @@ async fn a_rescuer_resends_the_sealed_code_after_a_crash(backend: Backend) {
     let clock = manual_clock();
     let mut quiet = test_settings();
     quiet.scheduler.poll_interval = Duration::from_secs(3600);
-    // Leases run on the database's clock: a short one really runs out.
+    // Leases run on the database's clock: a short one really runs out (and
+    // a call never starts under less than the provider timeout plus 1 s).
     quiet.delivery.lease = Duration::from_secs(3);
+    quiet.delivery.provider_timeout = Duration::from_millis(500);
     let mut a = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
         settings: quiet.clone(),
+        provider_timeout: Duration::from_millis(500),
         ..TestOptions::default()
     })
     .await;
@@ -771,6 +774,7 @@ async fn a_rescuer_resends_the_sealed_code_after_a_crash(backend: Backend) {
         backend,
         clock: clock.clone(),
         settings: quiet,
+        provider_timeout: Duration::from_millis(500),
         database: Some(a.database.clone()),
         mock: Some((a.mock.clone(), a.mock_url.clone())),
         api_key: Some(a.api_key.clone()),

@@ -738,6 +738,7 @@ async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
             metadata: Default::default(),
             validity_seconds: None,
             provider: "http".into(),
+            sender: None,
             created_at: now,
             expires_at: None,
             deadline_at: now + time::Duration::hours(1),

@@ -48,7 +48,7 @@ use sha1::Sha1;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc2822;
 
-use super::{OutgoingSms, Provider, Reconciled, SendOutcome, parse_retry_after};
+use super::{AttemptRef, OutgoingSms, Provider, Reconciled, SendOutcome, parse_retry_after};
 
 /// Where the real API lives.
 /// Where this service receives Twilio's status callbacks (its `StatusCallback`).
@@ -148,8 +148,9 @@ struct TwilioMessage {
 }
 
 /// Who an attempt sends as: what [`TwilioProvider::form`] puts in `From` and
-/// `MessagingServiceSid`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `MessagingServiceSid`. Recorded with each attempt as JSON
+/// ([`Provider::sender`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub struct Sender {
     pub from: Option<String>,
     pub messaging_service_sid: Option<String>,
@@ -159,6 +160,9 @@ pub struct Sender {
 struct MessagePage {
     messages: Vec<TwilioMessage>,
     next_page_uri: Option<String>,
+    /// Twilio's clock when it answered (its `Date` header).
+    #[serde(skip)]
+    date: Option<OffsetDateTime>,
 }
 
 impl TwilioProvider {
@@ -203,10 +207,26 @@ impl TwilioProvider {
     /// Who `sms` is sent as: the request's `from`, else `TWILIO_FROM`, and the
     /// messaging service when one is configured.
     pub fn sender(&self, sms: &OutgoingSms) -> Sender {
+        self.sender_for(sms.from.as_deref())
+    }
+
+    fn sender_for(&self, from: Option<&str>) -> Sender {
         Sender {
-            from: sms.from.clone().or_else(|| self.settings.from.clone()),
+            from: from
+                .map(str::to_string)
+                .or_else(|| self.settings.from.clone()),
             messaging_service_sid: self.settings.messaging_service_sid.clone(),
         }
+    }
+
+    /// Who `attempt` sent as: as recorded with it, else (an attempt made
+    /// before senders were recorded) as this configuration would.
+    fn sender_of(&self, sms: &OutgoingSms, attempt: &AttemptRef) -> Sender {
+        attempt
+            .sender
+            .as_deref()
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_else(|| self.sender(sms))
     }
 
     /// The form Twilio gets for `sms`.
@@ -239,6 +259,12 @@ impl TwilioProvider {
             .await
             .map_err(|e| format!("listing messages at Twilio failed: {}", transport(&e)))?;
         let status = resp.status();
+        let date = resp
+            .headers()
+            .get(reqwest::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok())
+            .map(OffsetDateTime::from);
         let body = super::read_body(resp, MAX_PAGE_BYTES)
             .await
             .map_err(|e| format!("reading Twilio's message list failed: {}", e.describe()))?;
@@ -254,8 +280,10 @@ impl TwilioProvider {
                     .to_string(),
             );
         }
-        serde_json::from_slice(&body)
-            .map_err(|e| format!("Twilio's message list could not be read: {e}"))
+        let mut page: MessagePage = serde_json::from_slice(&body)
+            .map_err(|e| format!("Twilio's message list could not be read: {e}"))?;
+        page.date = date;
+        Ok(page)
     }
 
     /// The address of the page `next` (a list's `next_page_uri`, a path from
@@ -474,22 +502,33 @@ impl Provider for TwilioProvider {
         classify_status(status, serde_json::from_slice(&bytes).ok(), retry_after)
     }
 
-    /// `since` is when this attempt started. Lists the messages to `To`
-    /// (newest first by creation; no `DateSent` filter, which would hide
-    /// queued messages) until one created before the window, judging each.
-    async fn reconcile(&self, sms: &OutgoingSms, since: OffsetDateTime) -> Reconciled {
-        let not_before = since - CLOCK_SLACK;
-        let sender = self.sender(sms);
+    fn sender(&self, from: Option<&str>) -> Option<String> {
+        serde_json::to_string(&self.sender_for(from)).ok()
+    }
+
+    /// Lists the messages to `To` (newest first by creation; no `DateSent`
+    /// filter, which would hide queued messages) until one created before
+    /// the window, judging each against the sender the attempt used.
+    ///
+    /// The window starts [`CLOCK_SLACK`] before the attempt, read on both
+    /// clocks that could be wrong: the attempt's start on ours, and
+    /// Twilio's own now (its `Date` header) less the attempt's age. The
+    /// earlier of the two is used, so a host clock ahead of Twilio's (or
+    /// behind it) does not hide a message the attempt created.
+    async fn reconcile(&self, sms: &OutgoingSms, attempt: &AttemptRef) -> Reconciled {
+        let sender = self.sender_of(sms, attempt);
         let mut url = self.messages_url.clone();
         url.query_pairs_mut()
             .append_pair("To", &sms.to)
             .append_pair("PageSize", &LIST_PAGE_SIZE.to_string());
         let mut tally = Tally::default();
+        let mut not_before = None;
         for _ in 0..MAX_LOOKUP_PAGES {
             let page = match self.list_page(url).await {
                 Ok(p) => p,
                 Err(reason) => return Reconciled::Unknown(reason),
             };
+            let not_before = *not_before.get_or_insert_with(|| window_start(attempt, page.date));
             let mut past_window = false;
             for m in &page.messages {
                 tally.add(m, compare(m, sms, &sender, not_before));
@@ -511,6 +550,19 @@ impl Provider for TwilioProvider {
             "more than {MAX_LOOKUP_PAGES} pages of messages to this number since the attempt"
         ))
     }
+}
+
+/// The earliest creation time, on Twilio's clock, of a message `attempt`
+/// may have created: [`CLOCK_SLACK`] before the earlier of its start on our
+/// clock and Twilio's `now` less its age (when Twilio told its time).
+pub fn window_start(attempt: &AttemptRef, twilio_now: Option<OffsetDateTime>) -> OffsetDateTime {
+    let ours = attempt.started_at;
+    let theirs = twilio_now.and_then(|now| {
+        time::Duration::try_from(attempt.age)
+            .ok()
+            .map(|age| now - age)
+    });
+    theirs.map_or(ours, |t| t.min(ours)) - CLOCK_SLACK
 }
 
 mod lookup;

@@ -390,3 +390,59 @@ fn next_pages_are_followed_only_to_the_configured_list() {
         assert!(twilio.next_page_url(&refused).is_err(), "{refused}");
     }
 }
+
+/// The lookup window starts at the earlier of the attempt's start on our
+/// clock and Twilio's own now less the attempt's age, less the slack: a host
+/// clock ahead of Twilio's (issue 24, finding 10) or behind it hides nothing.
+#[test]
+fn the_window_starts_on_the_earlier_clock() {
+    use crate::provider::AttemptRef;
+    let ours = time::macros::datetime!(2026-12-01 12:00:10 UTC);
+    let attempt = AttemptRef {
+        started_at: ours,
+        age: std::time::Duration::from_secs(2),
+        sender: None,
+    };
+    // Twilio 10 s behind us: its now is 12:00:02, the attempt started 2 s
+    // ago by our clock, so at 12:00:00 on Twilio's.
+    let behind = time::macros::datetime!(2026-12-01 12:00:02 UTC);
+    assert_eq!(
+        window_start(&attempt, Some(behind)),
+        time::macros::datetime!(2026-12-01 12:00:00 UTC) - CLOCK_SLACK
+    );
+    // Twilio ahead of us: our own start is the earlier.
+    let ahead = time::macros::datetime!(2026-12-01 12:00:30 UTC);
+    assert_eq!(window_start(&attempt, Some(ahead)), ours - CLOCK_SLACK);
+    // No Date header: our clock alone, as before.
+    assert_eq!(window_start(&attempt, None), ours - CLOCK_SLACK);
+}
+
+/// An attempt's recorded sender, not this instance's configuration, is what
+/// a reconciliation matches (issue 24, finding 9).
+#[test]
+fn the_recorded_sender_is_the_one_matched() {
+    use crate::provider::{AttemptRef, Provider};
+    let p = TwilioProvider::new(TwilioSettings {
+        base_url: "https://api.twilio.com".into(),
+        account_sid: "AC0123456789abcdef0123456789abcdef".into(),
+        auth_token: "token".into(),
+        from: Some("+14155550001".into()),
+        messaging_service_sid: None,
+        status_callback: None,
+        timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+    })
+    .unwrap();
+    let recorded = Provider::sender(&p, None).expect("a sender");
+    let sender: Sender = serde_json::from_str(&recorded).expect("JSON");
+    assert_eq!(sender.from.as_deref(), p.settings.from.as_deref());
+    let other = AttemptRef {
+        started_at: time::OffsetDateTime::UNIX_EPOCH,
+        age: std::time::Duration::ZERO,
+        sender: Some(r#"{"from":"+14155550002","messaging_service_sid":null}"#.into()),
+    };
+    assert_eq!(
+        p.sender_of(&sms("hi"), &other).from.as_deref(),
+        Some("+14155550002")
+    );
+}

@@ -322,6 +322,7 @@ async fn claim_statement(
     let mut created = Vec::with_capacity(n);
     let mut expires = Vec::with_capacity(n);
     let mut deadline = Vec::with_capacity(n);
+    let mut sender = Vec::with_capacity(n);
     for (m, lease) in rows {
         id.push(m.id.0);
         tenant.push(m.tenant_id);
@@ -344,16 +345,17 @@ async fn claim_statement(
         created.push(m.created_at);
         expires.push(m.expires_at);
         deadline.push(m.deadline_at);
+        sender.push(m.sender.as_deref());
     }
     let answers: Vec<PgRow> = sqlx::query(
         "WITH input AS ( \
             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], \
                 $6::text[], $7::text[], $8::int4[], $9::text[], $10::text[], $11::int4[], \
                 $12::text[], $13::uuid[], $14::text[], $15::int8[], $16::timestamptz[], \
-                $17::timestamptz[], $18::timestamptz[]) WITH ORDINALITY \
+                $17::timestamptz[], $18::timestamptz[], $19::text[]) WITH ORDINALITY \
             AS t(id, tenant_id, idempotency_key, fingerprint, to_number, from_sender, body, \
                 segments, encoding, metadata, validity_seconds, provider, lease_token, \
-                lease_owner, lease_ttl, created_at, expires_at, deadline_at, ord)), \
+                lease_owner, lease_ttl, created_at, expires_at, deadline_at, sender, ord)), \
          ins AS ( \
             INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, \
@@ -368,8 +370,9 @@ async fn claim_statement(
             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
             RETURNING id, lease_owner, created_at, lease_expires_at), \
          att AS ( \
-            INSERT INTO attempts (message_id, number, lease_owner, started_at) \
-            SELECT id, 1, lease_owner, created_at FROM ins) \
+            INSERT INTO attempts (message_id, number, lease_owner, started_at, sender) \
+            SELECT ins.id, 1, ins.lease_owner, ins.created_at, i.sender \
+            FROM ins JOIN input i ON i.id = ins.id) \
          SELECT ins.id IS NOT NULL AS created, m.id AS existing_id, m.fingerprint, m.status, \
             m.response_code, m.response_body, \
             ins.id IS NOT NULL AND EXISTS (SELECT 1 FROM opt_outs o \
@@ -401,6 +404,7 @@ async fn claim_statement(
     .bind(&created)
     .bind(&expires)
     .bind(&deadline)
+    .bind(&sender)
     .fetch_all(pool)
     .await?;
     if answers.len() != n {

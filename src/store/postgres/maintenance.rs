@@ -4,6 +4,7 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{MIGRATOR, PgStore};
+use crate::domain::MessageId;
 use crate::store::time::{DbTime, db};
 use crate::store::{ConnectionStats, DbStatus, MaintenanceStore, StoreError};
 
@@ -48,17 +49,35 @@ impl MaintenanceStore for PgStore {
     }
 
     #[tracing::instrument(name = "store.release_leases", level = "debug", skip_all)]
-    async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "UPDATE messages SET lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
-                next_attempt_at = $2 \
-             WHERE lease_owner = $1 AND status = 'processing'",
+    async fn release_leases(
+        &self,
+        owner: &str,
+        now: OffsetDateTime,
+        hold: &[MessageId],
+        hold_for: std::time::Duration,
+    ) -> Result<u64, StoreError> {
+        let hold: Vec<uuid::Uuid> = hold.iter().map(|id| id.0).collect();
+        // One statement: the cut-off calls' leases shortened (never
+        // lengthened), everything else released.
+        let released: i64 = sqlx::query_scalar(
+            "WITH held AS ( \
+                UPDATE messages SET lease_expires_at = \
+                    LEAST(lease_expires_at, now() + $4 * interval '1 microsecond') \
+                WHERE lease_owner = $1 AND status = 'processing' AND id = ANY($3)), \
+             released AS ( \
+                UPDATE messages SET lease_token = NULL, lease_owner = NULL, \
+                    lease_expires_at = NULL, next_attempt_at = $2 \
+                WHERE lease_owner = $1 AND status = 'processing' AND id <> ALL($3) \
+                RETURNING id) \
+             SELECT count(*) FROM released",
         )
         .bind(owner)
         .bind(db(now))
-        .execute(&self.pool)
+        .bind(&hold)
+        .bind(crate::store::time::micros(hold_for))
+        .fetch_one(&self.pool)
         .await?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(released).unwrap_or(0))
     }
 
     #[tracing::instrument(name = "store.purge", level = "debug", skip_all)]

@@ -61,8 +61,8 @@ impl PgStore {
                     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                     RETURNING id, lease_expires_at), \
                  att AS ( \
-                    INSERT INTO attempts (message_id, number, lease_owner, started_at) \
-                    SELECT id, 1, $14, $16 FROM ins) \
+                    INSERT INTO attempts (message_id, number, lease_owner, started_at, sender) \
+                    SELECT id, 1, $14, $16, $19 FROM ins) \
                  SELECT true AS created, ins.id, NULL::bytea AS fingerprint, \
                     NULL::text AS status, NULL::smallint AS response_code, \
                     NULL::bytea AS response_body, \
@@ -94,6 +94,7 @@ impl PgStore {
             .bind(db(m.created_at))
             .bind(m.expires_at.map(db))
             .bind(db(m.deadline_at))
+            .bind(&m.sender)
             .fetch_optional(&self.pool)
             .await?;
             if let Some(row) = row {
@@ -343,6 +344,27 @@ impl MessageStore for PgStore {
         Ok(row.map(|(id,)| MessageId(id)))
     }
 
+    async fn in_flight_sibling(
+        &self,
+        id: MessageId,
+        provider: &str,
+    ) -> Result<Option<MessageId>, StoreError> {
+        let row: Option<(uuid::Uuid,)> = sqlx::query_as(
+            "SELECT s.id FROM messages me JOIN messages s \
+                ON s.to_number = me.to_number AND s.body = me.body AND s.id <> me.id \
+             WHERE me.id = $1 AND s.provider = $2 AND s.status = 'processing' \
+                AND s.provider_message_id IS NULL \
+                AND (s.maybe_sent OR EXISTS (SELECT 1 FROM attempts a \
+                     WHERE a.message_id = s.id AND a.finished_at IS NULL)) \
+             LIMIT 1",
+        )
+        .bind(id.0)
+        .bind(provider)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(id,)| MessageId(id)))
+    }
+
     #[tracing::instrument(name = "store.message", level = "debug", skip_all)]
     async fn message(
         &self,
@@ -392,6 +414,7 @@ impl MessageStore for PgStore {
         id: MessageId,
         lease: &Lease,
         now: OffsetDateTime,
+        sender: Option<&str>,
     ) -> Result<Option<u32>, StoreError> {
         let number: Option<i32> = sqlx::query_scalar(
             "WITH m AS ( \
@@ -407,8 +430,8 @@ impl MessageStore for PgStore {
                     error = 'the instance making this attempt stopped before recording an answer' \
                 WHERE message_id = (SELECT id FROM m) AND finished_at IS NULL), \
              a AS ( \
-                INSERT INTO attempts (message_id, number, lease_owner, started_at) \
-                SELECT id, attempts, $5, $4 FROM m) \
+                INSERT INTO attempts (message_id, number, lease_owner, started_at, sender) \
+                SELECT id, attempts, $5, $4, $7 FROM m) \
              SELECT attempts FROM m",
         )
         .bind(id.0)
@@ -417,6 +440,7 @@ impl MessageStore for PgStore {
         .bind(db(now))
         .bind(&lease.owner)
         .bind(crate::domain::AttemptOutcome::Lost)
+        .bind(sender)
         .fetch_optional(&self.pool)
         .await?;
         Ok(number.map(|n| u32::try_from(n).unwrap_or(0)))
@@ -443,7 +467,9 @@ impl MessageStore for PgStore {
 
     #[tracing::instrument(name = "store.reschedule", level = "debug", skip_all, fields(message_id = %r.id))]
     async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError> {
-        let a = &r.attempt;
+        // No attempt to close: it stays open (asked about again later), and
+        // the message may have been sent.
+        let a = r.attempt.as_ref();
         let n: i64 = sqlx::query_scalar(
             "WITH m AS ( \
                 UPDATE messages SET next_attempt_at = $3, updated_at = $4, error = $5, \
@@ -462,14 +488,14 @@ impl MessageStore for PgStore {
         .bind(db(r.next_attempt_at))
         .bind(db(r.updated_at))
         .bind(r.error.as_ref().map(Json))
-        .bind(to_i32(a.number))
-        .bind(db(a.finished_at))
-        .bind(a.outcome)
-        .bind(a.http_status.map(i32::from))
-        .bind(&a.provider_code)
-        .bind(&a.error)
-        .bind(&a.provider_message_id)
-        .bind(a.outcome.maybe_sent())
+        .bind(a.map_or(-1, |a| to_i32(a.number)))
+        .bind(a.map(|a| db(a.finished_at)))
+        .bind(a.map(|a| a.outcome))
+        .bind(a.and_then(|a| a.http_status.map(i32::from)))
+        .bind(a.and_then(|a| a.provider_code.clone()))
+        .bind(a.and_then(|a| a.error.clone()))
+        .bind(a.and_then(|a| a.provider_message_id.clone()))
+        .bind(a.is_none_or(|a| a.outcome.maybe_sent()))
         .fetch_one(&self.pool)
         .await?;
         Ok(n == 1)

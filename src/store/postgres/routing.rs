@@ -132,23 +132,28 @@ impl RoutingStore for PgStore {
             .execute(&mut *tx)
             .await?;
             sqlx::query(
-                "INSERT INTO attempts (message_id, number, lease_owner, started_at, provider) \
-                 VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO attempts (message_id, number, lease_owner, started_at, provider, \
+                    sender) VALUES ($1, $2, $3, $4, $5, $6)",
             )
             .bind(m.id.0)
             .bind(number)
             .bind(&m.lease.owner)
             .bind(db(m.now))
             .bind(&m.to)
+            .bind(&m.sender)
             .execute(&mut *tx)
             .await?;
         } else {
-            sqlx::query("UPDATE attempts SET provider = $3 WHERE message_id = $1 AND number = $2")
-                .bind(m.id.0)
-                .bind(number)
-                .bind(&m.to)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE attempts SET provider = $3, sender = $4 \
+                 WHERE message_id = $1 AND number = $2",
+            )
+            .bind(m.id.0)
+            .bind(number)
+            .bind(&m.to)
+            .bind(&m.sender)
+            .execute(&mut *tx)
+            .await?;
         }
         insert_event(
             &mut tx,

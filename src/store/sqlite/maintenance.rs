@@ -4,6 +4,7 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{MIGRATOR, SqliteStore};
+use crate::domain::MessageId;
 use crate::store::time::{DbTime, db};
 use crate::store::{MaintenanceStore, StoreError};
 
@@ -22,17 +23,45 @@ impl MaintenanceStore for SqliteStore {
     }
 
     #[tracing::instrument(name = "store.release_leases", level = "debug", skip_all)]
-    async fn release_leases(&self, owner: &str, now: OffsetDateTime) -> Result<u64, StoreError> {
+    async fn release_leases(
+        &self,
+        owner: &str,
+        now: OffsetDateTime,
+        hold: &[MessageId],
+        hold_for: std::time::Duration,
+    ) -> Result<u64, StoreError> {
         let owner = owner.to_string();
+        // The held ids as a JSON array of hex (`json_each`, `unhex`: ids are
+        // 16-byte blobs), one statement each way.
+        let hold = serde_json::to_string(
+            &hold
+                .iter()
+                .map(|id| id.0.simple().to_string())
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|_| StoreError::Invariant("message ids that are not JSON"))?;
         self.write(move |c| {
             Box::pin(async move {
+                sqlx::query(concat!(
+                    "UPDATE messages SET lease_expires_at = min(lease_expires_at, ",
+                    db_now!(),
+                    " + ?) WHERE lease_owner = ? AND status = 'processing' \
+                        AND id IN (SELECT unhex(value) FROM json_each(?))",
+                ))
+                .bind(crate::store::time::micros(hold_for))
+                .bind(&owner)
+                .bind(&hold)
+                .execute(&mut *c)
+                .await?;
                 let done = sqlx::query(
                     "UPDATE messages SET lease_token = NULL, lease_owner = NULL, \
                         lease_expires_at = NULL, next_attempt_at = ? \
-                     WHERE lease_owner = ? AND status = 'processing'",
+                     WHERE lease_owner = ? AND status = 'processing' \
+                        AND id NOT IN (SELECT unhex(value) FROM json_each(?))",
                 )
                 .bind(db(now))
                 .bind(&owner)
+                .bind(&hold)
                 .execute(&mut *c)
                 .await?;
                 Ok(done.rows_affected())

@@ -43,18 +43,6 @@ async fn close_attempt(
     Ok(())
 }
 
-/// The database's clock in the time columns' format (microseconds since the
-/// epoch), for lease expiry. SQLite has no server: this is the operating
-/// system clock of the one host whose processes share the file (SQLite's
-/// locking needs them on one host), read at each statement, never an
-/// instance's injectable [`crate::clock::Clock`]. `'subsec'` reads it to the
-/// millisecond.
-macro_rules! db_now {
-    () => {
-        "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
-    };
-}
-
 async fn insert(
     c: &mut SqliteConnection,
     m: &NewMessage,
@@ -98,12 +86,13 @@ async fn insert(
     .await?;
     if let Some((lease_expires_at, opted_out)) = inserted {
         sqlx::query(
-            "INSERT INTO attempts (message_id, number, lease_owner, started_at) \
-                 VALUES (?, 1, ?, ?)",
+            "INSERT INTO attempts (message_id, number, lease_owner, started_at, sender) \
+                 VALUES (?, 1, ?, ?, ?)",
         )
         .bind(m.id.0)
         .bind(&lease.owner)
         .bind(db(m.created_at))
+        .bind(&m.sender)
         .execute(&mut *c)
         .await?;
         return Ok(Claim::Created(Box::new(MessageRecord::claimed(
@@ -132,6 +121,7 @@ async fn start_attempt(
     id: MessageId,
     lease: &Lease,
     now: OffsetDateTime,
+    sender: Option<&str>,
 ) -> Result<Option<u32>, StoreError> {
     let number: Option<i64> = sqlx::query_scalar(concat!(
         "UPDATE messages SET attempts = attempts + 1, lease_expires_at = ",
@@ -162,13 +152,14 @@ async fn start_attempt(
     .execute(&mut *c)
     .await?;
     sqlx::query(
-        "INSERT INTO attempts (message_id, number, lease_owner, started_at) \
-         VALUES (?, ?, ?, ?)",
+        "INSERT INTO attempts (message_id, number, lease_owner, started_at, sender) \
+         VALUES (?, ?, ?, ?, ?)",
     )
     .bind(id.0)
     .bind(number)
     .bind(&lease.owner)
     .bind(db(now))
+    .bind(sender)
     .execute(&mut *c)
     .await?;
     Ok(Some(u32::try_from(number).unwrap_or(0)))
@@ -244,7 +235,8 @@ async fn reschedule(c: &mut SqliteConnection, r: &Reschedule) -> Result<bool, St
     .bind(db(r.next_attempt_at))
     .bind(db(r.updated_at))
     .bind(r.error.as_ref().map(Json))
-    .bind(r.attempt.outcome.maybe_sent())
+    // No attempt to close: it stays open, and the message may have been sent.
+    .bind(r.attempt.as_ref().is_none_or(|a| a.outcome.maybe_sent()))
     .bind(r.id.0)
     .bind(r.lease_token)
     .execute(&mut *c)
@@ -252,7 +244,9 @@ async fn reschedule(c: &mut SqliteConnection, r: &Reschedule) -> Result<bool, St
     if done.rows_affected() != 1 {
         return Ok(false);
     }
-    close_attempt(c, r.id, &r.attempt).await?;
+    if let Some(a) = &r.attempt {
+        close_attempt(c, r.id, a).await?;
+    }
     Ok(true)
 }
 
@@ -395,6 +389,27 @@ impl MessageStore for SqliteStore {
         Ok(row.map(|(id,)| MessageId(id)))
     }
 
+    async fn in_flight_sibling(
+        &self,
+        id: MessageId,
+        provider: &str,
+    ) -> Result<Option<MessageId>, StoreError> {
+        let row: Option<(uuid::Uuid,)> = sqlx::query_as(
+            "SELECT s.id FROM messages me JOIN messages s \
+                ON s.to_number = me.to_number AND s.body = me.body AND s.id <> me.id \
+             WHERE me.id = ? AND s.provider = ? AND s.status = 'processing' \
+                AND s.provider_message_id IS NULL \
+                AND (s.maybe_sent OR EXISTS (SELECT 1 FROM attempts a \
+                     WHERE a.message_id = s.id AND a.finished_at IS NULL)) \
+             LIMIT 1",
+        )
+        .bind(id.0)
+        .bind(provider)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(id,)| MessageId(id)))
+    }
+
     #[tracing::instrument(name = "store.message", level = "debug", skip_all)]
     async fn message(
         &self,
@@ -444,10 +459,14 @@ impl MessageStore for SqliteStore {
         id: MessageId,
         lease: &Lease,
         now: OffsetDateTime,
+        sender: Option<&str>,
     ) -> Result<Option<u32>, StoreError> {
         let lease = lease.clone();
-        self.write(move |c| Box::pin(async move { start_attempt(c, id, &lease, now).await }))
-            .await
+        let sender = sender.map(str::to_string);
+        self.write(move |c| {
+            Box::pin(async move { start_attempt(c, id, &lease, now, sender.as_deref()).await })
+        })
+        .await
     }
 
     #[tracing::instrument(name = "store.renew_lease", level = "debug", skip_all, fields(message_id = %id))]

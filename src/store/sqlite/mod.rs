@@ -24,6 +24,18 @@ use tokio::sync::{OnceCell, mpsc};
 
 use super::{SqlxResultExt, StoreError};
 
+/// The database's clock in the time columns' format (microseconds since the
+/// epoch), for lease expiry. SQLite has no server: this is the operating
+/// system clock of the one host whose processes share the file (SQLite's
+/// locking needs them on one host), read at each statement, never an
+/// instance's injectable [`crate::clock::Clock`]. `'subsec'` reads it to the
+/// millisecond.
+macro_rules! db_now {
+    () => {
+        "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
+    };
+}
+
 mod campaigns;
 mod console;
 mod maintenance;

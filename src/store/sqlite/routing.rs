@@ -141,21 +141,24 @@ impl RoutingStore for SqliteStore {
                     .execute(&mut *tx)
                     .await?;
                     sqlx::query(
-                "INSERT INTO attempts (message_id, number, lease_owner, started_at, provider) \
-                 VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO attempts (message_id, number, lease_owner, started_at, provider, \
+                    sender) VALUES (?, ?, ?, ?, ?, ?)",
             )
             .bind(m.id.0)
             .bind(number)
             .bind(&m.lease.owner)
             .bind(db(m.now))
             .bind(&m.to)
+            .bind(&m.sender)
             .execute(&mut *tx)
             .await?;
                 } else {
                     sqlx::query(
-                        "UPDATE attempts SET provider = ? WHERE message_id = ? AND number = ?",
+                        "UPDATE attempts SET provider = ?, sender = ? \
+                         WHERE message_id = ? AND number = ?",
                     )
                     .bind(&m.to)
+                    .bind(&m.sender)
                     .bind(m.id.0)
                     .bind(number)
                     .execute(&mut *tx)

@@ -68,11 +68,13 @@ async fn insert_message(
     .fetch_one(&mut *c)
     .await?;
     sqlx::query(
-        "INSERT INTO attempts (message_id, number, lease_owner, started_at) VALUES (?1, 1, ?2, ?3)",
+        "INSERT INTO attempts (message_id, number, lease_owner, started_at, sender) \
+         VALUES (?1, 1, ?2, ?3, ?4)",
     )
     .bind(m.id.0)
     .bind(&lease.owner)
     .bind(db(m.created_at))
+    .bind(&m.sender)
     .execute(&mut *c)
     .await?;
     let opted_out: bool = sqlx::query_scalar(

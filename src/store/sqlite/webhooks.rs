@@ -19,13 +19,6 @@ use crate::store::webhooks::{
 };
 use crate::store::{MessageRecord, SqlxResultExt, StoreError};
 
-/// The database's clock in the time columns' format (see `messages.rs`).
-macro_rules! db_now {
-    () => {
-        "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
-    };
-}
-
 /// Writes an event and one delivery per endpoint of its tenant subscribed
 /// now, inside the caller's (the writer's) transaction.
 pub(super) async fn enqueue_event(

@@ -1,0 +1,536 @@
+//! One delivery run: resuming a claimed message, then at most one provider
+//! call per pass (a message that moves on to the next provider goes round
+//! again), every call started under a lease that outlives it, checked after
+//! the last wait.
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use super::decide::{self, Event, Snapshot, Transition, too_late};
+use super::{Deliverer, LEASE_FRESHNESS, Report, Route, hub, needs_renewal};
+use crate::domain::{AttemptOutcome, MessageId, Status};
+use crate::provider::{AttemptRef, OutgoingSms, SendOutcome};
+use crate::store::{Lease, MessageRecord};
+
+/// How a delivery run begins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// A message just inserted with its first attempt started under our lease.
+    Fresh,
+    /// A claimed message that was due: a retry, a scheduled send, a recheck,
+    /// or one an instance released on shutdown before calling the provider.
+    Due,
+    /// A claimed message whose previous owner's lease ran out: it crashed,
+    /// paused, or the database's clock stepped; its call may still be in
+    /// flight.
+    Takeover,
+}
+
+/// Why the body cannot be handed to the provider now.
+pub(super) enum BodyError {
+    /// The verify secret cannot be read now (the database is away): later.
+    Unavailable,
+    /// It never will be (a sealed body whose secret is gone): why.
+    Unreadable(String),
+}
+
+impl Deliverer {
+    pub(super) async fn run(
+        &self,
+        mut msg: MessageRecord,
+        mut lease: Lease,
+        start: Start,
+        permit: Option<OwnedSemaphorePermit>,
+        registration: &hub::Registration,
+    ) -> Report {
+        let mut permit = match permit {
+            Some(p) => Some(p),
+            None => match self.acquire().await {
+                Some(p) => Some(p),
+                None => return Report::Stopped,
+            },
+        };
+        let (mut attempt, mut started_at) = if start == Start::Fresh {
+            let started = msg.last_attempt_started_at.unwrap_or(msg.created_at);
+            (msg.attempts, started)
+        } else {
+            match self.resume(&mut msg, &mut lease, start, registration).await {
+                Ok(at) => at,
+                Err(report) => return report,
+            }
+        };
+
+        // One provider call per pass; a message that moves on to the next
+        // provider goes round again at once.
+        loop {
+            // A send slot first: in a provider brownout the wait for one can
+            // be long, and every check below must come after it.
+            let slot = match permit.take() {
+                Some(p) => p,
+                None => match self.acquire().await {
+                    Some(p) => p,
+                    None => return Report::Stopped,
+                },
+            };
+            let snap = Snapshot::of(&msg, attempt, started_at);
+            let routing = self.route_state(&msg).await;
+            let current = msg.provider.clone();
+            let r = Route {
+                current: &current,
+                current_open: routing.current_open,
+                next: routing.next,
+            };
+            let dedupes = routing
+                .provider
+                .as_ref()
+                .is_some_and(|p| p.dedupes_by_key());
+
+            // Past its validity, or to a number that opted out (read with
+            // the row, the insert or the claim): no provider is called. A
+            // circuit that is open sends the message on to the next provider.
+            let t = self.decide(
+                &snap,
+                &Event::Starting {
+                    opted_out: msg.recipient_opted_out,
+                    closing: Some((attempt, AttemptOutcome::Expired)),
+                },
+                dedupes,
+                &r,
+            );
+            match t {
+                Transition::Proceed => {}
+                Transition::MoveOn {
+                    to,
+                    reason,
+                    attempt: closing,
+                } => {
+                    let moved_attempt = closing.is_some();
+                    match self
+                        .move_on(&mut msg, &mut lease, to, reason, closing)
+                        .await
+                    {
+                        Ok(n) => {
+                            attempt = n;
+                            if moved_attempt {
+                                started_at = self.clock.now();
+                            }
+                            permit = Some(slot);
+                            continue;
+                        }
+                        Err(report) => return report,
+                    }
+                }
+                t => return self.apply(&mut msg, &lease, registration, t).await,
+            }
+            let Some(provider) = routing.provider else {
+                // Its provider is no longer configured and something may
+                // have been sent through it: nobody can tell.
+                let t = Transition::Final {
+                    status: Status::Unknown,
+                    provider_message_id: None,
+                    error: Some(decide::error(
+                        "outcome_unknown",
+                        &format!(
+                            "the {} provider is no longer configured and may have sent it",
+                            msg.provider
+                        ),
+                        None,
+                    )),
+                    attempt: None,
+                };
+                return self.apply(&mut msg, &lease, registration, t).await;
+            };
+
+            let now = self.clock.now();
+            let sms = match self.outgoing(&msg, now).await {
+                Ok(sms) => sms,
+                Err(BodyError::Unreadable(why)) => {
+                    let t = self.decide(&snap, &Event::Unsendable(&why), dedupes, &r);
+                    return self.apply(&mut msg, &lease, registration, t).await;
+                }
+                Err(BodyError::Unavailable) => return Report::StoreDown,
+            };
+
+            // The lease, after the last wait (the slot, the secret): renewed
+            // unless it was written within the last second, and with enough
+            // left for the whole call.
+            if let Err(report) = self.lease_for_call(msg.id, &mut lease).await {
+                return report;
+            }
+            let Some(call) = self.begin_call(msg.id) else {
+                return Report::Stopped;
+            };
+            crate::failpoint::hit("call.before_request");
+            // Checked once more on this instance's own clock right before the
+            // request is built: a pause (GC, SIGSTOP, a VM freeze) since the
+            // renewal that ate into the lease means someone else may own the
+            // message now. From here to the request's bytes on the wire is
+            // the window docs/architecture.md states.
+            if lease.left() < self.call_needs() {
+                tracing::warn!(
+                    left_ms = lease.left().as_millis() as u64,
+                    "paused past the lease before the provider call: not calling"
+                );
+                return Report::LeaseLost;
+            }
+            let called = Instant::now();
+            let outcome = tokio::select! {
+                o = tokio::time::timeout(self.settings.provider_timeout, provider.send(&sms)) => {
+                    o.unwrap_or_else(|_| SendOutcome::Ambiguous {
+                        http_status: None,
+                        retry_after: None,
+                        message: "the provider did not answer in time".into(),
+                    })
+                }
+                // Shutdown grace is over: the call is cut off, its lease
+                // held (see `Deliverer::shutdown`), and whoever resumes the
+                // message treats the attempt as ambiguous.
+                () = self.stop.cancelled() => return Report::Stopped,
+            };
+            drop(call);
+            crate::failpoint::hit("call.after_answer");
+            let class = outcome.class();
+            self.metrics
+                .provider_attempt(provider.name(), class, called.elapsed());
+            tracing::debug!(
+                provider = provider.name(),
+                elapsed_ms = called.elapsed().as_millis() as u64,
+                ?outcome,
+                "provider answered"
+            );
+            drop(slot);
+            self.record_circuit(provider.name(), outcome.provider_works(), &msg)
+                .await;
+
+            let mut t = self.decide(&snap, &Event::Answered(&outcome), dedupes, &r);
+            if let Transition::Reconcile { since } = t {
+                let asked = self.attempt_ref(&msg, since);
+                let Some(answer) = self
+                    .reconcile(Some(provider.as_ref()), provider.name(), &sms, &asked)
+                    .await
+                else {
+                    return Report::Stopped;
+                };
+                let reconciled = |answer| {
+                    self.decide(
+                        &snap,
+                        &Event::Reconciled {
+                            after: &outcome,
+                            answer,
+                        },
+                        dedupes,
+                        &r,
+                    )
+                };
+                t = reconciled(&answer);
+                if matches!(t, Transition::Final { .. }) {
+                    match self.apply_once(&mut msg, &lease, registration, t).await {
+                        // The one candidate became another message's first:
+                        // it was not ours, and ours was not listed.
+                        Report::IdTaken => t = reconciled(&crate::provider::Reconciled::NotSent),
+                        report => return report,
+                    }
+                }
+            }
+            match t {
+                Transition::MoveOn {
+                    to,
+                    reason,
+                    attempt: closing,
+                } => match self
+                    .move_on(&mut msg, &mut lease, to, reason, closing)
+                    .await
+                {
+                    Ok(n) => {
+                        attempt = n;
+                        started_at = self.clock.now();
+                    }
+                    Err(report) => return report,
+                },
+                t => return self.apply(&mut msg, &lease, registration, t).await,
+            }
+        }
+    }
+
+    /// Before a claimed message's next attempt: wait out a previous owner's
+    /// call, ask the provider about an attempt left open, check the
+    /// deadline, then start the attempt. The attempt number and start, or
+    /// how the run ends.
+    async fn resume(
+        &self,
+        msg: &mut MessageRecord,
+        lease: &mut Lease,
+        start: Start,
+        registration: &hub::Registration,
+    ) -> Result<(u32, OffsetDateTime), Report> {
+        let open = msg.last_attempt_open;
+        let previous_start = msg.last_attempt_started_at.unwrap_or(msg.created_at);
+        let provider = self.provider_named(&msg.provider);
+        let dedupes = provider.as_ref().is_some_and(|p| p.dedupes_by_key());
+        if open && start == Start::Takeover {
+            self.wait_out_previous_owner(msg.id, lease).await?;
+        }
+        // An attempt without an answer may have reached the provider.
+        msg.maybe_sent |= open;
+        let stay = Route {
+            current: "",
+            current_open: false,
+            next: None,
+        };
+        let snap = Snapshot::of(msg, msg.attempts, previous_start);
+        let now = self.clock.now();
+        if open && !dedupes {
+            // The previous owner may have sent it and cannot tell us: ask
+            // the provider it was sending with before sending anything again.
+            let t = match self.outgoing(msg, now).await {
+                Ok(sms) => {
+                    let asked = self.attempt_ref(msg, previous_start);
+                    let Some(answer) = self
+                        .reconcile(provider.as_deref(), &msg.provider, &sms, &asked)
+                        .await
+                    else {
+                        return Err(Report::Stopped);
+                    };
+                    self.decide(&snap, &Event::Resumed(&answer), dedupes, &stay)
+                }
+                Err(BodyError::Unreadable(why)) => {
+                    self.decide(&snap, &Event::Unsendable(&why), dedupes, &stay)
+                }
+                // The body cannot be read now: past the deadline that is an
+                // answer already (below); before it, the next owner asks.
+                Err(BodyError::Unavailable) if too_late(&snap, now).is_none() => {
+                    return Err(Report::StoreDown);
+                }
+                Err(BodyError::Unavailable) => Transition::Proceed,
+            };
+            match t {
+                Transition::Proceed => {}
+                Transition::Final { .. } => {
+                    match self.apply_once(msg, lease, registration, t).await {
+                        // The one candidate is another message's (it wrote
+                        // the id first): ours was not listed, as "not sent"
+                        // says, so the attempt below may start.
+                        Report::IdTaken => {}
+                        report => return Err(report),
+                    }
+                }
+                t => return Err(self.apply(msg, lease, registration, t).await),
+            }
+        }
+        let closing = open.then_some((msg.attempts, AttemptOutcome::Lost));
+        let t = self.decide(
+            &snap,
+            &Event::Starting {
+                opted_out: false,
+                closing,
+            },
+            dedupes,
+            &stay,
+        );
+        if t != Transition::Proceed {
+            return Err(self.apply(msg, lease, registration, t).await);
+        }
+        let sender = provider
+            .as_ref()
+            .and_then(|p| p.sender(msg.from.as_deref()));
+        let written = std::time::Instant::now();
+        match self
+            .store
+            .start_attempt(msg.id, lease, now, sender.as_deref())
+            .await
+        {
+            Ok(Some(n)) => {
+                lease.written = written;
+                msg.attempts = n;
+                msg.last_attempt_sender = sender;
+                Ok((n, now))
+            }
+            Ok(None) => Err(Report::LeaseLost),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start an attempt");
+                Err(Report::StoreDown)
+            }
+        }
+    }
+
+    /// A claimer that took over an expired lease with an attempt open does
+    /// nothing for the provider timeout (plus the lease freshness), on its
+    /// own clock: the previous owner's lease ran out on the database's clock,
+    /// which may have stepped, or the owner may be paused mid-call, and its
+    /// request may still be in flight. Asking the provider, or resending,
+    /// before that request can no longer be acting would send twice (issue
+    /// 24, findings 1, 5 and 6). Then the lease is renewed, fenced.
+    async fn wait_out_previous_owner(
+        &self,
+        id: MessageId,
+        lease: &mut Lease,
+    ) -> Result<(), Report> {
+        let wait = self.settings.provider_timeout + LEASE_FRESHNESS;
+        tracing::info!(
+            wait_ms = wait.as_millis() as u64,
+            "took over an attempt left open: waiting out its provider call"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = self.stop.cancelled() => return Err(Report::Stopped),
+        }
+        self.renew(id, lease).await
+    }
+
+    /// How much lease a provider call needs left when it starts: the whole
+    /// call, plus a second.
+    fn call_needs(&self) -> Duration {
+        self.settings.provider_timeout + LEASE_FRESHNESS
+    }
+
+    /// Makes sure the lease covers a call starting now: renewed (fenced)
+    /// unless written within [`LEASE_FRESHNESS`] with enough left.
+    async fn lease_for_call(&self, id: MessageId, lease: &mut Lease) -> Result<(), Report> {
+        if needs_renewal(lease.age()) || lease.left() < self.call_needs() {
+            self.renew(id, lease).await?;
+        }
+        Ok(())
+    }
+
+    async fn renew(&self, id: MessageId, lease: &mut Lease) -> Result<(), Report> {
+        let written = std::time::Instant::now();
+        match self.store.renew_lease(id, lease).await {
+            Ok(true) => {
+                lease.written = written;
+                Ok(())
+            }
+            Ok(false) => Err(Report::LeaseLost),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not renew the lease");
+                Err(Report::StoreDown)
+            }
+        }
+    }
+
+    /// What a reconciliation asks about: the current attempt of `msg`,
+    /// started at `since`, sent as it recorded.
+    fn attempt_ref(&self, msg: &MessageRecord, since: OffsetDateTime) -> AttemptRef {
+        AttemptRef {
+            started_at: since,
+            age: Duration::try_from(self.clock.now() - since).unwrap_or(Duration::ZERO),
+            sender: msg.last_attempt_sender.clone(),
+        }
+    }
+
+    /// The SMS to hand the provider, its body opened if it was sealed (a
+    /// verification's code).
+    pub(super) async fn outgoing(
+        &self,
+        msg: &MessageRecord,
+        now: OffsetDateTime,
+    ) -> Result<OutgoingSms, BodyError> {
+        let mut sms = OutgoingSms {
+            message_id: msg.id,
+            to: msg.to.to_string(),
+            from: msg.from.clone(),
+            body: msg.body.clone(),
+            validity: msg
+                .expires_at
+                .map(|e| Duration::try_from(e - now).unwrap_or(Duration::ZERO)),
+        };
+        if !crate::verify::crypto::is_sealed(&sms.body) {
+            return Ok(sms);
+        }
+        let Some(secret) = self.sealed.get() else {
+            tracing::error!(message_id = %sms.message_id, "a sealed body, and no verify secret to open it");
+            return Err(BodyError::Unreadable(
+                "the message's sealed body cannot be opened: no verify secret is configured".into(),
+            ));
+        };
+        let keys = match secret.keys().await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(message_id = %sms.message_id, error = %e, "verify secret unavailable");
+                return Err(BodyError::Unavailable);
+            }
+        };
+        match keys.open_body(sms.message_id.0, &sms.body) {
+            Ok(body) => {
+                sms.body = body;
+                Ok(sms)
+            }
+            Err(e) => {
+                tracing::error!(message_id = %sms.message_id, error = %e, "sealed body does not open");
+                Err(BodyError::Unreadable(
+                    "the message's sealed body does not open with the verify secret \
+                     (SENDONCE_VERIFY_SECRET changed since it was sealed)"
+                        .into(),
+                ))
+            }
+        }
+    }
+
+    /// A provider-call slot; `None` when shutdown stopped the wait.
+    pub(super) async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        tokio::select! {
+            p = std::sync::Arc::clone(&self.permits).acquire_owned() => p.ok(),
+            () = self.stop.cancelled() => None,
+        }
+    }
+
+    pub(super) fn decide(
+        &self,
+        snap: &Snapshot,
+        event: &Event<'_>,
+        dedupes: bool,
+        r: &Route<'_>,
+    ) -> Transition {
+        super::route::route(
+            snap,
+            event,
+            self.clock.now(),
+            &self.settings.retry,
+            dedupes,
+            r,
+        )
+    }
+}
+
+/// A provider call that may be in flight: registered until dropped, so a
+/// shutdown knows which leases it must hold rather than release.
+pub(super) struct Call<'a> {
+    deliverer: &'a Deliverer,
+    id: MessageId,
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        self.deliverer.calls().in_flight.remove(&self.id);
+    }
+}
+
+impl Deliverer {
+    /// Registers a provider call about to start; `None` once shutdown has
+    /// cut calls off (none may start after the shutdown read the set).
+    fn begin_call(&self, id: MessageId) -> Option<Call<'_>> {
+        let mut calls = self.calls();
+        if calls.stopping {
+            return None;
+        }
+        calls.in_flight.insert(id);
+        Some(Call {
+            deliverer: self,
+            id,
+        })
+    }
+
+    /// Calls may not start any more: the messages whose call may be in
+    /// flight now.
+    pub(super) fn cut_off_calls(&self) -> Vec<MessageId> {
+        let mut calls = self.calls();
+        calls.stopping = true;
+        calls.in_flight.iter().copied().collect()
+    }
+
+    fn calls(&self) -> std::sync::MutexGuard<'_, super::Calls> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

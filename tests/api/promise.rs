@@ -205,7 +205,9 @@ async fn a_failover_checks_its_lease_after_waiting_for_a_send_slot(backend: Back
             retry_after: Some(1),
         }),
     )]);
-    a.mock.push((0..6).map(|_| Behaviour::Hang));
+    // (Retries of those calls hang too, on either instance: every call to
+    // the primary from here on takes the whole timeout.)
+    a.mock.push((0..40).map(|_| Behaviour::Hang));
     post_async(&a, "BROWNOUT", "Your order 2 shipped").await;
     within(Duration::from_secs(5), "M's call", || async {
         (a.mock.call_count() == 1).then_some(())

@@ -136,47 +136,43 @@ impl Deliverer {
                 Report::Final(status)
             }
             Transition::Retry { at, error, attempt } => {
-                let r = Reschedule {
-                    id: msg.id,
-                    lease_token: lease.token,
-                    next_attempt_at: at,
-                    updated_at: self.clock.now(),
-                    error: Some(error),
-                    attempt: Some(attempt),
-                };
-                match self.write(lease, || self.store.reschedule(&r)).await {
-                    Ok(true) => {
-                        self.nudge_at(at);
-                        Report::Rescheduled(at)
-                    }
-                    Ok(false) => Report::LeaseLost,
-                    Err(report) => report,
-                }
+                self.reschedule(msg, lease, at, error, Some(attempt)).await
             }
-            Transition::Recheck { at, error } => {
-                // The attempt stays open: whoever claims it when due asks
-                // the provider again before anything else.
-                let r = Reschedule {
-                    id: msg.id,
-                    lease_token: lease.token,
-                    next_attempt_at: at,
-                    updated_at: self.clock.now(),
-                    error: Some(error),
-                    attempt: None,
-                };
-                match self.write(lease, || self.store.reschedule(&r)).await {
-                    Ok(true) => {
-                        self.nudge_at(at);
-                        Report::Rescheduled(at)
-                    }
-                    Ok(false) => Report::LeaseLost,
-                    Err(report) => report,
-                }
-            }
+            // The attempt stays open: whoever claims it when due asks the
+            // provider again before anything else.
+            Transition::Recheck { at, error } => self.reschedule(msg, lease, at, error, None).await,
             Transition::Reconcile { .. } | Transition::Proceed | Transition::MoveOn { .. } => {
                 tracing::error!(?t, "not a result: nothing to write");
                 Report::StoreDown
             }
+        }
+    }
+
+    /// Records a due time (fenced), closing `attempt` or leaving the
+    /// current one open, and releases the lease.
+    async fn reschedule(
+        &self,
+        msg: &MessageRecord,
+        lease: &Lease,
+        at: OffsetDateTime,
+        error: crate::domain::MessageError,
+        attempt: Option<crate::store::AttemptResult>,
+    ) -> Report {
+        let r = Reschedule {
+            id: msg.id,
+            lease_token: lease.token,
+            next_attempt_at: at,
+            updated_at: self.clock.now(),
+            error: Some(error),
+            attempt,
+        };
+        match self.write(lease, || self.store.reschedule(&r)).await {
+            Ok(true) => {
+                self.nudge_at(at);
+                Report::Rescheduled(at)
+            }
+            Ok(false) => Report::LeaseLost,
+            Err(report) => report,
         }
     }
 

@@ -683,7 +683,7 @@ fn ietf_answer(
     mock: &MockProvider,
     key: Option<&str>,
     sms: &serde_json::Value,
-) -> Result<InFlight, Response> {
+) -> Result<InFlight, Box<Response>> {
     let mut inner = mock.lock();
     let Some(key) = key.filter(|_| inner.dedup == Dedup::Ietf) else {
         return Ok(InFlight {
@@ -697,7 +697,7 @@ fn ietf_answer(
             "title": "A request with this Idempotency-Key is still being processed",
             "message": "a request with this Idempotency-Key is still being processed",
         });
-        return Err(json_answer(StatusCode::CONFLICT, &body, Some(1)));
+        return Err(Box::new(json_answer(StatusCode::CONFLICT, &body, Some(1))));
     }
     if let Some(id) = inner.accepted.get(key).cloned() {
         if inner.payloads.get(key).is_some_and(|p| p != sms) {
@@ -705,9 +705,13 @@ fn ietf_answer(
                 "title": "This Idempotency-Key was used with another payload",
                 "message": "this Idempotency-Key was used with another payload",
             });
-            return Err(json_answer(StatusCode::UNPROCESSABLE_ENTITY, &body, None));
+            return Err(Box::new(json_answer(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &body,
+                None,
+            )));
         }
-        return Err(accepted(id));
+        return Err(Box::new(accepted(id)));
     }
     inner.in_flight.insert(key.to_string());
     Ok(InFlight {
@@ -739,7 +743,7 @@ async fn send(
     });
     let in_flight = match ietf_answer(&mock, key.as_deref(), &sms) {
         Ok(guard) => guard,
-        Err(answer) => return answer,
+        Err(answer) => return *answer,
     };
     let (behaviour, latency) = {
         let mut inner = mock.lock();

@@ -13,6 +13,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::helpers::*;
+use crate::process::free_port;
 use crate::twilio::{ACCOUNT, AUTH_TOKEN, DEFAULT_FROM};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sendonce");
@@ -25,11 +26,6 @@ struct Bin {
     child: Child,
     base: String,
     stderr: Arc<Mutex<Vec<String>>>,
-}
-
-async fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-    l.local_addr().expect("address").port()
 }
 
 async fn start(database: &str, mock: &str, extra: &[(&str, &str)]) -> Bin {
@@ -67,17 +63,7 @@ async fn start(database: &str, mock: &str, extra: &[(&str, &str)]) -> Bin {
         }
     });
     let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    eventually("the server to answer /healthz", || async {
-        client
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .ok()
-            .filter(|r| r.status() == 200)
-            .map(|_| ())
-    })
-    .await;
+    wait_healthy(&base).await;
     Bin {
         child,
         base,

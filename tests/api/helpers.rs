@@ -456,13 +456,37 @@ pub async fn answer(resp: reqwest::Response) -> Answer {
     }
 }
 
+/// Waits until the server at `base` answers `/healthz` with 200.
+pub async fn wait_healthy(base: &str) {
+    let client = reqwest::Client::new();
+    eventually("the server to answer /healthz", || async {
+        client
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status() == 200)
+            .map(|_| ())
+    })
+    .await;
+}
+
 /// Polls `check` until it yields a value, failing after 10 seconds.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    within(Duration::from_secs(10), what, check).await
+}
+
+/// Polls `check` until it yields a value, failing after `limit`.
+pub async fn within<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         if let Some(v) = check().await {
             return v;

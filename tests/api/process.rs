@@ -25,7 +25,7 @@ pub(crate) fn sendonce(database: &str) -> Command {
     cmd
 }
 
-async fn free_port() -> u16 {
+pub(crate) async fn free_port() -> u16 {
     sendonce::install_crypto_provider();
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
@@ -161,17 +161,7 @@ pub(crate) async fn start_server(
     let mut child = cmd.spawn().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
     let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    eventually("the server to answer /healthz", || async {
-        client
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .ok()
-            .filter(|r| r.status() == 200)
-            .map(|_| ())
-    })
-    .await;
+    wait_healthy(&base).await;
     // On an empty store, the first line on stdout is the bootstrap key.
     let first_line = tokio::time::timeout(Duration::from_millis(200), stdout.next_line())
         .await

@@ -65,25 +65,6 @@ fn timed(timeout: Duration, quiet: bool) -> sendonce::config::Settings {
     s
 }
 
-/// Polls `check` until it yields, failing after `limit`.
-async fn within<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The message `key` once it is in `status`, waiting up to `limit`.
 async fn final_within(
     app: &TestApp,

@@ -368,6 +368,11 @@ impl Deliverer {
         id: MessageId,
         lease: &mut Lease,
     ) -> Result<(), Report> {
+        // Held like a call in flight: a shutdown meanwhile must not release
+        // it for someone to ask at once what we are waiting out.
+        let Some(_held) = self.begin_call(id) else {
+            return Err(Report::Stopped);
+        };
         let wait = self.settings.provider_timeout + LEASE_FRESHNESS;
         tracing::info!(
             wait_ms = wait.as_millis() as u64,
@@ -508,11 +513,14 @@ impl Drop for Call<'_> {
 }
 
 impl Deliverer {
-    /// Registers a provider call about to start; `None` once shutdown has
-    /// cut calls off (none may start after the shutdown read the set).
+    /// Registers a provider call about to start (or a takeover waiting out
+    /// someone else's); `None` once shutdown has cut calls off, and then the
+    /// message is held rather than released, since its task was that close
+    /// to a call (holding what could have been released costs only time).
     fn begin_call(&self, id: MessageId) -> Option<Call<'_>> {
         let mut calls = self.calls();
         if calls.stopping {
+            calls.held.insert(id);
             return None;
         }
         calls.in_flight.insert(id);
@@ -522,12 +530,19 @@ impl Deliverer {
         })
     }
 
-    /// Calls may not start any more: the messages whose call may be in
-    /// flight now.
-    pub(super) fn cut_off_calls(&self) -> Vec<MessageId> {
+    /// No call may start any more; every call in flight now is held.
+    pub(super) fn cut_off_calls(&self) {
         let mut calls = self.calls();
         calls.stopping = true;
-        calls.in_flight.iter().copied().collect()
+        let in_flight: Vec<MessageId> = calls.in_flight.iter().copied().collect();
+        calls.held.extend(in_flight);
+    }
+
+    /// The messages a shutdown holds rather than releases: those whose call
+    /// was in flight when calls were cut off, and those whose task reached a
+    /// call afterwards.
+    pub(super) fn held_calls(&self) -> Vec<MessageId> {
+        self.calls().held.iter().copied().collect()
     }
 
     fn calls(&self) -> std::sync::MutexGuard<'_, super::Calls> {

@@ -351,10 +351,11 @@ impl Deliverer {
                 "grace period over: stopping deliveries; calls cut off keep their leases"
             );
         }
-        let cut_off = self.cut_off_calls();
+        self.cut_off_calls();
         self.stop.cancel();
         // Tasks stop at their next await point; none holds us for long.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.tasks.wait()).await;
+        let cut_off = self.held_calls();
         crate::failpoint::hit("shutdown.before_release");
         let released = self
             .store
@@ -405,6 +406,8 @@ struct Calls {
     /// Set once shutdown has cut calls off: none may start after.
     stopping: bool,
     in_flight: std::collections::HashSet<MessageId>,
+    /// Once stopping: the messages whose leases a shutdown holds.
+    held: std::collections::HashSet<MessageId>,
 }
 
 /// How fresh a lease must be for a provider call to start under it without

@@ -331,6 +331,52 @@ async fn a_step_of_the_database_clock_never_hands_a_call_to_a_second_owner(backe
     assert_eq!(m["provider_message_id"], app.mock.twilio_sids()[0].as_str());
 }
 
+/// Findings 1 and 5 together: an instance that took a message over (the
+/// database's clock stepped) is waiting out the previous owner's call when
+/// it is shut down. Releasing it then would let a third instance ask Twilio
+/// at once, while that call may still be creating the message: it is held
+/// like a call in flight.
+async fn a_shutdown_during_a_takeover_wait_holds_the_message(backend: Backend) {
+    let timeout = Duration::from_secs(2);
+    let a = spawn_with(TestOptions {
+        backend,
+        settings: timed(timeout, true),
+        provider: Some(twilio_as(DEFAULT_FROM)),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut quick_exit = timed(timeout, false);
+    quick_exit.server.shutdown_grace = Duration::from_millis(200);
+    let mut b = spawn_with(TestOptions {
+        provider: Some(twilio_as(DEFAULT_FROM)),
+        ..beside(&a, quick_exit)
+    })
+    .await;
+    a.mock
+        .push([Behaviour::Processing(Duration::from_millis(1500))]);
+    post_async(&a, "HANDOVER", "Your order 11 shipped").await;
+    within(Duration::from_secs(5), "the call at Twilio", || async {
+        (a.mock.call_count() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(step_database_clock(&a, 30).await, 1);
+    within(Duration::from_secs(5), "b to take it over", || async {
+        (b.handle.deliverer.in_flight() == 1).then_some(())
+    })
+    .await;
+    b.stop().await;
+    let c = spawn_with(TestOptions {
+        provider: Some(twilio_as(DEFAULT_FROM)),
+        ..beside(&a, timed(timeout, false))
+    })
+    .await;
+
+    let m = final_within(&c, "HANDOVER", "sent", Duration::from_secs(30)).await;
+    settled(&a.mock).await;
+    assert_eq!(a.mock.deliveries_to(TO, "Your order 11 shipped"), 1);
+    assert_eq!(m["provider_message_id"], a.mock.twilio_sids()[0].as_str());
+}
+
 /// What a forward step of `secs` seconds of the database's clock does to
 /// the leases of processing messages: each runs out that much earlier.
 pub(crate) async fn step_database_clock(app: &TestApp, secs: i64) -> u64 {
@@ -512,6 +558,7 @@ async fn a_sealed_body_that_cannot_be_opened_ends_instead_of_sticking(backend: B
 }
 
 on_both_backends!(
+    a_shutdown_during_a_takeover_wait_holds_the_message,
     a_sealed_body_that_cannot_be_opened_ends_instead_of_sticking,
     a_graceful_shutdown_never_double_sends_through_twilio,
     a_failover_checks_its_lease_after_waiting_for_a_send_slot,

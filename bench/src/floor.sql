@@ -44,7 +44,7 @@ WHERE m.tenant_id = :tenant_id AND m.idempotency_key = 'FLOOR-' || :client_id::t
 SELECT message_id, lease_token, opted_out FROM res \gset
 
 WITH m AS (
-    UPDATE messages SET status = 'sent', provider_message_id = :provider_message_id,
+    UPDATE messages SET status = 'sent', provider_message_id = ('mock_' || :message_id::text),
         error = NULL, sent_at = now(), updated_at = now(), finalized_at = now(),
         response_code = 201, response_body = :response, lease_token = NULL,
         lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = NULL
@@ -52,9 +52,9 @@ WITH m AS (
     RETURNING id),
 a AS (
     UPDATE attempts SET finished_at = now(), outcome = 'sent', http_status = 200,
-        provider_code = NULL, error = NULL, provider_message_id = :provider_message_id
+        provider_code = NULL, error = NULL, provider_message_id = ('mock_' || :message_id::text)
     WHERE message_id = (SELECT id FROM m) AND number = 1 AND finished_at IS NULL)
 SELECT count(*) FROM m;
 
 SELECT EXISTS (SELECT 1 FROM receipts
-    WHERE provider = 'http' AND provider_message_id = :provider_message_id AND message_id IS NULL);
+    WHERE provider = 'http' AND provider_message_id = ('mock_' || :message_id::text) AND message_id IS NULL);

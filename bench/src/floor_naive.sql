@@ -19,7 +19,7 @@ VALUES (gen_random_uuid(), :tenant_id, 'NAIVE-' || :client_id::text || '-' || :n
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING id AS message_id \gset
 
-UPDATE messages SET status = 'sent', provider_message_id = :provider_message_id,
+UPDATE messages SET status = 'sent', provider_message_id = ('mock_' || :message_id::text),
     sent_at = now(), updated_at = now(), finalized_at = now(), response_code = 201,
     response_body = :response, lease_token = NULL, lease_owner = NULL,
     lease_expires_at = NULL

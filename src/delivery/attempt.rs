@@ -157,24 +157,32 @@ impl Deliverer {
             // The lease, after the last wait (the slot, the secret): renewed
             // unless it was written within the last second, and with enough
             // left for the whole call.
-            if let Err(report) = self.lease_for_call(msg.id, &mut lease).await {
-                return report;
-            }
             let Some(call) = self.begin_call(msg.id) else {
                 return Report::Stopped;
             };
+            if let Err(report) = self.lease_for_call(msg.id, &mut lease).await {
+                return report;
+            }
             crate::failpoint::hit("call.before_request");
             // Checked once more on this instance's own clock right before the
             // request is built: a pause (GC, SIGSTOP, a VM freeze) since the
             // renewal that ate into the lease means someone else may own the
-            // message now. From here to the request's bytes on the wire is
-            // the window docs/architecture.md states.
+            // message now. A renewal that still succeeds says nobody does
+            // (the lease is still ours in the database), and then the check
+            // is made again; one that fails ends the run. From the last
+            // check to the request's bytes on the wire is the window
+            // docs/architecture.md states.
             if lease.left() < self.call_needs() {
                 tracing::warn!(
                     left_ms = lease.left().as_millis() as u64,
-                    "paused past the lease before the provider call: not calling"
+                    "paused into the lease before the provider call: renewing before calling"
                 );
-                return Report::LeaseLost;
+                if let Err(report) = self.renew(msg.id, &mut lease).await {
+                    return report;
+                }
+                if lease.left() < self.call_needs() {
+                    return Report::LeaseLost;
+                }
             }
             let called = Instant::now();
             let outcome = tokio::select! {

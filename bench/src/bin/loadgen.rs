@@ -888,10 +888,6 @@ async fn floor(
             .args(["-D", "to=+14155550100"])
             .args(["-D", "body=Your sendonce code is 123456"])
             .args(["-D", "owner=floor/1/abcdef12"])
-            .args([
-                "-D",
-                "provider_message_id=mock_00000000-0000-0000-0000-000000000000",
-            ])
             .arg("-D")
             .arg(format!("response={}", hex(response)))
             .arg(&db.url)

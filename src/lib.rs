@@ -24,6 +24,7 @@
 
 pub mod apikey;
 pub mod app;
+pub mod body;
 pub mod cache;
 pub mod clock;
 pub mod commands;

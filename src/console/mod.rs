@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -126,6 +126,8 @@ pub enum PageError {
     BadRequest(String),
     Forbidden(&'static str),
     UnsupportedMediaType,
+    RequestTimeout,
+    PayloadTooLarge,
     TooManySignIns(Duration),
     Store(StoreError),
 }
@@ -155,6 +157,16 @@ impl IntoResponse for PageError {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "Unsupported form",
                 "Forms must be sent as application/x-www-form-urlencoded.".to_string(),
+            ),
+            PageError::RequestTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                "Too slow",
+                "The form did not arrive in time. Nothing was changed.".to_string(),
+            ),
+            PageError::PayloadTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Too large",
+                "The form was larger than any console form. Nothing was changed.".to_string(),
             ),
             PageError::TooManySignIns(wait) => (
                 StatusCode::TOO_MANY_REQUESTS,
@@ -286,6 +298,26 @@ pub(crate) fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
+/// The largest console form read (bytes): a sign-in key or a number and a
+/// token; anything longer is refused (413) without being read on.
+const FORM_LIMIT: usize = 8 * 1024;
+
+/// A posted form's bytes, read within the body-read timeout and
+/// [`FORM_LIMIT`] before anything else is done with the request: a request
+/// head announcing a body that never comes is answered 408 at the timeout
+/// and its connection closed, instead of holding a connection slot.
+async fn read_form(state: &SharedState, body: Body) -> Result<Bytes, PageError> {
+    crate::body::read_limited(body, state.body_read_timeout, FORM_LIMIT)
+        .await
+        .map_err(|e| match e {
+            crate::body::BodyError::TooSlow => PageError::RequestTimeout,
+            crate::body::BodyError::TooLarge => PageError::PayloadTooLarge,
+            crate::body::BodyError::Broken => {
+                PageError::BadRequest("The form could not be read.".into())
+            }
+        })
+}
+
 /// A posted form's fields, or why not (415 for another media type).
 fn form(headers: &HeaderMap, body: &Bytes) -> Result<Vec<(String, String)>, PageError> {
     let ct = headers
@@ -391,8 +423,9 @@ fn login_form(
 async fn login(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, PageError> {
+    let body = read_form(&state, body).await?;
     let fields = form(&headers, &body)?;
     let expected = cookie(&headers, LOGIN_COOKIE);
     match (field(&fields, "csrf"), expected) {
@@ -452,8 +485,9 @@ async fn login(
 async fn logout(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, PageError> {
+    let body = read_form(&state, body).await?;
     let (session, _) = posted(&state, &headers, &body).await?;
     state.store.delete_session(&session.id_hash).await?;
     let mut resp = see_other("/console/login");
@@ -739,8 +773,9 @@ fn posted_number(fields: &[(String, String)]) -> Result<String, PageError> {
 async fn add_opt_out(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, PageError> {
+    let body = read_form(&state, body).await?;
     let (session, fields) = posted(&state, &headers, &body).await?;
     let number = posted_number(&fields)?;
     let added = state
@@ -762,8 +797,9 @@ async fn add_opt_out(
 async fn remove_opt_out(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, PageError> {
+    let body = read_form(&state, body).await?;
     let (session, fields) = posted(&state, &headers, &body).await?;
     let number = posted_number(&fields)?;
     let removed = state

@@ -20,7 +20,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use http_body_util::BodyExt;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::{Authenticated, BODY_LIMIT, SharedState, Tenant, preferred_wait};
@@ -370,13 +369,13 @@ pub(crate) async fn read_body_limited(
     timeout: Duration,
     limit: usize,
 ) -> Result<Bytes, ApiError> {
-    let limited = http_body_util::Limited::new(body, limit);
-    match tokio::time::timeout(timeout, limited.collect()).await {
-        Err(_) => Err(ApiError::RequestTimeout),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::PayloadTooLarge),
-        Ok(Err(_)) => Err(ApiError::MalformedJson),
-    }
+    crate::body::read_limited(body, timeout, limit)
+        .await
+        .map_err(|e| match e {
+            crate::body::BodyError::TooSlow => ApiError::RequestTimeout,
+            crate::body::BodyError::TooLarge => ApiError::PayloadTooLarge,
+            crate::body::BodyError::Broken => ApiError::MalformedJson,
+        })
 }
 
 /// What the tenant and the service allow beyond a well-formed request.

@@ -199,6 +199,9 @@ impl Deliverer {
                 () = self.stop.cancelled() => return Report::Stopped,
             };
             drop(call);
+            // Before it is logged, stored or decided on: a provider's error
+            // text may quote the message, a one-time code included.
+            let outcome = outcome.scrubbed(&sms.body);
             crate::failpoint::hit("call.after_answer");
             let class = outcome.class();
             self.metrics

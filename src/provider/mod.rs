@@ -109,6 +109,56 @@ impl SendOutcome {
 }
 
 impl SendOutcome {
+    /// This outcome with the message text `body` and every run of four or
+    /// more digits in it (a one-time code, an order number) taken out of
+    /// the provider's error text: a provider that quotes the SMS in its
+    /// error must not leak a code into the attempt, the message's error,
+    /// the events, webhooks, the console or the logs (issue 29, finding 2).
+    pub fn scrubbed(self, body: &str) -> SendOutcome {
+        let clean = |m: String| scrub(&m, body);
+        match self {
+            SendOutcome::Accepted { .. } => self,
+            SendOutcome::Rejected {
+                http_status,
+                provider_code,
+                message,
+            } => SendOutcome::Rejected {
+                http_status,
+                provider_code,
+                message: clean(message),
+            },
+            SendOutcome::Refused {
+                http_status,
+                provider_code,
+                message,
+            } => SendOutcome::Refused {
+                http_status,
+                provider_code,
+                message: clean(message),
+            },
+            SendOutcome::Retryable {
+                http_status,
+                provider_code,
+                retry_after,
+                message,
+            } => SendOutcome::Retryable {
+                http_status,
+                provider_code,
+                retry_after,
+                message: clean(message),
+            },
+            SendOutcome::Ambiguous {
+                http_status,
+                retry_after,
+                message,
+            } => SendOutcome::Ambiguous {
+                http_status,
+                retry_after,
+                message: clean(message),
+            },
+        }
+    }
+
     /// Whether the answer tells that the provider is working: it accepted
     /// the message or refused something about the message itself. Anything
     /// else (it refused everything, was not reachable, or gave no clear
@@ -177,6 +227,26 @@ pub trait Provider: Send + Sync + 'static {
             self.name()
         ))
     }
+}
+
+/// `text` without `body` and without any run of four or more digits that
+/// `body` contains.
+pub fn scrub(text: &str, body: &str) -> String {
+    let mut out = if body.is_empty() {
+        text.to_string()
+    } else {
+        text.replace(body, "[message text]")
+    };
+    let mut runs: Vec<&str> = body
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|run| run.len() >= 4)
+        .collect();
+    // Longest first, so that a run inside a longer one goes with it.
+    runs.sort_by_key(|run| std::cmp::Reverse(run.len()));
+    for run in runs {
+        out = out.replace(run, "[digits]");
+    }
+    out
 }
 
 /// The largest provider answer to a send that is read (bytes); a longer one
@@ -290,6 +360,35 @@ mod tests {
         assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("-5", now), None);
+    }
+
+    #[test]
+    fn error_texts_lose_the_body_and_its_codes() {
+        let body = "Your verification code is 482913";
+        assert_eq!(
+            scrub("Invalid message 'Your verification code is 482913'", body),
+            "Invalid message '[message text]'"
+        );
+        assert_eq!(
+            scrub("blocked: content 482913 looks like spam", body),
+            "blocked: content [digits] looks like spam"
+        );
+        // Short digit runs (a status, a count) stay.
+        assert_eq!(
+            scrub("error 21211 at 12:00", "code 12"),
+            "error 21211 at 12:00"
+        );
+        let scrubbed = SendOutcome::Rejected {
+            http_status: Some(400),
+            provider_code: Some("21617".into()),
+            message: "the body 'Your verification code is 482913' is too long".into(),
+        }
+        .scrubbed(body);
+        assert!(
+            matches!(&scrubbed, SendOutcome::Rejected { message, .. }
+            if !message.contains("482913")),
+            "{scrubbed:?}"
+        );
     }
 
     #[test]

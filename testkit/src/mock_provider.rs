@@ -74,6 +74,9 @@ pub enum Behaviour {
     /// Deliver at once, then answer after this long (a slow answer to a
     /// message that already exists).
     AcceptThenDelay(Duration),
+    /// Refuse the message with this status, quoting its text in the error
+    /// (as some providers do), without creating it.
+    RejectQuoting { status: u16 },
     /// Wait for the gate to open, then behave as the inner behaviour says.
     After(Arc<Notify>, Box<Behaviour>),
     /// Go on processing for this long whatever the caller does, then create
@@ -757,6 +760,7 @@ async fn send(
         tokio::time::sleep(latency).await;
     }
     let behaviour = behaviour.after_gates().await;
+    let quoted = sms["body"].as_str().unwrap_or_default().to_string();
     let create = {
         let mock = mock.clone();
         move || mock.deliver(key.as_deref(), &sms)
@@ -777,6 +781,15 @@ async fn send(
             StatusCode::from_u16(status)
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
                 .into_response()
+        }
+        Behaviour::RejectQuoting { status } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            let text = quoted.clone();
+            json_answer(
+                status,
+                &serde_json::json!({ "message": format!("invalid message '{text}'") }),
+                None,
+            )
         }
         Behaviour::AcceptThenRetryLater {
             status,
@@ -1036,6 +1049,10 @@ async fn twilio_send(
         } => {
             create();
             twilio_error(status, 20500, "Internal Server Error", Some(retry_after))
+        }
+        Behaviour::RejectQuoting { status } => {
+            let text = form.get("Body").cloned().unwrap_or_default();
+            twilio_error(status, 21617, &format!("invalid message '{text}'"), None)
         }
         Behaviour::Gate(gate) => {
             gate.notified().await;

@@ -66,6 +66,7 @@ mod pooler;
 mod process;
 mod promise;
 mod receipts;
+mod scrubbing;
 mod slow_bodies;
 mod sqlite_writer;
 mod store;

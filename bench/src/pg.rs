@@ -3,6 +3,12 @@
 //! restarts that cluster and nothing else on the machine. As root it runs
 //! the server as user `postgres` (initdb refuses root), as scripts/test.sh
 //! does.
+//!
+//! `chaos --clock-step` runs it under a clock of its own
+//! ([`Cluster::start_with_fake_clock`]): Debian's libfaketime preloaded into
+//! the server, reading its offset from a file the run rewrites to step the
+//! database's wall clock (`now()`, `clock_timestamp()`), the monotonic
+//! clocks left alone.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,6 +36,21 @@ pub fn find_pg_bin(name: &str) -> Option<PathBuf> {
     versions.pop().map(|(_, bin)| bin)
 }
 
+/// Where Debian's libfaketime is (package `libfaketime`): the first
+/// `/usr/lib/<triplet>/faketime/libfaketime.so.1`, or `/usr/lib/faketime/...`.
+pub fn find_libfaketime() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib")
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("faketime"))
+        .collect();
+    dirs.sort();
+    dirs.push(PathBuf::from("/usr/lib/faketime"));
+    dirs.into_iter()
+        .map(|d| d.join("libfaketime.so.1"))
+        .find(|p| p.is_file())
+}
+
 /// A cluster in `dir` (data in `dir/data`, socket and log in `dir`).
 pub struct Cluster {
     dir: PathBuf,
@@ -37,6 +58,10 @@ pub struct Cluster {
     port: u16,
     as_postgres: bool,
     running: bool,
+    /// Set in the server's environment (the fake clock's variables).
+    env: Vec<(String, String)>,
+    /// The fake clock's offset file (with a fake clock).
+    clock_file: Option<PathBuf>,
 }
 
 /// The command line of `pg_ctl <action>` for the cluster in `dir` on `port`:
@@ -49,9 +74,27 @@ pub fn pg_ctl_command(
     action: &str,
     as_postgres: bool,
 ) -> Vec<String> {
+    pg_ctl_command_with_env(pg_ctl, dir, port, action, as_postgres, &[])
+}
+
+/// [`pg_ctl_command`] with `env` set for pg_ctl and so for the server it
+/// starts (through `env(1)`, after `runuser`: set for the server's user,
+/// whatever `runuser` keeps of the caller's environment).
+pub fn pg_ctl_command_with_env(
+    pg_ctl: &Path,
+    dir: &Path,
+    port: u16,
+    action: &str,
+    as_postgres: bool,
+    env: &[(String, String)],
+) -> Vec<String> {
     let mut argv = Vec::new();
     if as_postgres {
         argv.extend(["runuser", "-u", "postgres", "--"].map(String::from));
+    }
+    if !env.is_empty() {
+        argv.push("env".into());
+        argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
     }
     argv.push(pg_ctl.display().to_string());
     argv.extend(["-D".into(), dir.join("data").display().to_string()]);
@@ -66,6 +109,31 @@ pub fn pg_ctl_command(
     }
     argv.push(action.into());
     argv
+}
+
+/// How far (seconds) the database's wall clock (`now()`) is
+/// ahead of this machine's, read halfway through the query.
+pub async fn clock_ahead(conn: &mut sqlx::PgConnection) -> Result<f64, String> {
+    let epoch = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    let before = epoch();
+    let db: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now())::float8")
+        .fetch_one(conn)
+        .await
+        .map_err(|e| format!("read the database's clock: {e}"))?;
+    let after = epoch();
+    Ok(db - (before + after) / 2.0)
+}
+
+/// Writes libfaketime's offset file (`+30s`, ...) through a rename, readable
+/// by the server's user.
+fn write_clock_file(file: &Path, offset: &str) -> Result<(), String> {
+    let tmp = file.with_extension("new");
+    std::fs::write(&tmp, format!("{offset}\n")).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, file).map_err(|e| format!("{}: {e}", file.display()))
 }
 
 fn run_blocking(argv: &[String]) -> Result<(), String> {
@@ -87,6 +155,19 @@ fn run_blocking(argv: &[String]) -> Result<(), String> {
 impl Cluster {
     /// initdb and start a cluster on a free port in a new temporary directory.
     pub fn start() -> Result<Cluster, String> {
+        Cluster::start_inner(None)
+    }
+
+    /// As [`Cluster::start`], with the server under a fake wall clock:
+    /// `libfaketime` (the path of `libfaketime.so.1`) preloaded, its offset
+    /// read from a file in the cluster's directory on every clock read
+    /// (`FAKETIME_NO_CACHE`), monotonic clocks real. The offset starts at
+    /// 0; [`Cluster::set_clock_offset`] steps it.
+    pub fn start_with_fake_clock(libfaketime: &Path) -> Result<Cluster, String> {
+        Cluster::start_inner(Some(libfaketime))
+    }
+
+    fn start_inner(libfaketime: Option<&Path>) -> Result<Cluster, String> {
         let initdb =
             find_pg_bin("initdb").ok_or("initdb not found (apt-get install postgresql)")?;
         let pg_ctl = find_pg_bin("pg_ctl").ok_or("pg_ctl not found")?;
@@ -108,6 +189,8 @@ impl Cluster {
             port,
             as_postgres,
             running: false,
+            env: Vec::new(),
+            clock_file: None,
         };
         if as_postgres {
             run_blocking(&[
@@ -115,6 +198,17 @@ impl Cluster {
                 "postgres".into(),
                 cluster.dir.display().to_string(),
             ])?;
+        }
+        if let Some(lib) = libfaketime {
+            let file = cluster.dir.join("faketime");
+            write_clock_file(&file, "+0")?;
+            cluster.env = vec![
+                ("LD_PRELOAD".into(), lib.display().to_string()),
+                ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
+                ("FAKETIME_NO_CACHE".into(), "1".into()),
+                ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+            ];
+            cluster.clock_file = Some(file);
         }
         let mut argv = Vec::new();
         if as_postgres {
@@ -130,7 +224,30 @@ impl Cluster {
     }
 
     fn command(&self, action: &str) -> Vec<String> {
-        pg_ctl_command(&self.pg_ctl, &self.dir, self.port, action, self.as_postgres)
+        pg_ctl_command_with_env(
+            &self.pg_ctl,
+            &self.dir,
+            self.port,
+            action,
+            self.as_postgres,
+            &self.env,
+        )
+    }
+
+    /// Whether the server runs under a fake clock.
+    pub fn has_fake_clock(&self) -> bool {
+        self.clock_file.is_some()
+    }
+
+    /// Sets the fake clock `secs` ahead of the machine's (behind if
+    /// negative): the server's next clock read sees it. The file is
+    /// replaced whole (a rename), so a read never sees half of it.
+    pub fn set_clock_offset(&self, secs: i64) -> Result<(), String> {
+        let file = self
+            .clock_file
+            .as_ref()
+            .ok_or("this cluster has no fake clock")?;
+        write_clock_file(file, &format!("{secs:+}s"))
     }
 
     /// The admin URL of the cluster's `postgres` database.
@@ -179,6 +296,28 @@ mod tests {
     }
 
     #[test]
+    fn the_fake_clock_reaches_the_server_through_env_after_runuser() {
+        let env = [(
+            "LD_PRELOAD".to_string(),
+            "/lib/libfaketime.so.1".to_string(),
+        )];
+        let argv =
+            pg_ctl_command_with_env(Path::new("pg_ctl"), Path::new("/d"), 1, "start", true, &env);
+        assert_eq!(
+            argv[..7],
+            [
+                "runuser",
+                "-u",
+                "postgres",
+                "--",
+                "env",
+                "LD_PRELOAD=/lib/libfaketime.so.1",
+                "pg_ctl"
+            ]
+        );
+    }
+
+    #[test]
     fn as_root_it_runs_as_postgres() {
         let argv = pg_ctl_command(Path::new("pg_ctl"), Path::new("/d"), 1, "stop", true);
         assert_eq!(argv[..5], ["runuser", "-u", "postgres", "--", "pg_ctl"]);
@@ -210,5 +349,27 @@ mod tests {
             .await
             .unwrap();
         assert_ne!(before, after);
+    }
+
+    /// Starts a real cluster under the fake clock (when Postgres and
+    /// libfaketime are installed), steps it and checks `now()` moved.
+    #[tokio::test]
+    async fn a_fake_clock_steps_the_servers_now() {
+        use sqlx::Connection;
+        let (Some(_), Some(lib)) = (find_pg_bin("initdb"), find_libfaketime()) else {
+            eprintln!("SKIPPED: no initdb or no libfaketime on this machine");
+            return;
+        };
+        let cluster = Cluster::start_with_fake_clock(&lib).unwrap();
+        let mut conn = sqlx::PgConnection::connect(&cluster.admin_url())
+            .await
+            .unwrap();
+        assert!(clock_ahead(&mut conn).await.unwrap().abs() < 2.0);
+        cluster.set_clock_offset(30).unwrap();
+        let ahead = clock_ahead(&mut conn).await.unwrap();
+        assert!((ahead - 30.0).abs() < 2.0, "{ahead}");
+        cluster.set_clock_offset(90).unwrap();
+        let ahead = clock_ahead(&mut conn).await.unwrap();
+        assert!((ahead - 90.0).abs() < 2.0, "{ahead}");
     }
 }

@@ -1,40 +1,85 @@
 //! The chaos run: sendonce instances as separate processes on one Postgres,
 //! a mock provider that misbehaves at random, a load of unique keys plus
-//! duplicates, and instances killed with SIGKILL (and restarted) while the
-//! load runs. At the end it prints keys accepted, final, stuck, the most
-//! provider deliveries of one key and the number of keys delivered twice,
-//! and exits non-zero if any key is stuck, delivered twice, or acknowledged
-//! and then lost.
+//! duplicates, and instances hit while the load runs: SIGKILLed (and
+//! restarted), SIGTERMed (a graceful shutdown, then restarted) or paused
+//! (SIGSTOP, then SIGCONT after 0.5 to 2 times the lease, so the lease runs
+//! out while the process is frozen, maybe mid-call). With `--clock-step` the
+//! database runs under a clock of its own that is stepped forward by more
+//! than the lease while calls are in flight (every lease expires at once on
+//! the database's clock).
 //!
-//! With `--two-providers` every instance runs `SENDONCE_PROVIDER=twilio,http`,
-//! both aimed at the one mock (its Twilio API and its `/messages`), so the
-//! faults hit both providers, messages fail over and circuits open and close;
-//! a phone getting one SMS twice through either or both providers counts as a
-//! duplicate (the mock counts deliveries by recipient and body over both
-//! protocols; every key has its own body).
+//! The provider counts what it creates. By default the instances use
+//! Twilio's API (`SENDONCE_PROVIDER=twilio`) at the mock, which never
+//! de-duplicates: every accepted call creates a message, so a message sent
+//! twice shows as its (To, Body) created twice (every key has its own body).
+//! `--provider http` uses the mock's `/messages` instead, which then
+//! de-duplicates as the IETF Idempotency-Key draft says (`MOCK_DEDUP=ietf`):
+//! the `http` provider's contract is a bridge that de-duplicates on
+//! `Idempotency-Key`, so a mock that does not would count its own missing
+//! de-duplication as ours. With `--two-providers` every instance runs
+//! `SENDONCE_PROVIDER=twilio,http`, both aimed at the one mock (Twilio's
+//! endpoint never de-duplicating, `/messages` as with `--provider http`), so
+//! the faults hit both providers, messages fail over and circuits open and
+//! close; a phone getting one SMS twice through either or both providers
+//! counts as a duplicate.
+//!
+//! The mock runs inside this process (testkit's [`MockProvider`], the one
+//! the `mock-provider` binary serves), so that at the end the run reads its
+//! counts per (To, Body). After the load it waits for every key to be final
+//! and checks each key against what the mock created for it: no key created
+//! more than once (duplicate), none acknowledged and missing (lost), none
+//! left `processing` or `scheduled` (stuck), no false final (`sent` or
+//! `delivered` with nothing created, `failed` or `canceled` with a message
+//! created). `unknown` with 0 or 1 creations is allowed and counted. It exits
+//! non-zero on any of them, and prints the attempts, events and instance log
+//! lines of each offending key (and of each `unknown` one).
 //!
 //! `scripts/chaos.sh` builds the binaries and runs it.
 
 use std::collections::{HashMap, HashSet};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
 use rand::Rng;
 use rand::seq::SliceRandom;
-use sendonce_bench::db::{Database, count_processing, create_database, drop_database};
-use sendonce_bench::pg::Cluster;
+use sendonce_bench::db::{Database, create_database, drop_database};
+use sendonce_bench::pg::{Cluster, clock_ahead, find_libfaketime};
 use sendonce_bench::procs::{self, free_port};
-use sendonce_bench::stats::mock_stats;
 use sqlx::{Connection, PgConnection};
+use testkit::mock_provider::{Dedup, Faults, MockProvider};
 use tokio::process::{Child, Command};
 use tokio::sync::{Mutex, Semaphore};
 
+/// The instances' lease (`SENDONCE_LEASE_SECS`): short, so that pauses and
+/// clock steps outlast it. The configuration wants at least twice the
+/// provider timeout plus 2 s.
+const LEASE: Duration = Duration::from_secs(4);
+/// The instances' provider timeout (`SENDONCE_PROVIDER_TIMEOUT_MS`).
+const PROVIDER_TIMEOUT: Duration = Duration::from_millis(1000);
+/// How long a SIGTERMed instance may take to stop before it is SIGKILLed
+/// (its grace is 1 s; then it stops its tasks and releases leases).
+const TERM_WAIT: Duration = Duration::from_secs(20);
+/// What the instances log: warnings, and the delivery's own steps (the
+/// lines printed for a key that went wrong).
+const INSTANCE_LOG: &str =
+    "warn,sendonce::delivery=info,sendonce::app=info,sendonce::shutdown=info";
+
+/// The provider the instances use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ProviderChoice {
+    /// Twilio's API at the mock: no de-duplication, ever.
+    Twilio,
+    /// The mock's `/messages`, de-duplicating as the IETF draft says.
+    Http,
+}
+
 #[derive(Parser, Debug)]
-#[command(about = "Kill sendonce instances under load and count duplicates and stuck keys")]
+#[command(about = "Hit sendonce instances under load and count duplicates, lost and stuck keys")]
 struct Args {
     /// Unique idempotency keys to send.
     #[arg(long, default_value_t = 3000)]
@@ -48,26 +93,72 @@ struct Args {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
-    /// Mean time between two SIGKILLs, in ms (0: no kills).
+    /// Mean time between two faults on the instances (a SIGKILL, a SIGTERM
+    /// or a pause), in ms (0: none).
     #[arg(long, default_value_t = 800)]
     kill_every_ms: u64,
-    /// Restart Postgres once, halfway through. The run then starts a
-    /// throwaway cluster of its own (initdb and pg_ctl, on a free port; as
-    /// root the server runs as user postgres) instead of using --admin-url,
-    /// and restarts only that one.
+    /// Share of the faults that are SIGTERMs (a graceful shutdown; the
+    /// instance is started again once it has exited).
+    #[arg(long, default_value_t = 0.25)]
+    sigterm_share: f64,
+    /// Share of the faults that are pauses: SIGSTOP, then SIGCONT after a
+    /// random 0.5 to 2 times the lease (4 s). The rest of the faults are
+    /// SIGKILLs.
+    #[arg(long, default_value_t = 0.25)]
+    pause_share: f64,
+    /// Instances paused at once, at most (never all of them); a pause drawn
+    /// beyond it is a SIGKILL or a SIGTERM instead.
+    #[arg(long, default_value_t = 1)]
+    max_paused: usize,
+    /// The provider: `twilio` (Twilio's API at the mock, which never
+    /// de-duplicates) or `http` (the mock's `/messages`, de-duplicating on
+    /// `Idempotency-Key` as the `http` contract requires). Ignored with
+    /// --two-providers.
+    #[arg(long, value_enum, default_value_t = ProviderChoice::Twilio)]
+    provider: ProviderChoice,
+    /// Restart Postgres once, after the first two faults. The run then
+    /// starts a throwaway cluster of its own (initdb and pg_ctl, on a free
+    /// port; as root the server runs as user postgres) instead of using
+    /// --admin-url, and restarts only that one.
     #[arg(long)]
     restart_postgres: bool,
+    /// Run the database under a stepped clock: a throwaway cluster of the
+    /// run's own (as --restart-postgres) with Debian's libfaketime preloaded,
+    /// its wall clock stepped forward by --clock-step-secs every
+    /// --clock-step-every-ms during the load (checked with `SELECT now()`).
+    #[arg(long)]
+    clock_step: bool,
+    /// How far each clock step goes forward, in seconds (more than the
+    /// lease, so every lease expires at once on the database's clock).
+    #[arg(long, default_value_t = 30)]
+    clock_step_secs: u64,
+    /// Time between two clock steps (the first comes after half of it).
+    #[arg(long, default_value_t = 4000)]
+    clock_step_every_ms: u64,
+    /// Clock steps at most.
+    #[arg(long, default_value_t = 3)]
+    clock_steps: usize,
+    /// libfaketime.so.1 (default: Debian's, package libfaketime).
+    #[arg(long, env = "CHAOS_LIBFAKETIME")]
+    libfaketime: Option<PathBuf>,
+    /// How long one client request may go on being retried (refused, cut,
+    /// timed out, 5xx, 409) before the client gives up on it; a request
+    /// given up on fails the run.
+    #[arg(long, default_value_t = 60)]
+    client_deadline_secs: u64,
     /// How long to wait for every key to be final after the load.
     #[arg(long, default_value_t = 120)]
     settle_secs: u64,
-    /// Server for the run's own database (unused with --restart-postgres).
+    /// Server for the run's own database (unused with --restart-postgres
+    /// or --clock-step).
     #[arg(
         long,
         env = "TEST_DATABASE_URL",
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
     admin_url: String,
-    /// Where `sendonce` and `mock-provider` are (default: next to this binary).
+    /// Where `sendonce` and `mock-provider` are (default: next to this
+    /// binary; the run serves the mock itself, from the same code).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
     /// Injected provider faults (probabilities).
@@ -101,51 +192,114 @@ struct Args {
     switch_after_ms: u64,
 }
 
+impl Args {
+    fn check(&self) -> Result<(), String> {
+        let share = |name: &str, v: f64| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("--{name} must be between 0 and 1"))
+            }
+        };
+        share("sigterm-share", self.sigterm_share)?;
+        share("pause-share", self.pause_share)?;
+        if self.sigterm_share + self.pause_share > 1.0 {
+            return Err("--sigterm-share and --pause-share add up to more than 1".into());
+        }
+        if self.instances == 0 {
+            return Err("--instances must be at least 1".into());
+        }
+        if self.clock_step && self.hosts.is_some() {
+            return Err("--clock-step runs a cluster of its own: not with --hosts".into());
+        }
+        if self.clock_step && Duration::from_secs(self.clock_step_secs) <= LEASE {
+            return Err(format!(
+                "--clock-step-secs must be more than the lease ({} s)",
+                LEASE.as_secs()
+            ));
+        }
+        Ok(())
+    }
+
+    /// `SENDONCE_PROVIDER`.
+    fn providers(&self) -> &'static str {
+        match (self.two_providers, self.provider) {
+            (true, _) => "twilio,http",
+            (false, ProviderChoice::Twilio) => "twilio",
+            (false, ProviderChoice::Http) => "http",
+        }
+    }
+
+    fn uses_http(&self) -> bool {
+        self.providers().contains("http")
+    }
+}
+
 struct Instance {
     port: u16,
     child: Option<Child>,
+    /// SIGSTOPped now: not to be killed, stopped or counted dead.
+    paused: bool,
 }
 
 struct Run {
     args: Args,
-    bin_dir: PathBuf,
+    /// The run's own copy of `sendonce` (in the log directory): every
+    /// instance, restarts included, runs the binary the run started with,
+    /// whatever is rebuilt meanwhile.
+    sendonce: PathBuf,
     log_dir: PathBuf,
     database_url: String,
-    mock_url: String,
+    /// The mock's base URL (its Twilio API is under it, its `http`
+    /// endpoint at `/messages`).
+    mock_base: String,
+    mock: MockProvider,
     api_key: String,
     client: reqwest::Client,
-    /// The run's own cluster (with --restart-postgres): the only one it
-    /// restarts.
+    /// The run's own cluster (with --restart-postgres or --clock-step): the
+    /// only one it restarts or whose clock it steps.
     cluster: Option<Cluster>,
 }
 
 impl Run {
     fn sendonce(&self) -> Command {
-        let mut cmd = Command::new(self.bin_dir.join("sendonce"));
-        if self.args.two_providers {
-            cmd.env("SENDONCE_PROVIDER", "twilio,http")
-                .env(
-                    "TWILIO_BASE_URL",
-                    self.mock_url.trim_end_matches("/messages"),
-                )
+        let mut cmd = Command::new(&self.sendonce);
+        cmd.env("SENDONCE_PROVIDER", self.args.providers());
+        if self.args.providers().contains("twilio") {
+            cmd.env("TWILIO_BASE_URL", &self.mock_base)
                 .env("TWILIO_ACCOUNT_SID", "AC0123456789abcdef0123456789abcdef")
                 .env("TWILIO_AUTH_TOKEN", "chaos-twilio-token")
-                .env("TWILIO_FROM", "+14155550000")
-                .env("SENDONCE_CIRCUIT_FAILURES", "3")
-                .env("SENDONCE_CIRCUIT_OPEN_FOR", "2s");
-        } else {
-            cmd.env("SENDONCE_PROVIDER", "http");
+                .env("TWILIO_FROM", "+14155550000");
         }
+        if self.args.uses_http() {
+            cmd.env(
+                "SENDONCE_HTTP_PROVIDER_URL",
+                format!("{}/messages", self.mock_base),
+            );
+        }
+        if self.args.two_providers {
+            cmd.env("SENDONCE_CIRCUIT_FAILURES", "3")
+                .env("SENDONCE_CIRCUIT_OPEN_FOR", "2s");
+        }
+        // The clock steps must not eat the retry deadline (it is kept on
+        // the database's clock).
+        let stepped = if self.args.clock_step {
+            self.args.clock_steps as u64 * self.args.clock_step_secs
+        } else {
+            0
+        };
         cmd.env("DATABASE_URL", &self.database_url)
-            .env("SENDONCE_HTTP_PROVIDER_URL", &self.mock_url)
             .env("SENDONCE_BOOTSTRAP_API_KEY", &self.api_key)
-            .env("SENDONCE_PROVIDER_TIMEOUT_MS", "1000")
-            .env("SENDONCE_LEASE_SECS", "4")
+            .env(
+                "SENDONCE_PROVIDER_TIMEOUT_MS",
+                PROVIDER_TIMEOUT.as_millis().to_string(),
+            )
+            .env("SENDONCE_LEASE_SECS", LEASE.as_secs().to_string())
             .env("SENDONCE_POLL_INTERVAL_MS", "200")
             .env("SENDONCE_RETRY_BASE_MS", "50")
             .env("SENDONCE_RETRY_CAP_MS", "1000")
             .env("SENDONCE_RETRY_MAX_ATTEMPTS", "30")
-            .env("SENDONCE_RETRY_DEADLINE_SECS", "600")
+            .env("SENDONCE_RETRY_DEADLINE_SECS", (600 + stepped).to_string())
             .env("SENDONCE_RETRY_AFTER_MAX_SECS", "2")
             .env("SENDONCE_SYNC_WAIT_MS", "2000")
             .env("SENDONCE_SHUTDOWN_GRACE_SECS", "1")
@@ -154,22 +308,45 @@ impl Run {
             .env("SENDONCE_RATE_TENANT_RPS", "0")
             .env("SENDONCE_RATE_NUMBER_PER_HOUR", "0")
             .env("SENDONCE_RATE_PREFIX_PER_HOUR", "0")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", INSTANCE_LOG)
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .kill_on_drop(true);
         cmd
+    }
+
+    fn log_path(&self, n: usize) -> PathBuf {
+        self.log_dir.join(format!("instance-{n}.log"))
+    }
+
+    /// Appends a line of the run's own to instance `n`'s log (what was
+    /// done to it, and when), so its lines can be read in context.
+    fn mark(&self, n: usize, what: &str) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(n))
+        {
+            let _ = writeln!(f, "{} === chaos: {what} ===", utc_now());
+        }
     }
 
     async fn start_instance(&self, port: u16, n: usize) -> std::io::Result<Child> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.log_dir.join(format!("instance-{n}.log")))?;
-        self.sendonce()
+            .open(self.log_path(n))?;
+        let child = self
+            .sendonce()
             .env("SENDONCE_LISTEN", format!("127.0.0.1:{port}"))
             .stdout(log.try_clone()?)
             .stderr(log)
-            .spawn()
+            .spawn()?;
+        self.mark(
+            n,
+            &format!("started pid {}", child.id().unwrap_or_default()),
+        );
+        Ok(child)
     }
 
     async fn wait_healthy(&self, port: u16) -> bool {
@@ -178,6 +355,33 @@ impl Run {
             .await
             .is_ok()
     }
+}
+
+/// This machine's time as RFC 3339 UTC with milliseconds (as the
+/// instances' log lines show it).
+fn utc_now() -> String {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        since.subsec_millis()
+    )
 }
 
 #[tokio::main]
@@ -205,28 +409,98 @@ struct Load {
     first_ack_after_switch: std::sync::Mutex<Option<Duration>>,
     /// When each 201/202 came back.
     acks: std::sync::Mutex<Vec<Instant>>,
+    /// What the clients got, every try counted: a status, or how the
+    /// request failed.
+    answers: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+}
+
+impl Load {
+    fn tally(&self, what: String) {
+        if let Ok(mut a) = self.answers.lock() {
+            *a.entry(what).or_default() += 1;
+        }
+    }
+}
+
+/// What was done to the instances and the database.
+#[derive(Default, Clone, Copy)]
+struct Hits {
+    sigkills: usize,
+    sigterms: usize,
+    pauses: usize,
+    /// SIGTERMed instances still running after [`TERM_WAIT`] (then SIGKILLed).
+    slow_stops: usize,
+    /// SIGTERMed instances that exited with another status than 0.
+    unclean_stops: usize,
+    /// Signals that could not be sent (the process had gone).
+    failed_signals: usize,
+    /// Instances that exited by themselves (then started again).
+    died: usize,
+    pg_restarted: bool,
+}
+
+/// One step of the database's clock.
+struct ClockStep {
+    /// Seconds into the load.
+    at_secs: f64,
+    /// The offset set (seconds ahead of this machine).
+    offset: i64,
+    /// How far ahead `SELECT now()` was after it.
+    measured: f64,
+    /// Leases live just before it, and just after.
+    live_before: i64,
+    live_after: i64,
+    /// Attempts open (calls in flight, or owners gone) just before it.
+    open_attempts: i64,
+}
+
+/// What one key came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Ok,
+    Unknown { created: u32 },
+    Duplicate,
+    Lost,
+    Stuck,
+    FalseFinal,
 }
 
 /// What the run saw at the end.
 struct Outcome {
     load_secs: f64,
-    kills: usize,
-    pg_restarted: bool,
-    processing: i64,
+    hits: Hits,
+    steps: Vec<ClockStep>,
+    stuck: i64,
     statuses: HashMap<String, i64>,
     stored: HashSet<String>,
     stats: serde_json::Value,
     /// Messages by the provider that has them, and failovers recorded.
     by_provider: Vec<(String, i64)>,
     failovers: i64,
+    /// Per key: creations at the mock and the verdict.
+    keys: Vec<(usize, u32, Verdict)>,
+    /// Messages the mock created that are no key's (To, Body).
+    unmatched: i64,
 }
 
 async fn run(args: Args) -> Result<bool, String> {
+    args.check()?;
     sendonce::install_crypto_provider();
-    let bin_dir = procs::bin_dir(args.bin_dir.as_deref(), "")?;
+    let bin_dir = procs::bin_dir(args.bin_dir.as_deref(), " (scripts/chaos.sh does)")?;
     let log_dir = procs::log_dir("chaos")?;
-    // With --restart-postgres, a cluster of its own: the one it restarts.
-    let cluster = if args.restart_postgres {
+    // With --restart-postgres or --clock-step, a cluster of its own: the
+    // one it restarts, or whose clock it steps.
+    let cluster = if args.clock_step {
+        let lib = args
+            .libfaketime
+            .clone()
+            .or_else(find_libfaketime)
+            .ok_or("--clock-step: libfaketime.so.1 not found (apt-get install libfaketime)")?;
+        Some(
+            Cluster::start_with_fake_clock(&lib)
+                .map_err(|e| format!("throwaway Postgres under libfaketime: {e}"))?,
+        )
+    } else if args.restart_postgres {
         Some(Cluster::start().map_err(|e| format!("throwaway Postgres: {e}"))?)
     } else {
         None
@@ -244,26 +518,42 @@ async fn run(args: Args) -> Result<bool, String> {
             db.name
         );
     }
-    let outcome = run_on(args, bin_dir, log_dir, &db, cluster).await;
+    let sendonce = log_dir.join("sendonce");
+    std::fs::copy(bin_dir.join("sendonce"), &sendonce)
+        .map_err(|e| format!("copy sendonce to {}: {e}", sendonce.display()))?;
+    let outcome = run_on(args, sendonce.clone(), log_dir, &db, cluster).await;
     drop_database(&mut admin, &db).await;
+    let _ = std::fs::remove_file(&sendonce);
     outcome
 }
 
 async fn run_on(
     args: Args,
-    bin_dir: PathBuf,
+    sendonce: PathBuf,
     log_dir: PathBuf,
     db: &Database,
     cluster: Option<Cluster>,
 ) -> Result<bool, String> {
-    // The misbehaving provider.
-    let mock_port = free_port().map_err(|e| e.to_string())?;
-    let mut mock = procs::spawn_mock(&bin_dir, mock_port, &mock_faults(&args))?;
+    // The misbehaving provider, in this process.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("mock provider: {e}"))?;
+    let mock_addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let mock = MockProvider::with_faults(mock_faults(&args));
+    // The `http` contract is a provider (or bridge) that de-duplicates on
+    // Idempotency-Key; Twilio's endpoint never does, whatever this says.
+    mock.set_dedup(if args.uses_http() {
+        Dedup::Ietf
+    } else {
+        Dedup::None
+    });
+    let mock_task = mock.serve(listener);
     let run = Arc::new(Run {
-        bin_dir,
+        sendonce,
         log_dir,
         database_url: db.url.clone(),
-        mock_url: format!("http://127.0.0.1:{mock_port}/messages"),
+        mock_base: format!("http://{mock_addr}"),
+        mock,
         api_key: sendonce::apikey::generate().secret,
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
@@ -276,14 +566,7 @@ async fn run_on(
     let instances = start_instances(&run).await?;
     let ports: Vec<u16> = instances.iter().map(|i| i.port).collect();
     let instances = Arc::new(Mutex::new(instances));
-    println!(
-        "chaos: {} keys x {} requests, {} instances, concurrency {}, logs in {}",
-        run.args.keys,
-        1 + run.args.duplicates,
-        run.args.instances,
-        run.args.concurrency,
-        run.log_dir.display()
-    );
+    print_setup(&run);
 
     let load = Arc::new(Load::default());
     let load_done = Arc::new(AtomicBool::new(false));
@@ -293,12 +576,36 @@ async fn run_on(
         Arc::clone(&instances),
         Arc::clone(&load_done),
     ));
+    let stepper = tokio::spawn(step_clock(
+        Arc::clone(&run),
+        Arc::clone(&load_done),
+        started,
+    ));
     let switcher = tokio::spawn(switch(Arc::clone(&run), Arc::clone(&load)));
     send_load(&run, &ports, &load).await;
     load_done.store(true, Ordering::SeqCst);
     let load_ended = Instant::now();
     let load_secs = started.elapsed().as_secs_f64();
-    let (kills, pg_restarted) = killer.await.unwrap_or((0, false));
+    // Every pause is over and every stopped instance started again once
+    // the killer returns.
+    let hits = killer.await.unwrap_or_default();
+    let (steps, mut clock_ok) = match stepper.await {
+        Ok(Ok(steps)) => (steps, true),
+        Ok(Err(e)) => {
+            eprintln!("chaos: clock step: {e}");
+            (Vec::new(), false)
+        }
+        Err(e) => {
+            eprintln!("chaos: clock step: {e}");
+            (Vec::new(), false)
+        }
+    };
+    if run.args.clock_step && steps.is_empty() && clock_ok {
+        eprintln!(
+            "chaos: no clock step during the load ({load_secs:.1} s): ask for more keys or a shorter --clock-step-every-ms"
+        );
+        clock_ok = false;
+    }
     let mut switch_ok = switcher.await.unwrap_or(false);
     // A switch after the last answer tested nothing under load: a failure,
     // not a pass (ask for more keys or an earlier --switch-after-ms).
@@ -310,15 +617,23 @@ async fn run_on(
         switch_ok = false;
     }
 
-    restart_missing(&run, &instances).await;
-    let outcome = settle(&run, &db.url, mock_port).await?;
+    let mut hits = hits;
+    hits.died += restart_missing(&run, &instances).await;
+    let outcome = settle(&run, &db.url, &load).await?;
     let outcome = Outcome {
         load_secs,
-        kills,
-        pg_restarted,
+        hits,
+        steps,
         ..outcome
     };
-    let ok = report(&run, &load, &outcome) && switch_ok;
+    let ok = report(&run, &load, &outcome) && switch_ok && clock_ok;
+    let unknown = outcome
+        .keys
+        .iter()
+        .any(|(_, _, v)| matches!(v, Verdict::Unknown { .. }));
+    if !ok || unknown {
+        explain(&run, &db.url, &outcome).await;
+    }
 
     // Tidy up: stop everything (the caller drops the database).
     for inst in instances.lock().await.iter_mut() {
@@ -326,21 +641,61 @@ async fn run_on(
             procs::kill(&mut c).await;
         }
     }
-    let _ = mock.start_kill();
+    mock_task.abort();
     Ok(ok)
 }
 
+fn print_setup(run: &Run) {
+    let a = &run.args;
+    println!(
+        "chaos: {} keys x {} requests, {} instances, concurrency {}, logs in {}",
+        a.keys,
+        1 + a.duplicates,
+        a.instances,
+        a.concurrency,
+        run.log_dir.display()
+    );
+    let dedup = match (a.providers(), a.uses_http()) {
+        ("twilio", _) => "Twilio's API never de-duplicates",
+        (_, true) if a.two_providers => {
+            "Twilio's API never de-duplicates; /messages de-duplicates (MOCK_DEDUP=ietf)"
+        }
+        _ => "/messages de-duplicates (MOCK_DEDUP=ietf)",
+    };
+    println!("chaos: provider {} at the mock ({dedup})", a.providers());
+    if a.kill_every_ms > 0 {
+        let kill = 1.0 - a.sigterm_share - a.pause_share;
+        println!(
+            "chaos: a fault every ~{} ms: SIGKILL {:.0}%, SIGTERM {:.0}%, pause {:.0}% ({:.1}-{:.1} s, lease {} s; at most {} paused at once)",
+            a.kill_every_ms,
+            kill * 100.0,
+            a.sigterm_share * 100.0,
+            a.pause_share * 100.0,
+            LEASE.as_secs_f64() / 2.0,
+            LEASE.as_secs_f64() * 2.0,
+            LEASE.as_secs(),
+            a.max_paused
+        );
+    }
+    if a.clock_step {
+        println!(
+            "chaos: database under libfaketime: up to {} steps of +{} s, every {} ms",
+            a.clock_steps, a.clock_step_secs, a.clock_step_every_ms
+        );
+    }
+}
+
 /// The mock provider's injected faults.
-fn mock_faults(args: &Args) -> Vec<(&'static str, String)> {
-    vec![
-        ("MOCK_LATENCY_MS", "0-20".into()),
-        ("MOCK_FAIL_500", args.fail_500.to_string()),
-        ("MOCK_RATE_LIMIT", args.rate_limit.to_string()),
-        ("MOCK_RETRY_AFTER_SECS", "1".into()),
-        ("MOCK_HANG", args.hang.to_string()),
-        ("MOCK_ACCEPT_THEN_DROP", args.accept_then_drop.to_string()),
-        ("MOCK_ACCEPT_THEN_500", args.accept_then_500.to_string()),
-    ]
+fn mock_faults(args: &Args) -> Faults {
+    Faults {
+        latency: (Duration::ZERO, Duration::from_millis(20)),
+        error_500: args.fail_500,
+        rate_limited: args.rate_limit,
+        retry_after_secs: 1,
+        hang: args.hang,
+        accept_then_drop: args.accept_then_drop,
+        accept_then_500: args.accept_then_500,
+    }
 }
 
 /// Starts every instance on a free port and waits for each to be healthy.
@@ -355,6 +710,7 @@ async fn start_instances(run: &Run) -> Result<Vec<Instance>, String> {
         instances.push(Instance {
             port,
             child: Some(child),
+            paused: false,
         });
     }
     for i in &instances {
@@ -369,19 +725,70 @@ async fn start_instances(run: &Run) -> Result<Vec<Instance>, String> {
     Ok(instances)
 }
 
-/// Until the load is done: SIGKILL a random instance every so often and
-/// start it again; once, after two kills, restart the run's own Postgres
-/// (with --restart-postgres). Returns (kills, Postgres restarted).
+/// Sends `sig` (`TERM`, `STOP`, `CONT`) to `pid`.
+async fn signal(pid: u32, sig: &str) -> bool {
+    Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
+/// The end of a SIGTERM or a pause, run beside the kill loop.
+enum Ended {
+    Stopped {
+        slow: bool,
+        clean: bool,
+        signalled: bool,
+    },
+    Resumed {
+        signalled: bool,
+    },
+    /// It had exited by itself before the SIGTERM.
+    Died,
+}
+
+/// Starts again every instance in `list` that exited by itself (not one
+/// that is paused or that a fault took out); the number of them.
+async fn revive(run: &Run, list: &mut [Instance]) -> usize {
+    let mut died = 0;
+    for (n, inst) in list.iter_mut().enumerate() {
+        let Some(child) = inst.child.as_mut().filter(|_| !inst.paused) else {
+            continue;
+        };
+        let pid = child.id().unwrap_or_default();
+        if let Ok(Some(status)) = child.try_wait() {
+            run.mark(n, &format!("pid {pid} exited by itself: {status}"));
+            died += 1;
+            inst.child = run.start_instance(inst.port, n).await.ok();
+        }
+    }
+    died
+}
+
+/// Until the load is done: every so often, hit a random instance that is
+/// neither paused nor down: SIGKILL it and start it again, SIGTERM it and
+/// start it again once it has exited, or pause it for 0.5 to 2 times the
+/// lease (at most --max-paused at once, never all of them). An instance
+/// that exited by itself is started again. Once, after two faults, restart
+/// the run's own Postgres (with --restart-postgres). Returns once every
+/// pause is over and every stopped instance runs again.
 async fn kill_loop(
     run: Arc<Run>,
     instances: Arc<Mutex<Vec<Instance>>>,
     load_done: Arc<AtomicBool>,
-) -> (usize, bool) {
-    let mut kills = 0usize;
-    let mut pg_restarted = false;
-    if run.args.kill_every_ms == 0 && run.cluster.is_none() {
-        return (0, false);
+) -> Hits {
+    let mut hits = Hits::default();
+    let restart_pg = run.args.restart_postgres && run.cluster.is_some();
+    if run.args.kill_every_ms == 0 && !restart_pg {
+        return hits;
     }
+    let mut ending = tokio::task::JoinSet::new();
+    let mut terms_started = 0usize;
     while !load_done.load(Ordering::SeqCst) {
         let mean = run.args.kill_every_ms.max(100);
         let wait = rand::rng().random_range(mean / 2..=mean * 3 / 2);
@@ -389,30 +796,228 @@ async fn kill_loop(
         if load_done.load(Ordering::SeqCst) {
             break;
         }
-        if let Some(cluster) = &run.cluster
-            && !pg_restarted
-            && kills >= 2
-        {
-            pg_restarted = cluster.restart().await;
+        if restart_pg && !hits.pg_restarted && hits.sigkills + terms_started + hits.pauses >= 2 {
+            if let Some(cluster) = &run.cluster {
+                hits.pg_restarted = cluster.restart().await;
+            }
             continue;
         }
         if run.args.kill_every_ms == 0 {
             continue;
         }
         let mut list = instances.lock().await;
-        let n = rand::rng().random_range(0..list.len());
-        if let Some(mut child) = list[n].child.take() {
-            procs::kill(&mut child).await; // SIGKILL
-            kills += 1;
-        }
-        let port = list[n].port;
-        drop(list);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        if let Ok(child) = run.start_instance(port, n).await {
-            instances.lock().await[n].child = Some(child);
+        hits.died += revive(&run, &mut list).await;
+        let up: Vec<usize> = (0..list.len())
+            .filter(|n| list[*n].child.is_some() && !list[*n].paused)
+            .collect();
+        let paused = list.iter().filter(|i| i.paused).count();
+        let Some(&n) = up.get(rand::rng().random_range(0..up.len().max(1))) else {
+            continue;
+        };
+        // One instance at least keeps serving.
+        let may_pause = paused < run.args.max_paused && paused + 1 < list.len();
+        let roll: f64 = if may_pause {
+            rand::rng().random()
+        } else {
+            rand::rng().random_range(run.args.pause_share.min(1.0)..=1.0)
+        };
+        if roll < run.args.pause_share {
+            let Some(pid) = list[n].child.as_ref().and_then(Child::id) else {
+                continue;
+            };
+            list[n].paused = true;
+            drop(list);
+            hits.pauses += 1;
+            let (run, instances) = (Arc::clone(&run), Arc::clone(&instances));
+            ending.spawn(async move {
+                let lease = LEASE.as_millis() as u64;
+                let pause = rand::rng().random_range(lease / 2..=lease * 2);
+                run.mark(n, &format!("SIGSTOP pid {pid} for {pause} ms"));
+                let stopped = signal(pid, "STOP").await;
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let resumed = signal(pid, "CONT").await;
+                run.mark(n, &format!("SIGCONT pid {pid}"));
+                instances.lock().await[n].paused = false;
+                Ended::Resumed {
+                    signalled: stopped && resumed,
+                }
+            });
+        } else if roll < run.args.pause_share + run.args.sigterm_share {
+            let Some(mut child) = list[n].child.take() else {
+                continue;
+            };
+            let port = list[n].port;
+            drop(list);
+            terms_started += 1;
+            let (run, instances) = (Arc::clone(&run), Arc::clone(&instances));
+            ending.spawn(async move {
+                // A graceful shutdown of an instance at work (one still
+                // starting would die of the signal before its handler is
+                // installed).
+                let _ = run.wait_healthy(port).await;
+                let pid = child.id().unwrap_or_default();
+                if let Ok(Some(status)) = child.try_wait() {
+                    run.mark(n, &format!("pid {pid} exited by itself: {status}"));
+                    if let Ok(child) = run.start_instance(port, n).await {
+                        instances.lock().await[n].child = Some(child);
+                    }
+                    return Ended::Died;
+                }
+                run.mark(n, &format!("SIGTERM pid {pid}"));
+                let signalled = signal(pid, "TERM").await;
+                let (slow, clean) = match tokio::time::timeout(TERM_WAIT, child.wait()).await {
+                    Ok(status) => {
+                        let said = status
+                            .as_ref()
+                            .map_or_else(|e| e.to_string(), |s| s.to_string());
+                        run.mark(n, &format!("pid {pid} exited: {said}"));
+                        (false, status.is_ok_and(|s| s.success()))
+                    }
+                    Err(_) => {
+                        run.mark(n, &format!("pid {pid} still running: SIGKILL"));
+                        procs::kill(&mut child).await;
+                        (true, false)
+                    }
+                };
+                if let Ok(child) = run.start_instance(port, n).await {
+                    instances.lock().await[n].child = Some(child);
+                }
+                Ended::Stopped {
+                    slow,
+                    clean,
+                    signalled,
+                }
+            });
+        } else {
+            if let Some(mut child) = list[n].child.take() {
+                run.mark(
+                    n,
+                    &format!("SIGKILL pid {}", child.id().unwrap_or_default()),
+                );
+                procs::kill(&mut child).await; // SIGKILL
+                hits.sigkills += 1;
+            }
+            let port = list[n].port;
+            drop(list);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Ok(child) = run.start_instance(port, n).await {
+                instances.lock().await[n].child = Some(child);
+            }
         }
     }
-    (kills, pg_restarted)
+    while let Some(ended) = ending.join_next().await {
+        match ended {
+            Ok(Ended::Stopped {
+                slow,
+                clean,
+                signalled,
+            }) => {
+                hits.sigterms += 1;
+                hits.slow_stops += usize::from(slow);
+                hits.unclean_stops += usize::from(!clean && !slow);
+                hits.failed_signals += usize::from(!signalled);
+            }
+            Ok(Ended::Resumed { signalled }) => hits.failed_signals += usize::from(!signalled),
+            Ok(Ended::Died) => hits.died += 1,
+            Err(_) => hits.failed_signals += 1,
+        }
+    }
+    hits
+}
+
+/// With --clock-step: during the load, steps the database's clock forward
+/// by --clock-step-secs every --clock-step-every-ms (the first after half of
+/// it), up to --clock-steps times, and checks with `SELECT now()` that each
+/// step took effect. Fails if one did not.
+async fn step_clock(
+    run: Arc<Run>,
+    load_done: Arc<AtomicBool>,
+    started: Instant,
+) -> Result<Vec<ClockStep>, String> {
+    let mut steps = Vec::new();
+    let Some(cluster) = run.cluster.as_ref().filter(|c| c.has_fake_clock()) else {
+        return Ok(steps);
+    };
+    let step = i64::try_from(run.args.clock_step_secs).map_err(|e| e.to_string())?;
+    let mut offset = 0i64;
+    let mut next = started + Duration::from_millis(run.args.clock_step_every_ms / 2);
+    while steps.len() < run.args.clock_steps {
+        while Instant::now() < next && !load_done.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if load_done.load(Ordering::SeqCst) {
+            break;
+        }
+        next += Duration::from_millis(run.args.clock_step_every_ms);
+        let mut conn = connect_retrying(&run.database_url).await?;
+        let (live_before, open_attempts) = in_flight(&mut conn).await;
+        offset += step;
+        cluster.set_clock_offset(offset)?;
+        let at_secs = started.elapsed().as_secs_f64();
+        // The server reads the file on every clock read: the step shows at
+        // once (a little slack for a slow machine).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let off = |measured: f64| measured.is_nan() || (measured - offset as f64).abs() > 1.0;
+        let mut measured = clock_ahead(&mut conn).await.unwrap_or(f64::NAN);
+        while off(measured) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            measured = match clock_ahead(&mut conn).await {
+                Ok(m) => m,
+                // A Postgres restart (--restart-postgres) cut it.
+                Err(_) => {
+                    conn = connect_retrying(&run.database_url).await?;
+                    f64::NAN
+                }
+            };
+        }
+        let (live_after, _) = in_flight(&mut conn).await;
+        println!(
+            "chaos: clock step {} at {at_secs:.1} s: database clock +{offset} s; SELECT now() is {measured:.1} s ahead of this machine; leases live {live_before} before, {live_after} after; {open_attempts} attempts open",
+            steps.len() + 1
+        );
+        if off(measured) {
+            return Err(format!(
+                "the step to +{offset} s did not take effect: the database is {measured:.1} s ahead"
+            ));
+        }
+        steps.push(ClockStep {
+            at_secs,
+            offset,
+            measured,
+            live_before,
+            live_after,
+            open_attempts,
+        });
+    }
+    Ok(steps)
+}
+
+/// A connection to the run's database, trying for up to 20 s (the run
+/// may be restarting it).
+async fn connect_retrying(url: &str) -> Result<PgConnection, String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match PgConnection::connect(url).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) if Instant::now() > deadline => return Err(format!("connect: {e}")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// (Leases live now on the database's clock, attempts open.)
+async fn in_flight(conn: &mut PgConnection) -> (i64, i64) {
+    let live = sqlx::query_scalar(
+        "SELECT count(*) FROM messages WHERE status = 'processing' AND lease_expires_at > now()",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap_or(-1);
+    let open = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE finished_at IS NULL")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or(-1);
+    (live, open)
 }
 
 /// Runs --switch-cmd once, --switch-after-ms into the load. False if it
@@ -462,15 +1067,31 @@ async fn send_load(run: &Arc<Run>, ports: &[u16], load: &Arc<Load>) {
     while tasks.join_next().await.is_some() {}
 }
 
+/// Key `k`'s idempotency key.
+fn key_of(k: usize) -> String {
+    format!("CHAOS-{k:06}")
+}
+
+/// Key `k`'s recipient.
+fn to_of(k: usize) -> String {
+    format!("+1415555{:04}", k % 10_000)
+}
+
+/// Key `k`'s body: its own, so that what the provider created per (To,
+/// Body) is per logical message.
+fn body_of(k: usize) -> String {
+    format!("chaos message {}", key_of(k))
+}
+
 /// One request as a real client makes it: on a refused connection, a 5xx
 /// or a 409, try again (maybe on another instance) until it gets an answer.
 async fn send_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
-    let key = format!("CHAOS-{k:06}");
+    let key = key_of(k);
     let body = serde_json::json!({
-        "to": format!("+1415555{:04}", k % 10_000),
-        "body": format!("chaos message {k}"),
+        "to": to_of(k),
+        "body": body_of(k),
     });
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(run.args.client_deadline_secs);
     loop {
         let port = ports[rand::rng().random_range(0..ports.len())];
         let sent_at = Instant::now();
@@ -482,7 +1103,14 @@ async fn send_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
             .json(&body)
             .send()
             .await;
-        match resp.map(|r| r.status().as_u16()) {
+        let status = resp.as_ref().map(|r| r.status().as_u16());
+        load.tally(match &resp {
+            Ok(r) => r.status().as_u16().to_string(),
+            Err(e) if e.is_timeout() => "timeout".into(),
+            Err(e) if e.is_connect() => "refused".into(),
+            Err(_) => "cut".into(),
+        });
+        match status {
             Ok(201 | 202) => {
                 if let Ok(mut a) = load.acknowledged.lock() {
                     a.insert(key.clone());
@@ -513,24 +1141,34 @@ async fn send_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
 }
 
 /// Every instance up again for the rescue to finish.
-async fn restart_missing(run: &Run, instances: &Mutex<Vec<Instance>>) {
+async fn restart_missing(run: &Run, instances: &Mutex<Vec<Instance>>) -> usize {
     let mut list = instances.lock().await;
+    let died = revive(run, &mut list).await;
     for (n, inst) in list.iter_mut().enumerate() {
         if inst.child.is_none() {
             inst.child = run.start_instance(inst.port, n).await.ok();
         }
     }
+    died
 }
 
-/// Waits (up to --settle-secs) for nothing to be processing, then reads the
-/// messages' states and the mock's counts.
-async fn settle(run: &Run, database_url: &str, mock_port: u16) -> Result<Outcome, String> {
+/// Messages not final: `processing` or `scheduled` (-1 if the count fails).
+async fn count_not_final(conn: &mut PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM messages WHERE status IN ('processing', 'scheduled')")
+        .fetch_one(conn)
+        .await
+        .unwrap_or(-1)
+}
+
+/// Waits (up to --settle-secs) for every message to be final, then reads
+/// the messages' states and the mock's counts, and judges every key.
+async fn settle(run: &Run, database_url: &str, load: &Load) -> Result<Outcome, String> {
     let mut db = connect_writable(database_url).await?;
     let settle_deadline = Instant::now() + Duration::from_secs(run.args.settle_secs);
-    let mut processing: i64;
+    let mut stuck: i64;
     loop {
-        processing = count_processing(&mut db).await;
-        if processing == 0 || Instant::now() > settle_deadline {
+        stuck = count_not_final(&mut db).await;
+        if stuck == 0 || Instant::now() > settle_deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -540,13 +1178,14 @@ async fn settle(run: &Run, database_url: &str, mock_port: u16) -> Result<Outcome
             .fetch_all(&mut db)
             .await
             .map_err(|e| e.to_string())?;
-    let stored: HashSet<String> = sqlx::query_scalar("SELECT idempotency_key FROM messages")
-        .fetch_all(&mut db)
-        .await
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .collect();
-    let stats = mock_stats(&run.client, mock_port).await?;
+    let rows: HashMap<String, String> =
+        sqlx::query_as::<_, (String, String)>("SELECT idempotency_key, status FROM messages")
+            .fetch_all(&mut db)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .collect();
+    let stats = serde_json::to_value(run.mock.stats()).map_err(|e| e.to_string())?;
     let by_provider: Vec<(String, i64)> = sqlx::query_as(
         "SELECT provider, count(*) FROM messages GROUP BY provider ORDER BY provider",
     )
@@ -558,17 +1197,56 @@ async fn settle(run: &Run, database_url: &str, mock_port: u16) -> Result<Outcome
             .fetch_one(&mut db)
             .await
             .map_err(|e| e.to_string())?;
+    let acknowledged = load
+        .acknowledged
+        .lock()
+        .map(|a| a.clone())
+        .unwrap_or_default();
+    let mut keys = Vec::with_capacity(run.args.keys);
+    let mut matched = 0i64;
+    for k in 0..run.args.keys {
+        let key = key_of(k);
+        let created = run.mock.deliveries_to(&to_of(k), &body_of(k));
+        matched += i64::from(created);
+        let verdict = judge(rows.get(&key).map(String::as_str), created, || {
+            acknowledged.contains(&key)
+        });
+        keys.push((k, created, verdict));
+    }
+    let created_total = stats["created"].as_i64().unwrap_or(-1);
     Ok(Outcome {
         by_provider,
         failovers,
         load_secs: 0.0,
-        kills: 0,
-        pg_restarted: false,
-        processing,
+        hits: Hits::default(),
+        steps: Vec::new(),
+        stuck,
         statuses: by_status.into_iter().collect(),
-        stored,
+        stored: rows.into_keys().collect(),
         stats,
+        keys,
+        unmatched: created_total - matched,
     })
+}
+
+/// One key's verdict from its final status (None: no row) and the messages
+/// created for its (To, Body).
+fn judge(status: Option<&str>, created: u32, acknowledged: impl Fn() -> bool) -> Verdict {
+    match status {
+        Some("processing" | "scheduled") => Verdict::Stuck,
+        _ if created > 1 => Verdict::Duplicate,
+        // Nothing stored: lost if acknowledged; a message created for a key
+        // with no row is no answer anyone got.
+        None if acknowledged() => Verdict::Lost,
+        None if created > 0 => Verdict::FalseFinal,
+        None => Verdict::Ok,
+        Some("sent" | "delivered" | "undelivered") if created == 0 => Verdict::FalseFinal,
+        Some("failed" | "canceled") if created > 0 => Verdict::FalseFinal,
+        Some("unknown") => Verdict::Unknown { created },
+        Some("sent" | "delivered" | "undelivered" | "failed" | "canceled") => Verdict::Ok,
+        // A status this run does not know: not final as far as it can tell.
+        Some(_) => Verdict::Stuck,
+    }
 }
 
 /// A connection to the writable host of a (maybe multi-host) URL.
@@ -586,54 +1264,122 @@ async fn connect_writable(url: &str) -> Result<PgConnection, String> {
     Err(format!("no writable host in {url}"))
 }
 
-/// Prints the counts; true if nothing is stuck, duplicated, lost, refused
-/// as a reused key or given up on.
+/// Prints the counts; true if nothing is stuck, duplicated, lost, falsely
+/// final, refused as a reused key or given up on.
 fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
-    let acknowledged = load
-        .acknowledged
-        .lock()
-        .map(|a| a.clone())
-        .unwrap_or_default();
-    let lost = acknowledged
-        .iter()
-        .filter(|k| !o.stored.contains(*k))
-        .count();
+    let acknowledged = load.acknowledged.lock().map(|a| a.len()).unwrap_or(0);
+    let count = |v: Verdict| o.keys.iter().filter(|(_, _, x)| *x == v).count();
+    let lost = count(Verdict::Lost);
+    let false_finals = count(Verdict::FalseFinal);
+    let stuck_keys = count(Verdict::Stuck);
+    let unknown = |n: u32| count(Verdict::Unknown { created: n });
     let final_count: i64 = o
         .statuses
         .iter()
-        .filter(|(s, _)| s.as_str() != "processing")
+        .filter(|(s, _)| !matches!(s.as_str(), "processing" | "scheduled"))
         .map(|(_, n)| n)
         .sum();
-    // Keys the http API got twice, and (To, Body) pairs delivered twice
-    // over either or both protocols: each key has its own body.
-    let duplicates = o.stats["duplicate_keys"].as_u64().unwrap_or(u64::MAX).max(
+    // Keys created more than once for their (To, Body), over both
+    // protocols (each key has its own body), and the mock's own counts of
+    // (To, Body) pairs and `http` keys created twice.
+    let duplicates = count(Verdict::Duplicate).max(
         o.stats["duplicate_recipient_bodies"]
             .as_u64()
-            .unwrap_or(u64::MAX),
+            .unwrap_or(u64::MAX)
+            .max(o.stats["duplicate_keys"].as_u64().unwrap_or(u64::MAX)) as usize,
     );
-    let max_sends = o.stats["max_deliveries_per_key"].as_u64().unwrap_or(0);
+    let max_created = o.keys.iter().map(|(_, c, _)| *c).max().unwrap_or(0);
+    let creations = o.stats["created"].as_u64().unwrap_or(0);
     let reused = load.reused.load(Ordering::SeqCst);
     let gave_up = load.gave_up.load(Ordering::SeqCst);
+    let stuck = o.stuck.max(stuck_keys as i64);
+    let h = &o.hits;
+    let stepped = o.steps.last().map_or(0, |s| s.offset);
 
     println!(
-        "chaos: load took {:.1} s; {} SIGKILLs; postgres restarted: {}",
-        o.load_secs, o.kills, o.pg_restarted
+        "chaos: load took {:.1} s; {} SIGKILLs, {} SIGTERMs, {} pauses; {} clock steps (+{stepped} s); postgres restarted: {}",
+        o.load_secs,
+        h.sigkills,
+        h.sigterms,
+        h.pauses,
+        o.steps.len(),
+        h.pg_restarted
     );
+    println!("provider:           {}", run.args.providers());
     println!("keys sent:          {}", run.args.keys);
-    println!("keys acknowledged:  {}", acknowledged.len());
+    println!("keys acknowledged:  {acknowledged}");
     println!("keys accepted:      {}", o.stored.len());
     println!("keys final:         {final_count}  {:?}", o.statuses);
-    println!("keys stuck:         {}", o.processing);
+    println!("keys stuck:         {stuck}  (processing or scheduled after settling)");
     println!("keys lost:          {lost}  (acknowledged 201/202, no row)");
+    println!(
+        "false finals:       {false_finals}  (sent/delivered with nothing created, failed/canceled with a message created)"
+    );
+    println!(
+        "unknown:            {}  ({} with nothing created, {} with one message created)",
+        unknown(0) + unknown(1),
+        unknown(0),
+        unknown(1)
+    );
+    let unknown_keys: Vec<String> = o
+        .keys
+        .iter()
+        .filter(|(_, _, v)| matches!(v, Verdict::Unknown { .. }))
+        .take(5)
+        .map(|(k, c, _)| format!("{} ({c} created)", key_of(*k)))
+        .collect();
+    if !unknown_keys.is_empty() {
+        println!("unknown keys:       {}", unknown_keys.join(", "));
+    }
     println!("provider calls:     {}", o.stats["calls"]);
+    println!("creations:          {creations}  (messages the mock created, over both protocols)");
+    if o.unmatched != 0 {
+        println!(
+            "creations unmatched: {}  (no key's (To, Body))",
+            o.unmatched
+        );
+    }
     println!("by provider:        {:?}", o.by_provider);
     println!("failovers:          {}", o.failovers);
-    println!("max sends per key:  {max_sends}");
+    println!("max sends per key:  {max_created}");
     println!(
-        "duplicates:         {duplicates}  (keys delivered more than once, over both providers)"
+        "duplicates:         {duplicates}  (keys created more than once, over both providers)"
     );
     println!("422 on a retry:     {reused}");
-    println!("clients gave up:    {gave_up}");
+    println!(
+        "clients gave up:    {gave_up}  (requests with no 201/202 within {} s)",
+        run.args.client_deadline_secs
+    );
+    if let Ok(answers) = load.answers.lock() {
+        println!("client answers:     {answers:?}  (every try)");
+    }
+    if h.died > 0 {
+        println!(
+            "instances died:     {}  (exited by themselves, started again: see their logs)",
+            h.died
+        );
+    }
+    if h.slow_stops + h.unclean_stops + h.failed_signals > 0 {
+        println!(
+            "SIGTERM slow stops: {}  (still running {} s after SIGTERM); exits not 0: {}; signals not delivered: {}",
+            h.slow_stops,
+            TERM_WAIT.as_secs(),
+            h.unclean_stops,
+            h.failed_signals
+        );
+    }
+    for (n, s) in o.steps.iter().enumerate() {
+        println!(
+            "clock step {}:       +{} s at {:.1} s (now() {:.1} s ahead), leases live {} -> {}, {} attempts open",
+            n + 1,
+            s.offset,
+            s.at_secs,
+            s.measured,
+            s.live_before,
+            s.live_after,
+            s.open_attempts
+        );
+    }
     if run.args.switch_cmd.is_some() {
         let first = load.first_ack_after_switch.lock().ok().and_then(|f| *f);
         match first {
@@ -661,7 +1407,173 @@ fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
         }
     }
 
-    let ok = o.processing == 0 && duplicates == 0 && lost == 0 && reused == 0 && gave_up == 0;
+    let ok = stuck == 0
+        && duplicates == 0
+        && lost == 0
+        && false_finals == 0
+        && o.unmatched == 0
+        && reused == 0
+        && gave_up == 0;
+    println!(
+        "chaos: summary: provider {}, {} keys; {} SIGKILLs, {} SIGTERMs, {} pauses, {} clock steps; {creations} creations; {duplicates} duplicates, {lost} lost, {stuck} stuck, {false_finals} false finals, {} unknown",
+        run.args.providers(),
+        run.args.keys,
+        h.sigkills,
+        h.sigterms,
+        h.pauses,
+        o.steps.len(),
+        unknown(0) + unknown(1)
+    );
     println!("chaos: {}", if ok { "PASS" } else { "FAIL" });
     ok
+}
+
+/// For each key that went wrong (a few of each kind): its row, attempts,
+/// events, the calls the mock got for it and the instance log lines that
+/// name it.
+async fn explain(run: &Run, database_url: &str, o: &Outcome) {
+    const PER_KIND: usize = 5;
+    let mut shown: HashMap<&'static str, usize> = HashMap::new();
+    let Ok(mut db) = connect_writable(database_url).await else {
+        return;
+    };
+    let logs: Vec<(usize, String)> = (0..run.args.instances)
+        .filter_map(|n| Some((n, std::fs::read_to_string(run.log_path(n)).ok()?)))
+        .collect();
+    for (k, created, verdict) in &o.keys {
+        let kind = match verdict {
+            Verdict::Duplicate => "duplicate",
+            Verdict::Lost => "lost",
+            Verdict::Stuck => "stuck",
+            Verdict::FalseFinal => "false final",
+            // Allowed, and shown: why nobody could tell.
+            Verdict::Unknown { .. } => "unknown",
+            Verdict::Ok => continue,
+        };
+        let seen = shown.entry(kind).or_default();
+        *seen += 1;
+        if *seen > PER_KIND {
+            continue;
+        }
+        let key = key_of(*k);
+        println!(
+            "chaos: {kind}: {key} (to {}, {created} created at the mock)",
+            to_of(*k)
+        );
+        let row: Option<(String, String)> = sqlx::query_as(
+            "SELECT replace(id::text, '-', ''), format('status=%s attempts=%s maybe_sent=%s provider=%s provider_message_id=%s lease_owner=%s lease_expires_at=%s next_attempt_at=%s created_at=%s finalized_at=%s error=%s', \
+             status, attempts, maybe_sent, provider, provider_message_id, lease_owner, lease_expires_at, next_attempt_at, created_at, finalized_at, error) \
+             FROM messages WHERE idempotency_key = $1",
+        )
+        .bind(&key)
+        .fetch_optional(&mut db)
+        .await
+        .ok()
+        .flatten();
+        let Some((id, row)) = row else {
+            println!("  no row");
+            continue;
+        };
+        println!("  message msg_{id}: {row}");
+        let attempts: Vec<String> = sqlx::query_scalar(
+            "SELECT format('attempt %s: owner=%s started=%s finished=%s outcome=%s http=%s code=%s provider=%s id=%s error=%s', \
+             number, lease_owner, started_at, finished_at, outcome, http_status, provider_code, provider, provider_message_id, error) \
+             FROM attempts WHERE replace(message_id::text, '-', '') = $1 ORDER BY number",
+        )
+        .bind(&id)
+        .fetch_all(&mut db)
+        .await
+        .unwrap_or_default();
+        for a in attempts {
+            println!("  {a}");
+        }
+        let events: Vec<String> = sqlx::query_scalar(
+            "SELECT format('event %s: %s %s -> %s: %s', at, kind, provider, to_provider, detail) \
+             FROM message_events WHERE replace(message_id::text, '-', '') = $1 ORDER BY at",
+        )
+        .bind(&id)
+        .fetch_all(&mut db)
+        .await
+        .unwrap_or_default();
+        for e in events {
+            println!("  {e}");
+        }
+        let (to, body) = (to_of(*k), body_of(*k));
+        let calls = run.mock.calls();
+        let mine: Vec<&testkit::mock_provider::Call> = calls
+            .iter()
+            .filter(|c| {
+                let field = |a: &str, b: &str| {
+                    c.body[a]
+                        .as_str()
+                        .or_else(|| c.body[b].as_str())
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                field("To", "to") == to && field("Body", "body") == body
+            })
+            .collect();
+        println!(
+            "  mock: {} calls for it ({} twilio, {} http)",
+            mine.len(),
+            mine.iter().filter(|c| c.endpoint == "twilio").count(),
+            mine.iter().filter(|c| c.endpoint == "http").count()
+        );
+        let needle = format!("msg_{id}");
+        for (n, text) in &logs {
+            for line in text
+                .lines()
+                .filter(|l| l.contains(&needle) || l.contains(&key))
+                .take(40)
+            {
+                println!("  instance-{n}.log: {line}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_judged_by_its_status_and_its_creations() {
+        let yes = || true;
+        let no = || false;
+        assert_eq!(judge(Some("sent"), 1, no), Verdict::Ok);
+        assert_eq!(judge(Some("delivered"), 1, no), Verdict::Ok);
+        assert_eq!(judge(Some("sent"), 0, no), Verdict::FalseFinal);
+        assert_eq!(judge(Some("sent"), 2, no), Verdict::Duplicate);
+        assert_eq!(judge(Some("failed"), 0, no), Verdict::Ok);
+        assert_eq!(judge(Some("failed"), 1, no), Verdict::FalseFinal);
+        assert_eq!(judge(Some("canceled"), 1, no), Verdict::FalseFinal);
+        assert_eq!(
+            judge(Some("unknown"), 0, no),
+            Verdict::Unknown { created: 0 }
+        );
+        assert_eq!(
+            judge(Some("unknown"), 1, no),
+            Verdict::Unknown { created: 1 }
+        );
+        assert_eq!(judge(Some("unknown"), 2, no), Verdict::Duplicate);
+        assert_eq!(judge(Some("processing"), 1, no), Verdict::Stuck);
+        assert_eq!(judge(Some("scheduled"), 0, no), Verdict::Stuck);
+        assert_eq!(judge(None, 0, yes), Verdict::Lost);
+        assert_eq!(judge(None, 0, no), Verdict::Ok);
+        assert_eq!(judge(None, 1, no), Verdict::FalseFinal);
+    }
+
+    #[test]
+    fn every_key_has_a_body_of_its_own() {
+        assert_ne!(body_of(1), body_of(10_001));
+        assert_eq!(to_of(1), to_of(10_001));
+        assert!(body_of(7).contains(&key_of(7)));
+    }
+
+    #[test]
+    fn utc_now_reads_as_rfc_3339() {
+        let now = utc_now();
+        assert_eq!(now.len(), "2026-01-01T00:00:00.000Z".len());
+        assert!(now.starts_with("20") && now.ends_with('Z'));
+    }
 }

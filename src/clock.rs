@@ -95,3 +95,49 @@ mod tests {
         assert_eq!(clock.now(), start + time::Duration::milliseconds(120_001));
     }
 }
+
+/// A point on this host's clock that goes on counting while the system is
+/// suspended (`CLOCK_BOOTTIME` on Linux; elsewhere the monotonic clock), for
+/// lease ages. `Instant` stands still during a suspend, so a task put to
+/// sleep with its host would wake up believing a lease written before the
+/// suspend is still fresh, and call the provider after another instance
+/// took the message over (docs/model.md, finding 9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp(std::time::Duration);
+
+impl Stamp {
+    pub fn now() -> Self {
+        Stamp(since_boot())
+    }
+
+    /// How long ago this was (zero if the clock went back).
+    pub fn elapsed(&self) -> std::time::Duration {
+        since_boot().saturating_sub(self.0)
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn since_boot() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec it is handed.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    match (rc, u64::try_from(ts.tv_sec), u32::try_from(ts.tv_nsec)) {
+        (0, Ok(secs), Ok(nanos)) => std::time::Duration::new(secs, nanos),
+        _ => monotonic(),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn since_boot() -> std::time::Duration {
+    monotonic()
+}
+
+/// The monotonic clock, from the first time it was read in this process.
+#[cfg_attr(target_os = "linux", allow(dead_code))]
+fn monotonic() -> std::time::Duration {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed()
+}

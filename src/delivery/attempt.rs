@@ -75,6 +75,11 @@ impl Deliverer {
                     None => return Report::Stopped,
                 },
             };
+            // Stopped meanwhile: this pass has called nothing yet, so the
+            // message may be released for another instance at once.
+            if self.stop.is_cancelled() {
+                return Report::Stopped;
+            }
             let snap = Snapshot::of(&msg, attempt, started_at);
             let routing = self.route_state(&msg).await;
             let current = msg.provider.clone();
@@ -172,15 +177,19 @@ impl Deliverer {
             // is made again; one that fails ends the run. From the last
             // check to the request's bytes on the wire is the window
             // docs/architecture.md states.
-            if lease.left() < self.call_needs() {
+            // The test is the lease's freshness, not what is left of it: a
+            // stepped database clock may have ended it whatever this clock
+            // says, and only a write less than a second old is known to be
+            // covered by a claimer's takeover wait.
+            if needs_renewal(lease.age()) {
                 tracing::warn!(
-                    left_ms = lease.left().as_millis() as u64,
-                    "paused into the lease before the provider call: renewing before calling"
+                    age_ms = lease.age().as_millis() as u64,
+                    "paused before the provider call: renewing the lease before calling"
                 );
                 if let Err(report) = self.renew(msg.id, &mut lease).await {
                     return report;
                 }
-                if lease.left() < self.call_needs() {
+                if needs_renewal(lease.age()) {
                     return Report::LeaseLost;
                 }
             }
@@ -218,6 +227,9 @@ impl Deliverer {
 
             let mut t = self.decide(&snap, &Event::Answered(&outcome), dedupes, &r);
             if let Transition::Reconcile { since } = t {
+                if let Err(report) = self.wait_out_own_call(msg.id, &mut lease).await {
+                    return report;
+                }
                 let asked = self.attempt_ref(&msg, since);
                 let Some(answer) = self
                     .reconcile(Some(provider.as_ref()), provider.name(), &sms, &asked)
@@ -347,7 +359,7 @@ impl Deliverer {
         let sender = provider
             .as_ref()
             .and_then(|p| p.sender(msg.from.as_deref()));
-        let written = std::time::Instant::now();
+        let written = crate::clock::Stamp::now();
         match self
             .store
             .start_attempt(msg.id, lease, now, sender.as_deref())
@@ -368,32 +380,57 @@ impl Deliverer {
     }
 
     /// A claimer that took over an expired lease with an attempt open does
-    /// nothing for the provider timeout (plus the lease freshness), on its
-    /// own clock: the previous owner's lease ran out on the database's clock,
-    /// which may have stepped, or the owner may be paused mid-call, and its
-    /// request may still be in flight. Asking the provider, or resending,
-    /// before that request can no longer be acting would send twice (issue
-    /// 24, findings 1, 5 and 6). Then the lease is renewed, fenced.
+    /// nothing for [`Deliverer::takeover_wait`], on its own clock: the
+    /// previous owner's lease ran out on the database's clock, which may
+    /// have stepped, or the owner may be paused mid-call, and its request
+    /// may still be in flight. Asking the provider, or resending, before
+    /// that request can no longer be acting would send twice (issue 24,
+    /// findings 1, 5 and 6). Then the lease is renewed, fenced.
     async fn wait_out_previous_owner(
         &self,
         id: MessageId,
         lease: &mut Lease,
     ) -> Result<(), Report> {
-        // Held like a call in flight: a shutdown meanwhile must not release
-        // it for someone to ask at once what we are waiting out.
-        let Some(_held) = self.begin_call(id) else {
-            return Err(Report::Stopped);
-        };
-        let wait = self.settings.provider_timeout + LEASE_FRESHNESS;
+        let wait = self.takeover_wait();
         tracing::info!(
             wait_ms = wait.as_millis() as u64,
             "took over an attempt left open: waiting out its provider call"
         );
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = self.stop.cancelled() => return Err(Report::Stopped),
-        }
+        self.hold_for(id, wait).await?;
         self.renew(id, lease).await
+    }
+
+    /// How long a previous owner may still be acting on the provider: it may
+    /// have passed its last lease check up to [`LEASE_FRESHNESS`] before our
+    /// claim (a stepped database clock), spent up to the provider timeout
+    /// connecting before its request was written (the call's one time
+    /// limit covers the connection too), and the provider acts on a request
+    /// within the provider timeout of receiving it. The configuration keeps
+    /// the lease (at least twice the timeout plus 2 s) longer, so rescuers
+    /// do not take a message from each other while they wait.
+    fn takeover_wait(&self) -> Duration {
+        self.settings.provider_timeout * 2 + LEASE_FRESHNESS
+    }
+
+    /// Waits `wait` holding the message like a call in flight (a shutdown
+    /// meanwhile holds its lease rather than releasing it).
+    async fn hold_for(&self, id: MessageId, wait: Duration) -> Result<(), Report> {
+        let Some(_held) = self.begin_call(id) else {
+            return Err(Report::Stopped);
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => Ok(()),
+            () = self.stop.cancelled() => Err(Report::Stopped),
+        }
+    }
+
+    /// After an ambiguous answer (a 5xx, a reset, our own timeout) the
+    /// provider may still be acting on the request for the provider timeout
+    /// after it: the lease is renewed, and the provider asked only then, so
+    /// that "not found" means it never will be.
+    async fn wait_out_own_call(&self, id: MessageId, lease: &mut Lease) -> Result<(), Report> {
+        self.renew(id, lease).await?;
+        self.hold_for(id, self.settings.provider_timeout).await
     }
 
     /// How much lease a provider call needs left when it starts: the whole
@@ -412,7 +449,7 @@ impl Deliverer {
     }
 
     async fn renew(&self, id: MessageId, lease: &mut Lease) -> Result<(), Report> {
-        let written = std::time::Instant::now();
+        let written = crate::clock::Stamp::now();
         match self.store.renew_lease(id, lease).await {
             Ok(true) => {
                 lease.written = written;
@@ -487,8 +524,11 @@ impl Deliverer {
     /// A provider-call slot; `None` when shutdown stopped the wait.
     pub(super) async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
         tokio::select! {
-            p = std::sync::Arc::clone(&self.permits).acquire_owned() => p.ok(),
+            // Shutdown first: a slot freed by a call it just cut off must
+            // not start another.
+            biased;
             () = self.stop.cancelled() => None,
+            p = std::sync::Arc::clone(&self.permits).acquire_owned() => p.ok(),
         }
     }
 

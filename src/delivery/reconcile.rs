@@ -59,10 +59,13 @@ impl Deliverer {
                 )));
             }
         }
+        // An `unknown` sibling matters if it could have created a message in
+        // this attempt's window (a minute of slack for the clocks involved).
+        let since = attempt.started_at - time::Duration::minutes(1);
         Some(
             match self
                 .store
-                .in_flight_sibling(sms.message_id, provider.name())
+                .in_flight_sibling(sms.message_id, provider.name(), since)
                 .await
             {
                 Ok(None) => answer,

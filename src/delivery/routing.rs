@@ -228,7 +228,7 @@ impl Deliverer {
     ) -> Result<u32, Report> {
         let now = self.clock.now();
         // The move extends the lease (the database's now plus its length).
-        let written_at = std::time::Instant::now();
+        let written_at = crate::clock::Stamp::now();
         let sender = self
             .provider_named(&to)
             .and_then(|p| p.sender(msg.from.as_deref()));

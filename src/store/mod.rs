@@ -192,14 +192,17 @@ pub trait MessageStore: Send + Sync {
         provider_message_id: &str,
     ) -> Result<Option<MessageId>, StoreError>;
     /// Another message on `provider` to the same number with the same body
-    /// that could still own a provider message it has not written yet: one
-    /// `processing`, with no provider message id, whose latest attempt is
-    /// open or which may have been sent. A candidate such a message could
-    /// own is never taken by reconciliation (issue 24, finding 3).
+    /// that could own a provider message without having written its id:
+    /// one `processing`, with no provider message id, whose latest attempt
+    /// is open or which may have been sent; or one that ended `unknown`
+    /// since `since` (its message may exist under an id nobody learned). A
+    /// candidate such a message could own is never taken by reconciliation
+    /// (issue 24, finding 3).
     async fn in_flight_sibling(
         &self,
         id: MessageId,
         provider: &str,
+        since: OffsetDateTime,
     ) -> Result<Option<MessageId>, StoreError>;
     async fn message(
         &self,

@@ -1,7 +1,7 @@
 //! The records the store reads and writes, shared by both backends.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -176,7 +176,7 @@ pub struct Lease {
     pub ttl: Duration,
     /// A monotonic instant taken before the lease's latest write (so never
     /// later than the database's `now()` of that write).
-    pub written: Instant,
+    pub written: crate::clock::Stamp,
 }
 
 impl Lease {
@@ -186,7 +186,7 @@ impl Lease {
             token: Uuid::new_v4(),
             owner: owner.to_string(),
             ttl,
-            written: Instant::now(),
+            written: crate::clock::Stamp::now(),
         }
     }
 

@@ -243,17 +243,23 @@ async fn a_reconciliation_never_takes_a_siblings_message(backend: Backend) {
     })
     .await;
     let body = "Your order has shipped";
-    // Key 2 first: never created, times out after 2 s. Key 1 a second
-    // later: created at once, answered after 1.5 s (after key 2's lookup).
+    // Key 2 first: never created, its call times out after 2 s, and 2 s
+    // later (once Twilio could no longer be acting on it) it asks Twilio.
+    // Key 1 is posted a second after key 2's timeout: created at once,
+    // answered 1.8 s later, so its message is listed, without an owner,
+    // when key 2 asks. (The second is a position in time, not a wait for
+    // something to happen: key 1 must be mid-call at key 2's lookup.)
     app.mock.push([Behaviour::Hang]);
     post_async(&app, "ORDER-2", body).await;
-    within(Duration::from_secs(5), "key 2's call", || async {
-        (app.mock.call_count() == 1).then_some(())
-    })
+    within(
+        Duration::from_secs(10),
+        "key 2's call to time out",
+        || async { (app.mock.call_count() == 1 && app.mock.busy() == 0).then_some(()) },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     app.mock
-        .push([Behaviour::AcceptThenDelay(Duration::from_millis(1500))]);
+        .push([Behaviour::AcceptThenDelay(Duration::from_millis(1800))]);
     post_async(&app, "ORDER-1", body).await;
 
     let first = final_within(&app, "ORDER-1", "sent", Duration::from_secs(20)).await;
@@ -268,6 +274,65 @@ async fn a_reconciliation_never_takes_a_siblings_message(backend: Backend) {
         let sid = m["provider_message_id"].as_str().unwrap_or_default();
         assert!(sids.iter().any(|s| s == sid), "{sid} was created");
     }
+}
+
+/// Found by the model (docs/model.md): a sibling that ended `unknown` owns
+/// a message nobody learned the id of. Another key to the same number with
+/// the same text, never created, must not take that message as its own
+/// (`sent` for a message that is not on the phone): it cannot tell, so it
+/// ends `unknown` too.
+async fn an_unknown_siblings_message_is_never_taken(backend: Backend) {
+    let mut settings = timed(Duration::from_secs(1), false);
+    settings.delivery.retry.deadline = Duration::from_secs(6);
+    let app = spawn_with(TestOptions {
+        backend,
+        settings,
+        provider: Some(twilio_as(DEFAULT_FROM)),
+        ..TestOptions::default()
+    })
+    .await;
+    let body = "Your parcel is on its way";
+    // Key 1: created, then the connection drops, and the lookup fails:
+    // `unknown`, its message on the phone under an id nobody knows.
+    app.mock.push([Behaviour::AcceptThenDrop]);
+    app.mock.fail_lookups(1);
+    post_async(&app, "PARCEL-1", body).await;
+    final_within(&app, "PARCEL-1", "unknown", Duration::from_secs(20)).await;
+    // Key 2: never created (its call hangs); its lookup lists key 1's.
+    app.mock.push([Behaviour::Hang]);
+    post_async(&app, "PARCEL-2", body).await;
+    // While it asks again later, its attempt open: cancel is refused (over
+    // Twilio's wire format; a `canceled` could be false).
+    within(
+        Duration::from_secs(20),
+        "key 2 to ask again later",
+        || async {
+            let m = app.get("/messages/PARCEL-2").await.json();
+            (m["status"] == "processing" && m["error"]["code"] == "provider_ambiguous")
+                .then_some(())
+        },
+    )
+    .await;
+    let cancel = app
+        .request(reqwest::Method::POST, "/messages/PARCEL-2/cancel")
+        .bearer_auth(&app.api_key)
+        .send()
+        .await
+        .expect("cancel");
+    let cancel = answer(cancel).await;
+    assert_eq!(
+        cancel.status,
+        409,
+        "{}",
+        String::from_utf8_lossy(&cancel.bytes)
+    );
+    let m = within(Duration::from_secs(30), "key 2 to end", || async {
+        let m = app.get("/messages/PARCEL-2").await.json();
+        (m["status"] != "processing").then_some(m)
+    })
+    .await;
+    assert_eq!(m["status"], "unknown", "{m}");
+    assert_eq!(app.mock.deliveries_to(TO, body), 1);
 }
 
 /// Finding 4: after an ambiguous timeout, the retry under the same key
@@ -558,6 +623,7 @@ async fn a_sealed_body_that_cannot_be_opened_ends_instead_of_sticking(backend: B
 }
 
 on_both_backends!(
+    an_unknown_siblings_message_is_never_taken,
     a_shutdown_during_a_takeover_wait_holds_the_message,
     a_sealed_body_that_cannot_be_opened_ends_instead_of_sticking,
     a_graceful_shutdown_never_double_sends_through_twilio,

@@ -1,6 +1,6 @@
 //! Messages, attempts and leases on Postgres.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::types::Json;
@@ -348,18 +348,21 @@ impl MessageStore for PgStore {
         &self,
         id: MessageId,
         provider: &str,
+        since: OffsetDateTime,
     ) -> Result<Option<MessageId>, StoreError> {
         let row: Option<(uuid::Uuid,)> = sqlx::query_as(
             "SELECT s.id FROM messages me JOIN messages s \
                 ON s.to_number = me.to_number AND s.body = me.body AND s.id <> me.id \
-             WHERE me.id = $1 AND s.provider = $2 AND s.status = 'processing' \
-                AND s.provider_message_id IS NULL \
-                AND (s.maybe_sent OR EXISTS (SELECT 1 FROM attempts a \
-                     WHERE a.message_id = s.id AND a.finished_at IS NULL)) \
+             WHERE me.id = $1 AND s.provider = $2 AND s.provider_message_id IS NULL \
+                AND ((s.status = 'processing' \
+                      AND (s.maybe_sent OR EXISTS (SELECT 1 FROM attempts a \
+                           WHERE a.message_id = s.id AND a.finished_at IS NULL))) \
+                     OR (s.status = 'unknown' AND s.finalized_at >= $3)) \
              LIMIT 1",
         )
         .bind(id.0)
         .bind(provider)
+        .bind(db(since))
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(|(id,)| MessageId(id)))
@@ -509,7 +512,7 @@ impl MessageStore for PgStore {
         ttl: Duration,
         limit: u32,
     ) -> Result<Vec<(MessageRecord, Lease)>, StoreError> {
-        let written = Instant::now();
+        let written = crate::clock::Stamp::now();
         // Due times are the callers' clock (`now`); lease expiry is the
         // database's (`now()`) only.
         // SKIP LOCKED: two claimers scanning at once never wait for, nor get,

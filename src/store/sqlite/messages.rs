@@ -1,6 +1,6 @@
 //! Messages, attempts and leases on SQLite.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::SqliteConnection;
@@ -256,7 +256,7 @@ async fn claim_due(
     now: OffsetDateTime,
     ttl: Duration,
     limit: u32,
-    written: Instant,
+    written: crate::clock::Stamp,
 ) -> Result<Vec<(MessageRecord, Lease)>, StoreError> {
     // The writer's transaction (BEGIN IMMEDIATE, the file's write lock) makes this
     // claim exclusive, against another process on the file too.
@@ -393,18 +393,21 @@ impl MessageStore for SqliteStore {
         &self,
         id: MessageId,
         provider: &str,
+        since: OffsetDateTime,
     ) -> Result<Option<MessageId>, StoreError> {
         let row: Option<(uuid::Uuid,)> = sqlx::query_as(
             "SELECT s.id FROM messages me JOIN messages s \
                 ON s.to_number = me.to_number AND s.body = me.body AND s.id <> me.id \
-             WHERE me.id = ? AND s.provider = ? AND s.status = 'processing' \
-                AND s.provider_message_id IS NULL \
-                AND (s.maybe_sent OR EXISTS (SELECT 1 FROM attempts a \
-                     WHERE a.message_id = s.id AND a.finished_at IS NULL)) \
+             WHERE me.id = ? AND s.provider = ? AND s.provider_message_id IS NULL \
+                AND ((s.status = 'processing' \
+                      AND (s.maybe_sent OR EXISTS (SELECT 1 FROM attempts a \
+                           WHERE a.message_id = s.id AND a.finished_at IS NULL))) \
+                     OR (s.status = 'unknown' AND s.finalized_at >= ?)) \
              LIMIT 1",
         )
         .bind(id.0)
         .bind(provider)
+        .bind(db(since))
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(|(id,)| MessageId(id)))
@@ -498,7 +501,7 @@ impl MessageStore for SqliteStore {
         ttl: Duration,
         limit: u32,
     ) -> Result<Vec<(MessageRecord, Lease)>, StoreError> {
-        let written = Instant::now();
+        let written = crate::clock::Stamp::now();
         let owner = owner.to_string();
         self.write(move |c| {
             Box::pin(async move { claim_due(c, &owner, now, ttl, limit, written).await })

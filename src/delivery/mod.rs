@@ -23,6 +23,7 @@ use crate::store::{Lease, MessageRecord, Store, StoreError, StoredResponse};
 
 pub mod apply;
 mod attempt;
+mod calls;
 pub mod circuit;
 pub mod decide;
 pub mod hub;

@@ -341,10 +341,20 @@ def opt_outs(ctx: Ctx) -> None:
     expect(all(o.number != number for o in after.parsed.data), "still listed after remove")
 
 
+# The documents whose `client-check` blocks are run: the README, and the
+# integration guide the client examples live in.
+CHECKED_DOCS = (ROOT / "README.md", ROOT / "docs" / "integrating.md")
+
+
 def readme_block(marker: str) -> str:
-    """The fenced block following `<!-- client-check: MARKER -->` in README.md."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    start = lines.index(f"<!-- client-check: {marker} -->")
+    """The fenced block following `<!-- client-check: MARKER -->` in the first
+    of CHECKED_DOCS that has that marker."""
+    line = f"<!-- client-check: {marker} -->"
+    docs = [doc.read_text().splitlines() for doc in CHECKED_DOCS if doc.exists()]
+    found = [lines for lines in docs if line in lines]
+    expect(bool(found), f"no {line} in {', '.join(str(d.relative_to(ROOT)) for d in CHECKED_DOCS)}")
+    lines = found[0]
+    start = lines.index(line)
     expect(lines[start + 1].startswith("```"), f"no fenced block after the {marker} marker")
     end = lines.index("```", start + 2)
     return "\n".join(lines[start + 2 : end]) + "\n"

@@ -3,7 +3,11 @@
 #  1. the Quick start's first command (`cargo run --release`), in the
 #     background, reading the API key it prints;
 #  2. every command of the walk-through block, checking each HTTP status;
-#  3. the release binary again with no environment at all, in an empty
+#  3. every command of the scheduling example in docs/api.md (schedule for
+#     tomorrow, cancel, a batch), checking each HTTP status and the status
+#     of what it answers: a `send_at` that is not in the future would be sent
+#     at once (201), and the cancel after it refused (409);
+#  4. the release binary again with no environment at all, in an empty
 #     directory: it must create its SQLite database, print a key, send a
 #     message with it and replay it.
 # The Quick start's second command (scripts/test.sh) is CI's main step and is
@@ -31,14 +35,36 @@ for f in sendonce.db sendonce.db-wal sendonce.db-shm; do
     [ -e "$f" ] && mv "$f" "$work/aside-$f"
 done
 
-# The fenced ```sh block following a line that matches $1.
+# The fenced ```sh block following a line that matches $1, in the file $2
+# (README.md when not given).
 block_after() {
     awk -v marker="$1" '
         index($0, marker) { found = 1; next }
         found && /^```sh/ { inside = 1; next }
         inside && /^```/ { exit }
         inside { print }
-    ' README.md
+    ' "${2:-README.md}"
+}
+
+# Runs every command of block $1 (one a line; blank lines and comments are
+# skipped, and `export KEY=...` stands for the key the server printed),
+# expecting the HTTP statuses in the array `expect`, in order, and hands
+# each answer to check_$2 with its index.
+run_block() { # block, name
+    local n=0 line out status
+    [ -n "$1" ] || fail "no $2 block found"
+    while IFS= read -r line; do
+        case "$line" in ''|'#'*) continue ;; esac
+        if [[ "$line" == export\ KEY=* ]]; then export KEY; continue; fi
+        [ $n -lt ${#expect[@]} ] || fail "more $2 commands than expected, at: $line"
+        out=$(bash -c "$line") || fail "command failed: $line"
+        status=$(printf '%s\n' "$out" | head -1 | awk '{print $2}')
+        [ "$status" = "${expect[$n]}" ] || fail "expected ${expect[$n]}, got $status from: $line"
+        "check_$2" "$n" "$out"
+        say "ok ($status): ${line:0:70}..."
+        n=$((n + 1))
+    done <<<"$1"
+    [ $n -eq ${#expect[@]} ] || fail "ran $n $2 commands, expected ${#expect[@]}"
 }
 
 quick=$(block_after "## Quick start")
@@ -78,25 +104,30 @@ KEY=$(wait_for_key "$work/serve.out" "$server_pid") || { cat "$work/serve.err" >
 wait_listening || fail "the server did not answer on 127.0.0.1:8080"
 say "the first run printed a key: ${KEY:0:9}..."
 
-walk=$(block_after "<!-- readme-check: walkthrough -->")
-expect=("201" "201" "422" "200" "200")
-n=0
-while IFS= read -r line; do
-    case "$line" in ''|'#'*) continue ;; esac
-    if [[ "$line" == export\ KEY=* ]]; then export KEY; continue; fi
-    out=$(bash -c "$line") || fail "command failed: $line"
-    status=$(printf '%s\n' "$out" | head -1 | awk '{print $2}')
-    [ "$status" = "${expect[$n]}" ] || fail "expected ${expect[$n]}, got $status from: $line"
-    case $n in
-        0) printf '%s' "$out" | grep -qi '^idempotent-replayed' && fail "a first send is not a replay" ;;
-        1) printf '%s' "$out" | grep -qi '^idempotent-replayed: true' || fail "the retry was not a replay" ;;
-        2) printf '%s' "$out" | grep -q 'idempotency-key-reused' || fail "422 without its slug" ;;
-        3) printf '%s' "$out" | grep -q '"status":"sent"' || fail "GET did not show the message sent" ;;
+check_walkthrough() { # index, answer
+    case $1 in
+        0) ! printf '%s' "$2" | grep -qi '^idempotent-replayed' || fail "a first send is not a replay" ;;
+        1) printf '%s' "$2" | grep -qi '^idempotent-replayed: true' || fail "the retry was not a replay" ;;
+        2) printf '%s' "$2" | grep -q 'idempotency-key-reused' || fail "422 without its slug" ;;
+        3) printf '%s' "$2" | grep -q '"status":"sent"' || fail "GET did not show the message sent" ;;
     esac
-    say "ok ($status): ${line:0:70}..."
-    n=$((n + 1))
-done <<<"$walk"
-[ $n -eq ${#expect[@]} ] || fail "ran $n walk-through commands, expected ${#expect[@]}"
+    return 0
+}
+expect=("201" "201" "422" "200" "200")
+run_block "$(block_after "<!-- readme-check: walkthrough -->")" walkthrough
+
+check_schedule() { # index, answer
+    case $1 in
+        0) printf '%s' "$2" | grep -q '"status":"scheduled"' || fail "send_at did not schedule the message (is it in the past?)"
+           ! printf '%s' "$2" | grep -qi '^idempotent-replayed' || fail "a first scheduled send is not a replay" ;;
+        1) printf '%s' "$2" | grep -q '"status":"canceled"' || fail "the cancel did not answer the message canceled" ;;
+        2) printf '%s' "$2" | grep -q '"idempotency_key":"ORDER-1-OK"' || fail "the batch did not answer its item"
+           printf '%s' "$2" | grep -q '"status":202' || fail "the batch's new item was not answered 202" ;;
+    esac
+    return 0
+}
+expect=("202" "200" "200")
+run_block "$(block_after "<!-- readme-check: schedule -->" docs/api.md)" schedule
 
 kill -TERM "$server_pid"
 wait "$server_pid" || fail "'$serve_cmd' did not exit 0 on SIGTERM"

@@ -72,7 +72,8 @@ try {
   }
   check(!/4815\d\d/.test(body), 'the one-time code is masked');
   await inspect(page, '03-timeline');
-  // The README's picture: the top of a timeline, small.
+  // The picture in the README and docs/console.md (docs/console.png): the top
+  // of a timeline, small.
   await page.setViewportSize({ width: 900, height: 640 });
   await page.screenshot({ path: `${SHOTS}/readme-timeline.png` });
   await page.setViewportSize({ width: 1100, height: 800 });

@@ -161,12 +161,19 @@ async fn a_crashed_instance_is_taken_over_and_the_message_sent_once(backend: Bac
 async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) {
     let clock = manual_clock();
     // a's lease runs out while its call is in flight: the database's clock
-    // steps forward (see `promise::step_database_clock`).
+    // steps forward (see `promise::step_database_clock`). a's call may take
+    // 10 s, so it is still in flight when b claims however loaded the
+    // machine is (with b's 500 ms, a's call could time out first and a
+    // renew its lease, rightly, before b's claim); b waits out only its own
+    // provider timeout, so it resends while a's call is still open.
     let (settings, _) = short_lease_settings();
+    let mut slow_settings = settings.clone();
+    slow_settings.delivery.provider_timeout = Duration::from_secs(10);
+    slow_settings.delivery.lease = Duration::from_secs(25);
     let a = spawn_with(TestOptions {
         backend,
         clock: clock.clone(),
-        settings: settings.clone(),
+        settings: slow_settings,
         ..TestOptions::default()
     })
     .await;
@@ -201,7 +208,7 @@ async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) 
     .await;
 
     // a is alive but its lease ran out: b takes over.
-    crate::promise::step_database_clock(&a, 30).await;
+    assert_eq!(crate::promise::step_database_clock(&a, 60).await, 1);
     assert_eq!(b.claim_within(Duration::from_secs(15)).await, 1);
     let m = a.wait_for_status("STALE", "failed").await;
     let final_bytes = a.get("/messages/STALE").await.bytes;

@@ -113,7 +113,7 @@ impl App {
         // is another process) keys are not cached, so a revocation still
         // takes effect at once.
         let mut key_cache = settings.caches.clone();
-        if store.notify_pool().is_none() {
+        if !store.announces_changes() {
             key_cache.key_ttl = std::time::Duration::ZERO;
         }
         let state = Arc::new(AppState {
@@ -134,7 +134,6 @@ impl App {
             body_read_timeout: settings.server.body_read_timeout,
             receipts: settings.server.receipts.clone(),
             verify,
-            console: crate::console::ConsoleState::default(),
             webhooks: settings.webhooks.clone(),
             webhook_dispatcher: Arc::clone(&webhooks),
         });
@@ -192,8 +191,8 @@ impl App {
         let listen_task = self
             .state
             .store
-            .notify_pool()
-            .map(|pool| tokio::spawn(self.notifier.clone().listen(pool, stop.clone())));
+            .change_feed(self.notifier.clone(), stop.clone())
+            .map(tokio::spawn);
         let deliverer = Arc::clone(&self.state.deliverer);
         let scheduler = Arc::clone(&self.scheduler);
         let scheduler_stop = stop.clone();
@@ -221,7 +220,11 @@ impl App {
             .run(stop.clone()),
         );
 
-        let router = http::router_with(Arc::clone(&self.state), self.metrics_listener.is_none());
+        let router = http::router_with(
+            Arc::clone(&self.state),
+            crate::console::router(),
+            self.metrics_listener.is_none(),
+        );
         let metrics_task = self.metrics_listener.map(|listener| {
             tokio::spawn(http::server::serve(
                 listener,

@@ -15,35 +15,29 @@
 //! The console is a reader of the store; it writes only its own sessions and
 //! the opt-outs a support person adds or removes.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use rand::RngCore;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
-use time::OffsetDateTime;
-use uuid::Uuid;
 
-use crate::apikey;
 use crate::domain::phone;
 use crate::http::SharedState;
-use crate::store::{MessageRecord, MessageSummary, NewSession, StoreError};
+use crate::store::{MessageRecord, MessageSummary, StoreError};
 
 pub mod decide;
 #[cfg(test)]
 mod decide_tests;
 mod pages;
+mod session;
+
+use session::*;
 
 /// A session unused for this long ends.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -64,28 +58,6 @@ pub const LOGIN_COOKIE: &str = "sendonce_console_login";
 pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-/// The console's state in one instance: recent failed sign-ins.
-#[derive(Debug, Default)]
-pub struct ConsoleState {
-    failures: Mutex<VecDeque<OffsetDateTime>>,
-}
-
-impl ConsoleState {
-    fn allowed(&self, now: OffsetDateTime) -> Result<(), Duration> {
-        let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let list: Vec<_> = failures.iter().copied().collect();
-        decide::signin_allowed(&list, now)
-    }
-
-    fn failed(&self, now: OffsetDateTime) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        failures.push_back(now);
-        while failures.len() > decide::SIGNIN_FAILURES {
-            failures.pop_front();
-        }
-    }
-}
-
 pub fn router() -> Router<SharedState> {
     let console = Router::new()
         .route("/", get(home))
@@ -100,7 +72,8 @@ pub fn router() -> Router<SharedState> {
         .route("/console.css", get(stylesheet))
         .fallback(|| async { PageError::NotFound })
         .method_not_allowed_fallback(|| async { PageError::MethodNotAllowed })
-        .layer(axum::middleware::from_fn(console_headers));
+        .layer(axum::middleware::from_fn(console_headers))
+        .layer(Extension(Arc::new(ConsoleState::default())));
     Router::new().nest("/console", console)
 }
 
@@ -198,304 +171,6 @@ impl IntoResponse for PageError {
         }
         resp
     }
-}
-
-/// A signed-in console user.
-#[derive(Clone, Debug)]
-pub struct Session {
-    id_hash: Vec<u8>,
-    pub tenant_id: Uuid,
-    /// The first characters of the API key signed in with: "who" on changes.
-    pub key_prefix: String,
-    pub csrf: String,
-}
-
-fn random_token() -> String {
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    URL_SAFE_NO_PAD.encode(bytes)
-}
-
-fn hash(token: &str) -> Vec<u8> {
-    Sha256::digest(token.as_bytes()).to_vec()
-}
-
-/// The value of cookie `name`, if the request carries it.
-fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
-}
-
-/// A `Set-Cookie` value for the console (`max_age` 0 removes it).
-fn set_cookie(state: &SharedState, name: &str, value: &str, max_age: Option<u64>) -> HeaderValue {
-    let secure = state
-        .receipts
-        .public_url
-        .as_deref()
-        .is_some_and(|u| u.to_ascii_lowercase().starts_with("https://"));
-    let mut c = format!("{name}={value}; Path=/console; HttpOnly; SameSite=Strict");
-    if secure {
-        c.push_str("; Secure");
-    }
-    if let Some(age) = max_age {
-        c.push_str(&format!("; Max-Age={age}"));
-    }
-    // Tokens are base64url: always a valid header value.
-    HeaderValue::from_str(&c).unwrap_or_else(|_| HeaderValue::from_static(""))
-}
-
-/// The request's live session: `None` without a cookie, with an unknown
-/// one, after the idle timeout (the session is then deleted) or once its
-/// key was revoked.
-async fn current(state: &SharedState, headers: &HeaderMap) -> Result<Option<Session>, PageError> {
-    let Some(id) = cookie(headers, SESSION_COOKIE) else {
-        return Ok(None);
-    };
-    if id.len() > 100 {
-        return Ok(None);
-    }
-    let id_hash = hash(id);
-    let Some(row) = state.store.session(&id_hash).await? else {
-        return Ok(None);
-    };
-    let now = state.clock.now();
-    let idle = Duration::try_from(now - row.last_seen_at).unwrap_or_default();
-    if idle >= IDLE_TIMEOUT {
-        state.store.delete_session(&id_hash).await?;
-        return Ok(None);
-    }
-    if idle >= TOUCH_EVERY {
-        state.store.touch_session(&id_hash, now).await?;
-    }
-    Ok(Some(Session {
-        id_hash,
-        tenant_id: row.tenant_id,
-        key_prefix: row.key_prefix,
-        csrf: row.csrf_token,
-    }))
-}
-
-fn see_other(to: &str) -> Response {
-    let mut resp = StatusCode::SEE_OTHER.into_response();
-    if let Ok(v) = HeaderValue::from_str(to) {
-        resp.headers_mut().insert(header::LOCATION, v);
-    }
-    resp
-}
-
-fn to_login() -> Response {
-    see_other("/console/login")
-}
-
-/// A URL-encoded query value.
-pub(crate) fn enc(s: &str) -> String {
-    form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
-
-/// The largest console form read (bytes): a sign-in key or a number and a
-/// token; anything longer is refused (413) without being read on.
-const FORM_LIMIT: usize = 8 * 1024;
-
-/// A posted form's bytes, read within the body-read timeout and
-/// [`FORM_LIMIT`] before anything else is done with the request: a request
-/// head announcing a body that never comes is answered 408 at the timeout
-/// and its connection closed, instead of holding a connection slot.
-async fn read_form(state: &SharedState, body: Body) -> Result<Bytes, PageError> {
-    crate::body::read_limited(body, state.body_read_timeout, FORM_LIMIT)
-        .await
-        .map_err(|e| match e {
-            crate::body::BodyError::TooSlow => PageError::RequestTimeout,
-            crate::body::BodyError::TooLarge => PageError::PayloadTooLarge,
-            crate::body::BodyError::Broken => {
-                PageError::BadRequest("The form could not be read.".into())
-            }
-        })
-}
-
-/// A posted form's fields, or why not (415 for another media type).
-fn form(headers: &HeaderMap, body: &Bytes) -> Result<Vec<(String, String)>, PageError> {
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let mime = ct.split(';').next().unwrap_or("").trim();
-    if !mime.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
-        return Err(PageError::UnsupportedMediaType);
-    }
-    Ok(form_urlencoded::parse(body)
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect())
-}
-
-fn field<'f>(fields: &'f [(String, String)], name: &str) -> Option<&'f str> {
-    fields
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
-}
-
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
-}
-
-const CSRF_REFUSED: &str = "This form was not sent from a page of this console (its CSRF token is missing or wrong). Nothing was changed.";
-
-/// A POST of a signed-in user: the session, and the form once its CSRF
-/// token is checked. Refused with 403 without a session or the token.
-async fn posted(
-    state: &SharedState,
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<(Session, Vec<(String, String)>), PageError> {
-    let Some(session) = current(state, headers).await? else {
-        return Err(PageError::Forbidden(
-            "You are not signed in (or your session ended). Nothing was changed.",
-        ));
-    };
-    let fields = form(headers, body)?;
-    match field(&fields, "csrf") {
-        Some(token) if same(token, &session.csrf) => Ok((session, fields)),
-        _ => Err(PageError::Forbidden(CSRF_REFUSED)),
-    }
-}
-
-async fn home(State(state): State<SharedState>, headers: HeaderMap) -> Result<Response, PageError> {
-    Ok(match current(&state, &headers).await? {
-        Some(_) => see_other("/console/overview"),
-        None => to_login(),
-    })
-}
-
-async fn stylesheet() -> Response {
-    let mut resp = include_str!("console.css").into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/css; charset=utf-8"),
-    );
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("public, max-age=3600"),
-    );
-    resp
-}
-
-async fn login_page(
-    State(state): State<SharedState>,
-    headers: HeaderMap,
-) -> Result<Response, PageError> {
-    if current(&state, &headers).await?.is_some() {
-        return Ok(see_other("/console/overview"));
-    }
-    Ok(login_form(&state, &headers, StatusCode::OK, None))
-}
-
-/// The sign-in form with its CSRF token, set as a cookie beside it: the
-/// browser's token if it has one (so two open sign-in tabs both work), else
-/// a fresh one.
-fn login_form(
-    state: &SharedState,
-    headers: &HeaderMap,
-    status: StatusCode,
-    error: Option<&str>,
-) -> Response {
-    let token = cookie(headers, LOGIN_COOKIE)
-        .filter(|t| {
-            t.len() == 43
-                && t.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
-        .map_or_else(random_token, str::to_string);
-    let mut resp = (status, Html(pages::login(&token, error).into_string())).into_response();
-    resp.headers_mut().insert(
-        header::SET_COOKIE,
-        set_cookie(state, LOGIN_COOKIE, &token, None),
-    );
-    resp
-}
-
-async fn login(
-    State(state): State<SharedState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, PageError> {
-    let body = read_form(&state, body).await?;
-    let fields = form(&headers, &body)?;
-    let expected = cookie(&headers, LOGIN_COOKIE);
-    match (field(&fields, "csrf"), expected) {
-        (Some(token), Some(expected)) if same(token, expected) => {}
-        _ => return Err(PageError::Forbidden(CSRF_REFUSED)),
-    }
-    let now = state.clock.now();
-    state
-        .console
-        .allowed(now)
-        .map_err(PageError::TooManySignIns)?;
-    let key = field(&fields, "api_key").unwrap_or("").trim();
-    let auth = if key.starts_with(apikey::PREFIX) && key.len() <= 200 {
-        state.store.tenant_for_key(&apikey::hash(key)).await?
-    } else {
-        None
-    };
-    let Some(auth) = auth else {
-        state.console.failed(now);
-        tracing::info!("console sign-in refused");
-        return Ok(login_form(
-            &state,
-            &headers,
-            StatusCode::UNAUTHORIZED,
-            Some("That API key was not accepted."),
-        ));
-    };
-    let id = random_token();
-    let cutoff = now - time::Duration::try_from(IDLE_TIMEOUT).unwrap_or(time::Duration::HOUR);
-    state
-        .store
-        .create_session(
-            &NewSession {
-                id_hash: hash(&id),
-                tenant_id: auth.id,
-                key_hash: apikey::hash(key),
-                key_prefix: apikey::stored_form(key).prefix,
-                csrf_token: random_token(),
-                at: now,
-            },
-            cutoff,
-        )
-        .await?;
-    let mut resp = see_other("/console/overview");
-    let h = resp.headers_mut();
-    h.append(
-        header::SET_COOKIE,
-        set_cookie(&state, SESSION_COOKIE, &id, None),
-    );
-    h.append(
-        header::SET_COOKIE,
-        set_cookie(&state, LOGIN_COOKIE, "", Some(0)),
-    );
-    Ok(resp)
-}
-
-async fn logout(
-    State(state): State<SharedState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, PageError> {
-    let body = read_form(&state, body).await?;
-    let (session, _) = posted(&state, &headers, &body).await?;
-    state.store.delete_session(&session.id_hash).await?;
-    let mut resp = see_other("/console/login");
-    resp.headers_mut().insert(
-        header::SET_COOKIE,
-        set_cookie(&state, SESSION_COOKIE, "", Some(0)),
-    );
-    Ok(resp)
 }
 
 #[derive(Deserialize)]

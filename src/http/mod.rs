@@ -21,6 +21,7 @@ use crate::store::{Store, TenantAuth};
 
 pub mod batch;
 pub mod health;
+pub mod history;
 pub mod messages;
 pub mod metrics;
 pub mod opt_outs;
@@ -57,8 +58,6 @@ pub struct AppState {
     pub waiters: Arc<Waiters>,
     /// Verifications (one-time codes).
     pub verify: Arc<crate::verify::Verifier>,
-    /// The support console's failed sign-ins.
-    pub console: crate::console::ConsoleState,
     /// Webhook endpoint rules (private targets allowed or not).
     pub webhooks: crate::config::WebhookSettings,
     /// This instance's webhook deliveries (told when an endpoint is created).
@@ -67,22 +66,22 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
-pub fn router(state: SharedState) -> Router {
-    router_with(state, true)
-}
-
-/// The API; `GET /metrics` only if `serve_metrics` (otherwise it is served
-/// by [`metrics_router`] on its own listener, `SENDONCE_METRICS_LISTEN`).
-pub fn router_with(state: SharedState, serve_metrics: bool) -> Router {
+/// The API, with `pages` (the support console's routes) beside it, under
+/// the same limits and middleware; `GET /metrics` only if `serve_metrics`
+/// (otherwise it is served by [`metrics_router`] on its own listener,
+/// `SENDONCE_METRICS_LISTEN`). The console is handed in, so this module
+/// does not depend on it.
+pub fn router_with(state: SharedState, pages: Router<SharedState>, serve_metrics: bool) -> Router {
     let mut api = Router::new()
         .merge(messages::router())
         .merge(batch::router())
         .merge(opt_outs::router())
         .merge(receipts::router())
+        .merge(history::router())
         .merge(verifications::router())
         .merge(webhooks::router())
         .merge(health::router())
-        .merge(crate::console::router());
+        .merge(pages);
     if serve_metrics {
         api = api.merge(metrics::router());
     }

@@ -397,6 +397,10 @@ pub struct ConnectionStats {
     pub host_switches: u64,
 }
 
+/// A store's listener for the changes other instances announce: runs until
+/// its stop token is cancelled.
+pub type ChangeFeed = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// Schema, health, shutdown and retention.
 #[async_trait]
 pub trait MaintenanceStore: Send + Sync {
@@ -444,9 +448,19 @@ pub trait MaintenanceStore: Send + Sync {
     fn batch_sizes(&self) -> Option<std::sync::Arc<crate::metrics::BatchSizes>> {
         None
     }
-    /// The Postgres pool whose database notifies changes (`LISTEN`), if the
-    /// store is Postgres; `None` for a single-process store.
-    fn notify_pool(&self) -> Option<sqlx::PgPool> {
+    /// Whether other processes announce their changes through this store
+    /// (so what this instance caches hears of them at once).
+    fn announces_changes(&self) -> bool {
+        false
+    }
+    /// Listens for the changes other instances announce (revoked keys,
+    /// purges) and publishes them to `notifier` until `stop`; `None` for a
+    /// store no other process announces changes through (SQLite).
+    fn change_feed(
+        &self,
+        _notifier: crate::notify::Notifier,
+        _stop: tokio_util::sync::CancellationToken,
+    ) -> Option<crate::store::ChangeFeed> {
         None
     }
 }

@@ -20,16 +20,17 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::clock::to_time;
-use crate::config::VerifySettings;
 use crate::domain::{FieldError, IdempotencyKey, MessageId, Phone, segments};
 use crate::store::{MessageRecord, NewMessage, VerificationRecord, send_key};
 
 pub mod crypto;
 pub mod decide;
 pub mod expiry;
+pub mod settings;
 
 pub use crypto::{Keys, SecretSource};
 pub use decide::VerificationStatus;
+pub use settings::VerifySettings;
 
 /// The text sent when a start names no template.
 pub const DEFAULT_TEMPLATE: &str = "Your verification code is {code}";

@@ -10,9 +10,17 @@ use crate::store::{ConnectionStats, DbStatus, MaintenanceStore, StoreError};
 
 #[async_trait]
 impl MaintenanceStore for PgStore {
-    fn notify_pool(&self) -> Option<sqlx::PgPool> {
+    fn announces_changes(&self) -> bool {
+        true
+    }
+
+    fn change_feed(
+        &self,
+        notifier: crate::notify::Notifier,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<crate::store::ChangeFeed> {
         // LISTEN needs a session of its own: never through a transaction pooler.
-        Some(self.session_pool().clone())
+        Some(Box::pin(notifier.listen(self.session_pool().clone(), stop)))
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {

@@ -19,6 +19,7 @@ mod batch;
 mod campaigns;
 pub mod connect;
 mod console;
+mod lanes;
 mod maintenance;
 mod messages;
 mod opt_outs;

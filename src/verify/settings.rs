@@ -1,0 +1,54 @@
+//! What verifications are configured with. The settings live with the
+//! verifications; `config::verify` reads them from the environment.
+
+use std::time::Duration;
+
+/// The verify secret: never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct VerifySecret(pub Vec<u8>);
+
+impl std::fmt::Debug for VerifySecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("VerifySecret(<redacted>)")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifySettings {
+    /// `SENDONCE_VERIFY_SECRET`; `None`: one generated on first use and kept
+    /// in the database.
+    pub secret: Option<VerifySecret>,
+    /// Checks per verification (the last wrong one ends it).
+    pub max_checks: u32,
+    /// Least time between two sends of one verification.
+    pub resend_cooldown: Duration,
+    /// Most sends of one verification, the first included.
+    pub max_sends: u32,
+    /// A destination prefix is paused when fewer than this percentage of its
+    /// recent concluded verifications were approved...
+    pub pause_min_approval_percent: u32,
+    /// ...once at least this many concluded (0: never pause).
+    pub pause_min_starts: u32,
+    /// "Recent": started within this window.
+    pub pause_window: Duration,
+    /// How long a pause lasts.
+    pub pause_duration: Duration,
+}
+
+impl Default for VerifySettings {
+    fn default() -> Self {
+        Self {
+            secret: None,
+            max_checks: 5,
+            resend_cooldown: Duration::from_secs(30),
+            max_sends: 5,
+            pause_min_approval_percent: 20,
+            pause_min_starts: 20,
+            pause_window: Duration::from_secs(3600),
+            pause_duration: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Shortest secret accepted, in bytes.
+pub const MIN_SECRET_LEN: usize = 32;

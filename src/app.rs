@@ -116,20 +116,33 @@ impl App {
         if !store.announces_changes() {
             key_cache.key_ttl = std::time::Duration::ZERO;
         }
+        let replays = ReplayCache::new(
+            notifier.clone(),
+            settings.caches.replay_entries,
+            settings.retention.period,
+        );
+        let waiters = Waiters::new(settings.caches.max_waiters_per_tenant);
+        let limiter = Arc::new(RateLimiter::new(settings.limits.rates, clock.clone()));
+        let sends = crate::send::Sends::new(
+            Arc::clone(&store),
+            Arc::clone(&deliverer),
+            Arc::clone(&limiter),
+            Arc::clone(&replays),
+            Arc::clone(&waiters),
+            clock.clone(),
+            settings.limits.max_segments,
+        );
         let state = Arc::new(AppState {
             keys: KeyCache::new(notifier.clone(), key_cache),
-            replays: ReplayCache::new(
-                notifier.clone(),
-                settings.caches.replay_entries,
-                settings.retention.period,
-            ),
-            waiters: Waiters::new(settings.caches.max_waiters_per_tenant),
+            replays,
+            waiters,
+            sends,
             store,
             clock: clock.clone(),
             metrics: Arc::clone(deliverer.metrics()),
             deliverer,
             wait: settings.server.wait.clone(),
-            limiter: RateLimiter::new(settings.limits.rates, clock.clone()),
+            limiter,
             max_segments: settings.limits.max_segments,
             body_read_timeout: settings.server.body_read_timeout,
             receipts: settings.server.receipts.clone(),

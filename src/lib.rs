@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod notify;
 pub mod provider;
 pub mod ratelimit;
+pub mod send;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

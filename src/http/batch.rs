@@ -24,14 +24,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Map, Value, json};
 
-use super::messages::{
-    check_policy, is_json, new_message, read_body_limited, start_with_quiet_hours,
-};
+use super::input::{json_body, request_rate};
 use super::{Authenticated, SharedState};
 use crate::domain::request::{RequestError, duplicate_key};
-use crate::domain::schedule;
-use crate::domain::{FieldError, IdempotencyKey, SendRequest, Status};
+use crate::domain::{FieldError, IdempotencyKey, SendRequest};
 use crate::error::{ApiError, problem_value};
+use crate::send::Sent;
 use crate::store::{Claim, KeyState, Queued, TenantAuth};
 
 /// Largest batch body accepted (413 above).
@@ -108,17 +106,8 @@ async fn create_batch(
 ) -> Result<Response, ApiError> {
     // The batch is one request for the tenant's request rate; each new item
     // counts against the destination limits like a send.
-    state
-        .limiter
-        .request(tenant.id)
-        .map_err(|r| ApiError::RateLimited {
-            limit: r.limit,
-            retry_after: r.retry_after,
-        })?;
-    if !is_json(&headers) {
-        return Err(ApiError::UnsupportedMediaType);
-    }
-    let bytes = read_body_limited(body, state.body_read_timeout, BATCH_BODY_LIMIT).await?;
+    request_rate(&state, tenant.id)?;
+    let bytes = json_body(&state, &headers, body, BATCH_BODY_LIMIT).await?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|_| ApiError::MalformedJson)?;
     // Items are read from the parsed value; a duplicated JSON key anywhere
     // would mean different things to different parsers.
@@ -194,7 +183,7 @@ async fn create_batch(
                         if let Some(permit) = permits.remove(&v.index) {
                             state.limiter.refund(permit);
                         }
-                        existing_result(&state, key, &v.fingerprint, existing).await?
+                        existing_result(&state, tenant.id, key, &v.fingerprint, existing).await?
                     }
                 }
             }
@@ -212,10 +201,12 @@ async fn create_batch(
                             status: record.status,
                             response: None,
                         };
-                        existing_result(&state, key.clone(), fingerprint, &state_now).await?
+                        existing_result(&state, tenant.id, key.clone(), fingerprint, &state_now)
+                            .await?
                     }
                     Some((_, Claim::Existing(existing))) => {
-                        existing_result(&state, key.clone(), fingerprint, existing).await?
+                        existing_result(&state, tenant.id, key.clone(), fingerprint, existing)
+                            .await?
                     }
                     // The first was refused before the write (invalid or
                     // rate limited): so is this one, for the same reason.
@@ -339,19 +330,11 @@ async fn parse_item(
             )));
         }
     };
-    if let Err(e) = check_policy(&request, tenant, state.max_segments) {
-        return Ok(Parsed::Done(ItemResult::refused(key_text, &e)));
-    }
-    let due = match schedule::start_at(request.send_at, now) {
-        Ok(due) => start_with_quiet_hours(&request, tenant, due, now),
-        Err(e) => {
-            return Ok(Parsed::Done(ItemResult::refused(
-                key_text,
-                &ApiError::Validation(vec![e]),
-            )));
-        }
+    let prepared = match state.sends.prepare(tenant, key, request, now) {
+        Ok(p) => p,
+        Err(e) => return Ok(Parsed::Done(ItemResult::refused(key_text, &e))),
     };
-    let fingerprint = request.fingerprint();
+    let fingerprint = *prepared.fingerprint();
     if let Some(&first) = seen.get(&key_text) {
         return Ok(Parsed::Repeat {
             first,
@@ -363,12 +346,12 @@ async fn parse_item(
 
     // Destination limits count new sends only: a refused item whose key
     // exists is a replay (or a 422) and goes on.
-    let permit = match state.limiter.send(tenant.id, &request.to) {
+    let permit = match state.limiter.send(tenant.id, prepared.to()) {
         Ok(p) => Some(p),
-        Err(refused) => match state.store.key_state(tenant.id, key.as_str()).await? {
+        Err(refused) => match state.store.key_state(tenant.id, key_text.as_str()).await? {
             Some(existing) => {
                 return Ok(Parsed::Done(
-                    existing_result(state, key_text, &fingerprint, &existing).await?,
+                    existing_result(state, tenant.id, key_text, &fingerprint, &existing).await?,
                 ));
             }
             None => {
@@ -380,24 +363,10 @@ async fn parse_item(
             }
         },
     };
-    let send_at = request.send_at.filter(|t| *t > now);
-    let message = new_message(
-        state,
-        tenant.id,
-        key,
-        request,
-        &fingerprint,
-        now,
-        due.unwrap_or(now),
-    );
     Ok(Parsed::Valid(Box::new(Valid {
         index,
         fingerprint,
-        queued: Queued {
-            message,
-            due: due.unwrap_or(now),
-            send_at,
-        },
+        queued: state.sends.queued(tenant.id, prepared),
         permit,
     })))
 }
@@ -405,31 +374,37 @@ async fn parse_item(
 /// What a respond-async `POST /messages` with a taken key answers.
 async fn existing_result(
     state: &SharedState,
+    tenant_id: uuid::Uuid,
     key: String,
     fingerprint: &[u8],
     existing: &KeyState,
 ) -> Result<ItemResult, ApiError> {
-    if existing.fingerprint != fingerprint {
-        return Ok(ItemResult::refused(key, &ApiError::KeyReused));
-    }
-    if let Some(response) = &existing.response {
-        return Ok(ItemResult {
-            key,
-            status: StatusCode::from_u16(response.status_code).unwrap_or(StatusCode::CREATED),
-            message: serde_json::from_slice(&response.body).ok(),
-            problem: None,
-        });
-    }
-    if existing.status == Status::Scheduled
-        && let Some(record) = state.store.message_by_id(existing.id).await?
-        && record.status == Status::Scheduled
-    {
-        return Ok(ItemResult {
-            key,
-            status: StatusCode::ACCEPTED,
-            message: serde_json::to_value(record.to_out()).ok(),
-            problem: None,
-        });
-    }
-    Ok(ItemResult::refused(key, &ApiError::KeyInUse))
+    let sent = state
+        .sends
+        .answer_existing(tenant_id, fingerprint, existing, std::time::Duration::ZERO)
+        .await;
+    let (status, message) = match sent {
+        Ok(Sent::Final(r) | Sent::Replayed(r)) => (
+            StatusCode::from_u16(r.status_code).unwrap_or(StatusCode::CREATED),
+            serde_json::from_slice(&r.body).ok(),
+        ),
+        Ok(Sent::Remembered { status_code, body }) => (
+            StatusCode::from_u16(status_code).unwrap_or(StatusCode::CREATED),
+            serde_json::from_slice(&body).ok(),
+        ),
+        Ok(Sent::Scheduled(record) | Sent::Pending(record) | Sent::ReplayedScheduled(record)) => (
+            StatusCode::ACCEPTED,
+            serde_json::to_value(record.to_out()).ok(),
+        ),
+        Err(e @ (ApiError::KeyReused | ApiError::KeyInUse)) => {
+            return Ok(ItemResult::refused(key, &e));
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(ItemResult {
+        key,
+        status,
+        message,
+        problem: None,
+    })
 }

@@ -22,6 +22,7 @@ use crate::store::{Store, TenantAuth};
 pub mod batch;
 pub mod health;
 pub mod history;
+pub(crate) mod input;
 pub mod messages;
 pub mod metrics;
 pub mod opt_outs;
@@ -43,7 +44,9 @@ pub struct AppState {
     /// This instance's metrics.
     pub metrics: Arc<Metrics>,
     pub wait: WaitSettings,
-    pub limiter: RateLimiter,
+    pub limiter: Arc<RateLimiter>,
+    /// The send protocol (`POST /messages`, batch items).
+    pub sends: crate::send::Sends,
     /// Most SMS segments one message may take.
     pub max_segments: u32,
     /// The whole request body must arrive within this.

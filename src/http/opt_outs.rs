@@ -68,10 +68,10 @@ pub(crate) async fn json_object(
     body: Body,
     fields: &[&str],
 ) -> Result<serde_json::Map<String, Value>, ApiError> {
-    if !super::messages::is_json(headers) {
+    if !super::input::is_json(headers) {
         return Err(ApiError::UnsupportedMediaType);
     }
-    let bytes = super::messages::read_body(body, state.body_read_timeout).await?;
+    let bytes = super::input::read_body(body, state.body_read_timeout).await?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|_| ApiError::MalformedJson)?;
     if let Some(path) = duplicate_key(&bytes) {
         return Err(ApiError::Validation(vec![FieldError {

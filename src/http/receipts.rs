@@ -37,7 +37,7 @@ use serde::Serialize;
 use subtle::ConstantTimeEq;
 
 use super::SharedState;
-use super::messages::read_body;
+use super::input::read_body;
 use crate::domain::request::duplicate_key;
 use crate::domain::{FieldError, Status};
 use crate::error::ApiError;

@@ -19,9 +19,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use uuid::Uuid;
 
-use super::messages::{is_json, read_body};
+use super::input::{idempotency_key, json_body, optional_idempotency_key, request_rate};
 use super::{Authenticated, SharedState, Tenant};
-use crate::domain::{FieldError, IdempotencyKey, segments};
+use crate::domain::{FieldError, segments};
 use crate::error::ApiError;
 use crate::store::StoreError;
 use std::sync::Arc;
@@ -74,19 +74,6 @@ fn bad_body(e: Option<Vec<FieldError>>) -> ApiError {
     }
 }
 
-fn required_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
-    optional_key(headers)?.ok_or(ApiError::MissingIdempotencyKey)
-}
-
-fn optional_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
-    headers
-        .get("idempotency-key")
-        .map(|v| {
-            IdempotencyKey::parse_header(v.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)
-        })
-        .transpose()
-}
-
 fn path_id(id: Result<Path<String>, PathRejection>) -> Result<Uuid, ApiError> {
     let Path(id) = id.map_err(|_| ApiError::NotFound)?;
     parse_id(&id).ok_or(ApiError::NotFound)
@@ -121,18 +108,9 @@ async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    state
-        .limiter
-        .request(tenant.id)
-        .map_err(|r| ApiError::RateLimited {
-            limit: r.limit,
-            retry_after: r.retry_after,
-        })?;
-    let key = required_key(&headers)?;
-    if !is_json(&headers) {
-        return Err(ApiError::UnsupportedMediaType);
-    }
-    let body = read_body(body, state.body_read_timeout).await?;
+    request_rate(&state, tenant.id)?;
+    let key = idempotency_key(&headers)?;
+    let body = json_body(&state, &headers, body, super::BODY_LIMIT).await?;
     let request = StartRequest::parse(&body).map_err(bad_body)?;
     let mut errors = Vec::new();
     if let Some(allowed) = &tenant.allowed_countries {
@@ -285,11 +263,8 @@ async fn check(
     body: Body,
 ) -> Result<Response, ApiError> {
     let id = path_id(id)?;
-    let key = optional_key(&headers)?;
-    if !is_json(&headers) {
-        return Err(ApiError::UnsupportedMediaType);
-    }
-    let body = read_body(body, state.body_read_timeout).await?;
+    let key = optional_idempotency_key(&headers)?;
+    let body = json_body(&state, &headers, body, super::BODY_LIMIT).await?;
     let code = parse_check(&body).map_err(bad_body)?;
     let keys = state.verify.secret.keys().await?;
     let v = state
@@ -361,15 +336,9 @@ async fn resend(
     id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    state
-        .limiter
-        .request(tenant.id)
-        .map_err(|r| ApiError::RateLimited {
-            limit: r.limit,
-            retry_after: r.retry_after,
-        })?;
+    request_rate(&state, tenant.id)?;
     let id = path_id(id)?;
-    let key = required_key(&headers)?;
+    let key = idempotency_key(&headers)?;
     let keys = state.verify.secret.keys().await?;
     let v = state
         .store

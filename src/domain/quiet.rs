@@ -15,7 +15,7 @@
 //!   wide country), the first zone listed (the capital's) decides.
 //!
 //! A number whose country is not in the table gets no quiet hours rather
-//! than a guessed zone (README, "Batches, schedules and quiet hours").
+//! than a guessed zone (docs/api.md, "Batches, schedules and quiet hours").
 
 use chrono::{NaiveDate, NaiveDateTime, NaiveTime, TimeZone, Timelike};
 use chrono_tz::Tz;

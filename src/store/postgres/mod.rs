@@ -98,7 +98,7 @@ impl PgStore {
     /// Statements stay named and cached per connection: this needs a
     /// pooler that keeps protocol-level prepared statements apart per
     /// client (PgBouncer 1.21 or later with `max_prepared_statements` > 0;
-    /// README, "Behind a connection pooler").
+    /// docs/high-availability.md, "Behind a connection pooler").
     pub fn connect_lazy_via(
         url: &str,
         pooler: Pooler,

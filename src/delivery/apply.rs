@@ -8,7 +8,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use super::Deliverer;
-use super::decide::Transition;
+use super::decide::Write;
 use super::hub::Registration;
 use crate::domain::Status;
 use crate::store::{Finish, Lease, MessageRecord, Reschedule, StoreError, StoredResponse};
@@ -35,31 +35,35 @@ pub enum Report {
 }
 
 impl Deliverer {
-    /// Writes `t`, fenced on `lease`. `Proceed`, `Reconcile` and `MoveOn`
-    /// are not results and are never handed here. A provider's answer with
-    /// an id that another message already holds is a message the provider
-    /// sent (it said so) under an id we cannot keep: it is stored `sent`
-    /// without the id, and the error says why.
+    /// Writes `w`, fenced on `lease`. A provider's answer with an id that
+    /// another message already holds is a message the provider sent (it
+    /// said so) under an id we cannot keep: it is stored `sent` without the
+    /// id, and the error says why.
     pub(super) async fn apply(
         &self,
         msg: &mut MessageRecord,
         lease: &Lease,
         registration: &Registration,
-        t: Transition,
+        w: Write,
     ) -> Report {
-        let kept = t.clone();
-        match self.apply_once(msg, lease, registration, t).await {
+        let Write::Final {
+            status,
+            provider_message_id,
+            error,
+            attempt,
+        } = w
+        else {
+            return self.apply_once(msg, lease, registration, w).await;
+        };
+        let first = Write::Final {
+            status,
+            provider_message_id: provider_message_id.clone(),
+            error,
+            attempt: attempt.clone(),
+        };
+        match self.apply_once(msg, lease, registration, first).await {
             Report::IdTaken => {
-                let Transition::Final {
-                    status,
-                    provider_message_id,
-                    attempt,
-                    ..
-                } = kept
-                else {
-                    return Report::StoreDown;
-                };
-                let t = Transition::Final {
+                let w = Write::Final {
                     status,
                     error: Some(super::decide::error(
                         "provider_id_taken",
@@ -73,7 +77,7 @@ impl Deliverer {
                     provider_message_id: None,
                     attempt,
                 };
-                match self.apply_once(msg, lease, registration, t).await {
+                match self.apply_once(msg, lease, registration, w).await {
                     Report::IdTaken => Report::StoreDown,
                     report => report,
                 }
@@ -89,10 +93,10 @@ impl Deliverer {
         msg: &mut MessageRecord,
         lease: &Lease,
         registration: &Registration,
-        t: Transition,
+        w: Write,
     ) -> Report {
-        match t {
-            Transition::Final {
+        match w {
+            Write::Final {
                 status,
                 provider_message_id,
                 error,
@@ -135,16 +139,12 @@ impl Deliverer {
                 }
                 Report::Final(status)
             }
-            Transition::Retry { at, error, attempt } => {
+            Write::Retry { at, error, attempt } => {
                 self.reschedule(msg, lease, at, error, Some(attempt)).await
             }
             // The attempt stays open: whoever claims it when due asks the
             // provider again before anything else.
-            Transition::Recheck { at, error } => self.reschedule(msg, lease, at, error, None).await,
-            Transition::Reconcile { .. } | Transition::Proceed | Transition::MoveOn { .. } => {
-                tracing::error!(?t, "not a result: nothing to write");
-                Report::StoreDown
-            }
+            Write::Recheck { at, error } => self.reschedule(msg, lease, at, error, None).await,
         }
     }
 

@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 use tokio::sync::OwnedSemaphorePermit;
-use tokio::time::Instant;
 
-use super::decide::{self, Event, Snapshot, Transition, too_late};
+use super::decide::{self, Event, Snapshot, Step, Transition, Write, too_late};
 use super::{Deliverer, LEASE_FRESHNESS, Report, Route, hub, needs_renewal};
 use crate::domain::{AttemptOutcome, MessageId, Status};
-use crate::provider::{AttemptRef, OutgoingSms, SendOutcome};
+use crate::provider::{AttemptRef, OutgoingSms};
 use crate::store::{Lease, MessageRecord};
 
 /// How a delivery run begins.
@@ -106,12 +105,12 @@ impl Deliverer {
                 &r,
             );
             match t {
-                Transition::Proceed => {}
-                Transition::MoveOn {
+                Transition::Step(Step::Proceed) => {}
+                Transition::Step(Step::MoveOn {
                     to,
                     reason,
                     attempt: closing,
-                } => {
+                }) => {
                     let moved_attempt = closing.is_some();
                     match self
                         .move_on(&mut msg, &mut lease, to, reason, closing)
@@ -128,12 +127,13 @@ impl Deliverer {
                         Err(report) => return report,
                     }
                 }
-                t => return self.apply(&mut msg, &lease, registration, t).await,
+                Transition::Write(w) => return self.apply(&mut msg, &lease, registration, w).await,
+                Transition::Step(step) => return unexpected(&step),
             }
             let Some(provider) = routing.provider else {
                 // Its provider is no longer configured and something may
                 // have been sent through it: nobody can tell.
-                let t = Transition::Final {
+                let w = Write::Final {
                     status: Status::Unknown,
                     provider_message_id: None,
                     error: Some(decide::error(
@@ -146,87 +146,31 @@ impl Deliverer {
                     )),
                     attempt: None,
                 };
-                return self.apply(&mut msg, &lease, registration, t).await;
+                return self.apply(&mut msg, &lease, registration, w).await;
             };
 
             let now = self.clock.now();
             let sms = match self.outgoing(&msg, now).await {
                 Ok(sms) => sms,
                 Err(BodyError::Unreadable(why)) => {
-                    let t = self.decide(&snap, &Event::Unsendable(&why), dedupes, &r);
-                    return self.apply(&mut msg, &lease, registration, t).await;
+                    return match self.decide(&snap, &Event::Unsendable(&why), dedupes, &r) {
+                        Transition::Write(w) => self.apply(&mut msg, &lease, registration, w).await,
+                        Transition::Step(step) => unexpected(&step),
+                    };
                 }
                 Err(BodyError::Unavailable) => return Report::StoreDown,
             };
 
-            // The lease, after the last wait (the slot, the secret): renewed
-            // unless it was written within the last second, and with enough
-            // left for the whole call.
-            let Some(call) = self.begin_call(msg.id) else {
-                return Report::Stopped;
+            let outcome = match self.call(&msg, &mut lease, provider.as_ref(), &sms).await {
+                Ok(outcome) => outcome,
+                Err(report) => return report,
             };
-            if let Err(report) = self.lease_for_call(msg.id, &mut lease).await {
-                return report;
-            }
-            crate::failpoint::hit("call.before_request");
-            // Checked once more on this instance's own clock right before the
-            // request is built: a pause (GC, SIGSTOP, a VM freeze) since the
-            // renewal that ate into the lease means someone else may own the
-            // message now. A renewal that still succeeds says nobody does
-            // (the lease is still ours in the database), and then the check
-            // is made again; one that fails ends the run. From the last
-            // check to the request's bytes on the wire is the window
-            // docs/architecture.md states.
-            // The test is the lease's freshness, not what is left of it: a
-            // stepped database clock may have ended it whatever this clock
-            // says, and only a write less than a second old is known to be
-            // covered by a claimer's takeover wait.
-            if needs_renewal(lease.age()) {
-                tracing::warn!(
-                    age_ms = lease.age().as_millis() as u64,
-                    "paused before the provider call: renewing the lease before calling"
-                );
-                if let Err(report) = self.renew(msg.id, &mut lease).await {
-                    return report;
-                }
-                if needs_renewal(lease.age()) {
-                    return Report::LeaseLost;
-                }
-            }
-            let called = Instant::now();
-            let outcome = tokio::select! {
-                o = tokio::time::timeout(self.settings.provider_timeout, provider.send(&sms)) => {
-                    o.unwrap_or_else(|_| SendOutcome::Ambiguous {
-                        http_status: None,
-                        retry_after: None,
-                        message: "the provider did not answer in time".into(),
-                    })
-                }
-                // Shutdown grace is over: the call is cut off, its lease
-                // held (see `Deliverer::shutdown`), and whoever resumes the
-                // message treats the attempt as ambiguous.
-                () = self.stop.cancelled() => return Report::Stopped,
-            };
-            drop(call);
-            // Before it is logged, stored or decided on: a provider's error
-            // text may quote the message, a one-time code included.
-            let outcome = outcome.scrubbed(&sms.body);
-            crate::failpoint::hit("call.after_answer");
-            let class = outcome.class();
-            self.metrics
-                .provider_attempt(provider.name(), class, called.elapsed());
-            tracing::debug!(
-                provider = provider.name(),
-                elapsed_ms = called.elapsed().as_millis() as u64,
-                ?outcome,
-                "provider answered"
-            );
             drop(slot);
             self.record_circuit(provider.name(), outcome.provider_works(), &msg)
                 .await;
 
             let mut t = self.decide(&snap, &Event::Answered(&outcome), dedupes, &r);
-            if let Transition::Reconcile { since } = t {
+            if let Transition::Step(Step::Reconcile { since }) = t {
                 if let Err(report) = self.wait_out_own_call(msg.id, &mut lease).await {
                     return report;
                 }
@@ -249,8 +193,11 @@ impl Deliverer {
                     )
                 };
                 t = reconciled(&answer);
-                if matches!(t, Transition::Final { .. }) {
-                    match self.apply_once(&mut msg, &lease, registration, t).await {
+                if let Transition::Write(w @ Write::Final { .. }) = &t {
+                    match self
+                        .apply_once(&mut msg, &lease, registration, w.clone())
+                        .await
+                    {
                         // The one candidate became another message's first:
                         // it was not ours, and ours was not listed.
                         Report::IdTaken => t = reconciled(&crate::provider::Reconciled::NotSent),
@@ -259,11 +206,11 @@ impl Deliverer {
                 }
             }
             match t {
-                Transition::MoveOn {
+                Transition::Step(Step::MoveOn {
                     to,
                     reason,
                     attempt: closing,
-                } => match self
+                }) => match self
                     .move_on(&mut msg, &mut lease, to, reason, closing)
                     .await
                 {
@@ -273,7 +220,8 @@ impl Deliverer {
                     }
                     Err(report) => return report,
                 },
-                t => return self.apply(&mut msg, &lease, registration, t).await,
+                Transition::Write(w) => return self.apply(&mut msg, &lease, registration, w).await,
+                Transition::Step(step) => return unexpected(&step),
             }
         }
     }
@@ -327,12 +275,12 @@ impl Deliverer {
                 Err(BodyError::Unavailable) if too_late(&snap, now).is_none() => {
                     return Err(Report::StoreDown);
                 }
-                Err(BodyError::Unavailable) => Transition::Proceed,
+                Err(BodyError::Unavailable) => Transition::Step(Step::Proceed),
             };
             match t {
-                Transition::Proceed => {}
-                Transition::Final { .. } => {
-                    match self.apply_once(msg, lease, registration, t).await {
+                Transition::Step(Step::Proceed) => {}
+                Transition::Write(w @ Write::Final { .. }) => {
+                    match self.apply_once(msg, lease, registration, w).await {
                         // The one candidate is another message's (it wrote
                         // the id first): ours was not listed, as "not sent"
                         // says, so the attempt below may start.
@@ -340,7 +288,8 @@ impl Deliverer {
                         report => return Err(report),
                     }
                 }
-                t => return Err(self.apply(msg, lease, registration, t).await),
+                Transition::Write(w) => return Err(self.apply(msg, lease, registration, w).await),
+                Transition::Step(step) => return Err(unexpected(&step)),
             }
         }
         let closing = open.then_some((msg.attempts, AttemptOutcome::Lost));
@@ -353,8 +302,10 @@ impl Deliverer {
             dedupes,
             &stay,
         );
-        if t != Transition::Proceed {
-            return Err(self.apply(msg, lease, registration, t).await);
+        match t {
+            Transition::Step(Step::Proceed) => {}
+            Transition::Write(w) => return Err(self.apply(msg, lease, registration, w).await),
+            Transition::Step(step) => return Err(unexpected(&step)),
         }
         let sender = provider
             .as_ref()
@@ -441,14 +392,18 @@ impl Deliverer {
 
     /// Makes sure the lease covers a call starting now: renewed (fenced)
     /// unless written within [`LEASE_FRESHNESS`] with enough left.
-    async fn lease_for_call(&self, id: MessageId, lease: &mut Lease) -> Result<(), Report> {
+    pub(super) async fn lease_for_call(
+        &self,
+        id: MessageId,
+        lease: &mut Lease,
+    ) -> Result<(), Report> {
         if needs_renewal(lease.age()) || lease.left() < self.call_needs() {
             self.renew(id, lease).await?;
         }
         Ok(())
     }
 
-    async fn renew(&self, id: MessageId, lease: &mut Lease) -> Result<(), Report> {
+    pub(super) async fn renew(&self, id: MessageId, lease: &mut Lease) -> Result<(), Report> {
         let written = crate::clock::Stamp::now();
         match self.store.renew_lease(id, lease).await {
             Ok(true) => {
@@ -548,4 +503,15 @@ impl Deliverer {
             r,
         )
     }
+}
+
+/// A step `decide` does not lead to from where the run asked (an event
+/// that cannot need it): nothing is written, and whoever claims the
+/// message next decides again.
+fn unexpected(step: &Step) -> Report {
+    tracing::error!(
+        ?step,
+        "a step this part of the run cannot take: nothing written"
+    );
+    Report::StoreDown
 }

@@ -1,11 +1,16 @@
-//! The provider calls of this instance that may be in flight, so that a
-//! shutdown knows which leases it must hold rather than release (issue 24,
-//! finding 1): a call registers before its last lease check and stays
-//! registered until it returns; once shutdown has cut calls off, none may
-//! start, and a task that reaches one is held too.
+//! The provider call itself ([`Deliverer::call`]), and the calls of this
+//! instance that may be in flight, so that a shutdown knows which leases it
+//! must hold rather than release (issue 24, finding 1): a call registers
+//! before its last lease check and stays registered until it returns; once
+//! shutdown has cut calls off, none may start, and a task that reaches one
+//! is held too.
 
-use super::Deliverer;
+use tokio::time::Instant;
+
+use super::{Deliverer, Report, needs_renewal};
 use crate::domain::MessageId;
+use crate::provider::{OutgoingSms, Provider, SendOutcome};
+use crate::store::{Lease, MessageRecord};
 
 /// A provider call that may be in flight: registered until dropped, so a
 /// shutdown knows which leases it must hold rather than release.
@@ -55,5 +60,79 @@ impl Deliverer {
 
     fn calls(&self) -> std::sync::MutexGuard<'_, super::Calls> {
         self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Deliverer {
+    /// One provider call: registered (so a shutdown holds its lease), under
+    /// a lease renewed after the last wait and checked once more on this
+    /// instance's clock, cut off at the provider timeout or when the
+    /// shutdown grace ends; the answer scrubbed of the message's text.
+    pub(super) async fn call(
+        &self,
+        msg: &MessageRecord,
+        lease: &mut Lease,
+        provider: &dyn Provider,
+        sms: &OutgoingSms,
+    ) -> Result<SendOutcome, Report> {
+        // The lease, after the last wait (the slot, the secret): renewed
+        // unless it was written within the last second, and with enough
+        // left for the whole call.
+        let Some(call) = self.begin_call(msg.id) else {
+            return Err(Report::Stopped);
+        };
+        self.lease_for_call(msg.id, lease).await?;
+        crate::failpoint::hit("call.before_request");
+        // Checked once more on this instance's own clock right before the
+        // request is built: a pause (GC, SIGSTOP, a VM freeze) since the
+        // renewal that ate into the lease means someone else may own the
+        // message now. A renewal that still succeeds says nobody does
+        // (the lease is still ours in the database), and then the check
+        // is made again; one that fails ends the run. From the last
+        // check to the request's bytes on the wire is the window
+        // docs/architecture.md states.
+        // The test is the lease's freshness, not what is left of it: a
+        // stepped database clock may have ended it whatever this clock
+        // says, and only a write less than a second old is known to be
+        // covered by a claimer's takeover wait.
+        if needs_renewal(lease.age()) {
+            tracing::warn!(
+                age_ms = lease.age().as_millis() as u64,
+                "paused before the provider call: renewing the lease before calling"
+            );
+            self.renew(msg.id, lease).await?;
+            if needs_renewal(lease.age()) {
+                return Err(Report::LeaseLost);
+            }
+        }
+        let called = Instant::now();
+        let outcome = tokio::select! {
+            o = tokio::time::timeout(self.settings.provider_timeout, provider.send(sms)) => {
+                o.unwrap_or_else(|_| SendOutcome::Ambiguous {
+                    http_status: None,
+                    retry_after: None,
+                    message: "the provider did not answer in time".into(),
+                })
+            }
+            // Shutdown grace is over: the call is cut off, its lease
+            // held (see `Deliverer::shutdown`), and whoever resumes the
+            // message treats the attempt as ambiguous.
+            () = self.stop.cancelled() => return Err(Report::Stopped),
+        };
+        drop(call);
+        // Before it is logged, stored or decided on: a provider's error
+        // text may quote the message, a one-time code included.
+        let outcome = outcome.scrubbed(&sms.body);
+        crate::failpoint::hit("call.after_answer");
+        let class = outcome.class();
+        self.metrics
+            .provider_attempt(provider.name(), class, called.elapsed());
+        tracing::debug!(
+            provider = provider.name(),
+            elapsed_ms = called.elapsed().as_millis() as u64,
+            ?outcome,
+            "provider answered"
+        );
+        Ok(outcome)
     }
 }

@@ -88,9 +88,36 @@ pub enum Event<'a> {
     Unsendable(&'a str),
 }
 
-/// What to do next.
+/// What to do next: a step the run takes (it decides again afterwards), or
+/// a result to write. Only a [`Write`] is ever written, so the applier
+/// takes nothing else.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Transition {
+    Step(Step),
+    Write(Write),
+}
+
+/// A step of a run: nothing is written because of it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Go on: start (or make) the provider call.
+    Proceed,
+    /// Ask the provider whether it sent the message since `since`.
+    Reconcile { since: OffsetDateTime },
+    /// Move the message to provider `to` and go on there at once (see
+    /// [`route`](super::route::route)). `attempt` closes the current attempt
+    /// when the provider answered it; `None`: no call was made, and the open
+    /// attempt moves as it is.
+    MoveOn {
+        to: String,
+        reason: String,
+        attempt: Option<AttemptResult>,
+    },
+}
+
+/// A result of a run, written fenced on the lease; the run ends with it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
     /// Make the message final; `attempt` closes the open attempt.
     Final {
         status: Status,
@@ -104,24 +131,11 @@ pub enum Transition {
         error: MessageError,
         attempt: AttemptResult,
     },
-    /// Ask the provider whether it sent the message since `since`.
-    Reconcile { since: OffsetDateTime },
     /// Leave the current attempt open (its outcome is not known yet) and
     /// ask the provider about it again at `at`; nothing is sent meanwhile.
     Recheck {
         at: OffsetDateTime,
         error: MessageError,
-    },
-    /// Go on: start (or make) the provider call.
-    Proceed,
-    /// Move the message to provider `to` and go on there at once (see
-    /// [`route`](super::route::route)). `attempt` closes the current attempt
-    /// when the provider answered it; `None`: no call was made, and the open
-    /// attempt moves as it is.
-    MoveOn {
-        to: String,
-        reason: String,
-        attempt: Option<AttemptResult>,
     },
 }
 
@@ -148,8 +162,8 @@ pub fn decide(
                 })
             });
             match why {
-                None => Transition::Proceed,
-                Some((e, outcome)) => Transition::Final {
+                None => Transition::Step(Step::Proceed),
+                Some((e, outcome)) => Transition::Write(Write::Final {
                     status: give_up_status(snap.maybe_sent),
                     provider_message_id: None,
                     attempt: closing.map(|(n, closing_outcome)| {
@@ -162,19 +176,19 @@ pub fn decide(
                         local_result(n, o, Some(e.message.clone()), now)
                     }),
                     error: Some(e),
-                },
+                }),
             }
         }
         Event::Answered(outcome) => answered(snap, outcome, now, policy, dedupes),
         Event::Reconciled { after, answer } => match answer {
             Reconciled::Sent {
                 provider_message_id,
-            } => Transition::Final {
+            } => Transition::Write(Write::Final {
                 status: Status::Sent,
                 provider_message_id: Some(provider_message_id.clone()),
                 error: None,
                 attempt: Some(result_from(after, snap.attempt, now)),
-            },
+            }),
             // The provider shows no such message: resending is safe.
             Reconciled::NotSent => {
                 let (_, retry_after, message) = parts(after);
@@ -186,17 +200,17 @@ pub fn decide(
                     result_from(after, snap.attempt, now)
                 })
             }
-            Reconciled::Unknown(reason) => Transition::Final {
+            Reconciled::Unknown(reason) => Transition::Write(Write::Final {
                 status: Status::Unknown,
                 provider_message_id: None,
                 error: Some(error("outcome_unknown", reason, None)),
                 attempt: Some(result_from(after, snap.attempt, now)),
-            },
+            }),
         },
         Event::Resumed(answer) => match answer {
             Reconciled::Sent {
                 provider_message_id,
-            } => Transition::Final {
+            } => Transition::Write(Write::Final {
                 status: Status::Sent,
                 provider_message_id: Some(provider_message_id.clone()),
                 error: None,
@@ -206,8 +220,8 @@ pub fn decide(
                     None,
                     now,
                 )),
-            },
-            Reconciled::NotSent => Transition::Proceed,
+            }),
+            Reconciled::NotSent => Transition::Step(Step::Proceed),
             Reconciled::Pending(reason) => {
                 recheck_or_give_up(snap, reason, None, now, policy, || {
                     local_result(
@@ -218,7 +232,7 @@ pub fn decide(
                     )
                 })
             }
-            Reconciled::Unknown(reason) => Transition::Final {
+            Reconciled::Unknown(reason) => Transition::Write(Write::Final {
                 status: Status::Unknown,
                 provider_message_id: None,
                 error: Some(error("outcome_unknown", reason, None)),
@@ -228,11 +242,11 @@ pub fn decide(
                     Some(reason.clone()),
                     now,
                 )),
-            },
+            }),
         },
         Event::Unsendable(why) => {
             let e = error("unsendable", why, None);
-            Transition::Final {
+            Transition::Write(Write::Final {
                 status: give_up_status(snap.maybe_sent),
                 provider_message_id: None,
                 attempt: Some(local_result(
@@ -242,7 +256,7 @@ pub fn decide(
                     now,
                 )),
                 error: Some(e),
-            }
+            })
         }
     }
 }
@@ -260,7 +274,7 @@ fn recheck_or_give_up(
 ) -> Transition {
     let at = now + to_time(policy.delay(snap.attempt, retry_after));
     if at > snap.deadline_at {
-        return Transition::Final {
+        return Transition::Write(Write::Final {
             status: Status::Unknown,
             provider_message_id: None,
             error: Some(error(
@@ -271,12 +285,12 @@ fn recheck_or_give_up(
                 None,
             )),
             attempt: Some(closing()),
-        };
+        });
     }
-    Transition::Recheck {
+    Transition::Write(Write::Recheck {
         at,
         error: error("provider_ambiguous", reason, None),
-    }
+    })
 }
 
 fn answered(
@@ -291,17 +305,17 @@ fn answered(
         SendOutcome::Accepted {
             provider_message_id,
             ..
-        } => Transition::Final {
+        } => Transition::Write(Write::Final {
             status: Status::Sent,
             provider_message_id: Some(provider_message_id.clone()),
             error: None,
             attempt,
-        },
+        }),
         SendOutcome::Rejected {
             provider_code,
             message,
             ..
-        } => Transition::Final {
+        } => Transition::Write(Write::Final {
             // A definite "no" to this very key: with a de-duplicating
             // provider that also covers any earlier ambiguous attempt.
             status: if dedupes {
@@ -312,19 +326,19 @@ fn answered(
             provider_message_id: None,
             error: Some(error("provider_rejected", message, provider_code.clone())),
             attempt,
-        },
+        }),
         // With one provider, a refusal of the account is final: nothing
         // sent it, and retrying here will not help.
         SendOutcome::Refused {
             provider_code,
             message,
             ..
-        } => Transition::Final {
+        } => Transition::Write(Write::Final {
             status: give_up_status(snap.maybe_sent),
             provider_message_id: None,
             error: Some(error("provider_refused", message, provider_code.clone())),
             attempt,
-        },
+        }),
         SendOutcome::Retryable {
             retry_after,
             message,
@@ -339,9 +353,9 @@ fn answered(
                 // Resending with the same key cannot send twice.
                 retry_or_give_up(snap, outcome, *retry_after, now, policy, true, message)
             } else {
-                Transition::Reconcile {
+                Transition::Step(Step::Reconcile {
                     since: snap.attempt_started_at,
-                }
+                })
             }
         }
     }
@@ -359,15 +373,17 @@ pub(super) fn retry_or_give_up(
     let attempt = snap.attempt;
     let result = result_from(outcome, attempt, now);
     let maybe_sent = snap.maybe_sent || ambiguous;
-    let give_up = |code: &str, why: String| Transition::Final {
-        status: give_up_status(maybe_sent),
-        provider_message_id: None,
-        error: Some(error(
-            if maybe_sent { "outcome_unknown" } else { code },
-            &why,
-            None,
-        )),
-        attempt: Some(result.clone()),
+    let give_up = |code: &str, why: String| {
+        Transition::Write(Write::Final {
+            status: give_up_status(maybe_sent),
+            provider_message_id: None,
+            error: Some(error(
+                if maybe_sent { "outcome_unknown" } else { code },
+                &why,
+                None,
+            )),
+            attempt: Some(result.clone()),
+        })
     };
     if attempt >= policy.max_attempts {
         return give_up(
@@ -388,7 +404,7 @@ pub(super) fn retry_or_give_up(
             format!("the next attempt would fall after the retry deadline; last: {message}"),
         );
     }
-    Transition::Retry {
+    Transition::Write(Write::Retry {
         at,
         error: error(
             if ambiguous {
@@ -400,7 +416,7 @@ pub(super) fn retry_or_give_up(
             None,
         ),
         attempt: result,
-    }
+    })
 }
 
 pub(crate) fn error(code: &str, message: &str, provider_code: Option<String>) -> MessageError {

@@ -79,28 +79,28 @@ enum Want {
 fn matches(t: &Transition, want: &Want) -> bool {
     match (t, want) {
         (
-            Transition::Final {
+            Transition::Write(Write::Final {
                 status,
                 error,
                 attempt,
                 ..
-            },
+            }),
             Want::Final(s, code, outcome),
         ) => {
             status == s
                 && error.as_ref().map(|e| e.code.as_str()) == *code
                 && attempt.as_ref().map(|a| a.outcome) == *outcome
         }
-        (Transition::Retry { at, error, attempt }, Want::Retry(lo, hi, code)) => {
+        (Transition::Write(Write::Retry { at, error, attempt }), Want::Retry(lo, hi, code)) => {
             let secs = (*at - NOW).as_seconds_f64();
             *lo <= secs && secs <= *hi && error.code == *code && attempt.finished_at == NOW
         }
-        (Transition::Reconcile { since }, Want::Reconcile(w)) => since == w,
-        (Transition::Recheck { at, error }, Want::Recheck(lo, hi)) => {
+        (Transition::Step(Step::Reconcile { since }), Want::Reconcile(w)) => since == w,
+        (Transition::Write(Write::Recheck { at, error }), Want::Recheck(lo, hi)) => {
             let secs = (*at - NOW).as_seconds_f64();
             *lo <= secs && secs <= *hi && error.code == "provider_ambiguous"
         }
-        (Transition::Proceed, Want::Proceed) => true,
+        (Transition::Step(Step::Proceed), Want::Proceed) => true,
         _ => false,
     }
 }
@@ -218,11 +218,11 @@ fn an_accepted_answer_carries_the_provider_id() {
         &policy(),
         false,
     );
-    let Transition::Final {
+    let Transition::Write(Write::Final {
         provider_message_id,
         attempt,
         ..
-    } = t
+    }) = t
     else {
         panic!("not final: {t:?}");
     };
@@ -267,9 +267,9 @@ fn a_resumed_message_reconciles_from_its_current_attempt() {
     let t = decide(&snap, &Event::Answered(&ambiguous()), NOW, &policy(), false);
     assert_eq!(
         t,
-        Transition::Reconcile {
+        Transition::Step(Step::Reconcile {
             since: CURRENT_START
-        }
+        })
     );
 }
 

@@ -37,7 +37,7 @@ pub mod scheduler;
 pub use apply::Report;
 pub use attempt::Start;
 pub use circuit::CircuitPolicy;
-pub use decide::{Event, Snapshot, Transition, decide};
+pub use decide::{Event, Snapshot, Step, Transition, Write, decide};
 pub use hub::Hub;
 pub use purge::Purger;
 pub use retry::RetryPolicy;

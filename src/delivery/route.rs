@@ -25,7 +25,7 @@
 use time::OffsetDateTime;
 
 use super::RetryPolicy;
-use super::decide::{Event, Snapshot, Transition, decide, too_late};
+use super::decide::{Event, Snapshot, Step, Transition, Write, decide, too_late};
 use crate::provider::{Reconciled, SendOutcome};
 
 /// Where the message is and where it could go.
@@ -57,27 +57,30 @@ pub fn route(
     let Some(next) = r.next else {
         return t;
     };
-    let move_on = |reason: String, attempt| Transition::MoveOn {
-        to: next.to_string(),
-        reason,
-        attempt,
+    let move_on = |reason: String, attempt| {
+        Transition::Step(Step::MoveOn {
+            to: next.to_string(),
+            reason,
+            attempt,
+        })
     };
     match (event, t) {
-        (Event::Starting { .. }, Transition::Proceed) if r.current_open => {
+        (Event::Starting { .. }, Transition::Step(Step::Proceed)) if r.current_open => {
             move_on(format!("the {} circuit is open", r.current), None)
         }
-        (Event::Answered(o @ SendOutcome::Retryable { .. }), Transition::Retry { attempt, .. }) => {
-            move_on(
-                format!("{} did not send it: {}", r.current, message(o)),
-                Some(attempt),
-            )
-        }
+        (
+            Event::Answered(o @ SendOutcome::Retryable { .. }),
+            Transition::Write(Write::Retry { attempt, .. }),
+        ) => move_on(
+            format!("{} did not send it: {}", r.current, message(o)),
+            Some(attempt),
+        ),
         (
             Event::Answered(o @ SendOutcome::Refused { .. }),
-            Transition::Final {
+            Transition::Write(Write::Final {
                 attempt: Some(attempt),
                 ..
-            },
+            }),
         ) if snap.attempt < policy.max_attempts && too_late(snap, now).is_none() => move_on(
             format!("{} refused to send anything: {}", r.current, message(o)),
             Some(attempt),
@@ -87,7 +90,7 @@ pub fn route(
                 after,
                 answer: Reconciled::NotSent,
             },
-            Transition::Retry { attempt, .. },
+            Transition::Write(Write::Retry { attempt, .. }),
         ) => move_on(
             format!(
                 "{} gave no clear answer ({}) and shows no such message",

@@ -98,12 +98,12 @@ enum Want {
 
 fn kind(t: &Transition) -> Want {
     match t {
-        Transition::Proceed => Want::Proceed,
-        Transition::Retry { .. } => Want::Retry,
-        Transition::Reconcile { .. } => Want::Reconcile,
-        Transition::Recheck { .. } => Want::Recheck,
-        Transition::MoveOn { .. } => Want::MoveOn,
-        Transition::Final { status, .. } => match status {
+        Transition::Step(Step::Proceed) => Want::Proceed,
+        Transition::Write(Write::Retry { .. }) => Want::Retry,
+        Transition::Step(Step::Reconcile { .. }) => Want::Reconcile,
+        Transition::Write(Write::Recheck { .. }) => Want::Recheck,
+        Transition::Step(Step::MoveOn { .. }) => Want::MoveOn,
+        Transition::Write(Write::Final { status, .. }) => match status {
             Status::Sent => Want::Sent,
             Status::Failed => Want::Failed,
             _ => Want::Unknown,
@@ -424,11 +424,11 @@ fn moving_on_closes_the_answered_attempt_and_names_the_next_provider() {
     };
     let o = refused_connection();
     let t = route(&snap(), &Event::Answered(&o), NOW, &policy(), false, &r);
-    let Transition::MoveOn {
+    let Transition::Step(Step::MoveOn {
         to,
         reason,
         attempt,
-    } = t
+    }) = t
     else {
         panic!("{t:?}");
     };
@@ -448,7 +448,7 @@ fn moving_on_closes_the_answered_attempt_and_names_the_next_provider() {
     };
     let t = route(&snap(), &starting, NOW, &policy(), false, &open);
     assert!(
-        matches!(&t, Transition::MoveOn { attempt: None, reason, .. } if reason.contains("circuit is open")),
+        matches!(&t, Transition::Step(Step::MoveOn { attempt: None, reason, .. }) if reason.contains("circuit is open")),
         "{t:?}"
     );
 }

@@ -93,9 +93,27 @@ struct Problem<'a> {
     detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     errors: Option<&'a [FieldError]>,
+    /// The `Retry-After` seconds, also in the body: a batch item's problem
+    /// has no header of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
+    /// The wait a limit asks for, in whole seconds rounded up (never
+    /// inviting a retry that is too early), at least 1.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            ApiError::RateLimited { retry_after, .. }
+            | ApiError::ResendTooSoon(retry_after)
+            | ApiError::DestinationPaused(retry_after) => {
+                let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+                Some(secs.max(1))
+            }
+            _ => None,
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -264,6 +282,7 @@ fn problem(e: &ApiError) -> Problem<'_> {
             ApiError::Validation(errors) => Some(errors),
             _ => None,
         },
+        retry_after: e.retry_after_secs(),
     }
 }
 
@@ -292,12 +311,12 @@ pub fn problem_response(e: &ApiError) -> Response {
         | ApiError::Unavailable(_) => {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        ApiError::RateLimited { retry_after, .. }
-        | ApiError::ResendTooSoon(retry_after)
-        | ApiError::DestinationPaused(retry_after) => {
-            // Whole seconds, rounded up: never invite a retry that is too early.
-            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        ApiError::RateLimited { .. }
+        | ApiError::ResendTooSoon(_)
+        | ApiError::DestinationPaused(_) => {
+            if let Some(secs) = e.retry_after_secs() {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
         }
         _ => {}
     }

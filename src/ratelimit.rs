@@ -225,7 +225,7 @@ impl Limits {
 }
 
 /// Which limit refused a request, and when to come back.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Refused {
     pub limit: &'static str,
     pub retry_after: Duration,

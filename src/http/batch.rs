@@ -5,7 +5,8 @@
 //! created (202), the same key and item replays (the stored answer, or 202
 //! for a message still scheduled; 409 while one is being sent), the same key
 //! with another item is refused (422), an invalid item is refused with its
-//! field errors (400), an item over a destination rate limit gets 429. One
+//! field errors (400), an item past the tenant's request rate (each item
+//! counts as one request) or a destination rate limit gets 429. One
 //! item's refusal never affects the others; results come in request order.
 //!
 //! All new rows are written by one statement (Postgres) or one writer
@@ -104,8 +105,10 @@ async fn create_batch(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    // The batch is one request for the tenant's request rate; each new item
-    // counts against the destination limits like a send.
+    // The batch's first item counts against the tenant's request rate here
+    // (none left: 429 for the whole batch, nothing read); every other item
+    // below. Each new item counts against the destination limits like a
+    // send.
     request_rate(&state, tenant.id)?;
     let bytes = json_body(&state, &headers, body, BATCH_BODY_LIMIT).await?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|_| ApiError::MalformedJson)?;
@@ -123,6 +126,24 @@ async fn create_batch(
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut parsed = Vec::with_capacity(items.len());
     for (index, item) in items.into_iter().enumerate() {
+        // Each item is a request for the tenant's request rate, as its own
+        // `POST /messages` would be (the batch's own count was the first
+        // item's): an item past the rate gets 429 and nothing is queued.
+        if index > 0
+            && let Err(r) = state.limiter.request(tenant.id)
+        {
+            let shown = item
+                .get("idempotency_key")
+                .and_then(Value::as_str)
+                .map(|k| k.chars().take(255).collect())
+                .unwrap_or_default();
+            let e = ApiError::RateLimited {
+                limit: r.limit,
+                retry_after: r.retry_after,
+            };
+            parsed.push(Parsed::Done(ItemResult::refused(shown, &e)));
+            continue;
+        }
         let p = parse_item(&state, &tenant, index, item, now, &mut seen).await?;
         parsed.push(p);
     }

@@ -175,7 +175,12 @@ async fn create(
     .ok_or_else(|| ApiError::Internal("a parsed number is not E.164".into()))?;
     drop(code);
     let lease = deliverer.new_lease();
+    // The code's SMS counts against the destination limits like any send
+    // (issue 29, finding 3); refused, a new start is refused by the store
+    // and a replay still answered.
+    let permit = state.limiter.send(tenant.id, request.to.as_str());
     let policy = StartPolicy {
+        refused_here: permit.as_ref().err().copied(),
         number_per_hour: verify.number_per_hour,
         prefix_per_hour: verify.prefix_per_hour,
         pause: PausePolicy {
@@ -198,6 +203,11 @@ async fn create(
             .store
             .start_verification(&new, &message, &lease, &policy)
             .await;
+    }
+    if !matches!(outcome, Ok(StartOutcome::Created { .. }))
+        && let Ok(permit) = permit
+    {
+        state.limiter.refund(permit);
     }
     match outcome? {
         StartOutcome::Created {
@@ -345,6 +355,21 @@ async fn resend(
         .verification(tenant.id, id)
         .await?
         .ok_or(ApiError::NotFound)?;
+    // A resend is a send: it counts against the destination limits like a
+    // `POST /messages` (issue 29, finding 3), before anything is queued. A
+    // retried resend already answered is a replay and goes on.
+    let permit = match state.limiter.send(tenant.id, &v.to) {
+        Ok(permit) => Some(permit),
+        Err(refused) => {
+            if !state.store.resend_answered(id, key.as_str()).await? {
+                return Err(ApiError::RateLimited {
+                    limit: refused.limit,
+                    retry_after: refused.retry_after,
+                });
+            }
+            None
+        }
+    };
     let sent = messages(&state, &v).await?;
     let now = state.clock.now();
     let settings = &state.verify.settings;
@@ -378,7 +403,13 @@ async fn resend(
             &lease,
             render,
         )
-        .await?;
+        .await;
+    if !matches!(outcome, Ok(ResendOutcome::Sent { .. }))
+        && let Some(permit) = permit
+    {
+        state.limiter.refund(permit);
+    }
+    let outcome = outcome?;
     let country = v.country.as_deref();
     match outcome {
         ResendOutcome::NotFound => Err(ApiError::NotFound),

@@ -341,6 +341,9 @@ pub trait VerificationStore: Send + Sync {
         matches: CodeMatcher,
         render: CheckRenderer,
     ) -> Result<CheckOutcome, StoreError>;
+    /// Whether a resend of verification `id` under `key` was answered
+    /// already (a retry of it is a replay, not a new send).
+    async fn resend_answered(&self, id: Uuid, key: &str) -> Result<bool, StoreError>;
     /// Sends the code once more (see [`crate::verify::decide::resend`]).
     #[allow(clippy::too_many_arguments)]
     async fn resend_verification(

@@ -112,6 +112,10 @@ pub struct StartPolicy {
     pub pause_window: Duration,
     /// How long an automatic pause lasts.
     pub pause_for: Duration,
+    /// A limit this instance's own buckets already refused the send by
+    /// (the per-number and per-prefix rates every send counts against): a
+    /// new start is refused with it, a replay still answered.
+    pub refused_here: Option<crate::ratelimit::Refused>,
 }
 
 /// What a start did.
@@ -286,6 +290,12 @@ pub(crate) fn start_limit(
     prefix: (i64, Option<OffsetDateTime>),
     now: OffsetDateTime,
 ) -> Option<StartOutcome> {
+    if let Some(r) = &policy.refused_here {
+        return Some(StartOutcome::Limited {
+            limit: r.limit,
+            retry_after: r.retry_after,
+        });
+    }
     let hour = time::Duration::HOUR;
     for (cap, (count, oldest), limit) in [
         (

@@ -60,6 +60,7 @@ impl StartRequest {
     /// Parses a JSON body; `Err(None)`: not a JSON object.
     pub fn parse(body: &[u8]) -> Result<Self, Option<Vec<FieldError>>> {
         let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| None)?;
+        refuse_duplicate_keys(body)?;
         let obj = value.as_object().ok_or(None)?;
         let mut errors = Vec::new();
         let err = |field: &str, message: &str| FieldError {
@@ -163,8 +164,21 @@ impl StartRequest {
 }
 
 /// A check's code: 4 to 10 digits.
+/// A JSON key twice in one object means different things to different
+/// parsers (the last `to` won): refused, as in every other body.
+fn refuse_duplicate_keys(body: &[u8]) -> Result<(), Option<Vec<FieldError>>> {
+    match crate::domain::request::duplicate_key(body) {
+        None => Ok(()),
+        Some(path) => Err(Some(vec![FieldError {
+            field: path,
+            message: "appears more than once in the JSON object".into(),
+        }])),
+    }
+}
+
 pub fn parse_check(body: &[u8]) -> Result<String, Option<Vec<FieldError>>> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| None)?;
+    refuse_duplicate_keys(body)?;
     let obj = value.as_object().ok_or(None)?;
     let bad = |message: &str| {
         Some(vec![FieldError {

@@ -429,6 +429,16 @@ impl MockProvider {
         self.lock().by_recipient_body.values().sum()
     }
 
+    /// Messages created for recipient `to`, whatever their bodies.
+    pub fn created_to(&self, to: &str) -> u32 {
+        self.lock()
+            .by_recipient_body
+            .iter()
+            .filter(|((recipient, _), _)| recipient == to)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// Serves on `listener` until the returned task is aborted.
     pub fn serve(&self, listener: TcpListener) -> tokio::task::JoinHandle<()> {
         let app = Router::new()

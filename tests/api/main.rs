@@ -58,6 +58,7 @@ mod durability;
 mod failover;
 mod hardening;
 mod hardening2;
+mod hardening3;
 mod helpers;
 mod lifecycle;
 mod observability;

@@ -338,6 +338,13 @@ impl VerificationStore for PgStore {
         row.map(VerificationRecord::try_from).transpose()
     }
 
+    async fn resend_answered(&self, id: Uuid, key: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let found = stored_op(&mut tx, id, "resend", key).await?.is_some();
+        tx.commit().await?;
+        Ok(found)
+    }
+
     #[tracing::instrument(name = "store.check_verification", level = "debug", skip_all)]
     async fn check_verification(
         &self,

@@ -361,6 +361,11 @@ impl VerificationStore for SqliteStore {
         row.map(VerificationRecord::try_from).transpose()
     }
 
+    async fn resend_answered(&self, id: Uuid, key: &str) -> Result<bool, StoreError> {
+        let mut c = self.pool.acquire().await?;
+        Ok(stored_op(&mut c, id, "resend", key).await?.is_some())
+    }
+
     #[tracing::instrument(name = "store.check_verification", level = "debug", skip_all)]
     async fn check_verification(
         &self,

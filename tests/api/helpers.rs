@@ -109,6 +109,37 @@ impl Db {
             Db::Sqlite(p) => sqlx::query_scalar(sql).fetch_one(p).await.expect(sql),
         }
     }
+
+    /// Every message's status, lease owner, seconds left on its lease (by
+    /// the database's clock) and attempts: what a failed wait reports.
+    pub async fn lease_report(&self) -> String {
+        let report: Result<Option<String>, sqlx::Error> = match self {
+            Db::Pg(p) => {
+                sqlx::query_scalar(
+                    "SELECT string_agg(format('%s owner=%s left=%s attempts=%s', status, \
+                        coalesce(lease_owner, '-'), \
+                        coalesce(extract(epoch FROM lease_expires_at - now())::text, '-'), \
+                        attempts), '; ') FROM messages",
+                )
+                .fetch_one(p)
+                .await
+            }
+            Db::Sqlite(p) => {
+                sqlx::query_scalar(
+                    "SELECT group_concat(status || ' owner=' || coalesce(lease_owner, '-') \
+                        || ' left=' || coalesce((lease_expires_at \
+                        - CAST(unixepoch('subsec') * 1000000 AS INTEGER)) / 1000000.0, '-') \
+                        || ' attempts=' || attempts, '; ') FROM messages",
+                )
+                .fetch_one(p)
+                .await
+            }
+        };
+        match report {
+            Ok(r) => r.unwrap_or_else(|| "no messages".into()),
+            Err(e) => format!("(no report: {e})"),
+        }
+    }
 }
 
 /// Opens the store a URL names, with a direct handle on its database.
@@ -355,10 +386,12 @@ impl TestApp {
             if n > 0 {
                 return n;
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "nothing was claimed within {limit:?}"
-            );
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "nothing was claimed within {limit:?}; messages: {}",
+                    self.db.lease_report().await
+                );
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

@@ -21,6 +21,7 @@ pub mod error;
 pub mod postgres;
 pub mod routing;
 pub(crate) mod row;
+pub(crate) mod shared;
 pub mod sqlite;
 pub mod time;
 pub mod types;

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+pub(crate) mod console;
 pub(crate) mod routing;
 
 use sqlx::encode::IsNull;

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use sendonce::domain::{AttemptOutcome, Encoding, IdempotencyKey, MessageId, Phone};
 use sendonce::store::{
-    AttemptResult, Circuit, CircuitState, Claim, Lease, MessageEvent, MoveOn, NewMessage, Store,
+    AttemptResult, Circuit, CircuitState, Claim, Lease, MessageEvent, MoveOn, NewApiKey,
+    NewMessage, NewSession, Store,
 };
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -23,6 +24,7 @@ struct Fixture {
     store: Arc<dyn Store>,
     db: Db,
     tenant: Uuid,
+    key: NewApiKey,
 }
 
 async fn fixture(backend: Backend) -> Fixture {
@@ -30,7 +32,12 @@ async fn fixture(backend: Backend) -> Fixture {
     let (store, db) = open_store(&url, Duration::from_secs(5));
     let key = sendonce::apikey::generate();
     let tenant = store.create_tenant("t", &key.stored).await.unwrap();
-    Fixture { store, db, tenant }
+    Fixture {
+        store,
+        db,
+        tenant,
+        key: key.stored,
+    }
 }
 
 fn message(tenant_id: Uuid, key: &str) -> NewMessage {
@@ -246,6 +253,180 @@ async fn opt_outs_add_once_list_in_pages_and_remove(backend: Backend) {
     assert_eq!(s.list_opt_outs(f.tenant, None, 10).await.unwrap().len(), 2);
 }
 
+fn session(f: &Fixture, id: u8, at: OffsetDateTime) -> NewSession {
+    NewSession {
+        id_hash: vec![id; 32],
+        tenant_id: f.tenant,
+        key_hash: f.key.hash.clone(),
+        key_prefix: f.key.prefix.clone(),
+        csrf_token: format!("csrf-{id}"),
+        at,
+    }
+}
+
+async fn console_sessions_live_until_idle_or_revoked(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    s.create_session(&session(&f, 1, T0), T0).await.unwrap();
+    let got = s.session(&[1; 32]).await.unwrap().expect("the session");
+    assert_eq!(got.tenant_id, f.tenant);
+    assert_eq!(got.csrf_token, "csrf-1");
+    assert_eq!(got.last_seen_at, T0);
+    let later = T0 + time::Duration::minutes(5);
+    s.touch_session(&[1; 32], later).await.unwrap();
+    assert_eq!(
+        s.session(&[1; 32]).await.unwrap().unwrap().last_seen_at,
+        later
+    );
+    // A new session sweeps those idle since before the cutoff.
+    s.create_session(&session(&f, 2, later), later + time::Duration::seconds(1))
+        .await
+        .unwrap();
+    assert!(
+        s.session(&[1; 32]).await.unwrap().is_none(),
+        "swept as idle"
+    );
+    assert!(s.session(&[2; 32]).await.unwrap().is_some());
+    s.delete_session(&[2; 32]).await.unwrap();
+    assert!(s.session(&[2; 32]).await.unwrap().is_none());
+    s.create_session(&session(&f, 3, later), T0).await.unwrap();
+    assert!(s.revoke_key(f.key.id, later).await.unwrap());
+    assert!(
+        s.session(&[3; 32]).await.unwrap().is_none(),
+        "a revoked key ends its sessions"
+    );
+}
+
+async fn console_lists_a_numbers_messages_newest_first_in_pages(backend: Backend) {
+    let f = fixture(backend).await;
+    let mut ids = Vec::new();
+    for (i, key) in ["A", "B", "C"].into_iter().enumerate() {
+        let mut m = message(f.tenant, key);
+        m.created_at = T0 + time::Duration::seconds(i as i64);
+        f.store
+            .insert_message(&m, &Lease::new("i1", LIVE))
+            .await
+            .unwrap();
+        ids.push(m.id);
+    }
+    let page = f
+        .store
+        .messages_to(f.tenant, "+14155550100", None, 2)
+        .await
+        .unwrap();
+    let keys: Vec<_> = page.iter().map(|m| m.idempotency_key.as_str()).collect();
+    assert_eq!(keys, ["C", "B"]);
+    assert_eq!(page[0].attempts, 1);
+    assert_eq!(page[0].provider, "a");
+    let last = &page[1];
+    let rest = f
+        .store
+        .messages_to(
+            f.tenant,
+            "+14155550100",
+            Some((last.created_at, last.id)),
+            2,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].id, ids[0]);
+    assert!(
+        f.store
+            .messages_to(Uuid::new_v4(), "+14155550100", None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        f.store
+            .messages_by_provider_id(f.tenant, "nobody", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let own = f.store.tenant_message(f.tenant, ids[1]).await.unwrap();
+    assert_eq!(
+        own.map(|m| m.idempotency_key.as_str().to_string())
+            .as_deref(),
+        Some("B")
+    );
+    assert!(
+        f.store
+            .tenant_message(Uuid::new_v4(), ids[1])
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        f.store
+            .message_webhook_deliveries(f.tenant, ids[1])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+async fn console_overview_counts_what_is_in_flight(backend: Backend) {
+    let f = fixture(backend).await;
+    in_flight(&f, "A").await;
+    in_flight(&f, "B").await;
+    let counts = f
+        .store
+        .overview(f.tenant, T0 - time::Duration::hours(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        counts.by_status_provider,
+        vec![("processing".to_string(), "a".to_string(), 2)]
+    );
+    assert_eq!(counts.attempts_by_provider, vec![("a".to_string(), 2, 0)]);
+    assert_eq!(counts.processing, 2);
+    assert_eq!(counts.waiting_retries, 0);
+    assert_eq!(counts.oldest_processing, Some(T0));
+    assert_eq!(counts.waiting_webhooks, 0);
+    let later = f
+        .store
+        .overview(f.tenant, T0 + time::Duration::hours(1))
+        .await
+        .unwrap();
+    assert!(later.by_status_provider.is_empty(), "nothing since then");
+}
+
+async fn console_opt_outs_name_who_added_them_and_search_by_prefix(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    assert!(
+        s.add_opt_out_by(f.tenant, "+1415", "so_ab", T0)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.add_opt_out_by(f.tenant, "+1415", "so_cd", T0)
+            .await
+            .unwrap()
+    );
+    assert!(s.add_opt_out(f.tenant, "+1416", "api", T0).await.unwrap());
+    assert!(s.add_opt_out(f.tenant, "+2415", "api", T0).await.unwrap());
+    let found = s.search_opt_outs(f.tenant, "+141", None, 10).await.unwrap();
+    let numbers: Vec<_> = found.iter().map(|o| o.number.as_str()).collect();
+    assert_eq!(numbers, ["+1415", "+1416"]);
+    assert_eq!(found[0].source, "console");
+    assert_eq!(found[0].added_by.as_deref(), Some("so_ab"));
+    let after = s
+        .search_opt_outs(f.tenant, "+141", Some("+1415"), 10)
+        .await
+        .unwrap();
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].number, "+1416");
+    assert!(
+        s.search_opt_outs(f.tenant, "+3", None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 on_both_backends!(
     numbered_parameters_bind_by_number,
     circuits_are_compare_and_set_on_the_version,
@@ -254,4 +435,8 @@ on_both_backends!(
     move_on_closes_the_answered_attempt_and_opens_the_next,
     move_on_is_fenced_on_the_lease,
     opt_outs_add_once_list_in_pages_and_remove,
+    console_sessions_live_until_idle_or_revoked,
+    console_lists_a_numbers_messages_newest_first_in_pages,
+    console_overview_counts_what_is_in_flight,
+    console_opt_outs_name_who_added_them_and_search_by_prefix,
 );

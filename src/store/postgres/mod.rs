@@ -19,7 +19,6 @@ use crate::metrics::BatchSizes;
 mod batch;
 mod campaigns;
 pub mod connect;
-mod console;
 mod lanes;
 mod maintenance;
 mod messages;

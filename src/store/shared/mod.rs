@@ -28,6 +28,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+pub(crate) mod console;
 pub(crate) mod opt_outs;
 pub(crate) mod routing;
 

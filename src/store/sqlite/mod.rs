@@ -37,7 +37,6 @@ macro_rules! db_now {
 }
 
 mod campaigns;
-mod console;
 mod maintenance;
 mod messages;
 mod receipts;

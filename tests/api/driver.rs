@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sendonce::domain::{AttemptOutcome, Encoding, IdempotencyKey, MessageId, Phone};
+use sendonce::domain::{AttemptOutcome, Encoding, IdempotencyKey, MessageId, Phone, Status};
 use sendonce::store::{
-    AttemptResult, Circuit, CircuitState, Claim, Lease, MessageEvent, MoveOn, NewApiKey,
-    NewMessage, NewSession, Store,
+    AttemptResult, Circuit, CircuitState, Claim, Finish, Lease, MessageEvent, MoveOn, NewApiKey,
+    NewMessage, NewReceipt, NewSession, Store, StoredResponse,
 };
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -427,6 +427,143 @@ async fn console_opt_outs_name_who_added_them_and_search_by_prefix(backend: Back
     );
 }
 
+/// A message the provider accepted as `pmid` on provider `a`.
+async fn sent(f: &Fixture, key: &str, pmid: &str) -> MessageId {
+    let (id, lease) = in_flight(f, key).await;
+    let at = T0 + time::Duration::seconds(1);
+    let done = f
+        .store
+        .finish(&Finish {
+            id,
+            lease_token: lease.token,
+            status: Status::Sent,
+            provider_message_id: Some(pmid.into()),
+            error: None,
+            sent_at: Some(at),
+            updated_at: at,
+            response: StoredResponse {
+                status_code: 201,
+                body: b"{}".to_vec(),
+            },
+            attempt: None,
+        })
+        .await
+        .unwrap();
+    assert!(done);
+    id
+}
+
+fn receipt(event: &str, pmid: &str, status: Option<Status>, secs: i64) -> NewReceipt {
+    NewReceipt {
+        provider: "a".into(),
+        event_id: event.into(),
+        provider_message_id: pmid.into(),
+        provider_status: format!("{status:?}").to_lowercase(),
+        status,
+        error_code: (status == Some(Status::Undelivered)).then(|| "30003".into()),
+        received_at: T0 + time::Duration::seconds(secs),
+    }
+}
+
+async fn receipts_apply_the_first_final_status_once(backend: Backend) {
+    let f = fixture(backend).await;
+    let id = sent(&f, "K", "pm-1").await;
+    let s = &f.store;
+    let out = s
+        .record_receipt(&receipt("e1", "pm-1", Some(Status::Undelivered), 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.duplicate, out.message_id, out.applied),
+        (false, Some(id), true)
+    );
+    let again = s
+        .record_receipt(&receipt("e1", "pm-1", Some(Status::Undelivered), 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.duplicate, again.message_id, again.applied),
+        (true, Some(id), false)
+    );
+    let late = s
+        .record_receipt(&receipt("e2", "pm-1", Some(Status::Delivered), 3))
+        .await
+        .unwrap();
+    assert!(!late.applied, "a final status is never replaced");
+    let m = s.message_by_id(id).await.unwrap().unwrap();
+    assert_eq!(m.status, Status::Undelivered);
+    assert_eq!(m.delivery_status_at, Some(T0 + time::Duration::seconds(2)));
+    assert_eq!(m.error.map(|e| e.provider_code), Some(Some("30003".into())));
+    let rows = s.receipts(id).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0].applied && !rows[1].applied);
+    assert_eq!(rows[0].message_id, Some(id.to_string()));
+    // Its webhook event is written in the same transaction.
+    let events: i64 =
+        f.db.count("SELECT count(*) FROM webhook_events WHERE type = 'message.undelivered'")
+            .await;
+    assert_eq!(events, 1);
+}
+
+async fn receipts_before_their_message_wait_unmatched_then_attach(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    let early = s
+        .record_receipt(&receipt("e1", "pm-1", Some(Status::Delivered), 2))
+        .await
+        .unwrap();
+    assert_eq!((early.message_id, early.applied), (None, false));
+    assert!(s.has_unmatched_receipts("a", "pm-1").await.unwrap());
+    assert!(!s.has_unmatched_receipts("a", "pm-2").await.unwrap());
+    let unmatched = s.unmatched_receipts(10).await.unwrap();
+    assert_eq!(unmatched.len(), 1);
+    assert_eq!(unmatched[0].event_id, "e1");
+    assert_eq!(unmatched[0].message_id, None);
+    let id = sent(&f, "K", "pm-1").await;
+    assert!(
+        s.attach_receipts("a", "pm-1", T0 + time::Duration::seconds(3))
+            .await
+            .unwrap()
+    );
+    assert!(!s.has_unmatched_receipts("a", "pm-1").await.unwrap());
+    assert!(s.unmatched_receipts(10).await.unwrap().is_empty());
+    let m = s.message_by_id(id).await.unwrap().unwrap();
+    assert_eq!(m.status, Status::Delivered);
+    assert!(
+        !s.attach_receipts("a", "pm-1", T0).await.unwrap(),
+        "nothing left to apply"
+    );
+}
+
+async fn receipts_page_by_arrival(backend: Backend) {
+    let f = fixture(backend).await;
+    let id = sent(&f, "K", "pm-1").await;
+    for (i, secs) in [(1, 5), (2, 5), (3, 7)] {
+        f.store
+            .record_receipt(&receipt(&format!("e{i}"), "pm-1", Some(Status::Sent), secs))
+            .await
+            .unwrap();
+    }
+    let first = f.store.receipts_after(id, None, 2).await.unwrap();
+    let events: Vec<_> = first.iter().map(|r| r.event_id.as_str()).collect();
+    assert_eq!(events, ["e1", "e2"]);
+    let last = &first[1];
+    let rest = f
+        .store
+        .receipts_after(id, Some((last.received_at, last.seq)), 2)
+        .await
+        .unwrap();
+    let events: Vec<_> = rest.iter().map(|r| r.event_id.as_str()).collect();
+    assert_eq!(events, ["e3"]);
+    assert!(
+        f.store
+            .receipts_after(MessageId::new(), None, 2)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 on_both_backends!(
     numbered_parameters_bind_by_number,
     circuits_are_compare_and_set_on_the_version,
@@ -439,4 +576,7 @@ on_both_backends!(
     console_lists_a_numbers_messages_newest_first_in_pages,
     console_overview_counts_what_is_in_flight,
     console_opt_outs_name_who_added_them_and_search_by_prefix,
+    receipts_apply_the_first_final_status_once,
+    receipts_before_their_message_wait_unmatched_then_attach,
+    receipts_page_by_arrival,
 );

@@ -30,6 +30,7 @@ use std::pin::Pin;
 
 pub(crate) mod console;
 pub(crate) mod opt_outs;
+pub(crate) mod receipts;
 pub(crate) mod routing;
 
 /// The future a write closure returns (the shape of the SQLite writer's

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 pub(crate) mod console;
 pub(crate) mod routing;
+pub(crate) mod tenants;
 
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;

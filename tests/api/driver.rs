@@ -564,6 +564,126 @@ async fn receipts_page_by_arrival(backend: Backend) {
     );
 }
 
+async fn tenants_and_their_keys(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    assert_eq!(s.tenant_count().await.unwrap(), 1);
+    let other = sendonce::apikey::generate().stored;
+    assert!(
+        s.create_tenant("t", &other).await.is_err(),
+        "the name is taken"
+    );
+    assert_eq!(s.tenant_count().await.unwrap(), 1, "nothing of it stays");
+    let auth = s.tenant_for_key(&f.key.hash).await.unwrap().unwrap();
+    assert_eq!(auth.id, f.tenant);
+    assert_eq!(
+        (
+            auth.allowed_countries,
+            auth.allowed_senders,
+            auth.bootstrap_tenant
+        ),
+        (None, None, false)
+    );
+    assert!(s.add_key("nobody", &other).await.unwrap().is_none());
+    assert_eq!(s.add_key("t", &other).await.unwrap(), Some(other.id));
+    assert_eq!(
+        s.tenant_for_key(&other.hash).await.unwrap().map(|a| a.id),
+        Some(f.tenant)
+    );
+    let names: Vec<_> = s
+        .list_tenants()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, n, _)| n)
+        .collect();
+    assert_eq!(names, ["t"]);
+    assert!(s.revoke_key(other.id, T0).await.unwrap());
+    assert!(!s.revoke_key(Uuid::new_v4(), T0).await.unwrap());
+    assert!(s.tenant_for_key(&other.hash).await.unwrap().is_none());
+    let keys = s.list_keys().await.unwrap();
+    assert_eq!(keys.len(), 2);
+    let revoked = keys.iter().find(|k| k.id == other.id).unwrap();
+    assert_eq!(revoked.revoked_at, Some(T0));
+    assert_eq!(revoked.tenant_name, "t");
+}
+
+async fn a_new_bootstrap_key_revokes_the_old_one_and_never_back(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    let old = sendonce::apikey::generate().stored;
+    let new = sendonce::apikey::generate().stored;
+    let first = s.ensure_bootstrap_key("default", &old, T0).await.unwrap();
+    assert!(first.revoked.is_empty() && !first.configured_key_revoked);
+    let again = s.ensure_bootstrap_key("default", &old, T0).await.unwrap();
+    assert!(again.revoked.is_empty(), "idempotent");
+    let auth = s.tenant_for_key(&old.hash).await.unwrap().unwrap();
+    assert!(auth.bootstrap_tenant);
+    let rotated = s.ensure_bootstrap_key("default", &new, T0).await.unwrap();
+    assert_eq!(rotated.revoked, vec![(old.id, old.prefix.clone())]);
+    assert!(s.tenant_for_key(&old.hash).await.unwrap().is_none());
+    let stale = s.ensure_bootstrap_key("default", &old, T0).await.unwrap();
+    assert!(stale.configured_key_revoked, "an old value stays revoked");
+    assert!(stale.revoked.is_empty(), "and revokes nothing");
+    assert!(s.tenant_for_key(&new.hash).await.unwrap().is_some());
+    assert!(
+        s.tenant_for_key(&f.key.hash).await.unwrap().is_some(),
+        "keys added otherwise are never bootstrap keys"
+    );
+}
+
+async fn tenant_settings_round_trip(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    let countries = vec!["US".to_string(), "FR".to_string()];
+    assert!(
+        s.set_allowed_countries("t", Some(&countries))
+            .await
+            .unwrap()
+    );
+    assert!(!s.set_allowed_countries("nobody", None).await.unwrap());
+    let quiet = sendonce::domain::quiet::QuietHours::parse("22:00-07:30").unwrap();
+    assert!(s.set_quiet_hours("t", Some(quiet)).await.unwrap());
+    let auth = s.tenant_for_key(&f.key.hash).await.unwrap().unwrap();
+    assert_eq!(auth.allowed_countries, Some(countries));
+    assert_eq!(auth.quiet_hours, Some(quiet));
+    assert!(s.set_allowed_countries("t", None).await.unwrap());
+    assert!(s.set_quiet_hours("t", None).await.unwrap());
+    let auth = s.tenant_for_key(&f.key.hash).await.unwrap().unwrap();
+    assert_eq!((auth.allowed_countries, auth.quiet_hours), (None, None));
+
+    assert_eq!(s.allowed_senders("t").await.unwrap(), Some(None));
+    assert_eq!(s.allowed_senders("nobody").await.unwrap(), None);
+    assert_eq!(s.edit_senders("nobody", "Acme", true).await.unwrap(), None);
+    assert_eq!(s.edit_senders("t", "Acme", true).await.unwrap(), Some(true));
+    assert_eq!(
+        s.edit_senders("t", "Acme", true).await.unwrap(),
+        Some(false)
+    );
+    assert_eq!(
+        s.edit_senders("t", "+1415", true).await.unwrap(),
+        Some(true)
+    );
+    let list = s.allowed_senders("t").await.unwrap().unwrap().unwrap();
+    assert_eq!(list.len(), 2);
+    assert!(list.contains(&"Acme".to_string()) && list.contains(&"+1415".to_string()));
+    assert_eq!(
+        s.edit_senders("t", "Acme", false).await.unwrap(),
+        Some(true)
+    );
+    assert_eq!(
+        s.edit_senders("t", "+1415", false).await.unwrap(),
+        Some(true)
+    );
+    assert_eq!(
+        s.allowed_senders("t").await.unwrap(),
+        Some(Some(vec![])),
+        "the last removed leaves an empty list, not none"
+    );
+    let auth = s.tenant_for_key(&f.key.hash).await.unwrap().unwrap();
+    assert_eq!(auth.allowed_senders, Some(vec![]));
+}
+
 on_both_backends!(
     numbered_parameters_bind_by_number,
     circuits_are_compare_and_set_on_the_version,
@@ -579,4 +699,7 @@ on_both_backends!(
     receipts_apply_the_first_final_status_once,
     receipts_before_their_message_wait_unmatched_then_attach,
     receipts_page_by_arrival,
+    tenants_and_their_keys,
+    a_new_bootstrap_key_revokes_the_old_one_and_never_back,
+    tenant_settings_round_trip,
 );

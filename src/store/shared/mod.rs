@@ -10,6 +10,8 @@
 //! - the database's clock (`db_now!()`: `now()`, or the file host's clock in
 //!   integer microseconds) and how microseconds are added to it (`us!()`);
 //! - `greatest!()`: `GREATEST` on Postgres, the scalar `max` on SQLite;
+//! - `for_update!()`: a row lock on Postgres, nothing on SQLite (its
+//!   writer's transaction holds the file);
 //! - how a write runs: [`PgStore::write`] on a pooled connection
 //!   (autocommit, one statement) and [`PgStore::write_tx`] in a transaction;
 //!   on SQLite both go to the single writer ([`SqliteStore::write`]), whose
@@ -32,6 +34,7 @@ pub(crate) mod console;
 pub(crate) mod opt_outs;
 pub(crate) mod receipts;
 pub(crate) mod routing;
+pub(crate) mod tenants;
 
 /// The future a write closure returns (the shape of the SQLite writer's
 /// jobs, used by both backends so the shared code writes one closure).
@@ -50,6 +53,7 @@ macro_rules! per_backend {
             macro_rules! db_now { () => { "now()" } }
             macro_rules! us { () => { " * interval '1 microsecond'" } }
             macro_rules! greatest { () => { "GREATEST" } }
+            macro_rules! for_update { () => { " FOR UPDATE" } }
             $($body)*
         }
         /// The items above, on SQLite.
@@ -62,6 +66,7 @@ macro_rules! per_backend {
             macro_rules! db_now { () => { "CAST(unixepoch('subsec') * 1000000 AS INTEGER)" } }
             macro_rules! us { () => { "" } }
             macro_rules! greatest { () => { "max" } }
+            macro_rules! for_update { () => { "" } }
             $($body)*
         }
     };

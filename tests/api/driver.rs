@@ -684,6 +684,49 @@ async fn tenant_settings_round_trip(backend: Backend) {
     assert_eq!(auth.allowed_senders, Some(vec![]));
 }
 
+async fn retention_purges_only_what_is_final_and_old(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    s.ping().await.unwrap();
+    assert_eq!(s.oldest_processing().await.unwrap(), None);
+    let done = sent(&f, "A", "pm-1").await;
+    let (open, _) = in_flight(&f, "B").await;
+    assert_eq!(s.oldest_processing().await.unwrap(), Some(T0));
+    assert_eq!(
+        s.purge(T0, 10).await.unwrap(),
+        0,
+        "nothing before the cutoff"
+    );
+    let cutoff = T0 + time::Duration::seconds(1);
+    assert_eq!(s.purge(cutoff, 10).await.unwrap(), 1);
+    assert!(s.message_by_id(done).await.unwrap().is_none());
+    assert!(
+        s.message_by_id(open).await.unwrap().is_some(),
+        "in flight stays"
+    );
+    for (i, secs) in [(1, 0), (2, 1), (3, 5)] {
+        s.record_receipt(&receipt(&format!("e{i}"), "nobody", None, secs))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        s.purge_unmatched_receipts(T0 + time::Duration::seconds(2), 1)
+            .await
+            .unwrap(),
+        1,
+        "at most the batch"
+    );
+    assert_eq!(
+        s.purge_unmatched_receipts(T0 + time::Duration::seconds(2), 10)
+            .await
+            .unwrap(),
+        1
+    );
+    let left = s.unmatched_receipts(10).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].event_id, "e3");
+}
+
 on_both_backends!(
     numbered_parameters_bind_by_number,
     circuits_are_compare_and_set_on_the_version,
@@ -702,4 +745,5 @@ on_both_backends!(
     tenants_and_their_keys,
     a_new_bootstrap_key_revokes_the_old_one_and_never_back,
     tenant_settings_round_trip,
+    retention_purges_only_what_is_final_and_old,
 );

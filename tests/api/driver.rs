@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use sendonce::domain::{AttemptOutcome, Encoding, IdempotencyKey, MessageId, Phone, Status};
 use sendonce::store::{
-    AttemptResult, Circuit, CircuitState, Claim, Finish, Lease, MessageEvent, MoveOn, NewApiKey,
-    NewMessage, NewReceipt, NewSession, Store, StoredResponse,
+    AttemptResult, Circuit, CircuitState, Claim, DeliveryAttempt, DeliveryNext, Finish, Lease,
+    MessageEvent, MoveOn, NewApiKey, NewMessage, NewReceipt, NewSession, NewWebhookEndpoint, Store,
+    StoredResponse,
 };
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -727,6 +728,117 @@ async fn retention_purges_only_what_is_final_and_old(backend: Backend) {
     assert_eq!(left[0].event_id, "e3");
 }
 
+fn endpoint(f: &Fixture, url: &str) -> NewWebhookEndpoint {
+    NewWebhookEndpoint {
+        id: Uuid::new_v4(),
+        tenant_id: f.tenant,
+        url: url.into(),
+        events: None,
+        secret: "whsec_one".into(),
+        created_at: T0,
+    }
+}
+
+async fn webhook_endpoints_are_created_listed_rotated_and_deleted(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    assert!(!s.any_webhook_endpoints().await.unwrap());
+    let mut second = endpoint(&f, "https://b.example/hook");
+    second.events = Some(vec!["message.delivered".into()]);
+    second.created_at = T0 + time::Duration::seconds(1);
+    let a = s
+        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"))
+        .await
+        .unwrap();
+    assert!(a.enabled);
+    assert_eq!((a.secret.as_str(), a.created_at), ("whsec_one", T0));
+    let b = s.create_webhook_endpoint(&second).await.unwrap();
+    assert_eq!(b.events, Some(vec!["message.delivered".to_string()]));
+    assert!(s.any_webhook_endpoints().await.unwrap());
+    let urls: Vec<_> = s
+        .webhook_endpoints(f.tenant)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.url)
+        .collect();
+    assert_eq!(urls, ["https://a.example/hook", "https://b.example/hook"]);
+    assert!(
+        s.webhook_endpoint(Uuid::new_v4(), a.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let later = T0 + time::Duration::minutes(1);
+    let until = later + time::Duration::hours(24);
+    let rotated = s
+        .rotate_webhook_secret(f.tenant, a.id, "whsec_two", until, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rotated.secret, "whsec_two");
+    assert_eq!(rotated.previous_secret.as_deref(), Some("whsec_one"));
+    assert_eq!(rotated.previous_secret_expires_at, Some(until));
+    assert_eq!(rotated.updated_at, later);
+    assert!(
+        s.rotate_webhook_secret(Uuid::new_v4(), a.id, "x", until, later)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(s.delete_webhook_endpoint(f.tenant, a.id).await.unwrap());
+    assert!(!s.delete_webhook_endpoint(f.tenant, a.id).await.unwrap());
+    assert_eq!(s.webhook_endpoints(f.tenant).await.unwrap().len(), 1);
+}
+
+async fn webhook_attempts_are_listed_for_their_tenant_and_events_purged(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    let e = s
+        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"))
+        .await
+        .unwrap();
+    sent(&f, "K", "pm-1").await;
+    let far = T0 + time::Duration::days(1);
+    let claimed = s
+        .claim_webhook_deliveries("w1", far, LIVE, 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let d = &claimed[0];
+    assert_eq!(d.endpoint.id, e.id);
+    let attempt = DeliveryAttempt {
+        delivery_id: d.id,
+        lease_token: d.lease_token,
+        endpoint_id: e.id,
+        event_id: d.event.id,
+        event_type: d.event.event_type.clone(),
+        started_at: far,
+        finished_at: far + time::Duration::seconds(1),
+        http_status: Some(200),
+        error: None,
+        response_excerpt: Some("ok".into()),
+        next: DeliveryNext::Succeeded,
+    };
+    assert!(s.finish_webhook_attempt(&attempt).await.unwrap());
+    let attempts = s.webhook_attempts(f.tenant, e.id, 10).await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].number, 1);
+    assert_eq!(attempts[0].outcome, "succeeded");
+    assert_eq!(attempts[0].http_status, Some(200));
+    assert_eq!(attempts[0].event_type, d.event.event_type);
+    assert!(
+        s.webhook_attempts(Uuid::new_v4(), e.id, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "another tenant's endpoint shows nothing"
+    );
+    assert_eq!(s.purge_webhook_events(T0, 10).await.unwrap(), 0);
+    assert_eq!(s.purge_webhook_events(far, 10).await.unwrap(), 1);
+    assert_eq!(s.purge_webhook_events(far, 10).await.unwrap(), 0);
+}
+
 on_both_backends!(
     numbered_parameters_bind_by_number,
     circuits_are_compare_and_set_on_the_version,
@@ -746,4 +858,6 @@ on_both_backends!(
     a_new_bootstrap_key_revokes_the_old_one_and_never_back,
     tenant_settings_round_trip,
     retention_purges_only_what_is_final_and_old,
+    webhook_endpoints_are_created_listed_rotated_and_deleted,
+    webhook_attempts_are_listed_for_their_tenant_and_events_purged,
 );

@@ -34,14 +34,4 @@ impl PgStore {
             .call((provider.to_string(), provider_message_id.to_string()))
             .await
     }
-
-    /// The event of a message's status change, in the caller's transaction.
-    pub(crate) async fn enqueue_message_event(
-        tx: &mut sqlx::PgConnection,
-        message_id: uuid::Uuid,
-        event_type: &str,
-        at: time::OffsetDateTime,
-    ) -> Result<(), StoreError> {
-        super::webhooks::enqueue_message_event(tx, message_id, event_type, at).await
-    }
 }

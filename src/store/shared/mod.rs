@@ -36,6 +36,7 @@ pub(crate) mod opt_outs;
 pub(crate) mod receipts;
 pub(crate) mod routing;
 pub(crate) mod tenants;
+pub(crate) mod webhooks;
 
 /// The future a write closure returns (the shape of the SQLite writer's
 /// jobs, used by both backends so the shared code writes one closure).

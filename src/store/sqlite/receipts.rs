@@ -25,14 +25,4 @@ impl SqliteStore {
     ) -> Result<bool, StoreError> {
         self.has_unmatched_one(provider, provider_message_id).await
     }
-
-    /// The event of a message's status change, in the writer's transaction.
-    pub(crate) async fn enqueue_message_event(
-        c: &mut SqliteConnection,
-        message_id: uuid::Uuid,
-        event_type: &str,
-        at: time::OffsetDateTime,
-    ) -> Result<(), StoreError> {
-        super::webhooks::enqueue_message_event(c, message_id, event_type, at).await
-    }
 }

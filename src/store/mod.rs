@@ -1,13 +1,16 @@
-//! Storage: one interface, split by what it stores, and one implementation
-//! per database (`postgres/`, `sqlite/`), each split the same way.
+//! Storage: one interface, split by what it stores, and two drivers
+//! (`postgres/`, `sqlite/`). What both run alike is written once in
+//! `shared/` and expanded per backend; each driver keeps what is its own
+//! (locks, the single SQLite writer, Postgres' coalesced lanes, the tuned
+//! message and verification paths).
 //!
 //! Every method is a single short statement or transaction; none holds a
 //! transaction open across a provider call. Writes that finish or reschedule a
 //! message are fenced on the lease token: they change nothing, and say so,
 //! when the caller no longer owns the message.
 //!
-//! Shared by both backends: the records ([`types`]), the message row and its
-//! column list ([`row`]), the time column ([`time::DbTime`]) and the mapping
+//! Shared by both backends: the records ([`types`]), the rows and their
+//! column lists ([`row`]), the time column ([`time::DbTime`]) and the mapping
 //! of driver errors ([`error`]).
 
 use ::time::OffsetDateTime;
@@ -21,6 +24,7 @@ pub mod error;
 pub mod postgres;
 pub mod routing;
 pub(crate) mod row;
+pub(crate) mod shared;
 pub mod sqlite;
 pub mod time;
 pub mod types;

@@ -5,6 +5,10 @@
 
 use std::collections::BTreeMap;
 
+pub(crate) mod console;
+pub(crate) mod routing;
+pub(crate) mod tenants;
+
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::types::Json;
@@ -331,6 +335,26 @@ impl From<ApiKeyRow> for super::types::ApiKeyInfo {
             prefix: r.key_prefix,
             created_at: r.created_at.0,
             revoked_at: t(r.revoked_at),
+        }
+    }
+}
+
+/// An opt-out as listed.
+#[derive(sqlx::FromRow)]
+pub struct OptOutRow {
+    number: String,
+    source: String,
+    created_at: DbTime,
+    added_by: Option<String>,
+}
+
+impl From<OptOutRow> for super::types::OptOut {
+    fn from(r: OptOutRow) -> Self {
+        super::types::OptOut {
+            number: r.number,
+            source: r.source,
+            created_at: r.created_at.0,
+            added_by: r.added_by,
         }
     }
 }

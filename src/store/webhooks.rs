@@ -451,9 +451,6 @@ impl From<AttemptRowDb> for WebhookAttemptRow {
     }
 }
 
-pub(crate) const ATTEMPT_COLUMNS: &str = "id, event_id, event_type, number, outcome, http_status, \
-     error, response_excerpt, started_at, finished_at";
-
 /// The `events` column of an endpoint.
 pub(crate) fn events_column(events: &Option<Vec<String>>) -> Option<String> {
     events.as_ref().and_then(|e| serde_json::to_string(e).ok())

@@ -54,6 +54,7 @@ mod contract;
 mod crash_points;
 mod db_failover;
 mod delivery;
+mod driver;
 mod durability;
 mod failover;
 mod hardening;

@@ -1,11 +1,12 @@
-//! Schema, health, shutdown and retention on Postgres.
+//! Schema, health, shutdown and retention on Postgres (the statements both
+//! backends share are in `store/shared/maintenance.rs`).
 
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{MIGRATOR, PgStore};
 use crate::domain::MessageId;
-use crate::store::time::{DbTime, db};
+use crate::store::time::db;
 use crate::store::{ConnectionStats, DbStatus, MaintenanceStore, StoreError};
 
 #[async_trait]
@@ -32,8 +33,7 @@ impl MaintenanceStore for PgStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        self.ping_db().await
     }
 
     async fn status(&self) -> Result<DbStatus, StoreError> {
@@ -90,16 +90,7 @@ impl MaintenanceStore for PgStore {
 
     #[tracing::instrument(name = "store.purge", level = "debug", skip_all)]
     async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM messages WHERE id IN ( \
-                SELECT id FROM messages WHERE created_at < $1 AND status NOT IN ('processing', 'scheduled') \
-                ORDER BY created_at LIMIT $2)",
-        )
-        .bind(db(cutoff))
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.purge_messages(cutoff, batch).await
     }
 
     async fn purge_unmatched_receipts(
@@ -107,24 +98,11 @@ impl MaintenanceStore for PgStore {
         cutoff: OffsetDateTime,
         batch: u32,
     ) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM receipts WHERE seq IN ( \
-                SELECT seq FROM receipts WHERE message_id IS NULL AND received_at < $1 \
-                ORDER BY received_at LIMIT $2)",
-        )
-        .bind(db(cutoff))
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.purge_unmatched(cutoff, batch).await
     }
 
     async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError> {
-        let oldest: Option<DbTime> =
-            sqlx::query_scalar("SELECT min(created_at) FROM messages WHERE status = 'processing'")
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(oldest.map(|t| t.0))
+        self.oldest_processing_at().await
     }
 
     fn batch_sizes(&self) -> Option<std::sync::Arc<crate::metrics::BatchSizes>> {

@@ -8,23 +8,21 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgConnection, PgPool};
 
 use super::StoreError;
+use super::shared::BoxFuture;
 use crate::config::Pooler;
 use crate::metrics::BatchSizes;
 
 mod batch;
 mod campaigns;
 pub mod connect;
-mod console;
 mod lanes;
 mod maintenance;
 mod messages;
-mod opt_outs;
 mod receipts;
-mod routing;
 mod tenants;
 mod verifications;
 mod webhooks;
@@ -144,6 +142,36 @@ impl PgStore {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Runs `f` on a pooled connection, outside a transaction: for one
+    /// statement (it commits on its own). The shape of
+    /// [`SqliteStore::write`](crate::store::SqliteStore), so the shared
+    /// code (`store/shared`) writes one closure for both.
+    pub(crate) async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, StoreError>>
+            + Send
+            + 'static,
+    {
+        let mut conn = self.pool.acquire().await?;
+        f(&mut conn).await
+    }
+
+    /// Runs `f` in a transaction, committed when it returns `Ok` (rolled
+    /// back when it fails).
+    pub(crate) async fn write_tx<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, StoreError>>
+            + Send
+            + 'static,
+    {
+        let mut tx = self.pool.begin().await?;
+        let value = f(&mut tx).await?;
+        tx.commit().await?;
+        Ok(value)
     }
 }
 

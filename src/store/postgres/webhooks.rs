@@ -1,21 +1,20 @@
-//! Webhook endpoints, the events feed and deliveries on Postgres. The
-//! outbox rows are written by the status changes themselves (see
+//! Webhooks on Postgres: the events feed, claiming and finishing
+//! deliveries, and writing events (endpoints and the rest are in
+//! `store/shared/webhooks.rs`). The outbox rows are written by the status changes themselves (see
 //! [`EVENT_FROM_M`], used by `messages.rs`, `batch.rs` and `receipts.rs`).
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::PgStore;
+use crate::store::StoreError;
 use crate::store::time::{db, micros};
 use crate::store::webhooks::{
-    ATTEMPT_COLUMNS, AttemptRowDb, ClaimedDelivery, ClaimedRow, DeliveryAttempt, DeliveryNext,
-    EndpointRow, EventCursor, EventRow, NewWebhookEndpoint, WebhookAttemptRow, WebhookEndpoint,
-    WebhookEvent, WebhookStore, claimed_columns, endpoint_columns, event_columns, events_column,
+    ClaimedDelivery, ClaimedRow, DeliveryAttempt, DeliveryNext, EventCursor, EventRow,
+    WebhookEvent, claimed_columns, event_columns,
 };
-use crate::store::{MessageRecord, StoreError};
 
 /// Two CTEs to append (after a comma) to a statement whose CTE `m` returns
 /// the messages it made final (`id`, `tenant_id`, `status`,
@@ -33,38 +32,6 @@ pub(super) const EVENT_FROM_M: &str = "\
         SELECT ev.id, w.id, 'pending', 0, ev.created_at, ev.created_at, ev.created_at \
         FROM ev JOIN webhook_endpoints w ON w.tenant_id = ev.tenant_id AND w.enabled \
             AND (w.events IS NULL OR jsonb_exists(w.events::jsonb, ev.type)))";
-
-/// Writes the event of a message's status change (and its deliveries)
-/// inside the caller's transaction: `data` is the message as it is now.
-pub(super) async fn enqueue_message_event(
-    tx: &mut sqlx::PgConnection,
-    message_id: Uuid,
-    event_type: &str,
-    at: OffsetDateTime,
-) -> Result<(), StoreError> {
-    let row: Option<crate::store::row::MessageRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        crate::store::row::message_columns!(),
-        " FROM messages m WHERE m.id = $1"
-    ))
-    .bind(message_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(row) = row else {
-        return Ok(());
-    };
-    let record = MessageRecord::from(row);
-    let data = record.to_out().to_json();
-    enqueue_event(
-        tx,
-        record.tenant_id,
-        event_type,
-        Some(message_id),
-        &data,
-        at,
-    )
-    .await
-}
 
 /// Writes an event and one delivery per endpoint of its tenant enabled and
 /// subscribed to its type now, inside the caller's transaction.
@@ -98,105 +65,10 @@ pub(super) async fn enqueue_event(
     Ok(())
 }
 
-#[async_trait]
-impl WebhookStore for PgStore {
-    async fn create_webhook_endpoint(
-        &self,
-        e: &NewWebhookEndpoint,
-    ) -> Result<WebhookEndpoint, StoreError> {
-        sqlx::query(
-            "INSERT INTO webhook_endpoints (id, tenant_id, url, events, enabled, secret, \
-                created_at, updated_at) VALUES ($1, $2, $3, $4, true, $5, $6, $6)",
-        )
-        .bind(e.id)
-        .bind(e.tenant_id)
-        .bind(&e.url)
-        .bind(events_column(&e.events))
-        .bind(&e.secret)
-        .bind(db(e.created_at))
-        .execute(&self.pool)
-        .await?;
-        self.webhook_endpoint(e.tenant_id, e.id)
-            .await?
-            .ok_or(StoreError::Invariant(
-                "an endpoint vanished right after its insert",
-            ))
-    }
-
-    async fn webhook_endpoints(&self, tenant_id: Uuid) -> Result<Vec<WebhookEndpoint>, StoreError> {
-        let rows: Vec<EndpointRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            endpoint_columns!(),
-            " FROM webhook_endpoints w WHERE w.tenant_id = $1 ORDER BY w.created_at, w.id"
-        ))
-        .bind(tenant_id)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(WebhookEndpoint::from).collect())
-    }
-
-    async fn webhook_endpoint(
-        &self,
-        tenant_id: Uuid,
-        id: Uuid,
-    ) -> Result<Option<WebhookEndpoint>, StoreError> {
-        let row: Option<EndpointRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            endpoint_columns!(),
-            " FROM webhook_endpoints w WHERE w.tenant_id = $1 AND w.id = $2"
-        ))
-        .bind(tenant_id)
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(WebhookEndpoint::from))
-    }
-
-    async fn delete_webhook_endpoint(&self, tenant_id: Uuid, id: Uuid) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM webhook_endpoints WHERE tenant_id = $1 AND id = $2")
-            .bind(tenant_id)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        // Its deliveries and their attempts go with it (ON DELETE CASCADE).
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn rotate_webhook_secret(
-        &self,
-        tenant_id: Uuid,
-        id: Uuid,
-        secret: &str,
-        old_until: OffsetDateTime,
-        now: OffsetDateTime,
-    ) -> Result<Option<WebhookEndpoint>, StoreError> {
-        let done = sqlx::query(
-            "UPDATE webhook_endpoints SET previous_secret = secret, \
-                previous_secret_expires_at = $4, secret = $3, updated_at = $5 \
-             WHERE tenant_id = $1 AND id = $2",
-        )
-        .bind(tenant_id)
-        .bind(id)
-        .bind(secret)
-        .bind(db(old_until))
-        .bind(db(now))
-        .execute(&self.pool)
-        .await?;
-        if done.rows_affected() != 1 {
-            return Ok(None);
-        }
-        self.webhook_endpoint(tenant_id, id).await
-    }
-
-    async fn any_webhook_endpoints(&self) -> Result<bool, StoreError> {
-        let any: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE enabled)")
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(any)
-    }
-
-    async fn webhook_events_after(
+/// What the shared `WebhookStore` (`store/shared/webhooks.rs`) calls: what
+/// this backend does its own way.
+impl PgStore {
+    pub(crate) async fn events_after(
         &self,
         tenant_id: Uuid,
         after: Option<EventCursor>,
@@ -222,7 +94,7 @@ impl WebhookStore for PgStore {
         Ok(rows.into_iter().map(WebhookEvent::from).collect())
     }
 
-    async fn claim_webhook_deliveries(
+    pub(crate) async fn claim_deliveries(
         &self,
         owner: &str,
         now: OffsetDateTime,
@@ -256,7 +128,7 @@ impl WebhookStore for PgStore {
         Ok(rows.into_iter().map(ClaimedDelivery::from).collect())
     }
 
-    async fn finish_webhook_attempt(&self, a: &DeliveryAttempt) -> Result<bool, StoreError> {
+    pub(crate) async fn finish_attempt(&self, a: &DeliveryAttempt) -> Result<bool, StoreError> {
         let next_at = match &a.next {
             DeliveryNext::RetryAt(at) => Some(db(*at)),
             _ => None,
@@ -307,39 +179,15 @@ impl WebhookStore for PgStore {
         Ok(n == 1)
     }
 
-    async fn webhook_attempts(
-        &self,
+    /// [`enqueue_event`] as the shared code calls it.
+    pub(crate) async fn enqueue_event(
+        c: &mut sqlx::PgConnection,
         tenant_id: Uuid,
-        endpoint_id: Uuid,
-        limit: u32,
-    ) -> Result<Vec<WebhookAttemptRow>, StoreError> {
-        let rows: Vec<AttemptRowDb> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM webhook_attempts \
-             WHERE endpoint_id = $2 AND EXISTS (SELECT 1 FROM webhook_endpoints w \
-                WHERE w.id = $2 AND w.tenant_id = $1) \
-             ORDER BY id DESC LIMIT $3"
-        )))
-        .bind(tenant_id)
-        .bind(endpoint_id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(WebhookAttemptRow::from).collect())
-    }
-
-    async fn purge_webhook_events(
-        &self,
-        cutoff: OffsetDateTime,
-        batch: u32,
-    ) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM webhook_events WHERE seq IN (SELECT seq FROM webhook_events \
-                WHERE created_at < $1 ORDER BY created_at LIMIT $2)",
-        )
-        .bind(db(cutoff))
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        event_type: &str,
+        message_id: Option<Uuid>,
+        data: &[u8],
+        at: OffsetDateTime,
+    ) -> Result<(), StoreError> {
+        enqueue_event(c, tenant_id, event_type, message_id, data, at).await
     }
 }

@@ -1,11 +1,12 @@
-//! Schema, health, shutdown and retention on SQLite.
+//! Schema, health, shutdown and retention on SQLite (the statements both
+//! backends share are in `store/shared/maintenance.rs`).
 
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{MIGRATOR, SqliteStore};
 use crate::domain::MessageId;
-use crate::store::time::{DbTime, db};
+use crate::store::time::db;
 use crate::store::{MaintenanceStore, StoreError};
 
 #[async_trait]
@@ -18,8 +19,7 @@ impl MaintenanceStore for SqliteStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        self.ping_db().await
     }
 
     #[tracing::instrument(name = "store.release_leases", level = "debug", skip_all)]
@@ -72,21 +72,7 @@ impl MaintenanceStore for SqliteStore {
 
     #[tracing::instrument(name = "store.purge", level = "debug", skip_all)]
     async fn purge(&self, cutoff: OffsetDateTime, batch: u32) -> Result<u64, StoreError> {
-        self.write(move |c| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "DELETE FROM messages WHERE id IN ( \
-                        SELECT id FROM messages WHERE created_at < ? AND status NOT IN ('processing', 'scheduled') \
-                        ORDER BY created_at LIMIT ?)",
-                )
-                .bind(db(cutoff))
-                .bind(i64::from(batch))
-                .execute(&mut *c)
-                .await?;
-                Ok(done.rows_affected())
-            })
-        })
-        .await
+        self.purge_messages(cutoff, batch).await
     }
 
     async fn purge_unmatched_receipts(
@@ -94,28 +80,10 @@ impl MaintenanceStore for SqliteStore {
         cutoff: OffsetDateTime,
         batch: u32,
     ) -> Result<u64, StoreError> {
-        self.write(move |c| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "DELETE FROM receipts WHERE seq IN ( \
-                        SELECT seq FROM receipts WHERE message_id IS NULL AND received_at < ? \
-                        ORDER BY received_at LIMIT ?)",
-                )
-                .bind(db(cutoff))
-                .bind(i64::from(batch))
-                .execute(&mut *c)
-                .await?;
-                Ok(done.rows_affected())
-            })
-        })
-        .await
+        self.purge_unmatched(cutoff, batch).await
     }
 
     async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError> {
-        let oldest: Option<DbTime> =
-            sqlx::query_scalar("SELECT min(created_at) FROM messages WHERE status = 'processing'")
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(oldest.map(|t| t.0))
+        self.oldest_processing_at().await
     }
 }

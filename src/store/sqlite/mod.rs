@@ -37,12 +37,9 @@ macro_rules! db_now {
 }
 
 mod campaigns;
-mod console;
 mod maintenance;
 mod messages;
-mod opt_outs;
 mod receipts;
-mod routing;
 mod tenants;
 mod verifications;
 mod webhooks;
@@ -99,7 +96,7 @@ impl SqliteStore {
     /// returns its result once that commit is durable. `f` runs inside a
     /// transaction (and a savepoint of its own): it must not begin or end
     /// one. Once handed over, the write happens even if the caller goes away.
-    async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    pub(crate) async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: for<'c> FnOnce(&'c mut SqliteConnection) -> writer::BoxFuture<'c, Result<T, StoreError>>
@@ -122,6 +119,18 @@ impl SqliteStore {
             .downcast::<T>()
             .map(|v| *v)
             .map_err(|_| StoreError::Invariant("the SQLite writer answered with another type"))
+    }
+
+    /// [`write`](Self::write): every write is in the writer's transaction
+    /// already (the Postgres store begins one here).
+    pub(crate) async fn write_tx<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> writer::BoxFuture<'c, Result<T, StoreError>>
+            + Send
+            + 'static,
+    {
+        self.write(f).await
     }
 }
 

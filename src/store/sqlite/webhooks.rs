@@ -1,11 +1,12 @@
-//! Webhook endpoints, the events feed and deliveries on SQLite. Writes go
+//! Webhooks on SQLite: the events feed, claiming and finishing deliveries,
+//! and writing events (endpoints and the rest are in
+//! `store/shared/webhooks.rs`). Writes go
 //! through the single writer; the outbox rows are written by the status
 //! changes themselves ([`enqueue_event`], called by `messages.rs` and
 //! `receipts.rs` inside their job).
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::SqliteConnection;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -13,11 +14,10 @@ use uuid::Uuid;
 use super::SqliteStore;
 use crate::store::time::{db, micros};
 use crate::store::webhooks::{
-    ATTEMPT_COLUMNS, AttemptRowDb, ClaimedDelivery, ClaimedRow, DeliveryAttempt, DeliveryNext,
-    EndpointRow, EventCursor, EventRow, NewWebhookEndpoint, WebhookAttemptRow, WebhookEndpoint,
-    WebhookEvent, WebhookStore, claimed_columns, endpoint_columns, event_columns, events_column,
+    ClaimedDelivery, ClaimedRow, DeliveryAttempt, DeliveryNext, EventCursor, EventRow,
+    WebhookEvent, claimed_columns, event_columns,
 };
-use crate::store::{MessageRecord, SqlxResultExt, StoreError};
+use crate::store::{SqlxResultExt, StoreError};
 
 /// Writes an event and one delivery per endpoint of its tenant subscribed
 /// now, inside the caller's (the writer's) transaction.
@@ -44,30 +44,6 @@ pub(super) async fn enqueue_event(
     .await?;
     // Its deliveries: the trigger `webhook_events_fan_out` (migration 0015).
     Ok(())
-}
-
-/// The event of a message's status change, its data the message as it is
-/// now (receipts), inside the caller's transaction.
-pub(super) async fn enqueue_message_event(
-    c: &mut SqliteConnection,
-    message_id: Uuid,
-    event_type: &str,
-    at: OffsetDateTime,
-) -> Result<(), StoreError> {
-    let row: Option<crate::store::row::MessageRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        crate::store::row::message_columns!(),
-        " FROM messages m WHERE m.id = ?"
-    ))
-    .bind(message_id)
-    .fetch_optional(&mut *c)
-    .await?;
-    let Some(row) = row else {
-        return Ok(());
-    };
-    let record = MessageRecord::from(row);
-    let data = record.to_out().to_json();
-    enqueue_event(c, record.tenant_id, event_type, Some(message_id), &data, at).await
 }
 
 async fn claim(
@@ -181,130 +157,10 @@ async fn finish_attempt(c: &mut SqliteConnection, a: &DeliveryAttempt) -> Result
     Ok(true)
 }
 
-#[async_trait]
-impl WebhookStore for SqliteStore {
-    async fn create_webhook_endpoint(
-        &self,
-        e: &NewWebhookEndpoint,
-    ) -> Result<WebhookEndpoint, StoreError> {
-        let e2 = e.clone();
-        self.write(move |c| {
-            Box::pin(async move {
-                sqlx::query(
-                    "INSERT INTO webhook_endpoints (id, tenant_id, url, events, enabled, secret, \
-                        created_at, updated_at) VALUES (?, ?, ?, ?, 1, ?, ?, ?)",
-                )
-                .bind(e2.id)
-                .bind(e2.tenant_id)
-                .bind(&e2.url)
-                .bind(events_column(&e2.events))
-                .bind(&e2.secret)
-                .bind(db(e2.created_at))
-                .bind(db(e2.created_at))
-                .execute(&mut *c)
-                .await?;
-                Ok(())
-            })
-        })
-        .await?;
-        self.webhook_endpoint(e.tenant_id, e.id)
-            .await?
-            .ok_or(StoreError::Invariant(
-                "an endpoint vanished right after its insert",
-            ))
-    }
-
-    async fn webhook_endpoints(&self, tenant_id: Uuid) -> Result<Vec<WebhookEndpoint>, StoreError> {
-        let rows: Vec<EndpointRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            endpoint_columns!(),
-            " FROM webhook_endpoints w WHERE w.tenant_id = ? ORDER BY w.created_at, w.id"
-        ))
-        .bind(tenant_id)
-        .fetch_all(&self.pool)
-        .await
-        .store_err()?;
-        Ok(rows.into_iter().map(WebhookEndpoint::from).collect())
-    }
-
-    async fn webhook_endpoint(
-        &self,
-        tenant_id: Uuid,
-        id: Uuid,
-    ) -> Result<Option<WebhookEndpoint>, StoreError> {
-        let row: Option<EndpointRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            endpoint_columns!(),
-            " FROM webhook_endpoints w WHERE w.tenant_id = ? AND w.id = ?"
-        ))
-        .bind(tenant_id)
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await
-        .store_err()?;
-        Ok(row.map(WebhookEndpoint::from))
-    }
-
-    async fn delete_webhook_endpoint(&self, tenant_id: Uuid, id: Uuid) -> Result<bool, StoreError> {
-        self.write(move |c| {
-            Box::pin(async move {
-                // Its deliveries and their attempts go with it (ON DELETE CASCADE).
-                let done =
-                    sqlx::query("DELETE FROM webhook_endpoints WHERE tenant_id = ? AND id = ?")
-                        .bind(tenant_id)
-                        .bind(id)
-                        .execute(&mut *c)
-                        .await?;
-                Ok(done.rows_affected() == 1)
-            })
-        })
-        .await
-    }
-
-    async fn rotate_webhook_secret(
-        &self,
-        tenant_id: Uuid,
-        id: Uuid,
-        secret: &str,
-        old_until: OffsetDateTime,
-        now: OffsetDateTime,
-    ) -> Result<Option<WebhookEndpoint>, StoreError> {
-        let secret = secret.to_string();
-        let changed = self
-            .write(move |c| {
-                Box::pin(async move {
-                    let done = sqlx::query(
-                        "UPDATE webhook_endpoints SET previous_secret = secret, \
-                            previous_secret_expires_at = ?, secret = ?, updated_at = ? \
-                         WHERE tenant_id = ? AND id = ?",
-                    )
-                    .bind(db(old_until))
-                    .bind(&secret)
-                    .bind(db(now))
-                    .bind(tenant_id)
-                    .bind(id)
-                    .execute(&mut *c)
-                    .await?;
-                    Ok(done.rows_affected() == 1)
-                })
-            })
-            .await?;
-        if !changed {
-            return Ok(None);
-        }
-        self.webhook_endpoint(tenant_id, id).await
-    }
-
-    async fn any_webhook_endpoints(&self) -> Result<bool, StoreError> {
-        let any: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE enabled)")
-                .fetch_one(&self.pool)
-                .await
-                .store_err()?;
-        Ok(any)
-    }
-
-    async fn webhook_events_after(
+/// What the shared `WebhookStore` (`store/shared/webhooks.rs`) calls: what
+/// this backend does its own way.
+impl SqliteStore {
+    pub(crate) async fn events_after(
         &self,
         tenant_id: Uuid,
         after: Option<EventCursor>,
@@ -330,7 +186,7 @@ impl WebhookStore for SqliteStore {
         Ok(rows.into_iter().map(WebhookEvent::from).collect())
     }
 
-    async fn claim_webhook_deliveries(
+    pub(crate) async fn claim_deliveries(
         &self,
         owner: &str,
         now: OffsetDateTime,
@@ -342,52 +198,21 @@ impl WebhookStore for SqliteStore {
             .await
     }
 
-    async fn finish_webhook_attempt(&self, a: &DeliveryAttempt) -> Result<bool, StoreError> {
+    pub(crate) async fn finish_attempt(&self, a: &DeliveryAttempt) -> Result<bool, StoreError> {
         let a = a.clone();
         self.write(move |c| Box::pin(async move { finish_attempt(c, &a).await }))
             .await
     }
 
-    async fn webhook_attempts(
-        &self,
+    /// [`enqueue_event`] as the shared code calls it.
+    pub(crate) async fn enqueue_event(
+        c: &mut SqliteConnection,
         tenant_id: Uuid,
-        endpoint_id: Uuid,
-        limit: u32,
-    ) -> Result<Vec<WebhookAttemptRow>, StoreError> {
-        let rows: Vec<AttemptRowDb> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM webhook_attempts \
-             WHERE endpoint_id = ? AND EXISTS (SELECT 1 FROM webhook_endpoints w \
-                WHERE w.id = ? AND w.tenant_id = ?) \
-             ORDER BY id DESC LIMIT ?"
-        )))
-        .bind(endpoint_id)
-        .bind(endpoint_id)
-        .bind(tenant_id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .store_err()?;
-        Ok(rows.into_iter().map(WebhookAttemptRow::from).collect())
-    }
-
-    async fn purge_webhook_events(
-        &self,
-        cutoff: OffsetDateTime,
-        batch: u32,
-    ) -> Result<u64, StoreError> {
-        self.write(move |c| {
-            Box::pin(async move {
-                let done = sqlx::query(
-                    "DELETE FROM webhook_events WHERE seq IN (SELECT seq FROM webhook_events \
-                        WHERE created_at < ? ORDER BY created_at LIMIT ?)",
-                )
-                .bind(db(cutoff))
-                .bind(i64::from(batch))
-                .execute(&mut *c)
-                .await?;
-                Ok(done.rows_affected())
-            })
-        })
-        .await
+        event_type: &str,
+        message_id: Option<Uuid>,
+        data: &[u8],
+        at: OffsetDateTime,
+    ) -> Result<(), StoreError> {
+        enqueue_event(c, tenant_id, event_type, message_id, data, at).await
     }
 }

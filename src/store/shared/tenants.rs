@@ -1,0 +1,324 @@
+//! Tenants, API keys and tenant settings: once for both backends. On
+//! Postgres a change other instances cache (a revoked key, a tenant's
+//! settings) returns once each has dropped it (`Driver::start_acks`); on
+//! SQLite there are no other instances to wait for.
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::per_backend;
+use crate::domain::quiet::QuietHours;
+use crate::store::row::ApiKeyRow;
+use crate::store::row::tenants::{StringList, TenantAuthRow};
+use crate::store::time::{DbTime, db};
+use crate::store::types::edited_senders;
+use crate::store::{
+    ApiKeyInfo, BootstrapOutcome, NewApiKey, SqlxResultExt, StoreError, TenantAuth, TenantStore,
+};
+
+const COUNT: &str = "SELECT count(*) FROM tenants";
+
+const INSERT_TENANT: &str = "INSERT INTO tenants (id, name) VALUES ($1, $2)";
+
+const INSERT_KEY: &str =
+    "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) VALUES ($1, $2, $3, $4)";
+
+const ENSURE_TENANT: &str =
+    "INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
+
+/// A key already there (a restart with the same value, or the first start
+/// after the upgrade that added the flag) becomes the bootstrap key, if it
+/// is this tenant's. Whether it is revoked; no row: another tenant's.
+const ENSURE_BOOTSTRAP_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, \
+        bootstrap) \
+     SELECT $1, t.id, $3, $4, true FROM tenants t WHERE t.name = $2 \
+     ON CONFLICT (key_hash) DO UPDATE SET bootstrap = true \
+     WHERE api_keys.tenant_id = excluded.tenant_id \
+     RETURNING revoked_at IS NOT NULL";
+
+const REVOKE_OTHER_BOOTSTRAP_KEYS: &str = "UPDATE api_keys SET revoked_at = $2 \
+     WHERE bootstrap AND revoked_at IS NULL AND key_hash <> $1 \
+     RETURNING id, key_prefix";
+
+const FOR_KEY: &str = "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, \
+        t.name = 'default' AS bootstrap_tenant, t.quiet_hours \
+     FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+     WHERE k.key_hash = $1 AND k.revoked_at IS NULL";
+
+const LIST_TENANTS: &str = "SELECT id, name, created_at FROM tenants ORDER BY name";
+
+const ADD_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
+     SELECT $1, t.id, $3, $4 FROM tenants t WHERE t.name = $2";
+
+const REVOKE_KEY: &str = "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1";
+
+const LIST_KEYS: &str = "SELECT k.id, t.name, k.key_prefix, k.created_at, k.revoked_at \
+     FROM api_keys k JOIN tenants t ON t.id = k.tenant_id ORDER BY t.name, k.created_at";
+
+const SET_COUNTRIES: &str = "UPDATE tenants SET allowed_countries = $2 WHERE name = $1";
+
+const SET_QUIET_HOURS: &str = "UPDATE tenants SET quiet_hours = $2 WHERE name = $1";
+
+const SENDERS: &str = "SELECT allowed_senders FROM tenants WHERE name = $1";
+
+const SET_SENDERS: &str = "UPDATE tenants SET allowed_senders = $2 WHERE name = $1";
+
+per_backend! {
+    /// The list to edit, locked until the transaction ends (on SQLite the
+    /// single writer's transaction is the lock).
+    const SENDERS_FOR_UPDATE: &str = concat!(
+        "SELECT allowed_senders FROM tenants WHERE name = $1",
+        for_update!()
+    );
+
+    #[async_trait]
+    impl TenantStore for Driver {
+        async fn tenant_count(&self) -> Result<i64, StoreError> {
+            sqlx::query_scalar(COUNT).fetch_one(self.pool()).await.store_err()
+        }
+
+        async fn create_tenant(&self, name: &str, key: &NewApiKey) -> Result<Uuid, StoreError> {
+            let (name, key) = (name.to_string(), key.clone());
+            self.write_tx(move |c| {
+                Box::pin(async move {
+                    let id = Uuid::now_v7();
+                    sqlx::query(INSERT_TENANT)
+                        .bind(id)
+                        .bind(&name)
+                        .execute(&mut *c)
+                        .await?;
+                    sqlx::query(INSERT_KEY)
+                        .bind(key.id)
+                        .bind(id)
+                        .bind(&key.hash)
+                        .bind(&key.prefix)
+                        .execute(&mut *c)
+                        .await?;
+                    Ok(id)
+                })
+            })
+            .await
+        }
+
+        async fn ensure_bootstrap_key(
+            &self,
+            name: &str,
+            key: &NewApiKey,
+            at: OffsetDateTime,
+        ) -> Result<BootstrapOutcome, StoreError> {
+            // A revoked previous bootstrap key is refused at once: wait, as
+            // `revoke_key` does, until every instance dropped it from its cache.
+            let acks = self.start_acks().await;
+            let (name, key) = (name.to_string(), key.clone());
+            let outcome = self
+                .write_tx(move |c| {
+                    Box::pin(async move {
+                        sqlx::query(ENSURE_TENANT)
+                            .bind(Uuid::now_v7())
+                            .bind(&name)
+                            .execute(&mut *c)
+                            .await?;
+                        let configured: Option<(bool,)> = sqlx::query_as(ENSURE_BOOTSTRAP_KEY)
+                            .bind(key.id)
+                            .bind(&name)
+                            .bind(&key.hash)
+                            .bind(&key.prefix)
+                            .fetch_optional(&mut *c)
+                            .await?;
+                        let mut outcome = BootstrapOutcome::default();
+                        match configured {
+                            Some((false,)) => {
+                                outcome.revoked = sqlx::query_as(REVOKE_OTHER_BOOTSTRAP_KEYS)
+                                    .bind(&key.hash)
+                                    .bind(db(at))
+                                    .fetch_all(&mut *c)
+                                    .await?;
+                            }
+                            // Revoked earlier, or (never in practice) another tenant's key.
+                            _ => outcome.configured_key_revoked = true,
+                        }
+                        Ok(outcome)
+                    })
+                })
+                .await?;
+            if let Some(acks) = acks
+                && !outcome.revoked.is_empty()
+            {
+                acks.wait().await;
+            }
+            Ok(outcome)
+        }
+
+        #[tracing::instrument(name = "store.tenant_for_key", level = "debug", skip_all)]
+        async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError> {
+            let row: Option<TenantAuthRow> = sqlx::query_as(FOR_KEY)
+                .bind(key_hash)
+                .fetch_optional(self.pool())
+                .await?;
+            Ok(row.map(TenantAuth::from))
+        }
+
+        async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError> {
+            let rows: Vec<(Uuid, String, DbTime)> =
+                sqlx::query_as(LIST_TENANTS).fetch_all(self.pool()).await?;
+            Ok(rows
+                .into_iter()
+                .map(|(id, name, at)| (id, name, at.0))
+                .collect())
+        }
+
+        async fn add_key(
+            &self,
+            tenant_name: &str,
+            key: &NewApiKey,
+        ) -> Result<Option<Uuid>, StoreError> {
+            let (tenant_name, key) = (tenant_name.to_string(), key.clone());
+            self.write(move |c| {
+                Box::pin(async move {
+                    let done = sqlx::query(ADD_KEY)
+                        .bind(key.id)
+                        .bind(&tenant_name)
+                        .bind(&key.hash)
+                        .bind(&key.prefix)
+                        .execute(&mut *c)
+                        .await?;
+                    Ok((done.rows_affected() == 1).then_some(key.id))
+                })
+            })
+            .await
+        }
+
+        async fn revoke_key(&self, key_id: Uuid, at: OffsetDateTime) -> Result<bool, StoreError> {
+            // Returns once every instance has dropped the key from its cache.
+            let acks = self.start_acks().await;
+            let changed = self
+                .write(move |c| {
+                    Box::pin(async move {
+                        let done = sqlx::query(REVOKE_KEY)
+                            .bind(key_id)
+                            .bind(db(at))
+                            .execute(&mut *c)
+                            .await?;
+                        Ok(done.rows_affected())
+                    })
+                })
+                .await?;
+            if let Some(acks) = acks
+                && changed > 0
+            {
+                acks.wait().await;
+            }
+            Ok(changed == 1)
+        }
+
+        async fn list_keys(&self) -> Result<Vec<ApiKeyInfo>, StoreError> {
+            let rows: Vec<ApiKeyRow> = sqlx::query_as(LIST_KEYS).fetch_all(self.pool()).await?;
+            Ok(rows.into_iter().map(ApiKeyInfo::from).collect())
+        }
+
+        async fn set_allowed_countries(
+            &self,
+            tenant_name: &str,
+            countries: Option<&[String]>,
+        ) -> Result<bool, StoreError> {
+            let list = countries.map(|c| StringList(c.to_vec()));
+            self.set_tenant_column(SET_COUNTRIES, tenant_name, list).await
+        }
+
+        async fn set_quiet_hours(
+            &self,
+            tenant_name: &str,
+            window: Option<QuietHours>,
+        ) -> Result<bool, StoreError> {
+            let window = window.map(|w| w.to_string());
+            self.set_tenant_column(SET_QUIET_HOURS, tenant_name, window).await
+        }
+
+        async fn allowed_senders(
+            &self,
+            tenant_name: &str,
+        ) -> Result<Option<Option<Vec<String>>>, StoreError> {
+            let row: Option<(Option<StringList>,)> = sqlx::query_as(SENDERS)
+                .bind(tenant_name)
+                .fetch_optional(self.pool())
+                .await?;
+            Ok(row.map(|(s,)| s.map(|l| l.0)))
+        }
+
+        async fn edit_senders(
+            &self,
+            tenant_name: &str,
+            sender: &str,
+            add: bool,
+        ) -> Result<Option<bool>, StoreError> {
+            // Returns once every instance dropped its cached view of the
+            // tenant (as a revocation does), so the new list holds at once
+            // everywhere.
+            let acks = self.start_acks().await;
+            let (tenant_name, sender) = (tenant_name.to_string(), sender.to_string());
+            let edited = self
+                .write_tx(move |c| {
+                    Box::pin(async move {
+                        let row: Option<(Option<StringList>,)> =
+                            sqlx::query_as(SENDERS_FOR_UPDATE)
+                                .bind(&tenant_name)
+                                .fetch_optional(&mut *c)
+                                .await?;
+                        let Some((list,)) = row else {
+                            return Ok(None);
+                        };
+                        let Some(list) = edited_senders(list.map(|l| l.0), &sender, add) else {
+                            return Ok(Some(false));
+                        };
+                        sqlx::query(SET_SENDERS)
+                            .bind(&tenant_name)
+                            .bind(StringList(list))
+                            .execute(&mut *c)
+                            .await?;
+                        Ok(Some(true))
+                    })
+                })
+                .await?;
+            if let (Some(acks), Some(true)) = (acks, edited) {
+                acks.wait().await;
+            }
+            Ok(edited)
+        }
+    }
+
+    impl Driver {
+        /// Sets one column of tenant `tenant_name` with `sql` (`$1` the
+        /// name, `$2` the value), waiting for the instances' caches.
+        async fn set_tenant_column<T>(
+            &self,
+            sql: &'static str,
+            tenant_name: &str,
+            value: T,
+        ) -> Result<bool, StoreError>
+        where
+            T: for<'q> sqlx::Encode<'q, Db> + sqlx::Type<Db> + Send + Sync + 'static,
+        {
+            let acks = self.start_acks().await;
+            let tenant_name = tenant_name.to_string();
+            let changed = self
+                .write(move |c| {
+                    Box::pin(async move {
+                        let done = sqlx::query(sql)
+                            .bind(&tenant_name)
+                            .bind(&value)
+                            .execute(&mut *c)
+                            .await?;
+                        Ok(done.rows_affected())
+                    })
+                })
+                .await?;
+            if let Some(acks) = acks
+                && changed > 0
+            {
+                acks.wait().await;
+            }
+            Ok(changed == 1)
+        }
+    }
+}

@@ -193,7 +193,12 @@ async fn verification_bodies_refuse_duplicate_keys(backend: Backend) {
         r#"{"to": "+14155550100", "to": "+14155550101"}"#,
     )
     .await;
-    assert_eq!(twice.status, 400, "{}", String::from_utf8_lossy(&twice.bytes));
+    assert_eq!(
+        twice.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&twice.bytes)
+    );
     assert_eq!(twice.slug(), "validation");
     assert_eq!(twice.json()["errors"][0]["field"], "to");
     assert_eq!(app.db.count("SELECT count(*) FROM verifications").await, 0);

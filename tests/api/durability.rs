@@ -163,9 +163,9 @@ async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) 
     // a's lease runs out while its call is in flight: the database's clock
     // steps forward (see `promise::step_database_clock`). a's call may take
     // 10 s, so it is still in flight when b claims however loaded the
-    // machine is (with b's 500 ms, a's call could time out first and a
-    // renew its lease, rightly, before b's claim); b waits out only its own
-    // provider timeout, so it resends while a's call is still open.
+    // machine is (with a shorter timeout, a's call could end first and a
+    // retry and finish, rightly, before b's claim); b waits out only its
+    // own provider timeout, so it resends while a's call is still open.
     let (settings, _) = short_lease_settings();
     let mut slow_settings = settings.clone();
     slow_settings.delivery.provider_timeout = Duration::from_secs(10);
@@ -174,6 +174,10 @@ async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) 
         backend,
         clock: clock.clone(),
         settings: slow_settings,
+        // The provider's own HTTP client too (it timed out at 2 s, and a,
+        // rightly, retried and finished before b's claim: "failed,
+        // attempts=2" when CI was busy).
+        provider_timeout: Duration::from_secs(10),
         ..TestOptions::default()
     })
     .await;

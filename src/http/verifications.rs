@@ -112,22 +112,10 @@ async fn create(
     let key = idempotency_key(&headers)?;
     let body = json_body(&state, &headers, body, super::BODY_LIMIT).await?;
     let request = StartRequest::parse(&body).map_err(bad_body)?;
-    let mut errors = Vec::new();
-    if let Some(allowed) = &tenant.allowed_countries {
-        let ok = request
-            .country
-            .as_ref()
-            .is_some_and(|c| allowed.iter().any(|a| a.eq_ignore_ascii_case(c)));
-        if !ok {
-            errors.push(FieldError {
-                field: "to".into(),
-                message: format!(
-                    "the destination country is not allowed for this account (allowed: {})",
-                    allowed.join(", ")
-                ),
-            });
-        }
-    }
+    let mut errors: Vec<FieldError> =
+        crate::send::country_refused(&tenant, request.country.as_deref())
+            .into_iter()
+            .collect();
     let longest = "9".repeat(usize::try_from(request.code_length).unwrap_or(10));
     let sample = crate::verify::render(request.template.as_deref(), &longest);
     if segments::count(&sample).segments > state.max_segments {

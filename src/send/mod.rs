@@ -362,6 +362,20 @@ fn start_with_quiet_hours(
     )
 }
 
+/// The field error for a destination country outside the tenant's
+/// allow-list (messages and verifications alike), if it is.
+pub fn country_refused(tenant: &TenantAuth, country: Option<&str>) -> Option<FieldError> {
+    let allowed = tenant.allowed_countries.as_ref()?;
+    let ok = country.is_some_and(|c| allowed.iter().any(|a| a.eq_ignore_ascii_case(c)));
+    (!ok).then(|| FieldError {
+        field: "to".into(),
+        message: format!(
+            "the destination country is not allowed for this account (allowed: {})",
+            allowed.join(", ")
+        ),
+    })
+}
+
 /// What the tenant and the service allow beyond a well-formed request.
 fn check_policy(
     request: &SendRequest,
@@ -378,21 +392,7 @@ fn check_policy(
             ),
         });
     }
-    if let Some(allowed) = &tenant.allowed_countries {
-        let ok = request
-            .to_country
-            .as_ref()
-            .is_some_and(|c| allowed.iter().any(|a| a.eq_ignore_ascii_case(c)));
-        if !ok {
-            errors.push(FieldError {
-                field: "to".into(),
-                message: format!(
-                    "the destination country is not allowed for this account (allowed: {})",
-                    allowed.join(", ")
-                ),
-            });
-        }
-    }
+    errors.extend(country_refused(tenant, request.to_country.as_deref()));
     if !tenant.may_send_as(request.from.as_deref()) {
         errors.push(FieldError {
             field: "from".into(),

@@ -214,6 +214,8 @@ async fn a_stale_owner_cannot_overwrite_the_new_owners_result(backend: Backend) 
     // a is alive but its lease ran out: b takes over.
     assert_eq!(crate::promise::step_database_clock(&a, 60).await, 1);
     assert_eq!(b.claim_within(Duration::from_secs(15)).await, 1);
+    assert_eq!(b.takeovers(), 1, "b took it over");
+    assert_eq!(a.takeovers(), 0);
     let m = a.wait_for_status("STALE", "failed").await;
     let final_bytes = a.get("/messages/STALE").await.bytes;
 

@@ -47,7 +47,7 @@ per_backend! {
         }
 
         /// One retention statement (`$1` the cutoff, `$2` the batch).
-        async fn purge_rows(
+        pub(crate) async fn purge_rows(
             &self,
             sql: &'static str,
             cutoff: OffsetDateTime,

@@ -23,13 +23,9 @@ use super::input::{idempotency_key, json_body, optional_idempotency_key, request
 use super::{Authenticated, SharedState, Tenant};
 use crate::domain::{FieldError, segments};
 use crate::error::ApiError;
-use crate::store::StoreError;
-use std::sync::Arc;
-
 use crate::store::{
-    CheckOutcome, CheckRenderer, CodeMatcher, NewVerification, OpKey, ResendOutcome,
-    ResendRenderer, SendBuilder, StartOutcome, StartPolicy, StoredResponse, VerificationRecord,
-    send_key,
+    Changed, Lease, MessageRecord, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy,
+    StoreError, StoredOp, StoredResponse, VerificationRecord, send_key,
 };
 use crate::verify::decide::{self, PausePolicy};
 use crate::verify::{
@@ -253,6 +249,16 @@ async fn show(
     ))
 }
 
+/// How many times a check or a resend reads, decides and tries its fenced
+/// write before giving up (503). Each failed try means another change was
+/// written first, and a pending verification takes only a few (its checks
+/// and sends are counted down), so this is never reached in practice.
+const CHANGE_TRIES: usize = 64;
+
+fn kept_changing() -> ApiError {
+    ApiError::Unavailable("the verification kept changing under the write".into())
+}
+
 async fn check(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
@@ -265,67 +271,91 @@ async fn check(
     let body = json_body(&state, &headers, body, super::BODY_LIMIT).await?;
     let code = parse_check(&body).map_err(bad_body)?;
     let keys = state.verify.secret.keys().await?;
-    let v = state
-        .store
-        .verification(tenant_id, id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    let sent = messages(&state, &v).await?;
-    let now = state.clock.now();
     // The fingerprint of a check is the code's HMAC: never the code.
     let fingerprint = keys.code_mac(id, &code);
     let op = key.as_ref().map(|k| OpKey {
         key: k.as_str(),
         fingerprint: &fingerprint,
     });
-    let settings = state.verify.settings.clone();
-    let mac_keys = Arc::clone(&keys);
-    let matches: CodeMatcher = Arc::new(move |rec: &VerificationRecord| {
-        mac_keys.code_matches(rec.id, &code, &rec.code_mac)
-    });
-    let render: CheckRenderer = Arc::new(move |rec: &VerificationRecord, valid: bool| {
-        let mut out = VerificationOut::of(rec, sent.clone(), &settings, now);
+    let metrics = &state.metrics;
+    for _ in 0..CHANGE_TRIES {
+        let v = state
+            .store
+            .verification(tenant_id, id)
+            .await?
+            .ok_or(ApiError::NotFound)?;
+        if let Some(op) = op
+            && let Some(done) = state
+                .store
+                .verification_op(id, OpKind::Check, op.key)
+                .await?
+        {
+            return replay_check(done, &fingerprint, id);
+        }
+        let country = v.country.as_deref();
+        let now = state.clock.now();
+        let matches = keys.code_matches(id, &code, &v.code_mac);
+        let decision = decide::check(&v.state(), now, matches);
+        let after = v.checked(decision, now);
+        let valid = match decision {
+            decide::Check::Approve => true,
+            decide::Check::Wrong { .. } | decide::Check::LastWrong => false,
+            decide::Check::Expire => {
+                match state.store.check_verification(&v, &after, None).await? {
+                    Changed::Stale => continue,
+                    _ => {
+                        metrics.verify_event("expiry", country);
+                        return Err(not_pending(decide::VerificationStatus::Expired));
+                    }
+                }
+            }
+            decide::Check::NotPending(s) => return Err(not_pending(s)),
+        };
+        let mut out = VerificationOut::of(
+            &after,
+            messages(&state, &v).await?,
+            &state.verify.settings,
+            now,
+        );
         out.valid = Some(valid);
-        out.to_json()
-    });
-    let outcome = state
-        .store
-        .check_verification(tenant_id, id, op, now, matches, render)
-        .await?;
-    let country = v.country.as_deref();
-    match outcome {
-        CheckOutcome::NotFound => Err(ApiError::NotFound),
-        CheckOutcome::Replay(op) => {
-            if op.fingerprint != fingerprint {
-                return Err(ApiError::KeyReused);
-            }
-            Ok(stored(op.response, id))
+        let response = StoredResponse {
+            status_code: 200,
+            body: out.to_json(),
+        };
+        match state
+            .store
+            .check_verification(&v, &after, op.map(|op| (op, &response)))
+            .await?
+        {
+            Changed::Stale => continue,
+            Changed::Replay(done) => return replay_check(done, &fingerprint, id),
+            Changed::Written(_) => {}
         }
-        CheckOutcome::Done {
-            decision, response, ..
-        } => {
-            let metrics = &state.metrics;
-            match decision {
-                decide::Check::Approve => {
-                    metrics.verify_event("check", country);
-                    metrics.verify_event("approval", country);
-                }
-                decide::Check::Wrong { .. } => metrics.verify_event("check", country),
-                decide::Check::LastWrong => {
-                    metrics.verify_event("check", country);
-                    metrics.verify_event("max_attempts", country);
-                }
-                decide::Check::Expire => {
-                    metrics.verify_event("expiry", country);
-                    return Err(not_pending(decide::VerificationStatus::Expired));
-                }
-                decide::Check::NotPending(s) => return Err(not_pending(s)),
-            }
-            let response =
-                response.ok_or_else(|| ApiError::Internal("a check without its answer".into()))?;
-            Ok(respond(StatusCode::OK, response.body, id, false))
+        metrics.verify_event("check", country);
+        match decision {
+            decide::Check::Approve => metrics.verify_event("approval", country),
+            decide::Check::LastWrong => metrics.verify_event("max_attempts", country),
+            _ => {}
         }
+        return Ok(respond(StatusCode::OK, response.body, id, false));
     }
+    Err(kept_changing())
+}
+
+/// The stored answer of a check under the same key, if it was this check.
+fn replay_check(done: StoredOp, fingerprint: &[u8], id: Uuid) -> Result<Response, ApiError> {
+    if done.fingerprint != fingerprint {
+        return Err(ApiError::KeyReused);
+    }
+    Ok(stored(done.response, id))
+}
+
+/// What a resend came to.
+enum Resent {
+    /// Answered already under its key.
+    Replay(StoredResponse),
+    /// Sent: its answer, and its message with the lease it holds.
+    Sent(StoredResponse, Box<MessageRecord>, Lease),
 }
 
 async fn resend(
@@ -349,7 +379,11 @@ async fn resend(
     let permit = match state.limiter.send(tenant.id, &v.to) {
         Ok(permit) => Some(permit),
         Err(refused) => {
-            if !state.store.resend_answered(id, key.as_str()).await? {
+            let answered = state
+                .store
+                .verification_op(id, OpKind::Resend, key.as_str())
+                .await?;
+            if answered.is_none() {
                 return Err(ApiError::RateLimited {
                     limit: refused.limit,
                     retry_after: refused.retry_after,
@@ -358,68 +392,106 @@ async fn resend(
             None
         }
     };
-    let sent = messages(&state, &v).await?;
-    let now = state.clock.now();
-    let settings = &state.verify.settings;
-    let deliverer = &state.deliverer;
-    let via = deliverer.first_route(None);
-    let deadline = deliverer.settings().retry.deadline;
-    let build: SendBuilder =
-        Arc::new(move |rec: &VerificationRecord| next_send(&keys, rec, &via, deadline, now));
-    let shown = settings.clone();
-    let render: ResendRenderer = Arc::new(
-        move |rec: &VerificationRecord, m: &crate::store::MessageRecord| {
-            let mut all = sent.clone();
-            all.push(SentMessage::of(m, rec));
-            VerificationOut::of(rec, all, &shown, now).to_json()
-        },
-    );
-    let lease = deliverer.new_lease();
-    let op = OpKey {
-        key: key.as_str(),
-        fingerprint: b"resend",
-    };
-    let outcome = state
-        .store
-        .resend_verification(
-            tenant.id,
-            id,
-            op,
-            now,
-            (settings.resend_cooldown, settings.max_sends),
-            build,
-            &lease,
-            render,
-        )
-        .await;
-    if !matches!(outcome, Ok(ResendOutcome::Sent { .. }))
+    let country = v.country.clone();
+    let outcome = resend_once(&state, &keys, v, key.as_str()).await;
+    if !matches!(outcome, Ok(Resent::Sent(..)))
         && let Some(permit) = permit
     {
         state.limiter.refund(permit);
     }
-    let outcome = outcome?;
-    let country = v.country.as_deref();
     match outcome {
-        ResendOutcome::NotFound => Err(ApiError::NotFound),
-        ResendOutcome::Replay(op) => Ok(stored(op.response, id)),
-        ResendOutcome::Refused { decision, .. } => Err(match decision {
-            decide::Resend::TooSoon(wait) => ApiError::ResendTooSoon(wait),
-            decide::Resend::MaxSends => ApiError::MaxSendsReached,
-            decide::Resend::Expire => {
-                state.metrics.verify_event("expiry", country);
-                not_pending(decide::VerificationStatus::Expired)
-            }
-            decide::Resend::NotPending(s) => not_pending(s),
-            decide::Resend::Send => ApiError::Internal("a resend refused with Send".into()),
-        }),
-        ResendOutcome::Sent {
-            message, response, ..
-        } => {
-            state.metrics.verify_event("send", country);
-            deliverer.spawn(*message, lease);
+        Ok(Resent::Replay(response)) => Ok(stored(response, id)),
+        Ok(Resent::Sent(response, message, lease)) => {
+            state.metrics.verify_event("send", country.as_deref());
+            state.deliverer.spawn(*message, lease);
             Ok(respond(StatusCode::CREATED, response.body, id, false))
         }
+        Err(e) => Err(e),
     }
+}
+
+/// Reads, decides and writes one resend under `key`, starting from `v` as
+/// read, until a write holds.
+async fn resend_once(
+    state: &SharedState,
+    keys: &crate::verify::Keys,
+    mut v: VerificationRecord,
+    key: &str,
+) -> Result<Resent, ApiError> {
+    let settings = &state.verify.settings;
+    let deliverer = &state.deliverer;
+    let op = OpKey {
+        key,
+        fingerprint: b"resend",
+    };
+    for _ in 0..CHANGE_TRIES {
+        if let Some(done) = state
+            .store
+            .verification_op(v.id, OpKind::Resend, key)
+            .await?
+        {
+            return Ok(Resent::Replay(done.response));
+        }
+        let now = state.clock.now();
+        match decide::resend(
+            &v.state(),
+            now,
+            settings.resend_cooldown,
+            settings.max_sends,
+        ) {
+            decide::Resend::Send => {}
+            decide::Resend::Expire => {
+                let after = v.expired(now);
+                if let Changed::Stale = state.store.check_verification(&v, &after, None).await? {
+                    v = reread(state, &v).await?;
+                    continue;
+                }
+                state.metrics.verify_event("expiry", v.country.as_deref());
+                return Err(not_pending(decide::VerificationStatus::Expired));
+            }
+            decide::Resend::TooSoon(wait) => return Err(ApiError::ResendTooSoon(wait)),
+            decide::Resend::MaxSends => return Err(ApiError::MaxSendsReached),
+            decide::Resend::NotPending(s) => return Err(not_pending(s)),
+        }
+        let after = v.resent(now);
+        let deadline = deliverer.settings().retry.deadline;
+        let m = next_send(keys, &v, &deliverer.first_route(None), deadline, now).ok_or(
+            StoreError::Invariant("a verification's code does not open with the verify secret"),
+        )?;
+        let mut all = messages(state, &v).await?;
+        all.push(SentMessage::queued(&m, &after));
+        let response = StoredResponse {
+            status_code: 201,
+            body: VerificationOut::of(&after, all, settings, now).to_json(),
+        };
+        let lease = deliverer.new_lease();
+        match state
+            .store
+            .resend_verification(&v, &after, (op, &response), &m, &lease)
+            .await?
+        {
+            Changed::Stale => v = reread(state, &v).await?,
+            Changed::Replay(done) => return Ok(Resent::Replay(done.response)),
+            Changed::Written(Some(message)) => return Ok(Resent::Sent(response, message, lease)),
+            Changed::Written(None) => {
+                return Err(ApiError::Internal(
+                    "a resend written without its message".into(),
+                ));
+            }
+        }
+    }
+    Err(kept_changing())
+}
+
+async fn reread(
+    state: &SharedState,
+    v: &VerificationRecord,
+) -> Result<VerificationRecord, ApiError> {
+    state
+        .store
+        .verification(v.tenant_id, v.id)
+        .await?
+        .ok_or(ApiError::NotFound)
 }
 
 async fn cancel(

@@ -2,7 +2,7 @@
 //! (`postgres/`, `sqlite/`). What both run alike is written once in
 //! `shared/` and expanded per backend; each driver keeps what is its own
 //! (locks, the single SQLite writer, Postgres' coalesced lanes, the tuned
-//! message and verification paths).
+//! message paths).
 //!
 //! Every method is a single short statement or transaction; none holds a
 //! transaction open across a provider call. Writes that finish or reschedule a
@@ -309,11 +309,14 @@ pub trait OptOutStore: Send + Sync {
     ) -> Result<Vec<OptOut>, StoreError>;
 }
 
-/// Verifications (one-time codes). Every method that changes one is a
-/// single transaction that locks it (Postgres: the row, and an advisory lock
-/// per destination prefix for starts; SQLite: `BEGIN IMMEDIATE`), decides
-/// with the pure functions of `verify::decide`, and writes the change, the
-/// message it sends and the answer it replays together.
+/// Verifications (one-time codes). A start is one transaction that
+/// serialises the starts to one destination prefix (Postgres: an advisory
+/// lock; SQLite: the single writer) and decides its limits and pause with
+/// the pure functions of `verify::decide`. A check or a resend is decided
+/// by its caller, with the same functions, from the row as read; the store
+/// writes the change only if the row is still as read (fenced on its
+/// status, checks left and sends, as a circuit on its version), with the
+/// message it sends and the answer a retry replays, in one transaction.
 #[async_trait]
 pub trait VerificationStore: Send + Sync {
     /// The verify secret kept in the database, created from `candidate` by
@@ -335,32 +338,36 @@ pub trait VerificationStore: Send + Sync {
         tenant_id: Uuid,
         id: Uuid,
     ) -> Result<Option<VerificationRecord>, StoreError>;
-    /// Checks a code (see [`crate::verify::decide::check`]).
+    /// The answer stored for a check or resend of verification `id` under
+    /// `key`, if there is one (a retry of it is a replay).
+    async fn verification_op(
+        &self,
+        id: Uuid,
+        kind: OpKind,
+        key: &str,
+    ) -> Result<Option<StoredOp>, StoreError>;
+    /// Writes `after`, a change that sends nothing (a check, or an expiry a
+    /// resend found), if the verification is still as `read`; with `op`,
+    /// stores its answer as the check's under that key. A move out of
+    /// `pending` writes its webhook event in the same transaction.
     async fn check_verification(
         &self,
-        tenant_id: Uuid,
-        id: Uuid,
-        op: Option<OpKey<'_>>,
-        now: OffsetDateTime,
-        matches: CodeMatcher,
-        render: CheckRenderer,
-    ) -> Result<CheckOutcome, StoreError>;
-    /// Whether a resend of verification `id` under `key` was answered
-    /// already (a retry of it is a replay, not a new send).
-    async fn resend_answered(&self, id: Uuid, key: &str) -> Result<bool, StoreError>;
-    /// Sends the code once more (see [`crate::verify::decide::resend`]).
-    #[allow(clippy::too_many_arguments)]
+        read: &VerificationRecord,
+        after: &VerificationRecord,
+        op: Option<(OpKey<'_>, &StoredResponse)>,
+    ) -> Result<Changed, StoreError>;
+    /// Writes `after` (one send more) if the verification is still as
+    /// `read`, with its message (`message`, its first attempt started and
+    /// leased by `lease`) and its answer, stored as the resend's under
+    /// `op`'s key.
     async fn resend_verification(
         &self,
-        tenant_id: Uuid,
-        id: Uuid,
-        op: OpKey<'_>,
-        now: OffsetDateTime,
-        rules: (std::time::Duration, u32),
-        build: SendBuilder,
+        read: &VerificationRecord,
+        after: &VerificationRecord,
+        op: (OpKey<'_>, &StoredResponse),
+        message: &NewMessage,
         lease: &Lease,
-        render: ResendRenderer,
-    ) -> Result<ResendOutcome, StoreError>;
+    ) -> Result<Changed, StoreError>;
     /// Marks up to `batch` pending verifications whose time ran out by
     /// `now` as `expired`, each with its `verification.expired` webhook
     /// event in the same transaction; returns them (after the change).

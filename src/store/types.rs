@@ -363,6 +363,16 @@ impl MessageRecord {
         })
     }
 
+    /// The response frozen with the message a delivery made final (201,
+    /// the resource as it is then): what every replay of its key gets, byte
+    /// for byte. The one place it is rendered.
+    pub fn final_response(&self) -> StoredResponse {
+        StoredResponse {
+            status_code: 201,
+            body: self.to_out().to_json(),
+        }
+    }
+
     /// The resource as the API shows it now.
     pub fn to_out(&self) -> MessageOut {
         MessageOut {

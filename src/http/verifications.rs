@@ -5,6 +5,10 @@
 //! under the unique (tenant, key) constraint decides which request owns the
 //! verification; its first message is inserted in the same transaction and
 //! delivered by a task of its own, so the handler never calls the provider.
+//! The protocol (limits, the store's transactions, deciding a check or a
+//! resend, handing a message to delivery) is the send layer's
+//! (`src/send/verifications.rs`); these handlers parse, translate its
+//! outcome to HTTP and count the metrics.
 //! A replay answers the verification as it is now (it has no frozen final
 //! answer: its status moves on with checks), with `Idempotent-Replayed`.
 //! Checks and resends with an `Idempotency-Key` replay their first answer,
@@ -23,14 +27,14 @@ use super::input::{idempotency_key, json_body, optional_idempotency_key, request
 use super::{Authenticated, SharedState, Tenant};
 use crate::domain::{FieldError, segments};
 use crate::error::ApiError;
+use crate::send::{Checked, Resent};
 use crate::store::{
-    Changed, Lease, MessageRecord, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy,
-    StoreError, StoredOp, StoredResponse, VerificationRecord, send_key,
+    NewVerification, StartOutcome, StartPolicy, StoredResponse, VerificationRecord,
 };
 use crate::verify::decide::{self, PausePolicy};
 use crate::verify::{
-    SentMessage, StartRequest, VerificationOut, crypto, next_send, parse_check, parse_id,
-    public_id, send_message,
+    SentMessage, StartRequest, VerificationOut, crypto, parse_check, parse_id, public_id,
+    send_message,
 };
 
 pub fn router() -> Router<SharedState> {
@@ -79,22 +83,8 @@ fn not_pending(s: decide::VerificationStatus) -> ApiError {
     ApiError::VerificationNotPending(s.as_str())
 }
 
-/// The messages sent for a verification, as answered (purged ones left out).
-async fn messages(
-    state: &SharedState,
-    v: &VerificationRecord,
-) -> Result<Vec<SentMessage>, ApiError> {
-    let mut out = Vec::new();
-    for n in 1..=v.sends {
-        if let Some(m) = state.store.message(v.tenant_id, &send_key(v.id, n)).await? {
-            out.push(SentMessage::of(&m, v));
-        }
-    }
-    Ok(out)
-}
-
 async fn resource(state: &SharedState, v: &VerificationRecord) -> Result<Vec<u8>, ApiError> {
-    let messages = messages(state, v).await?;
+    let messages = state.sends.sent_messages(v).await?;
     Ok(VerificationOut::of(v, messages, &state.verify.settings, state.clock.now()).to_json())
 }
 
@@ -158,13 +148,8 @@ async fn create(
     )
     .ok_or_else(|| ApiError::Internal("a parsed number is not E.164".into()))?;
     drop(code);
-    let lease = deliverer.new_lease();
-    // The code's SMS counts against the destination limits like any send
-    // (issue 29, finding 3); refused, a new start is refused by the store
-    // and a replay still answered.
-    let permit = state.limiter.send(tenant.id, request.to.as_str());
     let policy = StartPolicy {
-        refused_here: permit.as_ref().err().copied(),
+        refused_here: None,
         number_per_hour: verify.number_per_hour,
         prefix_per_hour: verify.prefix_per_hour,
         pause: PausePolicy {
@@ -175,25 +160,11 @@ async fn create(
         pause_for: verify.settings.pause_duration,
     };
     let country = request.country.as_deref();
-    // Two starts with one key but different destinations take different
-    // prefix locks; the unique (tenant, key) constraint decides, and the
-    // loser, tried again, finds the winner's verification.
-    let mut outcome = state
-        .store
-        .start_verification(&new, &message, &lease, &policy)
-        .await;
-    if matches!(outcome, Err(StoreError::Conflict { .. })) {
-        outcome = state
-            .store
-            .start_verification(&new, &message, &lease, &policy)
-            .await;
-    }
-    if !matches!(outcome, Ok(StartOutcome::Created { .. }))
-        && let Ok(permit) = permit
-    {
-        state.limiter.refund(permit);
-    }
-    match outcome? {
+    let outcome = state
+        .sends
+        .start_verification(&new, &message, policy)
+        .await?;
+    match outcome {
         StartOutcome::Created {
             verification,
             message,
@@ -206,7 +177,6 @@ async fn create(
                 &verify.settings,
                 now,
             );
-            deliverer.spawn(*message, lease);
             Ok(respond(StatusCode::CREATED, out.to_json(), id, false))
         }
         StartOutcome::Existing(v) => {
@@ -249,16 +219,6 @@ async fn show(
     ))
 }
 
-/// How many times a check or a resend reads, decides and tries its fenced
-/// write before giving up (503). Each failed try means another change was
-/// written first, and a pending verification takes only a few (its checks
-/// and sends are counted down), so this is never reached in practice.
-const CHANGE_TRIES: usize = 64;
-
-fn kept_changing() -> ApiError {
-    ApiError::Unavailable("the verification kept changing under the write".into())
-}
-
 async fn check(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
@@ -271,91 +231,34 @@ async fn check(
     let body = json_body(&state, &headers, body, super::BODY_LIMIT).await?;
     let code = parse_check(&body).map_err(bad_body)?;
     let keys = state.verify.secret.keys().await?;
-    // The fingerprint of a check is the code's HMAC: never the code.
-    let fingerprint = keys.code_mac(id, &code);
-    let op = key.as_ref().map(|k| OpKey {
-        key: k.as_str(),
-        fingerprint: &fingerprint,
-    });
+    let v = state
+        .store
+        .verification(tenant_id, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let country = v.country.as_deref();
+    let key = key.as_ref().map(|k| k.as_str());
+    let checked = state
+        .sends
+        .check_verification(&keys, &state.verify.settings, (tenant_id, id), &code, key)
+        .await?;
     let metrics = &state.metrics;
-    for _ in 0..CHANGE_TRIES {
-        let v = state
-            .store
-            .verification(tenant_id, id)
-            .await?
-            .ok_or(ApiError::NotFound)?;
-        if let Some(op) = op
-            && let Some(done) = state
-                .store
-                .verification_op(id, OpKind::Check, op.key)
-                .await?
-        {
-            return replay_check(done, &fingerprint, id);
+    match checked {
+        Checked::Replay(response) => Ok(stored(response, id)),
+        Checked::Expired => {
+            metrics.verify_event("expiry", country);
+            Err(not_pending(decide::VerificationStatus::Expired))
         }
-        let country = v.country.as_deref();
-        let now = state.clock.now();
-        let matches = keys.code_matches(id, &code, &v.code_mac);
-        let decision = decide::check(&v.state(), now, matches);
-        let after = v.checked(decision, now);
-        let valid = match decision {
-            decide::Check::Approve => true,
-            decide::Check::Wrong { .. } | decide::Check::LastWrong => false,
-            decide::Check::Expire => {
-                match state.store.check_verification(&v, &after, None).await? {
-                    Changed::Stale => continue,
-                    _ => {
-                        metrics.verify_event("expiry", country);
-                        return Err(not_pending(decide::VerificationStatus::Expired));
-                    }
-                }
+        Checked::Answered { decision, response } => {
+            metrics.verify_event("check", country);
+            match decision {
+                decide::Check::Approve => metrics.verify_event("approval", country),
+                decide::Check::LastWrong => metrics.verify_event("max_attempts", country),
+                _ => {}
             }
-            decide::Check::NotPending(s) => return Err(not_pending(s)),
-        };
-        let mut out = VerificationOut::of(
-            &after,
-            messages(&state, &v).await?,
-            &state.verify.settings,
-            now,
-        );
-        out.valid = Some(valid);
-        let response = StoredResponse {
-            status_code: 200,
-            body: out.to_json(),
-        };
-        match state
-            .store
-            .check_verification(&v, &after, op.map(|op| (op, &response)))
-            .await?
-        {
-            Changed::Stale => continue,
-            Changed::Replay(done) => return replay_check(done, &fingerprint, id),
-            Changed::Written(_) => {}
+            Ok(respond(StatusCode::OK, response.body, id, false))
         }
-        metrics.verify_event("check", country);
-        match decision {
-            decide::Check::Approve => metrics.verify_event("approval", country),
-            decide::Check::LastWrong => metrics.verify_event("max_attempts", country),
-            _ => {}
-        }
-        return Ok(respond(StatusCode::OK, response.body, id, false));
     }
-    Err(kept_changing())
-}
-
-/// The stored answer of a check under the same key, if it was this check.
-fn replay_check(done: StoredOp, fingerprint: &[u8], id: Uuid) -> Result<Response, ApiError> {
-    if done.fingerprint != fingerprint {
-        return Err(ApiError::KeyReused);
-    }
-    Ok(stored(done.response, id))
-}
-
-/// What a resend came to.
-enum Resent {
-    /// Answered already under its key.
-    Replay(StoredResponse),
-    /// Sent: its answer, and its message with the lease it holds.
-    Sent(StoredResponse, Box<MessageRecord>, Lease),
 }
 
 async fn resend(
@@ -373,125 +276,23 @@ async fn resend(
         .verification(tenant.id, id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    // A resend is a send: it counts against the destination limits like a
-    // `POST /messages` (issue 29, finding 3), before anything is queued. A
-    // retried resend already answered is a replay and goes on.
-    let permit = match state.limiter.send(tenant.id, &v.to) {
-        Ok(permit) => Some(permit),
-        Err(refused) => {
-            let answered = state
-                .store
-                .verification_op(id, OpKind::Resend, key.as_str())
-                .await?;
-            if answered.is_none() {
-                return Err(ApiError::RateLimited {
-                    limit: refused.limit,
-                    retry_after: refused.retry_after,
-                });
-            }
-            None
-        }
-    };
     let country = v.country.clone();
-    let outcome = resend_once(&state, &keys, v, key.as_str()).await;
-    if !matches!(outcome, Ok(Resent::Sent(..)))
-        && let Some(permit) = permit
-    {
-        state.limiter.refund(permit);
-    }
-    match outcome {
-        Ok(Resent::Replay(response)) => Ok(stored(response, id)),
-        Ok(Resent::Sent(response, message, lease)) => {
-            state.metrics.verify_event("send", country.as_deref());
-            state.deliverer.spawn(*message, lease);
+    let country = country.as_deref();
+    let resent = state
+        .sends
+        .resend_verification(&keys, &state.verify.settings, v, key.as_str())
+        .await?;
+    match resent {
+        Resent::Replay(response) => Ok(stored(response, id)),
+        Resent::Expired => {
+            state.metrics.verify_event("expiry", country);
+            Err(not_pending(decide::VerificationStatus::Expired))
+        }
+        Resent::Sent(response) => {
+            state.metrics.verify_event("send", country);
             Ok(respond(StatusCode::CREATED, response.body, id, false))
         }
-        Err(e) => Err(e),
     }
-}
-
-/// Reads, decides and writes one resend under `key`, starting from `v` as
-/// read, until a write holds.
-async fn resend_once(
-    state: &SharedState,
-    keys: &crate::verify::Keys,
-    mut v: VerificationRecord,
-    key: &str,
-) -> Result<Resent, ApiError> {
-    let settings = &state.verify.settings;
-    let deliverer = &state.deliverer;
-    let op = OpKey {
-        key,
-        fingerprint: b"resend",
-    };
-    for _ in 0..CHANGE_TRIES {
-        if let Some(done) = state
-            .store
-            .verification_op(v.id, OpKind::Resend, key)
-            .await?
-        {
-            return Ok(Resent::Replay(done.response));
-        }
-        let now = state.clock.now();
-        match decide::resend(
-            &v.state(),
-            now,
-            settings.resend_cooldown,
-            settings.max_sends,
-        ) {
-            decide::Resend::Send => {}
-            decide::Resend::Expire => {
-                let after = v.expired(now);
-                if let Changed::Stale = state.store.check_verification(&v, &after, None).await? {
-                    v = reread(state, &v).await?;
-                    continue;
-                }
-                state.metrics.verify_event("expiry", v.country.as_deref());
-                return Err(not_pending(decide::VerificationStatus::Expired));
-            }
-            decide::Resend::TooSoon(wait) => return Err(ApiError::ResendTooSoon(wait)),
-            decide::Resend::MaxSends => return Err(ApiError::MaxSendsReached),
-            decide::Resend::NotPending(s) => return Err(not_pending(s)),
-        }
-        let after = v.resent(now);
-        let deadline = deliverer.settings().retry.deadline;
-        let m = next_send(keys, &v, &deliverer.first_route(None), deadline, now).ok_or(
-            StoreError::Invariant("a verification's code does not open with the verify secret"),
-        )?;
-        let mut all = messages(state, &v).await?;
-        all.push(SentMessage::queued(&m, &after));
-        let response = StoredResponse {
-            status_code: 201,
-            body: VerificationOut::of(&after, all, settings, now).to_json(),
-        };
-        let lease = deliverer.new_lease();
-        match state
-            .store
-            .resend_verification(&v, &after, (op, &response), &m, &lease)
-            .await?
-        {
-            Changed::Stale => v = reread(state, &v).await?,
-            Changed::Replay(done) => return Ok(Resent::Replay(done.response)),
-            Changed::Written(Some(message)) => return Ok(Resent::Sent(response, message, lease)),
-            Changed::Written(None) => {
-                return Err(ApiError::Internal(
-                    "a resend written without its message".into(),
-                ));
-            }
-        }
-    }
-    Err(kept_changing())
-}
-
-async fn reread(
-    state: &SharedState,
-    v: &VerificationRecord,
-) -> Result<VerificationRecord, ApiError> {
-    state
-        .store
-        .verification(v.tenant_id, v.id)
-        .await?
-        .ok_or(ApiError::NotFound)
 }
 
 async fn cancel(

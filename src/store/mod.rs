@@ -59,6 +59,7 @@ pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> Messag
 pub trait Store:
     TenantStore
     + MessageStore
+    + MessageReadStore
     + ReceiptStore
     + OptOutStore
     + MaintenanceStore
@@ -75,6 +76,7 @@ pub trait Store:
 impl<T> Store for T where
     T: TenantStore
         + MessageStore
+        + MessageReadStore
         + ReceiptStore
         + OptOutStore
         + MaintenanceStore
@@ -184,6 +186,42 @@ pub trait MessageStore: Send + Sync {
         now: OffsetDateTime,
         response: &StoredResponse,
     ) -> Result<bool, StoreError>;
+    /// Starts attempt `attempts + 1` under the lease (fenced), renewing it
+    /// for its `ttl` from the database's clock; an attempt still open is closed as `lost` (its
+    /// owner died before recording an answer). Returns the attempt number, or
+    /// `None` when the lease is no longer ours.
+    async fn start_attempt(
+        &self,
+        id: MessageId,
+        lease: &Lease,
+        now: OffsetDateTime,
+        sender: Option<&str>,
+    ) -> Result<Option<u32>, StoreError>;
+    /// Renews the lease for its `ttl` from the database's clock (fenced).
+    /// False when it is no longer ours.
+    async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError>;
+    /// Makes the message final (fenced). False when the lease is no longer ours.
+    async fn finish(&self, f: &Finish) -> Result<bool, StoreError>;
+    /// Records the attempt and a due time, releasing the lease (fenced).
+    async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError>;
+    /// Claims up to `limit` messages that are due (`next_attempt_at <= now`,
+    /// the caller's clock: a retry, or a `scheduled` message, which becomes
+    /// `processing`) or whose lease expired (in the database's clock),
+    /// leasing each for `ttl` from the database's clock, never handing one
+    /// row to two claimers.
+    async fn claim_due(
+        &self,
+        owner: &str,
+        now: OffsetDateTime,
+        ttl: std::time::Duration,
+        limit: u32,
+    ) -> Result<Vec<(MessageRecord, Lease)>, StoreError>;
+}
+
+/// Reads of messages and their attempts: the same on both backends
+/// (`store/shared/messages.rs`).
+#[async_trait]
+pub trait MessageReadStore: Send + Sync {
     /// The state of a key, for replays and waiting duplicates.
     async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError>;
     /// The state of a message by id.
@@ -215,37 +253,6 @@ pub trait MessageStore: Send + Sync {
     ) -> Result<Option<MessageRecord>, StoreError>;
     async fn message_by_id(&self, id: MessageId) -> Result<Option<MessageRecord>, StoreError>;
     async fn attempts(&self, id: MessageId) -> Result<Vec<AttemptRow>, StoreError>;
-
-    /// Starts attempt `attempts + 1` under the lease (fenced), renewing it
-    /// for its `ttl` from the database's clock; an attempt still open is closed as `lost` (its
-    /// owner died before recording an answer). Returns the attempt number, or
-    /// `None` when the lease is no longer ours.
-    async fn start_attempt(
-        &self,
-        id: MessageId,
-        lease: &Lease,
-        now: OffsetDateTime,
-        sender: Option<&str>,
-    ) -> Result<Option<u32>, StoreError>;
-    /// Renews the lease for its `ttl` from the database's clock (fenced).
-    /// False when it is no longer ours.
-    async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError>;
-    /// Makes the message final (fenced). False when the lease is no longer ours.
-    async fn finish(&self, f: &Finish) -> Result<bool, StoreError>;
-    /// Records the attempt and a due time, releasing the lease (fenced).
-    async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError>;
-    /// Claims up to `limit` messages that are due (`next_attempt_at <= now`,
-    /// the caller's clock: a retry, or a `scheduled` message, which becomes
-    /// `processing`) or whose lease expired (in the database's clock),
-    /// leasing each for `ttl` from the database's clock, never handing one
-    /// row to two claimers.
-    async fn claim_due(
-        &self,
-        owner: &str,
-        now: OffsetDateTime,
-        ttl: std::time::Duration,
-        limit: u32,
-    ) -> Result<Vec<(MessageRecord, Lease)>, StoreError>;
 }
 
 /// Delivery receipts.

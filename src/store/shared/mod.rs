@@ -33,6 +33,7 @@ use std::pin::Pin;
 
 pub(crate) mod console;
 pub(crate) mod maintenance;
+pub(crate) mod messages;
 pub(crate) mod opt_outs;
 pub(crate) mod receipts;
 pub(crate) mod routing;

@@ -498,17 +498,7 @@ per_backend! {
             cutoff: OffsetDateTime,
             batch: u32,
         ) -> Result<u64, StoreError> {
-            self.write(move |c| {
-                Box::pin(async move {
-                    let done = sqlx::query(PURGE)
-                        .bind(db(cutoff))
-                        .bind(i64::from(batch))
-                        .execute(&mut *c)
-                        .await?;
-                    Ok(done.rows_affected())
-                })
-            })
-            .await
+            self.purge_rows(PURGE, cutoff, batch).await
         }
 
         async fn cancel_verification(

@@ -25,8 +25,16 @@ async fn a_message_is_read_by_key_and_by_id_with_its_attempts(backend: Backend) 
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0].number, 1);
     assert!(s.message(f.tenant, "other").await.unwrap().is_none());
-    assert!(s.key_state(uuid::Uuid::new_v4(), "K").await.unwrap().is_none());
-    assert_eq!(s.provider_message_owner("a", "pm-1").await.unwrap(), Some(id));
+    assert!(
+        s.key_state(uuid::Uuid::new_v4(), "K")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        s.provider_message_owner("a", "pm-1").await.unwrap(),
+        Some(id)
+    );
     assert_eq!(s.provider_message_owner("b", "pm-1").await.unwrap(), None);
 }
 
@@ -42,7 +50,10 @@ async fn an_in_flight_sibling_is_one_that_may_own_the_same_text(backend: Backend
     );
     assert_eq!(s.in_flight_sibling(second, "b", T0).await.unwrap(), None);
     let done = sent(&f, "C", "pm-3").await;
-    assert_ne!(s.in_flight_sibling(first, "a", T0).await.unwrap(), Some(done));
+    assert_ne!(
+        s.in_flight_sibling(first, "a", T0).await.unwrap(),
+        Some(done)
+    );
 }
 
 async fn a_cancel_holds_only_while_the_row_qualifies(backend: Backend) {
@@ -62,14 +73,23 @@ async fn a_cancel_holds_only_while_the_row_qualifies(backend: Backend) {
     );
     assert!(s.cancel_message(m.id, 0, T0, &response).await.unwrap());
     let state = s.key_state(f.tenant, "S").await.unwrap().unwrap();
-    assert_eq!((state.status, state.response), (Status::Canceled, Some(response.clone())));
-    assert!(!s.cancel_message(m.id, 0, T0, &response).await.unwrap(), "once");
+    assert_eq!(
+        (state.status, state.response),
+        (Status::Canceled, Some(response.clone()))
+    );
+    assert!(
+        !s.cancel_message(m.id, 0, T0, &response).await.unwrap(),
+        "once"
+    );
     let (leased, _) = in_flight(&f, "L").await;
     assert!(
         !s.cancel_message(leased, 1, T0, &response).await.unwrap(),
         "never while leased"
     );
-    assert_eq!(s.message_by_id(leased).await.unwrap().unwrap().status, Status::Processing);
+    assert_eq!(
+        s.message_by_id(leased).await.unwrap().unwrap().status,
+        Status::Processing
+    );
 }
 
 on_both_backends!(

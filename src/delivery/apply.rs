@@ -11,7 +11,7 @@ use super::Deliverer;
 use super::decide::Write;
 use super::hub::Registration;
 use crate::domain::Status;
-use crate::store::{Finish, Lease, MessageRecord, Reschedule, StoreError, StoredResponse};
+use crate::store::{Finish, Lease, MessageRecord, Reschedule, StoreError};
 
 /// How one run of a delivery ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,10 +111,7 @@ impl Deliverer {
                 if status == Status::Sent {
                     msg.sent_at = Some(now);
                 }
-                let response = StoredResponse {
-                    status_code: 201,
-                    body: msg.to_out().to_json(),
-                };
+                let response = msg.final_response();
                 let f = Finish {
                     id: msg.id,
                     lease_token: lease.token,

@@ -5,6 +5,10 @@
 //! under the unique (tenant, key) constraint decides which request owns the
 //! verification; its first message is inserted in the same transaction and
 //! delivered by a task of its own, so the handler never calls the provider.
+//! The protocol (limits, the store's transactions, deciding a check or a
+//! resend, handing a message to delivery) is the send layer's
+//! (`src/send/verifications.rs`); these handlers parse, translate its
+//! outcome to HTTP and count the metrics.
 //! A replay answers the verification as it is now (it has no frozen final
 //! answer: its status moves on with checks), with `Idempotent-Replayed`.
 //! Checks and resends with an `Idempotency-Key` replay their first answer,
@@ -23,18 +27,14 @@ use super::input::{idempotency_key, json_body, optional_idempotency_key, request
 use super::{Authenticated, SharedState, Tenant};
 use crate::domain::{FieldError, segments};
 use crate::error::ApiError;
-use crate::store::StoreError;
-use std::sync::Arc;
-
+use crate::send::{Checked, Resent};
 use crate::store::{
-    CheckOutcome, CheckRenderer, CodeMatcher, NewVerification, OpKey, ResendOutcome,
-    ResendRenderer, SendBuilder, StartOutcome, StartPolicy, StoredResponse, VerificationRecord,
-    send_key,
+    NewVerification, StartOutcome, StartPolicy, StoredResponse, VerificationRecord,
 };
 use crate::verify::decide::{self, PausePolicy};
 use crate::verify::{
-    SentMessage, StartRequest, VerificationOut, crypto, next_send, parse_check, parse_id,
-    public_id, send_message,
+    SentMessage, StartRequest, VerificationOut, crypto, parse_check, parse_id, public_id,
+    send_message,
 };
 
 pub fn router() -> Router<SharedState> {
@@ -83,22 +83,8 @@ fn not_pending(s: decide::VerificationStatus) -> ApiError {
     ApiError::VerificationNotPending(s.as_str())
 }
 
-/// The messages sent for a verification, as answered (purged ones left out).
-async fn messages(
-    state: &SharedState,
-    v: &VerificationRecord,
-) -> Result<Vec<SentMessage>, ApiError> {
-    let mut out = Vec::new();
-    for n in 1..=v.sends {
-        if let Some(m) = state.store.message(v.tenant_id, &send_key(v.id, n)).await? {
-            out.push(SentMessage::of(&m, v));
-        }
-    }
-    Ok(out)
-}
-
 async fn resource(state: &SharedState, v: &VerificationRecord) -> Result<Vec<u8>, ApiError> {
-    let messages = messages(state, v).await?;
+    let messages = state.sends.sent_messages(v).await?;
     Ok(VerificationOut::of(v, messages, &state.verify.settings, state.clock.now()).to_json())
 }
 
@@ -162,13 +148,8 @@ async fn create(
     )
     .ok_or_else(|| ApiError::Internal("a parsed number is not E.164".into()))?;
     drop(code);
-    let lease = deliverer.new_lease();
-    // The code's SMS counts against the destination limits like any send
-    // (issue 29, finding 3); refused, a new start is refused by the store
-    // and a replay still answered.
-    let permit = state.limiter.send(tenant.id, request.to.as_str());
     let policy = StartPolicy {
-        refused_here: permit.as_ref().err().copied(),
+        refused_here: None,
         number_per_hour: verify.number_per_hour,
         prefix_per_hour: verify.prefix_per_hour,
         pause: PausePolicy {
@@ -179,25 +160,11 @@ async fn create(
         pause_for: verify.settings.pause_duration,
     };
     let country = request.country.as_deref();
-    // Two starts with one key but different destinations take different
-    // prefix locks; the unique (tenant, key) constraint decides, and the
-    // loser, tried again, finds the winner's verification.
-    let mut outcome = state
-        .store
-        .start_verification(&new, &message, &lease, &policy)
-        .await;
-    if matches!(outcome, Err(StoreError::Conflict { .. })) {
-        outcome = state
-            .store
-            .start_verification(&new, &message, &lease, &policy)
-            .await;
-    }
-    if !matches!(outcome, Ok(StartOutcome::Created { .. }))
-        && let Ok(permit) = permit
-    {
-        state.limiter.refund(permit);
-    }
-    match outcome? {
+    let outcome = state
+        .sends
+        .start_verification(&new, &message, policy)
+        .await?;
+    match outcome {
         StartOutcome::Created {
             verification,
             message,
@@ -210,7 +177,6 @@ async fn create(
                 &verify.settings,
                 now,
             );
-            deliverer.spawn(*message, lease);
             Ok(respond(StatusCode::CREATED, out.to_json(), id, false))
         }
         StartOutcome::Existing(v) => {
@@ -270,59 +236,26 @@ async fn check(
         .verification(tenant_id, id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    let sent = messages(&state, &v).await?;
-    let now = state.clock.now();
-    // The fingerprint of a check is the code's HMAC: never the code.
-    let fingerprint = keys.code_mac(id, &code);
-    let op = key.as_ref().map(|k| OpKey {
-        key: k.as_str(),
-        fingerprint: &fingerprint,
-    });
-    let settings = state.verify.settings.clone();
-    let mac_keys = Arc::clone(&keys);
-    let matches: CodeMatcher = Arc::new(move |rec: &VerificationRecord| {
-        mac_keys.code_matches(rec.id, &code, &rec.code_mac)
-    });
-    let render: CheckRenderer = Arc::new(move |rec: &VerificationRecord, valid: bool| {
-        let mut out = VerificationOut::of(rec, sent.clone(), &settings, now);
-        out.valid = Some(valid);
-        out.to_json()
-    });
-    let outcome = state
-        .store
-        .check_verification(tenant_id, id, op, now, matches, render)
-        .await?;
     let country = v.country.as_deref();
-    match outcome {
-        CheckOutcome::NotFound => Err(ApiError::NotFound),
-        CheckOutcome::Replay(op) => {
-            if op.fingerprint != fingerprint {
-                return Err(ApiError::KeyReused);
-            }
-            Ok(stored(op.response, id))
+    let key = key.as_ref().map(|k| k.as_str());
+    let checked = state
+        .sends
+        .check_verification(&keys, &state.verify.settings, (tenant_id, id), &code, key)
+        .await?;
+    let metrics = &state.metrics;
+    match checked {
+        Checked::Replay(response) => Ok(stored(response, id)),
+        Checked::Expired => {
+            metrics.verify_event("expiry", country);
+            Err(not_pending(decide::VerificationStatus::Expired))
         }
-        CheckOutcome::Done {
-            decision, response, ..
-        } => {
-            let metrics = &state.metrics;
+        Checked::Answered { decision, response } => {
+            metrics.verify_event("check", country);
             match decision {
-                decide::Check::Approve => {
-                    metrics.verify_event("check", country);
-                    metrics.verify_event("approval", country);
-                }
-                decide::Check::Wrong { .. } => metrics.verify_event("check", country),
-                decide::Check::LastWrong => {
-                    metrics.verify_event("check", country);
-                    metrics.verify_event("max_attempts", country);
-                }
-                decide::Check::Expire => {
-                    metrics.verify_event("expiry", country);
-                    return Err(not_pending(decide::VerificationStatus::Expired));
-                }
-                decide::Check::NotPending(s) => return Err(not_pending(s)),
+                decide::Check::Approve => metrics.verify_event("approval", country),
+                decide::Check::LastWrong => metrics.verify_event("max_attempts", country),
+                _ => {}
             }
-            let response =
-                response.ok_or_else(|| ApiError::Internal("a check without its answer".into()))?;
             Ok(respond(StatusCode::OK, response.body, id, false))
         }
     }
@@ -343,80 +276,20 @@ async fn resend(
         .verification(tenant.id, id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    // A resend is a send: it counts against the destination limits like a
-    // `POST /messages` (issue 29, finding 3), before anything is queued. A
-    // retried resend already answered is a replay and goes on.
-    let permit = match state.limiter.send(tenant.id, &v.to) {
-        Ok(permit) => Some(permit),
-        Err(refused) => {
-            if !state.store.resend_answered(id, key.as_str()).await? {
-                return Err(ApiError::RateLimited {
-                    limit: refused.limit,
-                    retry_after: refused.retry_after,
-                });
-            }
-            None
+    let country = v.country.clone();
+    let country = country.as_deref();
+    let resent = state
+        .sends
+        .resend_verification(&keys, &state.verify.settings, v, key.as_str())
+        .await?;
+    match resent {
+        Resent::Replay(response) => Ok(stored(response, id)),
+        Resent::Expired => {
+            state.metrics.verify_event("expiry", country);
+            Err(not_pending(decide::VerificationStatus::Expired))
         }
-    };
-    let sent = messages(&state, &v).await?;
-    let now = state.clock.now();
-    let settings = &state.verify.settings;
-    let deliverer = &state.deliverer;
-    let via = deliverer.first_route(None);
-    let deadline = deliverer.settings().retry.deadline;
-    let build: SendBuilder =
-        Arc::new(move |rec: &VerificationRecord| next_send(&keys, rec, &via, deadline, now));
-    let shown = settings.clone();
-    let render: ResendRenderer = Arc::new(
-        move |rec: &VerificationRecord, m: &crate::store::MessageRecord| {
-            let mut all = sent.clone();
-            all.push(SentMessage::of(m, rec));
-            VerificationOut::of(rec, all, &shown, now).to_json()
-        },
-    );
-    let lease = deliverer.new_lease();
-    let op = OpKey {
-        key: key.as_str(),
-        fingerprint: b"resend",
-    };
-    let outcome = state
-        .store
-        .resend_verification(
-            tenant.id,
-            id,
-            op,
-            now,
-            (settings.resend_cooldown, settings.max_sends),
-            build,
-            &lease,
-            render,
-        )
-        .await;
-    if !matches!(outcome, Ok(ResendOutcome::Sent { .. }))
-        && let Some(permit) = permit
-    {
-        state.limiter.refund(permit);
-    }
-    let outcome = outcome?;
-    let country = v.country.as_deref();
-    match outcome {
-        ResendOutcome::NotFound => Err(ApiError::NotFound),
-        ResendOutcome::Replay(op) => Ok(stored(op.response, id)),
-        ResendOutcome::Refused { decision, .. } => Err(match decision {
-            decide::Resend::TooSoon(wait) => ApiError::ResendTooSoon(wait),
-            decide::Resend::MaxSends => ApiError::MaxSendsReached,
-            decide::Resend::Expire => {
-                state.metrics.verify_event("expiry", country);
-                not_pending(decide::VerificationStatus::Expired)
-            }
-            decide::Resend::NotPending(s) => not_pending(s),
-            decide::Resend::Send => ApiError::Internal("a resend refused with Send".into()),
-        }),
-        ResendOutcome::Sent {
-            message, response, ..
-        } => {
+        Resent::Sent(response) => {
             state.metrics.verify_event("send", country);
-            deliverer.spawn(*message, lease);
             Ok(respond(StatusCode::CREATED, response.body, id, false))
         }
     }

@@ -23,6 +23,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+mod verifications;
+
+pub use verifications::{Checked, Resent};
+
 use axum::body::Bytes;
 use time::OffsetDateTime;
 use uuid::Uuid;

@@ -2,7 +2,7 @@
 //! (`postgres/`, `sqlite/`). What both run alike is written once in
 //! `shared/` and expanded per backend; each driver keeps what is its own
 //! (locks, the single SQLite writer, Postgres' coalesced lanes, the tuned
-//! message and verification paths).
+//! message paths).
 //!
 //! Every method is a single short statement or transaction; none holds a
 //! transaction open across a provider call. Writes that finish or reschedule a
@@ -59,6 +59,7 @@ pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> Messag
 pub trait Store:
     TenantStore
     + MessageStore
+    + MessageReadStore
     + ReceiptStore
     + OptOutStore
     + MaintenanceStore
@@ -75,6 +76,7 @@ pub trait Store:
 impl<T> Store for T where
     T: TenantStore
         + MessageStore
+        + MessageReadStore
         + ReceiptStore
         + OptOutStore
         + MaintenanceStore
@@ -184,6 +186,42 @@ pub trait MessageStore: Send + Sync {
         now: OffsetDateTime,
         response: &StoredResponse,
     ) -> Result<bool, StoreError>;
+    /// Starts attempt `attempts + 1` under the lease (fenced), renewing it
+    /// for its `ttl` from the database's clock; an attempt still open is closed as `lost` (its
+    /// owner died before recording an answer). Returns the attempt number, or
+    /// `None` when the lease is no longer ours.
+    async fn start_attempt(
+        &self,
+        id: MessageId,
+        lease: &Lease,
+        now: OffsetDateTime,
+        sender: Option<&str>,
+    ) -> Result<Option<u32>, StoreError>;
+    /// Renews the lease for its `ttl` from the database's clock (fenced).
+    /// False when it is no longer ours.
+    async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError>;
+    /// Makes the message final (fenced). False when the lease is no longer ours.
+    async fn finish(&self, f: &Finish) -> Result<bool, StoreError>;
+    /// Records the attempt and a due time, releasing the lease (fenced).
+    async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError>;
+    /// Claims up to `limit` messages that are due (`next_attempt_at <= now`,
+    /// the caller's clock: a retry, or a `scheduled` message, which becomes
+    /// `processing`) or whose lease expired (in the database's clock),
+    /// leasing each for `ttl` from the database's clock, never handing one
+    /// row to two claimers.
+    async fn claim_due(
+        &self,
+        owner: &str,
+        now: OffsetDateTime,
+        ttl: std::time::Duration,
+        limit: u32,
+    ) -> Result<Vec<(MessageRecord, Lease)>, StoreError>;
+}
+
+/// Reads of messages and their attempts: the same on both backends
+/// (`store/shared/messages.rs`).
+#[async_trait]
+pub trait MessageReadStore: Send + Sync {
     /// The state of a key, for replays and waiting duplicates.
     async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError>;
     /// The state of a message by id.
@@ -215,37 +253,6 @@ pub trait MessageStore: Send + Sync {
     ) -> Result<Option<MessageRecord>, StoreError>;
     async fn message_by_id(&self, id: MessageId) -> Result<Option<MessageRecord>, StoreError>;
     async fn attempts(&self, id: MessageId) -> Result<Vec<AttemptRow>, StoreError>;
-
-    /// Starts attempt `attempts + 1` under the lease (fenced), renewing it
-    /// for its `ttl` from the database's clock; an attempt still open is closed as `lost` (its
-    /// owner died before recording an answer). Returns the attempt number, or
-    /// `None` when the lease is no longer ours.
-    async fn start_attempt(
-        &self,
-        id: MessageId,
-        lease: &Lease,
-        now: OffsetDateTime,
-        sender: Option<&str>,
-    ) -> Result<Option<u32>, StoreError>;
-    /// Renews the lease for its `ttl` from the database's clock (fenced).
-    /// False when it is no longer ours.
-    async fn renew_lease(&self, id: MessageId, lease: &Lease) -> Result<bool, StoreError>;
-    /// Makes the message final (fenced). False when the lease is no longer ours.
-    async fn finish(&self, f: &Finish) -> Result<bool, StoreError>;
-    /// Records the attempt and a due time, releasing the lease (fenced).
-    async fn reschedule(&self, r: &Reschedule) -> Result<bool, StoreError>;
-    /// Claims up to `limit` messages that are due (`next_attempt_at <= now`,
-    /// the caller's clock: a retry, or a `scheduled` message, which becomes
-    /// `processing`) or whose lease expired (in the database's clock),
-    /// leasing each for `ttl` from the database's clock, never handing one
-    /// row to two claimers.
-    async fn claim_due(
-        &self,
-        owner: &str,
-        now: OffsetDateTime,
-        ttl: std::time::Duration,
-        limit: u32,
-    ) -> Result<Vec<(MessageRecord, Lease)>, StoreError>;
 }
 
 /// Delivery receipts.
@@ -309,11 +316,14 @@ pub trait OptOutStore: Send + Sync {
     ) -> Result<Vec<OptOut>, StoreError>;
 }
 
-/// Verifications (one-time codes). Every method that changes one is a
-/// single transaction that locks it (Postgres: the row, and an advisory lock
-/// per destination prefix for starts; SQLite: `BEGIN IMMEDIATE`), decides
-/// with the pure functions of `verify::decide`, and writes the change, the
-/// message it sends and the answer it replays together.
+/// Verifications (one-time codes). A start is one transaction that
+/// serialises the starts to one destination prefix (Postgres: an advisory
+/// lock; SQLite: the single writer) and decides its limits and pause with
+/// the pure functions of `verify::decide`. A check or a resend is decided
+/// by its caller, with the same functions, from the row as read; the store
+/// writes the change only if the row is still as read (fenced on its
+/// status, checks left and sends, as a circuit on its version), with the
+/// message it sends and the answer a retry replays, in one transaction.
 #[async_trait]
 pub trait VerificationStore: Send + Sync {
     /// The verify secret kept in the database, created from `candidate` by
@@ -335,32 +345,36 @@ pub trait VerificationStore: Send + Sync {
         tenant_id: Uuid,
         id: Uuid,
     ) -> Result<Option<VerificationRecord>, StoreError>;
-    /// Checks a code (see [`crate::verify::decide::check`]).
+    /// The answer stored for a check or resend of verification `id` under
+    /// `key`, if there is one (a retry of it is a replay).
+    async fn verification_op(
+        &self,
+        id: Uuid,
+        kind: OpKind,
+        key: &str,
+    ) -> Result<Option<StoredOp>, StoreError>;
+    /// Writes `after`, a change that sends nothing (a check, or an expiry a
+    /// resend found), if the verification is still as `read`; with `op`,
+    /// stores its answer as the check's under that key. A move out of
+    /// `pending` writes its webhook event in the same transaction.
     async fn check_verification(
         &self,
-        tenant_id: Uuid,
-        id: Uuid,
-        op: Option<OpKey<'_>>,
-        now: OffsetDateTime,
-        matches: CodeMatcher,
-        render: CheckRenderer,
-    ) -> Result<CheckOutcome, StoreError>;
-    /// Whether a resend of verification `id` under `key` was answered
-    /// already (a retry of it is a replay, not a new send).
-    async fn resend_answered(&self, id: Uuid, key: &str) -> Result<bool, StoreError>;
-    /// Sends the code once more (see [`crate::verify::decide::resend`]).
-    #[allow(clippy::too_many_arguments)]
+        read: &VerificationRecord,
+        after: &VerificationRecord,
+        op: Option<(OpKey<'_>, &StoredResponse)>,
+    ) -> Result<Changed, StoreError>;
+    /// Writes `after` (one send more) if the verification is still as
+    /// `read`, with its message (`message`, its first attempt started and
+    /// leased by `lease`) and its answer, stored as the resend's under
+    /// `op`'s key.
     async fn resend_verification(
         &self,
-        tenant_id: Uuid,
-        id: Uuid,
-        op: OpKey<'_>,
-        now: OffsetDateTime,
-        rules: (std::time::Duration, u32),
-        build: SendBuilder,
+        read: &VerificationRecord,
+        after: &VerificationRecord,
+        op: (OpKey<'_>, &StoredResponse),
+        message: &NewMessage,
         lease: &Lease,
-        render: ResendRenderer,
-    ) -> Result<ResendOutcome, StoreError>;
+    ) -> Result<Changed, StoreError>;
     /// Marks up to `batch` pending verifications whose time ran out by
     /// `now` as `expired`, each with its `verification.expired` webhook
     /// event in the same transaction; returns them (after the change).

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 pub(crate) mod console;
 pub(crate) mod routing;
 pub(crate) mod tenants;
+pub(crate) mod verifications;
 
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{MessageRecord, NewMessage, StoredResponse};
+use super::{MessageRecord, StoredResponse};
 use crate::verify::decide::{self, PausePolicy, VerificationStatus};
 
 /// A verification to insert, with its first send.
@@ -151,135 +151,76 @@ pub struct StoredOp {
     pub response: StoredResponse,
 }
 
-/// What a check did.
-#[derive(Debug)]
-pub enum CheckOutcome {
-    NotFound,
-    Replay(StoredOp),
-    Done {
-        verification: Box<VerificationRecord>,
-        decision: decide::Check,
-        /// The answer, for a check that is answered 200.
-        response: Option<StoredResponse>,
-    },
+/// Which kind of operation an answer stored under a key belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Check,
+    Resend,
 }
 
-/// What a resend did.
-#[derive(Debug)]
-pub enum ResendOutcome {
-    NotFound,
-    Replay(StoredOp),
-    /// Refused (or expired); nothing but an expiry was written.
-    Refused {
-        verification: Box<VerificationRecord>,
-        decision: decide::Resend,
-    },
-    Sent {
-        verification: Box<VerificationRecord>,
-        message: Box<MessageRecord>,
-        response: StoredResponse,
-    },
-}
-
-// The decisions a check or a resend makes inside its transaction are the
-// caller's (the code's HMAC, the answer's JSON), handed in as shared
-// closures: `'static`, so that the SQLite store can run them inside a job of
-// its single writer.
-
-/// Decides whether a check's code is right, in constant time.
-pub type CodeMatcher = std::sync::Arc<dyn Fn(&VerificationRecord) -> bool + Send + Sync>;
-/// Builds the answer of a check (`valid`) from the verification after it.
-pub type CheckRenderer = std::sync::Arc<dyn Fn(&VerificationRecord, bool) -> Vec<u8> + Send + Sync>;
-/// Builds the message of the next send; `None` when the code cannot be
-/// opened (the secret changed).
-pub type SendBuilder =
-    std::sync::Arc<dyn Fn(&VerificationRecord) -> Option<NewMessage> + Send + Sync>;
-/// Builds the answer of a resend from the verification and its new message.
-pub type ResendRenderer =
-    std::sync::Arc<dyn Fn(&VerificationRecord, &MessageRecord) -> Vec<u8> + Send + Sync>;
-
-/// The columns of a verification row, in [`VerificationRow`]'s order.
-macro_rules! verification_columns {
-    () => {
-        "id, tenant_id, idempotency_key, fingerprint, status, to_number, country, prefix, \
-         code_length, code_mac, code_sealed, template, sends, checks_remaining, created_at, \
-         expires_at, last_sent_at, approved_at, updated_at"
-    };
-}
-pub(crate) use verification_columns;
-
-/// A verification row as read (both backends).
-#[derive(sqlx::FromRow)]
-pub(crate) struct VerificationRow {
-    id: Uuid,
-    tenant_id: Uuid,
-    idempotency_key: String,
-    fingerprint: Vec<u8>,
-    status: String,
-    to_number: String,
-    country: Option<String>,
-    prefix: String,
-    code_length: i32,
-    code_mac: Vec<u8>,
-    code_sealed: Vec<u8>,
-    template: Option<String>,
-    sends: i32,
-    checks_remaining: i32,
-    created_at: super::time::DbTime,
-    expires_at: super::time::DbTime,
-    last_sent_at: super::time::DbTime,
-    approved_at: Option<super::time::DbTime>,
-    updated_at: super::time::DbTime,
-}
-
-impl TryFrom<VerificationRow> for VerificationRecord {
-    type Error = super::StoreError;
-
-    fn try_from(r: VerificationRow) -> Result<Self, Self::Error> {
-        let count =
-            |n: i32| u32::try_from(n).map_err(|_| super::StoreError::Invariant("a negative count"));
-        Ok(Self {
-            id: r.id,
-            tenant_id: r.tenant_id,
-            idempotency_key: r.idempotency_key,
-            fingerprint: r.fingerprint,
-            status: VerificationStatus::parse(&r.status).ok_or(super::StoreError::Invariant(
-                "an unknown verification status",
-            ))?,
-            to: r.to_number,
-            country: r.country,
-            prefix: r.prefix,
-            code_length: count(r.code_length)?,
-            code_mac: r.code_mac,
-            code_sealed: r.code_sealed,
-            template: r.template,
-            sends: count(r.sends)?,
-            checks_remaining: count(r.checks_remaining)?,
-            created_at: r.created_at.0,
-            expires_at: r.expires_at.0,
-            last_sent_at: r.last_sent_at.0,
-            approved_at: r.approved_at.map(|t| t.0),
-            updated_at: r.updated_at.0,
-        })
+impl OpKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Check => "check",
+            Self::Resend => "resend",
+        }
     }
 }
 
-/// Applies a check's decision to the record (the store writes the result).
-pub(crate) fn apply_check(rec: &mut VerificationRecord, d: decide::Check, now: OffsetDateTime) {
-    match d {
-        decide::Check::Approve => {
-            rec.status = VerificationStatus::Approved;
-            rec.approved_at = Some(now);
+/// What a change to a verification, decided from the row as it was read,
+/// came to.
+#[derive(Debug)]
+pub enum Changed {
+    /// Written, with its answer; for a resend, the message it sends (its
+    /// first attempt started and leased).
+    Written(Option<Box<MessageRecord>>),
+    /// The key was answered already: that answer (nothing written).
+    Replay(StoredOp),
+    /// The verification is no longer as it was read (another change came
+    /// first): nothing written. Read it again and decide again: every
+    /// change of a pending verification moves its status, its checks left
+    /// or its sends, so this ends.
+    Stale,
+}
+
+impl VerificationRecord {
+    /// The row after a check decided `d` at `now` (unchanged for a check
+    /// that changes nothing).
+    pub fn checked(&self, d: decide::Check, now: OffsetDateTime) -> Self {
+        let mut rec = self.clone();
+        match d {
+            decide::Check::Approve => {
+                rec.status = VerificationStatus::Approved;
+                rec.approved_at = Some(now);
+            }
+            decide::Check::Wrong { remaining } => rec.checks_remaining = remaining,
+            decide::Check::LastWrong => {
+                rec.checks_remaining = 0;
+                rec.status = VerificationStatus::MaxAttemptsReached;
+            }
+            decide::Check::Expire => rec.status = VerificationStatus::Expired,
+            decide::Check::NotPending(_) => return rec,
         }
-        decide::Check::Wrong { remaining } => rec.checks_remaining = remaining,
-        decide::Check::LastWrong => {
-            rec.checks_remaining = 0;
-            rec.status = VerificationStatus::MaxAttemptsReached;
-        }
-        decide::Check::Expire => rec.status = VerificationStatus::Expired,
-        decide::Check::NotPending(_) => return,
+        rec.updated_at = now;
+        rec
     }
-    rec.updated_at = now;
+
+    /// The row after a resend at `now`: one send more.
+    pub fn resent(&self, now: OffsetDateTime) -> Self {
+        let mut rec = self.clone();
+        rec.sends += 1;
+        rec.last_sent_at = now;
+        rec.updated_at = now;
+        rec
+    }
+
+    /// The row once found expired at `now`.
+    pub fn expired(&self, now: OffsetDateTime) -> Self {
+        let mut rec = self.clone();
+        rec.status = VerificationStatus::Expired;
+        rec.updated_at = now;
+        rec
+    }
 }
 
 /// The per-hour limit a start reaches, if any: `(count, oldest)` of the

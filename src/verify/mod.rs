@@ -10,7 +10,8 @@
 //!   `ver_<id>:send:<n>`, inserted in the same transaction as the change that
 //!   causes it (the start, or the resend that raised `sends` to n).
 //! - What a check or resend may do is decided by the pure functions in
-//!   [`decide`]; the store applies them under a lock.
+//!   [`decide`] from the row as read; the store writes the change only if
+//!   the row is still so (and the caller decides again if not).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -300,6 +301,17 @@ pub struct SentMessage {
 }
 
 impl SentMessage {
+    /// A send about to be inserted, as its claimed row will stand
+    /// (`processing`).
+    pub fn queued(m: &NewMessage, v: &VerificationRecord) -> Self {
+        Self {
+            id: m.id.to_string(),
+            idempotency_key: m.idempotency_key.to_string(),
+            status: crate::domain::Status::Processing,
+            body: masked(v),
+        }
+    }
+
     pub fn of(m: &MessageRecord, v: &VerificationRecord) -> Self {
         Self {
             id: m.id.to_string(),

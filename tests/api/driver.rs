@@ -18,6 +18,9 @@ use uuid::Uuid;
 
 use crate::helpers::*;
 
+mod messages;
+mod verifications;
+
 const T0: OffsetDateTime = time::macros::datetime!(2026-11-29 12:00:00.123456 UTC);
 const LIVE: Duration = Duration::from_secs(30);
 

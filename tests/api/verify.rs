@@ -497,6 +497,58 @@ async fn racing_starts_with_one_key_and_two_bodies_answer_201_or_422(backend: Ba
     assert_eq!(app.message_count().await, 1);
 }
 
+/// Concurrent checks and resends each decide from the row they read and
+/// write only if it is still so (the others read again): every wrong check
+/// counts once, and one resend per cooldown goes out.
+async fn racing_checks_and_resends_each_count_once(backend: Backend) {
+    let clock = manual_clock();
+    let app = app_with(backend, clock.clone()).await;
+    let id = id_of(&start(&app, "v", TO).await);
+    let code = code_sent(&app, TO, 1).await;
+    wait_sent(&app, &id, 1).await;
+    clock.advance(Duration::from_secs(30));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..6 {
+        let (path, body) = if i < 4 {
+            (format!("/verifications/{id}/resend"), None)
+        } else {
+            (
+                format!("/verifications/{id}/check"),
+                Some(json!({ "code": wrong(&code) })),
+            )
+        };
+        let mut req = app
+            .request(Method::POST, &path)
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", format!("k{i}"));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        set.spawn(async move { (i, answer(req.send().await.expect("POST")).await) });
+    }
+    let mut resends = Vec::new();
+    let mut checks = Vec::new();
+    for (i, a) in set.join_all().await {
+        if i < 4 {
+            resends.push(a.status);
+        } else {
+            assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.bytes));
+            checks.push(a.json()["checks_remaining"].as_u64().expect("a count"));
+        }
+    }
+    resends.sort_unstable();
+    assert_eq!(resends, [201, 429, 429, 429], "one resend per cooldown");
+    checks.sort_unstable();
+    assert_eq!(checks, [3, 4], "each wrong check counted once");
+    let v = app.get(&format!("/verifications/{id}")).await.json();
+    assert_eq!(
+        (v["sends"].as_u64(), v["checks_remaining"].as_u64()),
+        (Some(2), Some(3))
+    );
+    assert_eq!(app.message_count().await, 2);
+    assert_eq!(events(&app, "send").await, 2);
+}
+
 async fn futures_join(app: &TestApp, n: usize) -> Vec<Answer> {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..n {
@@ -936,6 +988,7 @@ on_both_backends!(
     start_check_and_resend_are_idempotent,
     retried_starts_never_send_a_second_code,
     racing_starts_with_one_key_and_two_bodies_answer_201_or_422,
+    racing_checks_and_resends_each_count_once,
     the_code_is_in_no_answer_or_database_row,
     the_code_is_in_no_log_line_at_any_level,
     limits_are_shared_between_instances,

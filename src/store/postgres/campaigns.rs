@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::{PgStore, to_i32};
 use crate::domain::{MessageId, Status};
 use crate::store::row::stored_response;
-use crate::store::{Claim, KeyState, MessageStore, Queued, StoreError};
+use crate::store::{Claim, KeyState, MessageReadStore, Queued, StoreError};
 
 impl PgStore {
     #[tracing::instrument(name = "store.insert_batch", level = "debug", skip_all, fields(rows = items.len()))]

@@ -9,16 +9,12 @@ use uuid::Uuid;
 
 use super::webhooks::EVENT_FROM_M;
 use super::{PgStore, to_i32};
-use crate::domain::schedule::cancelable_sql;
 use crate::domain::{MessageId, Status};
-use crate::store::row::{
-    AttemptDbRow, KeyStateRow, MessageRow, attempt_columns, key_state_columns, message_columns,
-    stored_response,
-};
+use crate::store::row::{MessageRow, message_columns, stored_response};
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
-    AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore, NewMessage, Queued,
-    Reschedule, StoreError, StoredResponse,
+    Claim, Finish, KeyState, Lease, MessageReadStore, MessageRecord, MessageStore, NewMessage,
+    Queued, Reschedule, StoreError, StoredResponse,
 };
 
 /// What the insert statement returns: the new message, or the key's holder.
@@ -274,7 +270,6 @@ impl MessageStore for PgStore {
         self.insert_queued(items).await
     }
 
-    #[tracing::instrument(name = "store.cancel_message", level = "debug", skip_all, fields(message_id = %id))]
     async fn cancel_message(
         &self,
         id: MessageId,
@@ -282,133 +277,7 @@ impl MessageStore for PgStore {
         now: OffsetDateTime,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        // One statement: under READ COMMITTED a concurrent claim or attempt
-        // that committed first is re-checked against this WHERE (and one
-        // still running holds the row lock until it commits), so the row
-        // is canceled only if it still qualifies when written.
-        let done = sqlx::query(concat!(
-            "UPDATE messages m SET status = 'canceled', response_code = $3, \
-                response_body = $4, updated_at = $5, finalized_at = $5, next_attempt_at = NULL \
-             WHERE m.id = $1 AND m.attempts = $2 AND ",
-            cancelable_sql!()
-        ))
-        .bind(id.0)
-        .bind(to_i32(attempts))
-        .bind(i16::try_from(response.status_code).unwrap_or(500))
-        .bind(&response.body)
-        .bind(db(now))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    #[tracing::instrument(name = "store.key_state", level = "debug", skip_all)]
-    async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError> {
-        let row: Option<KeyStateRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            key_state_columns!(),
-            " FROM messages WHERE tenant_id = $1 AND idempotency_key = $2"
-        ))
-        .bind(tenant_id)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(KeyState::from))
-    }
-
-    #[tracing::instrument(name = "store.state_by_id", level = "debug", skip_all, fields(message_id = %id))]
-    async fn state_by_id(&self, id: MessageId) -> Result<Option<KeyState>, StoreError> {
-        let row: Option<KeyStateRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            key_state_columns!(),
-            " FROM messages WHERE id = $1"
-        ))
-        .bind(id.0)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(KeyState::from))
-    }
-
-    async fn provider_message_owner(
-        &self,
-        provider: &str,
-        provider_message_id: &str,
-    ) -> Result<Option<MessageId>, StoreError> {
-        let row: Option<(uuid::Uuid,)> = sqlx::query_as(
-            "SELECT id FROM messages WHERE provider = $1 AND provider_message_id = $2 LIMIT 1",
-        )
-        .bind(provider)
-        .bind(provider_message_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(|(id,)| MessageId(id)))
-    }
-
-    async fn in_flight_sibling(
-        &self,
-        id: MessageId,
-        provider: &str,
-        since: OffsetDateTime,
-    ) -> Result<Option<MessageId>, StoreError> {
-        let row: Option<(uuid::Uuid,)> = sqlx::query_as(
-            "SELECT s.id FROM messages me JOIN messages s \
-                ON s.to_number = me.to_number AND s.body = me.body AND s.id <> me.id \
-             WHERE me.id = $1 AND s.provider = $2 AND s.provider_message_id IS NULL \
-                AND ((s.status = 'processing' \
-                      AND (s.maybe_sent OR EXISTS (SELECT 1 FROM attempts a \
-                           WHERE a.message_id = s.id AND a.finished_at IS NULL))) \
-                     OR (s.status = 'unknown' AND s.finalized_at >= $3)) \
-             LIMIT 1",
-        )
-        .bind(id.0)
-        .bind(provider)
-        .bind(db(since))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(|(id,)| MessageId(id)))
-    }
-
-    #[tracing::instrument(name = "store.message", level = "debug", skip_all)]
-    async fn message(
-        &self,
-        tenant_id: Uuid,
-        key: &str,
-    ) -> Result<Option<MessageRecord>, StoreError> {
-        let row: Option<MessageRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            message_columns!(),
-            " FROM messages m WHERE m.tenant_id = $1 AND m.idempotency_key = $2"
-        ))
-        .bind(tenant_id)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(MessageRecord::from))
-    }
-
-    #[tracing::instrument(name = "store.message_by_id", level = "debug", skip_all, fields(message_id = %id))]
-    async fn message_by_id(&self, id: MessageId) -> Result<Option<MessageRecord>, StoreError> {
-        let row: Option<MessageRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            message_columns!(),
-            " FROM messages m WHERE m.id = $1"
-        ))
-        .bind(id.0)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(MessageRecord::from))
-    }
-
-    async fn attempts(&self, id: MessageId) -> Result<Vec<AttemptRow>, StoreError> {
-        let rows: Vec<AttemptDbRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            attempt_columns!(),
-            " FROM attempts WHERE message_id = $1 ORDER BY number"
-        ))
-        .bind(id.0)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(AttemptRow::from).collect())
+        self.cancel_one(id, attempts, now, response).await
     }
 
     #[tracing::instrument(name = "store.start_attempt", level = "debug", skip_all, fields(message_id = %id))]

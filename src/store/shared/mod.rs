@@ -11,7 +11,8 @@
 //!   integer microseconds) and how microseconds are added to it (`us!()`);
 //! - `greatest!()`: `GREATEST` on Postgres, the scalar `max` on SQLite;
 //! - `for_update!()`: a row lock on Postgres, nothing on SQLite (its
-//!   writer's transaction holds the file);
+//!   writer's transaction holds the file); `skip_locked!()` the same for
+//!   a claim that passes over rows another transaction holds;
 //! - how a write runs: [`PgStore::write`] on a pooled connection
 //!   (autocommit, one statement) and [`PgStore::write_tx`] in a transaction;
 //!   on SQLite both go to the single writer ([`SqliteStore::write`]), whose
@@ -32,10 +33,12 @@ use std::pin::Pin;
 
 pub(crate) mod console;
 pub(crate) mod maintenance;
+pub(crate) mod messages;
 pub(crate) mod opt_outs;
 pub(crate) mod receipts;
 pub(crate) mod routing;
 pub(crate) mod tenants;
+pub(crate) mod verifications;
 pub(crate) mod webhooks;
 
 /// The future a write closure returns (the shape of the SQLite writer's
@@ -56,6 +59,7 @@ macro_rules! per_backend {
             macro_rules! us { () => { " * interval '1 microsecond'" } }
             macro_rules! greatest { () => { "GREATEST" } }
             macro_rules! for_update { () => { " FOR UPDATE" } }
+            macro_rules! skip_locked { () => { " FOR UPDATE SKIP LOCKED" } }
             $($body)*
         }
         /// The items above, on SQLite.
@@ -69,6 +73,7 @@ macro_rules! per_backend {
             macro_rules! us { () => { "" } }
             macro_rules! greatest { () => { "max" } }
             macro_rules! for_update { () => { "" } }
+            macro_rules! skip_locked { () => { "" } }
             $($body)*
         }
     };

@@ -12,10 +12,34 @@ use crate::domain::quiet::QuietHours;
 use crate::store::row::ApiKeyRow;
 use crate::store::row::tenants::{StringList, TenantAuthRow};
 use crate::store::time::{DbTime, db};
-use crate::store::types::edited_senders;
 use crate::store::{
     ApiKeyInfo, BootstrapOutcome, NewApiKey, SqlxResultExt, StoreError, TenantAuth, TenantStore,
 };
+
+/// The sender list to write after adding or removing `sender`, or `None`
+/// when nothing changes. Removing the last sender leaves an empty list (the
+/// provider's default sender only), not "no list"; removing from a tenant
+/// with no list changes nothing.
+pub(crate) fn edited_senders(
+    list: Option<Vec<String>>,
+    sender: &str,
+    add: bool,
+) -> Option<Vec<String>> {
+    let present = list.as_ref().is_some_and(|l| l.iter().any(|s| s == sender));
+    match (add, present) {
+        (true, false) => {
+            let mut list = list.unwrap_or_default();
+            list.push(sender.to_string());
+            Some(list)
+        }
+        (false, true) => {
+            let mut list = list.unwrap_or_default();
+            list.retain(|s| s != sender);
+            Some(list)
+        }
+        _ => None,
+    }
+}
 
 const COUNT: &str = "SELECT count(*) FROM tenants";
 
@@ -319,6 +343,38 @@ per_backend! {
                 acks.wait().await;
             }
             Ok(changed == 1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(s: &[&str]) -> Option<Vec<String>> {
+        Some(s.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn editing_sender_lists() {
+        // (list, sender, add, written)
+        type Case<'a> = (Option<Vec<String>>, &'a str, bool, Option<Vec<String>>);
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            (None, "ACME", true, list(&["ACME"])),
+            (None, "ACME", false, None),
+            (list(&["ACME"]), "ACME", true, None),
+            (list(&["ACME"]), "ACME", false, list(&[])),
+            (list(&["ACME", "B"]), "B", false, list(&["ACME"])),
+            (list(&[]), "B", false, None),
+            (list(&["ACME"]), "B", true, list(&["ACME", "B"])),
+        ];
+        for (before, sender, add, want) in cases {
+            assert_eq!(
+                edited_senders(before.clone(), sender, add),
+                want,
+                "{before:?} {sender} {add}"
+            );
         }
     }
 }

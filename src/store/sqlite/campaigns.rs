@@ -1,6 +1,6 @@
-//! Scheduled messages, a batch's rows and cancel on SQLite (issue 15): each
-//! a job for the one writer, so a batch is one transaction and a cancel is
-//! ordered with every claim and attempt of the file.
+//! Scheduled messages and a batch's rows on SQLite (issue 15): each a job
+//! for the one writer, so a batch is one transaction (the cancel is in
+//! `store/shared/messages.rs`).
 
 use sqlx::SqliteConnection;
 use sqlx::types::Json;
@@ -8,13 +8,9 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::SqliteStore;
-use crate::domain::MessageId;
-use crate::domain::schedule::cancelable_sql;
 use crate::store::row::{KeyStateRow, key_state_columns};
 use crate::store::time::db;
-use crate::store::{
-    Claim, MessageRecord, MessageStore, NewMessage, Queued, StoreError, StoredResponse,
-};
+use crate::store::{Claim, MessageReadStore, MessageRecord, NewMessage, Queued, StoreError};
 
 async fn schedule(
     c: &mut SqliteConnection,
@@ -146,39 +142,5 @@ impl SqliteStore {
         let items = items.to_vec();
         self.write(move |c| Box::pin(async move { insert_rows(c, &items).await }))
             .await
-    }
-
-    #[tracing::instrument(name = "store.cancel_message", level = "debug", skip_all, fields(message_id = %id))]
-    pub(super) async fn cancel_one(
-        &self,
-        id: MessageId,
-        attempts: u32,
-        now: OffsetDateTime,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        // The writer's transaction orders it with every claim and attempt
-        // of this file: the WHERE sees the row as the last of them left it.
-        let response = response.clone();
-        self.write(move |c| {
-            Box::pin(async move {
-                let done = sqlx::query(concat!(
-                    "UPDATE messages AS m SET status = 'canceled', response_code = ?, \
-                        response_body = ?, updated_at = ?, finalized_at = ?, \
-                        next_attempt_at = NULL \
-                     WHERE m.id = ? AND m.attempts = ? AND ",
-                    cancelable_sql!()
-                ))
-                .bind(i64::from(response.status_code))
-                .bind(&response.body)
-                .bind(db(now))
-                .bind(db(now))
-                .bind(id.0)
-                .bind(i64::from(attempts))
-                .execute(&mut *c)
-                .await?;
-                Ok(done.rows_affected() == 1)
-            })
-        })
-        .await
     }
 }

@@ -10,13 +10,11 @@ use uuid::Uuid;
 
 use super::SqliteStore;
 use crate::domain::{AttemptOutcome, MessageId};
-use crate::store::row::{
-    AttemptDbRow, KeyStateRow, MessageRow, attempt_columns, key_state_columns, message_columns,
-};
+use crate::store::row::{KeyStateRow, MessageRow, key_state_columns, message_columns};
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
-    AttemptResult, AttemptRow, Claim, Finish, KeyState, Lease, MessageRecord, MessageStore,
-    NewMessage, Queued, Reschedule, StoreError, StoredResponse,
+    AttemptResult, Claim, Finish, Lease, MessageReadStore, MessageRecord, MessageStore, NewMessage,
+    Queued, Reschedule, StoreError, StoredResponse,
 };
 
 /// Closes an open attempt with its result (inside the caller's transaction).
@@ -345,115 +343,6 @@ impl MessageStore for SqliteStore {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         self.cancel_one(id, attempts, now, response).await
-    }
-
-    #[tracing::instrument(name = "store.key_state", level = "debug", skip_all)]
-    async fn key_state(&self, tenant_id: Uuid, key: &str) -> Result<Option<KeyState>, StoreError> {
-        let row: Option<KeyStateRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            key_state_columns!(),
-            " FROM messages WHERE tenant_id = ? AND idempotency_key = ?"
-        ))
-        .bind(tenant_id)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(KeyState::from))
-    }
-
-    #[tracing::instrument(name = "store.state_by_id", level = "debug", skip_all, fields(message_id = %id))]
-    async fn state_by_id(&self, id: MessageId) -> Result<Option<KeyState>, StoreError> {
-        let row: Option<KeyStateRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            key_state_columns!(),
-            " FROM messages WHERE id = ?"
-        ))
-        .bind(id.0)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(KeyState::from))
-    }
-
-    async fn provider_message_owner(
-        &self,
-        provider: &str,
-        provider_message_id: &str,
-    ) -> Result<Option<MessageId>, StoreError> {
-        let row: Option<(uuid::Uuid,)> = sqlx::query_as(
-            "SELECT id FROM messages WHERE provider = ? AND provider_message_id = ? LIMIT 1",
-        )
-        .bind(provider)
-        .bind(provider_message_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(|(id,)| MessageId(id)))
-    }
-
-    async fn in_flight_sibling(
-        &self,
-        id: MessageId,
-        provider: &str,
-        since: OffsetDateTime,
-    ) -> Result<Option<MessageId>, StoreError> {
-        let row: Option<(uuid::Uuid,)> = sqlx::query_as(
-            "SELECT s.id FROM messages me JOIN messages s \
-                ON s.to_number = me.to_number AND s.body = me.body AND s.id <> me.id \
-             WHERE me.id = ? AND s.provider = ? AND s.provider_message_id IS NULL \
-                AND ((s.status = 'processing' \
-                      AND (s.maybe_sent OR EXISTS (SELECT 1 FROM attempts a \
-                           WHERE a.message_id = s.id AND a.finished_at IS NULL))) \
-                     OR (s.status = 'unknown' AND s.finalized_at >= ?)) \
-             LIMIT 1",
-        )
-        .bind(id.0)
-        .bind(provider)
-        .bind(db(since))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(|(id,)| MessageId(id)))
-    }
-
-    #[tracing::instrument(name = "store.message", level = "debug", skip_all)]
-    async fn message(
-        &self,
-        tenant_id: Uuid,
-        key: &str,
-    ) -> Result<Option<MessageRecord>, StoreError> {
-        let row: Option<MessageRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            message_columns!(),
-            " FROM messages m WHERE m.tenant_id = ? AND m.idempotency_key = ?"
-        ))
-        .bind(tenant_id)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(MessageRecord::from))
-    }
-
-    #[tracing::instrument(name = "store.message_by_id", level = "debug", skip_all, fields(message_id = %id))]
-    async fn message_by_id(&self, id: MessageId) -> Result<Option<MessageRecord>, StoreError> {
-        let row: Option<MessageRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            message_columns!(),
-            " FROM messages m WHERE m.id = ?"
-        ))
-        .bind(id.0)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(MessageRecord::from))
-    }
-
-    async fn attempts(&self, id: MessageId) -> Result<Vec<AttemptRow>, StoreError> {
-        let rows: Vec<AttemptDbRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            attempt_columns!(),
-            " FROM attempts WHERE message_id = ? ORDER BY number"
-        ))
-        .bind(id.0)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(AttemptRow::from).collect())
     }
 
     #[tracing::instrument(name = "store.start_attempt", level = "debug", skip_all, fields(message_id = %id))]

@@ -1,0 +1,327 @@
+//! Verifications through the send layer, without HTTP. A start's and a
+//! resend's message is a send like any other: it counts against the
+//! destination limits (a refused one whose key was answered already goes on
+//! as a replay, and a permit is refunded unless a message was created), it
+//! is inserted leased in the transaction of its cause, and it is handed to
+//! delivery after the commit, never run in the request's future.
+//!
+//! A check or a resend is decided here with `verify::decide` from the row
+//! as read, and its answer rendered here; the store writes the change only
+//! if the row is still as read (`Changed::Stale` otherwise), and then this
+//! reads and decides again.
+
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::Sends;
+use crate::error::ApiError;
+use crate::store::{
+    Changed, NewMessage, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy, StoreError,
+    StoredOp, StoredResponse, VerificationRecord, send_key,
+};
+use crate::verify::decide::{self, VerificationStatus};
+use crate::verify::{Keys, SentMessage, VerificationOut, VerifySettings, next_send};
+
+/// How many times a check or a resend reads, decides and tries its fenced
+/// write before giving up (503). Each failed try means another change was
+/// written first, and a pending verification takes only a few (its checks
+/// and sends are counted down), so this is not reached in practice.
+const CHANGE_TRIES: usize = 64;
+
+fn kept_changing() -> ApiError {
+    ApiError::Unavailable("the verification kept changing under the write".into())
+}
+
+fn not_pending(s: VerificationStatus) -> ApiError {
+    ApiError::VerificationNotPending(s.as_str())
+}
+
+/// What a check came to (a check of a verification no longer pending is
+/// refused with 409).
+#[derive(Debug)]
+pub enum Checked {
+    /// The stored answer of this check under its key.
+    Replay(StoredResponse),
+    /// Decided and written: its answer (200).
+    Answered {
+        decision: decide::Check,
+        response: StoredResponse,
+    },
+    /// Found past its expiry: written `expired`, answered 409.
+    Expired,
+}
+
+/// What a resend came to (one refused by the cooldown, the limit or the
+/// status is an error).
+#[derive(Debug)]
+pub enum Resent {
+    /// The stored answer of this resend under its key.
+    Replay(StoredResponse),
+    /// Sent (its message handed to delivery): its answer (201).
+    Sent(StoredResponse),
+    /// Found past its expiry: written `expired`, answered 409.
+    Expired,
+}
+
+impl Sends {
+    /// The messages sent for a verification, as answered (purged ones left
+    /// out).
+    pub async fn sent_messages(
+        &self,
+        v: &VerificationRecord,
+    ) -> Result<Vec<SentMessage>, ApiError> {
+        let mut out = Vec::new();
+        for n in 1..=v.sends {
+            if let Some(m) = self.store.message(v.tenant_id, &send_key(v.id, n)).await? {
+                out.push(SentMessage::of(&m, v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Starts verification `new` with its first message (`message`) under
+    /// the abuse rules of `policy`, and hands a created message to delivery.
+    pub async fn start_verification(
+        &self,
+        new: &NewVerification,
+        message: &NewMessage,
+        policy: StartPolicy,
+    ) -> Result<StartOutcome, ApiError> {
+        let lease = self.deliverer.new_lease();
+        // Refused here, a new start is refused by the store and a replay
+        // still answered (issue 29, finding 3).
+        let permit = self.limiter.send(new.tenant_id, &new.to);
+        let policy = StartPolicy {
+            refused_here: permit.as_ref().err().copied(),
+            ..policy
+        };
+        // Two starts with one key but different destinations take different
+        // prefix locks; the unique (tenant, key) constraint decides, and the
+        // loser, tried again, finds the winner's verification.
+        let mut outcome = self
+            .store
+            .start_verification(new, message, &lease, &policy)
+            .await;
+        if matches!(outcome, Err(StoreError::Conflict { .. })) {
+            outcome = self
+                .store
+                .start_verification(new, message, &lease, &policy)
+                .await;
+        }
+        if !matches!(outcome, Ok(StartOutcome::Created { .. }))
+            && let Ok(permit) = permit
+        {
+            self.limiter.refund(permit);
+        }
+        let outcome = outcome?;
+        if let StartOutcome::Created { message, .. } = &outcome {
+            self.deliverer.spawn(message.as_ref().clone(), lease);
+        }
+        Ok(outcome)
+    }
+
+    /// Checks `code` against verification `id` of the tenant, the answer
+    /// stored under `key` when there is one.
+    pub async fn check_verification(
+        &self,
+        keys: &Keys,
+        settings: &VerifySettings,
+        (tenant_id, id): (Uuid, Uuid),
+        code: &str,
+        key: Option<&str>,
+    ) -> Result<Checked, ApiError> {
+        // The fingerprint of a check is the code's HMAC: never the code.
+        let fingerprint = keys.code_mac(id, code);
+        let op = key.map(|key| OpKey {
+            key,
+            fingerprint: &fingerprint,
+        });
+        for _ in 0..CHANGE_TRIES {
+            let v = self.verification(tenant_id, id).await?;
+            if let Some(op) = op
+                && let Some(done) = self
+                    .store
+                    .verification_op(id, OpKind::Check, op.key)
+                    .await?
+            {
+                return replay_check(done, &fingerprint);
+            }
+            let now = self.clock.now();
+            let matches = keys.code_matches(id, code, &v.code_mac);
+            let decision = decide::check(&v.state(), now, matches);
+            let after = v.checked(decision, now);
+            let valid = match decision {
+                decide::Check::Approve => true,
+                decide::Check::Wrong { .. } | decide::Check::LastWrong => false,
+                decide::Check::Expire => {
+                    match self.store.check_verification(&v, &after, None).await? {
+                        Changed::Stale => continue,
+                        _ => return Ok(Checked::Expired),
+                    }
+                }
+                decide::Check::NotPending(s) => return Err(not_pending(s)),
+            };
+            let mut out = VerificationOut::of(&after, self.sent_messages(&v).await?, settings, now);
+            out.valid = Some(valid);
+            let response = StoredResponse {
+                status_code: 200,
+                body: out.to_json(),
+            };
+            match self
+                .store
+                .check_verification(&v, &after, op.map(|op| (op, &response)))
+                .await?
+            {
+                Changed::Stale => continue,
+                Changed::Replay(done) => return replay_check(done, &fingerprint),
+                Changed::Written(_) => return Ok(Checked::Answered { decision, response }),
+            }
+        }
+        Err(kept_changing())
+    }
+
+    /// Sends verification `v`'s code once more under `key`, and hands the
+    /// message to delivery.
+    pub async fn resend_verification(
+        &self,
+        keys: &Keys,
+        settings: &VerifySettings,
+        v: VerificationRecord,
+        key: &str,
+    ) -> Result<Resent, ApiError> {
+        // A resend is a send: it counts against the destination limits like
+        // a `POST /messages` (issue 29, finding 3), before anything is
+        // queued. A retried resend already answered is a replay and goes on.
+        let permit = match self.limiter.send(v.tenant_id, &v.to) {
+            Ok(permit) => Some(permit),
+            Err(refused) => {
+                let answered = self
+                    .store
+                    .verification_op(v.id, OpKind::Resend, key)
+                    .await?;
+                if answered.is_none() {
+                    return Err(ApiError::RateLimited {
+                        limit: refused.limit,
+                        retry_after: refused.retry_after,
+                    });
+                }
+                None
+            }
+        };
+        let outcome = self.resend_once(keys, settings, v, key).await;
+        if !matches!(outcome, Ok(Resent::Sent(_)))
+            && let Some(permit) = permit
+        {
+            self.limiter.refund(permit);
+        }
+        outcome
+    }
+
+    /// Reads, decides and writes one resend, starting from `v` as read,
+    /// until a write holds.
+    async fn resend_once(
+        &self,
+        keys: &Keys,
+        settings: &VerifySettings,
+        mut v: VerificationRecord,
+        key: &str,
+    ) -> Result<Resent, ApiError> {
+        let op = OpKey {
+            key,
+            fingerprint: b"resend",
+        };
+        for _ in 0..CHANGE_TRIES {
+            if let Some(done) = self
+                .store
+                .verification_op(v.id, OpKind::Resend, key)
+                .await?
+            {
+                return Ok(Resent::Replay(done.response));
+            }
+            let now = self.clock.now();
+            match decide::resend(
+                &v.state(),
+                now,
+                settings.resend_cooldown,
+                settings.max_sends,
+            ) {
+                decide::Resend::Send => {}
+                decide::Resend::Expire => {
+                    let after = v.expired(now);
+                    match self.store.check_verification(&v, &after, None).await? {
+                        Changed::Stale => {
+                            v = self.verification(v.tenant_id, v.id).await?;
+                            continue;
+                        }
+                        _ => return Ok(Resent::Expired),
+                    }
+                }
+                decide::Resend::TooSoon(wait) => return Err(ApiError::ResendTooSoon(wait)),
+                decide::Resend::MaxSends => return Err(ApiError::MaxSendsReached),
+                decide::Resend::NotPending(s) => return Err(not_pending(s)),
+            }
+            let (after, m, response) = self.next_send(keys, settings, &v, now).await?;
+            let lease = self.deliverer.new_lease();
+            match self
+                .store
+                .resend_verification(&v, &after, (op, &response), &m, &lease)
+                .await?
+            {
+                Changed::Stale => v = self.verification(v.tenant_id, v.id).await?,
+                Changed::Replay(done) => return Ok(Resent::Replay(done.response)),
+                Changed::Written(Some(message)) => {
+                    self.deliverer.spawn(*message, lease);
+                    return Ok(Resent::Sent(response));
+                }
+                Changed::Written(None) => {
+                    return Err(ApiError::Internal(
+                        "a resend written without its message".into(),
+                    ));
+                }
+            }
+        }
+        Err(kept_changing())
+    }
+
+    /// A resend's verification after it, its message and its answer.
+    async fn next_send(
+        &self,
+        keys: &Keys,
+        settings: &VerifySettings,
+        v: &VerificationRecord,
+        now: OffsetDateTime,
+    ) -> Result<(VerificationRecord, NewMessage, StoredResponse), ApiError> {
+        let after = v.resent(now);
+        let deadline = self.deliverer.settings().retry.deadline;
+        let via = self.deliverer.first_route(None);
+        let m = next_send(keys, v, &via, deadline, now).ok_or(StoreError::Invariant(
+            "a verification's code does not open with the verify secret",
+        ))?;
+        let mut all = self.sent_messages(v).await?;
+        all.push(SentMessage::queued(&m, &after));
+        let response = StoredResponse {
+            status_code: 201,
+            body: VerificationOut::of(&after, all, settings, now).to_json(),
+        };
+        Ok((after, m, response))
+    }
+
+    async fn verification(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+    ) -> Result<VerificationRecord, ApiError> {
+        self.store
+            .verification(tenant_id, id)
+            .await?
+            .ok_or(ApiError::NotFound)
+    }
+}
+
+/// The stored answer of a check under the same key, if it was this check.
+fn replay_check(done: StoredOp, fingerprint: &[u8]) -> Result<Checked, ApiError> {
+    if done.fingerprint != fingerprint {
+        return Err(ApiError::KeyReused);
+    }
+    Ok(Checked::Replay(done.response))
+}

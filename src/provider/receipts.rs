@@ -1,0 +1,107 @@
+//! What an adapter's receipt endpoint does: authenticate a request and read
+//! the receipt out of it. Storing it, de-duplicating it and moving the
+//! message on are the service's (`src/http/receipts.rs`), the same for
+//! every adapter.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+
+use super::registry::{ADAPTERS, Context, VarError, Vars};
+use crate::domain::FieldError;
+
+/// A receipt request as it arrived.
+pub struct ReceiptRequest<'a> {
+    pub headers: &'a HeaderMap,
+    /// The path and query the provider called (what a signature covers).
+    pub path_and_query: &'a str,
+    /// `SENDONCE_PUBLIC_URL`, without a trailing slash: the address the
+    /// provider was given, and signs.
+    pub public_url: Option<&'a str>,
+}
+
+/// A receipt, authenticated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    /// The provider's id of the message it is about.
+    pub provider_message_id: String,
+    /// The provider's word for the status.
+    pub status: String,
+    pub error_code: Option<String>,
+}
+
+/// Why a receipt request was refused; nothing was recorded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReceiptError {
+    /// Not authenticated (403).
+    Forbidden,
+    /// The body is not of the type the endpoint reads (415).
+    UnsupportedMediaType,
+    /// The body is not JSON (400).
+    MalformedJson,
+    /// Fields missing or wrong (422).
+    Invalid(Vec<FieldError>),
+}
+
+impl ReceiptError {
+    /// One wrong field.
+    pub fn field(field: &str, message: &str) -> Self {
+        ReceiptError::Invalid(vec![FieldError {
+            field: field.to_string(),
+            message: message.to_string(),
+        }])
+    }
+}
+
+/// One adapter's receipt endpoint, with its secrets.
+pub trait ReceiptRoute: std::fmt::Debug + Send + Sync + 'static {
+    /// What can be checked before the body is read (a shared secret in a
+    /// header): a forged request is then refused without reading it.
+    fn admit(&self, _req: &ReceiptRequest<'_>) -> Result<(), ReceiptError> {
+        Ok(())
+    }
+
+    /// Authenticates the request with its body and reads the receipt.
+    fn read(&self, req: &ReceiptRequest<'_>, body: &[u8]) -> Result<Receipt, ReceiptError>;
+}
+
+/// Longest provider id, event id or status accepted in a receipt.
+pub const MAX_ID_LEN: usize = 255;
+pub const MAX_STATUS_LEN: usize = 64;
+
+/// Every adapter's receipt endpoint, with its secrets, by adapter.
+#[derive(Clone, Debug)]
+pub struct ReceiptRoutes(Vec<(&'static str, Arc<dyn ReceiptRoute>)>);
+
+impl ReceiptRoutes {
+    /// Every adapter's endpoint that has one, from the adapters' variables.
+    pub fn configure(vars: &Vars, ctx: &Context) -> Result<Self, VarError> {
+        let mut routes = Vec::new();
+        for a in ADAPTERS {
+            if let Some(r) = &a.receipts {
+                routes.push((a.name, (r.configure)(vars, ctx)?));
+            }
+        }
+        Ok(ReceiptRoutes(routes))
+    }
+
+    /// [`ReceiptRoutes::configure`] from `(variable, value)` pairs (tests).
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, VarError> {
+        Self::configure(&Vars::from_pairs(pairs), &Context::default())
+    }
+
+    /// Adapter `name`'s endpoint.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn ReceiptRoute>> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, r)| r)
+    }
+}
+
+/// What no variable gives: every endpoint there, refusing every receipt.
+impl Default for ReceiptRoutes {
+    fn default() -> Self {
+        Self::configure(&Vars::default(), &Context::default())
+            .unwrap_or_else(|_| ReceiptRoutes(Vec::new()))
+    }
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::delivery::CircuitPolicy;
-use crate::provider::receipts::ReceiptRoutes;
+use crate::provider::registry::ReceiptRoutes;
 use crate::provider::registry::{self, Configured, Context, VarError};
 
 use super::parse::{DurationVar, Unit, given, number_or, positive_duration};

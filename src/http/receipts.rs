@@ -40,7 +40,8 @@ use super::input::read_body;
 use crate::domain::{FieldError, Status};
 use crate::error::ApiError;
 use crate::provider::ADAPTERS;
-use crate::provider::receipts::{ReceiptError, ReceiptRequest, ReceiptRoutes};
+use crate::provider::receipts::{ReceiptError, ReceiptRequest};
+use crate::provider::registry::ReceiptRoutes;
 use crate::store::{NewReceipt, ReceiptOutcome};
 
 /// How receipts are taken.

@@ -3,11 +3,8 @@
 //! message on are the service's (`src/http/receipts.rs`), the same for
 //! every adapter.
 
-use std::sync::Arc;
-
 use axum::http::HeaderMap;
 
-use super::registry::{ADAPTERS, Context, VarError, Vars};
 use crate::domain::FieldError;
 
 /// A receipt request as it arrived.
@@ -68,40 +65,3 @@ pub trait ReceiptRoute: std::fmt::Debug + Send + Sync + 'static {
 /// Longest provider id, event id or status accepted in a receipt.
 pub const MAX_ID_LEN: usize = 255;
 pub const MAX_STATUS_LEN: usize = 64;
-
-/// Every adapter's receipt endpoint, with its secrets, by adapter.
-#[derive(Clone, Debug)]
-pub struct ReceiptRoutes(Vec<(&'static str, Arc<dyn ReceiptRoute>)>);
-
-impl ReceiptRoutes {
-    /// Every adapter's endpoint that has one, from the adapters' variables.
-    pub fn configure(vars: &Vars, ctx: &Context) -> Result<Self, VarError> {
-        let mut routes = Vec::new();
-        for a in ADAPTERS {
-            if let Some(r) = &a.receipts {
-                routes.push((a.name, (r.configure)(vars, ctx)?));
-            }
-        }
-        Ok(ReceiptRoutes(routes))
-    }
-
-    /// [`ReceiptRoutes::configure`] from `(variable, value)` pairs (tests).
-    pub fn from_pairs<'a>(
-        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Result<Self, VarError> {
-        Self::configure(&Vars::from_pairs(pairs), &Context::default())
-    }
-
-    /// Adapter `name`'s endpoint.
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn ReceiptRoute>> {
-        self.0.iter().find(|(n, _)| *n == name).map(|(_, r)| r)
-    }
-}
-
-/// What no variable gives: every endpoint there, refusing every receipt.
-impl Default for ReceiptRoutes {
-    fn default() -> Self {
-        Self::configure(&Vars::default(), &Context::default())
-            .unwrap_or_else(|_| ReceiptRoutes(Vec::new()))
-    }
-}

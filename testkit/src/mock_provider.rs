@@ -33,8 +33,8 @@
 //! `axum::serve`) so that it can drop a connection after accepting a message
 //! and before answering: the most dangerous thing a provider can do.
 
+use std::any::{Any, TypeId};
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -42,13 +42,8 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use serde::Serialize;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
-
-use crate::providers;
-pub use crate::providers::http::Dedup;
 
 /// What the mock does with one call.
 #[derive(Clone, Debug)]
@@ -99,6 +94,34 @@ impl Behaviour {
             b = *inner;
         }
         b
+    }
+}
+
+/// How the mock's `http` endpoint treats a repeated `Idempotency-Key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dedup {
+    /// Every accepted call creates a message (Twilio's endpoint always
+    /// behaves so: it has no idempotency key).
+    #[default]
+    None,
+    /// A key already accepted is answered with its id; nothing is created.
+    Replay,
+    /// The IETF Idempotency-Key draft: a key already accepted is answered
+    /// with its id (the scripted behaviour queue is not consumed); a key
+    /// whose first request is still being processed is answered `409`; the
+    /// key with another payload `422`.
+    Ietf,
+}
+
+impl Dedup {
+    /// Reads `MOCK_DEDUP`: `none` (default), `replay` or `ietf`.
+    pub fn from_env() -> Result<Dedup, String> {
+        match std::env::var("MOCK_DEDUP").ok().as_deref() {
+            None | Some("") | Some("none") => Ok(Dedup::None),
+            Some("replay") => Ok(Dedup::Replay),
+            Some("ietf") => Ok(Dedup::Ietf),
+            Some(_) => Err("MOCK_DEDUP must be none, replay or ietf".into()),
+        }
     }
 }
 
@@ -228,9 +251,25 @@ pub(crate) struct Inner {
     /// Deliveries per (To, Body), over every protocol.
     pub(crate) by_recipient_body: HashMap<(String, String), u32>,
     pub(crate) receipts: ReceiptConfig,
-    /// Each protocol's own state.
-    pub(crate) http: providers::http::Protocol,
-    pub(crate) twilio: providers::twilio::Protocol,
+    /// Reconciliation lookups made (Twilio's message list).
+    pub(crate) lookups: usize,
+    /// Each protocol's own state, by its type (`providers::*::Protocol`).
+    protocols: HashMap<TypeId, Box<dyn Any + Send>>,
+}
+
+impl Inner {
+    /// The state protocol module `P` keeps, made on first use.
+    pub(crate) fn protocol<P: Default + Send + 'static>(&mut self) -> &mut P {
+        let state = self
+            .protocols
+            .entry(TypeId::of::<P>())
+            .or_insert_with(|| Box::new(P::default()));
+        match state.downcast_mut::<P>() {
+            Some(p) => p,
+            // Keyed by its own type: always a `P`.
+            None => unreachable!("protocol state under another type's id"),
+        }
+    }
 }
 
 /// Which receipts the mock sends back for each message it delivers.
@@ -359,32 +398,6 @@ impl MockProvider {
             .sum()
     }
 
-    /// Serves on `listener` until the returned task is aborted.
-    pub fn serve(&self, listener: TcpListener) -> tokio::task::JoinHandle<()> {
-        let app = providers::routes(Router::new())
-            .route("/stats", get(stats))
-            .with_state(self.clone());
-        tokio::spawn(async move {
-            let listener = &listener;
-            crate::accept::accept_loop(
-                move || async move { Some(listener.accept().await) },
-                |(stream, _)| {
-                    tokio::spawn(serve_connection(stream, app.clone()));
-                },
-            )
-            .await;
-        })
-    }
-
-    /// Starts on a free loopback port; returns the mock and its send URL.
-    pub async fn start() -> std::io::Result<(MockProvider, String, SocketAddr)> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let mock = MockProvider::default();
-        mock.serve(listener);
-        Ok((mock, format!("http://{addr}/messages"), addr))
-    }
-
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -428,7 +441,7 @@ impl MockProvider {
                 .values()
                 .filter(|n| **n > 1)
                 .count(),
-            lookups: inner.twilio.lookups,
+            lookups: inner.lookups,
         }
     }
 
@@ -451,7 +464,7 @@ impl MockProvider {
 #[derive(Clone)]
 pub(crate) struct DropSwitch(Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>);
 
-async fn serve_connection(stream: tokio::net::TcpStream, app: Router) {
+pub(crate) async fn serve_connection(stream: tokio::net::TcpStream, app: Router) {
     use hyper_util::rt::TokioIo;
     use hyper_util::service::TowerToHyperService;
     use tower::ServiceExt;
@@ -496,7 +509,7 @@ pub(crate) fn drop_connection(switch: Option<axum::Extension<DropSwitch>>) {
     }
 }
 
-async fn stats(State(mock): State<MockProvider>) -> Response {
+pub(crate) async fn stats(State(mock): State<MockProvider>) -> Response {
     axum::Json(mock.stats()).into_response()
 }
 

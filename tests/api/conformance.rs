@@ -307,7 +307,7 @@ const RECEIPT_SECRET: &str = "conformance-receipt-secret";
 
 async fn spawn_adapter(backend: Backend, adapter: Adapter) -> TestApp {
     let mut settings = test_settings();
-    settings.provider.receipts = sendonce::provider::receipts::ReceiptRoutes::from_pairs([(
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
         "SENDONCE_RECEIPT_SECRET",
         RECEIPT_SECRET,
     )])

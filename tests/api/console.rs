@@ -363,7 +363,7 @@ async fn retried_then_delivered(app: &TestApp, key: &str, to: &str, body: &str) 
 
 fn receipts_settings() -> sendonce::config::Settings {
     let mut settings = test_settings();
-    settings.provider.receipts = sendonce::provider::receipts::ReceiptRoutes::from_pairs([(
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
         "SENDONCE_RECEIPT_SECRET",
         SECRET,
     )])

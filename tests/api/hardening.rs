@@ -589,7 +589,7 @@ async fn answers_carry_security_headers_and_long_uris_are_refused() {
 async fn receipt_app(body_read_timeout: Duration) -> TestApp {
     let mut settings = test_settings();
     settings.server.body_read_timeout = body_read_timeout;
-    settings.provider.receipts = sendonce::provider::receipts::ReceiptRoutes::from_pairs([
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([
         ("SENDONCE_RECEIPT_SECRET", "receipt-secret-0123456789"),
         ("TWILIO_AUTH_TOKEN", "twilio-token"),
     ])

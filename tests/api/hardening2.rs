@@ -212,7 +212,7 @@ const RECEIPT_SECRET: &str = "receipt-secret-0123456789";
 
 async fn receipt_app(backend: Backend) -> TestApp {
     let mut settings = test_settings();
-    settings.provider.receipts = sendonce::provider::receipts::ReceiptRoutes::from_pairs([(
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
         "SENDONCE_RECEIPT_SECRET",
         RECEIPT_SECRET,
     )])

@@ -40,7 +40,7 @@ pub fn twilio() -> ProviderFactory {
 /// Same, aimed at `base_url` instead of the mock when given.
 fn twilio_at(base_url: Option<String>) -> ProviderFactory {
     Box::new(move |mock, app, settings_| {
-        settings_.provider.receipts = sendonce::provider::receipts::ReceiptRoutes::from_pairs([(
+        settings_.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
             "TWILIO_AUTH_TOKEN",
             AUTH_TOKEN,
         )])

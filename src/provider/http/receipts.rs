@@ -16,9 +16,11 @@ use super::super::receipts::{
     MAX_ID_LEN, MAX_STATUS_LEN, Receipt, ReceiptError, ReceiptRequest, ReceiptRoute,
 };
 use super::super::registry::{Context, VarError, Vars};
-use super::settings::RECEIPT_SECRET;
 use crate::domain::FieldError;
 use crate::domain::request::duplicate_key;
+
+/// The shared secret's variable.
+pub const RECEIPT_SECRET: &str = "SENDONCE_RECEIPT_SECRET";
 
 /// Where the `http` provider posts receipts.
 pub const STATUS_PATH: &str = "/providers/http/status";

@@ -9,6 +9,7 @@ use super::super::registry::{
 };
 use super::super::{Provider, ProviderError};
 use super::HttpProvider;
+use super::receipts::RECEIPT_SECRET;
 
 /// The `http` adapter in the registry.
 pub const ADAPTER: Adapter = Adapter {
@@ -23,7 +24,6 @@ pub const ADAPTER: Adapter = Adapter {
 
 pub const URL: &str = "SENDONCE_HTTP_PROVIDER_URL";
 pub const TOKEN: &str = "SENDONCE_HTTP_PROVIDER_TOKEN";
-pub const RECEIPT_SECRET: &str = "SENDONCE_RECEIPT_SECRET";
 
 const VARS: [Var; 3] = [
     Var {

@@ -14,8 +14,11 @@ use super::super::receipts::{
     MAX_ID_LEN, MAX_STATUS_LEN, Receipt, ReceiptError, ReceiptRequest, ReceiptRoute,
 };
 use super::super::registry::{Context, VarError, Vars};
-use super::settings::AUTH_TOKEN;
 use super::verify_signature;
+
+/// The auth token's variable: the key of the signatures (and the Basic
+/// auth password of the client).
+pub const AUTH_TOKEN: &str = "TWILIO_AUTH_TOKEN";
 
 /// The endpoint, with the key of the signatures (none: every callback is
 /// refused).

@@ -7,6 +7,7 @@ use super::super::registry::{
     Adapter, Configured, Context, Receipts, Var, VarError, Vars, http_url,
 };
 use super::super::{Provider, ProviderError};
+use super::receipts::AUTH_TOKEN;
 use super::{DEFAULT_BASE_URL, STATUS_CALLBACK_PATH, TwilioProvider, TwilioSettings};
 
 /// The `twilio` adapter in the registry.
@@ -22,7 +23,6 @@ pub const ADAPTER: Adapter = Adapter {
 
 pub const BASE_URL: &str = "TWILIO_BASE_URL";
 pub const ACCOUNT_SID: &str = "TWILIO_ACCOUNT_SID";
-pub const AUTH_TOKEN: &str = "TWILIO_AUTH_TOKEN";
 pub const FROM: &str = "TWILIO_FROM";
 pub const MESSAGING_SERVICE_SID: &str = "TWILIO_MESSAGING_SERVICE_SID";
 

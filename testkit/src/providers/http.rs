@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
 use crate::mock_provider::{
-    Behaviour, Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, drop_connection,
+    Behaviour, Dedup, Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, drop_connection,
     json_answer, receipt_client,
 };
 
@@ -36,38 +36,10 @@ pub(crate) struct Protocol {
     next_id: u64,
 }
 
-/// How the mock's `http` endpoint treats a repeated `Idempotency-Key`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Dedup {
-    /// Every accepted call creates a message (Twilio's endpoint always
-    /// behaves so: it has no idempotency key).
-    #[default]
-    None,
-    /// A key already accepted is answered with its id; nothing is created.
-    Replay,
-    /// The IETF Idempotency-Key draft: a key already accepted is answered
-    /// with its id (the scripted behaviour queue is not consumed); a key
-    /// whose first request is still being processed is answered `409`; the
-    /// key with another payload `422`.
-    Ietf,
-}
-
-impl Dedup {
-    /// Reads `MOCK_DEDUP`: `none` (default), `replay` or `ietf`.
-    pub fn from_env() -> Result<Dedup, String> {
-        match std::env::var("MOCK_DEDUP").ok().as_deref() {
-            None | Some("") | Some("none") => Ok(Dedup::None),
-            Some("replay") => Ok(Dedup::Replay),
-            Some("ietf") => Ok(Dedup::Ietf),
-            Some(_) => Err("MOCK_DEDUP must be none, replay or ietf".into()),
-        }
-    }
-}
-
 impl MockProvider {
     /// Sets how the `http` endpoint treats a repeated key.
     pub fn set_dedup(&self, dedup: Dedup) {
-        self.lock().http.dedup = dedup;
+        self.lock().protocol::<Protocol>().dedup = dedup;
     }
 
     /// Creates the message and returns its id (with `Replay` or `Ietf`, a
@@ -75,16 +47,16 @@ impl MockProvider {
     /// receipts for a new message when configured.
     fn deliver(&self, key: Option<&str>, sms: &serde_json::Value) -> String {
         let mut inner = self.lock();
-        if inner.http.dedup != Dedup::None
-            && let Some(id) = key.and_then(|k| inner.http.accepted.get(k)).cloned()
+        if inner.protocol::<Protocol>().dedup != Dedup::None
+            && let Some(id) = key.and_then(|k| inner.protocol::<Protocol>().accepted.get(k)).cloned()
         {
             return id;
         }
-        inner.http.next_id += 1;
-        let id = format!("prov_{}", inner.http.next_id);
+        inner.protocol::<Protocol>().next_id += 1;
+        let id = format!("prov_{}", inner.protocol::<Protocol>().next_id);
         let key = key.map_or_else(|| id.clone(), str::to_string);
-        inner.http.accepted.insert(key.clone(), id.clone());
-        inner.http.payloads.insert(key.clone(), sms.clone());
+        inner.protocol::<Protocol>().accepted.insert(key.clone(), id.clone());
+        inner.protocol::<Protocol>().payloads.insert(key.clone(), sms.clone());
         *inner.deliveries.entry(key).or_default() += 1;
         let text = |name: &str| sms[name].as_str().unwrap_or_default().to_string();
         *inner
@@ -120,7 +92,7 @@ struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            self.mock.lock().http.in_flight.remove(&key);
+            self.mock.lock().protocol::<Protocol>().in_flight.remove(&key);
         }
     }
 }
@@ -134,13 +106,13 @@ fn ietf_answer(
     sms: &serde_json::Value,
 ) -> Result<InFlight, Box<Response>> {
     let mut inner = mock.lock();
-    let Some(key) = key.filter(|_| inner.http.dedup == Dedup::Ietf) else {
+    let Some(key) = key.filter(|_| inner.protocol::<Protocol>().dedup == Dedup::Ietf) else {
         return Ok(InFlight {
             mock: mock.clone(),
             key: None,
         });
     };
-    if inner.http.in_flight.contains(key) {
+    if inner.protocol::<Protocol>().in_flight.contains(key) {
         let body = serde_json::json!({
             "type": "https://developer.example.com/idempotency/in-flight",
             "title": "A request with this Idempotency-Key is still being processed",
@@ -148,8 +120,8 @@ fn ietf_answer(
         });
         return Err(Box::new(json_answer(StatusCode::CONFLICT, &body, Some(1))));
     }
-    if let Some(id) = inner.http.accepted.get(key).cloned() {
-        if inner.http.payloads.get(key).is_some_and(|p| p != sms) {
+    if let Some(id) = inner.protocol::<Protocol>().accepted.get(key).cloned() {
+        if inner.protocol::<Protocol>().payloads.get(key).is_some_and(|p| p != sms) {
             let body = serde_json::json!({
                 "title": "This Idempotency-Key was used with another payload",
                 "message": "this Idempotency-Key was used with another payload",
@@ -162,7 +134,7 @@ fn ietf_answer(
         }
         return Err(Box::new(accepted(id)));
     }
-    inner.http.in_flight.insert(key.to_string());
+    inner.protocol::<Protocol>().in_flight.insert(key.to_string());
     Ok(InFlight {
         mock: mock.clone(),
         key: Some(key.to_string()),

@@ -39,8 +39,7 @@ pub(crate) struct Protocol {
     clock_offset: time::Duration,
     /// Messages created through the Twilio endpoint, oldest first.
     messages: Vec<TwilioRecord>,
-    /// Message list lookups made, and how many of the next ones fail.
-    pub(crate) lookups: usize,
+    /// How many of the next message list lookups fail.
     failing_lookups: usize,
 }
 
@@ -64,13 +63,13 @@ impl MockProvider {
     /// Sets the mock Twilio's clock `offset` from this machine's (positive:
     /// ahead): the times it shows and its `Date` header.
     pub fn set_twilio_clock_offset(&self, offset: time::Duration) {
-        self.lock().twilio.clock_offset = offset;
+        self.lock().protocol::<Protocol>().clock_offset = offset;
     }
 
     /// `resp` with the mock Twilio's own `Date` header (its clock may be
     /// set apart from this machine's).
     fn twilio_dated(&self, mut resp: Response) -> Response {
-        let offset = self.lock().twilio.clock_offset;
+        let offset = self.lock().protocol::<Protocol>().clock_offset;
         let now = std::time::SystemTime::now();
         let at = if offset.is_negative() {
             now - offset.unsigned_abs()
@@ -85,13 +84,13 @@ impl MockProvider {
 
     /// Makes the next `n` Twilio message list lookups answer 500.
     pub fn fail_lookups(&self, n: usize) {
-        self.lock().twilio.failing_lookups = n;
+        self.lock().protocol::<Protocol>().failing_lookups = n;
     }
 
     /// Creates a Twilio message (a delivery) and returns its resource.
     fn twilio_create(&self, account_sid: &str, form: &HashMap<String, String>) -> TwilioRecord {
         let mut inner = self.lock();
-        let now = time::OffsetDateTime::now_utc() + inner.twilio.clock_offset;
+        let now = time::OffsetDateTime::now_utc() + inner.protocol::<Protocol>().clock_offset;
         let record = TwilioRecord {
             sid: format!("SM{}", uuid::Uuid::new_v4().simple()),
             account_sid: account_sid.to_string(),
@@ -107,7 +106,7 @@ impl MockProvider {
             .by_recipient_body
             .entry((record.to.clone(), record.body.clone()))
             .or_default() += 1;
-        inner.twilio.messages.push(record.clone());
+        inner.protocol::<Protocol>().messages.push(record.clone());
         record
     }
 
@@ -116,9 +115,9 @@ impl MockProvider {
     pub fn twilio_hand_over(&self) {
         let mut inner = self.lock();
         let now = sendonce::clock::truncate_to_micros(
-            time::OffsetDateTime::now_utc() + inner.twilio.clock_offset,
+            time::OffsetDateTime::now_utc() + inner.protocol::<Protocol>().clock_offset,
         );
-        for m in &mut inner.twilio.messages {
+        for m in &mut inner.protocol::<Protocol>().messages {
             if m.date_sent.is_none() {
                 m.status = "sent";
                 m.date_sent = Some(now);
@@ -130,7 +129,7 @@ impl MockProvider {
     /// as if they had been created that much earlier.
     pub fn twilio_backdate(&self, by: Duration) {
         let by = time::Duration::try_from(by).unwrap_or(time::Duration::ZERO);
-        for m in &mut self.lock().twilio.messages {
+        for m in &mut self.lock().protocol::<Protocol>().messages {
             m.created_at -= by;
             m.date_sent = m.date_sent.map(|d| d - by);
         }
@@ -140,7 +139,7 @@ impl MockProvider {
     /// first.
     pub fn twilio_sids(&self) -> Vec<String> {
         self.lock()
-            .twilio
+            .protocol::<Protocol>()
             .messages
             .iter()
             .map(|m| m.sid.clone())
@@ -154,7 +153,7 @@ fn twilio_error(status: u16, code: i64, message: &str, retry_after: Option<u64>)
     let body = serde_json::json!({
         "code": code,
         "message": message,
-        "more_info": format!("https://www.twilio.com/docs/errors/{code}"),
+        "more_info": format!("https://www.protocol::<Protocol>().com/docs/errors/{code}"),
         "status": status.as_u16(),
     });
     json_answer(status, &body, retry_after)
@@ -389,9 +388,9 @@ async fn twilio_list(
             .collect();
     {
         let mut inner = mock.lock();
-        inner.twilio.lookups += 1;
-        if inner.twilio.failing_lookups > 0 {
-            inner.twilio.failing_lookups -= 1;
+        inner.lookups += 1;
+        if inner.protocol::<Protocol>().failing_lookups > 0 {
+            inner.protocol::<Protocol>().failing_lookups -= 1;
             return twilio_error(500, 20500, "injected lookup failure", None);
         }
     }
@@ -416,7 +415,7 @@ async fn twilio_list(
         .unwrap_or(0);
     let mut matching: Vec<TwilioRecord> = mock
         .lock()
-        .twilio
+        .protocol::<Protocol>()
         .messages
         .iter()
         .rev()

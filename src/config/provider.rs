@@ -89,9 +89,19 @@ impl ProviderSettings {
             log_bodies: a.log_bodies,
         };
         let vars = &a.adapters.0;
+        // None listed: the default list, configured by the same variables
+        // (SENDONCE_LOG_BODIES reaches the default simulated provider).
+        let names: Vec<&str> = if a.provider.is_empty() {
+            std::iter::once(&d.kind)
+                .chain(&d.fallbacks)
+                .map(|p| p.name())
+                .collect()
+        } else {
+            a.provider.iter().map(String::as_str).collect()
+        };
         let mut kinds: Vec<ProviderConfig> = Vec::new();
-        for (i, name) in a.provider.iter().enumerate() {
-            if a.provider[..i].contains(name) {
+        for (i, name) in names.iter().enumerate() {
+            if names[..i].contains(name) {
                 return Err(ConfigError::invalid(
                     "SENDONCE_PROVIDER",
                     "names a provider twice",
@@ -102,12 +112,14 @@ impl ProviderSettings {
             })?;
             kinds.push((adapter.configure)(vars, &ctx)?);
         }
-        let (kind, fallbacks) = if kinds.is_empty() {
-            (d.kind.clone(), d.fallbacks.clone())
-        } else {
-            let kind = kinds.remove(0);
-            (kind, kinds)
-        };
+        if kinds.is_empty() {
+            return Err(ConfigError::invalid(
+                "SENDONCE_PROVIDER",
+                "names no provider",
+            ));
+        }
+        let kind = kinds.remove(0);
+        let fallbacks = kinds;
         let receipts = ReceiptRoutes::configure(vars, &ctx)?;
         let circuit = circuit(a, &d.circuit)?;
         Ok(Self {

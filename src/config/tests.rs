@@ -45,6 +45,21 @@ fn nothing_given_is_exactly_the_defaults() {
 }
 
 #[test]
+fn log_bodies_reach_the_default_provider() {
+    let simulated = |c: &Settings| {
+        c.provider
+            .kind
+            .as_any()
+            .downcast_ref::<crate::provider::SimulatedProvider>()
+            .map(|p| p.log_bodies)
+    };
+    assert_eq!(simulated(&args(&[]).unwrap()), Some(false));
+    assert_eq!(simulated(&args(&["--log-bodies"]).unwrap()), Some(true));
+    let c = args(&["--provider", "simulated", "--log-bodies"]).unwrap();
+    assert_eq!(simulated(&c), Some(true));
+}
+
+#[test]
 fn the_default_database_is_an_sqlite_file() {
     let d = Settings::default();
     assert_eq!(d.database.url, "sqlite://sendonce.db");

@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use super::SharedState;
 use super::input::read_body;
-use crate::domain::{FieldError, Status};
+use crate::domain::FieldError;
 use crate::error::ApiError;
 use crate::provider::ADAPTERS;
 use crate::provider::receipts::{ReceiptError, ReceiptRequest};
@@ -74,18 +74,7 @@ pub fn router() -> Router<SharedState> {
     })
 }
 
-/// What a provider's status word means for us. `None`: not a status we track
-/// (recorded in the history, changes nothing).
-pub fn delivery_status(provider_status: &str) -> Option<Status> {
-    match provider_status.to_ascii_lowercase().as_str() {
-        "accepted" | "scheduled" | "queued" | "sending" | "sent" => Some(Status::Sent),
-        "delivered" | "read" => Some(Status::Delivered),
-        // Twilio's `failed` after it accepted a message means it could not
-        // be sent on: for us that is a message not delivered.
-        "undelivered" | "failed" | "canceled" => Some(Status::Undelivered),
-        _ => None,
-    }
-}
+pub use crate::provider::receipts::delivery_status;
 
 /// The identity a receipt is stored (and de-duplicated) under: what the
 /// provider authenticated about the event, never an unsigned header. The
@@ -174,7 +163,7 @@ async fn receive(
             receipt.error_code.as_deref(),
         ),
         provider_message_id: receipt.provider_message_id,
-        status: delivery_status(&receipt.status),
+        status: route.delivery_status(&receipt.status),
         provider_status: receipt.status,
         error_code: receipt.error_code,
         received_at: state.clock.now(),
@@ -234,6 +223,7 @@ async fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Status;
 
     #[test]
     fn provider_statuses() {

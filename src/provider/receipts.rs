@@ -5,7 +5,7 @@
 
 use axum::http::HeaderMap;
 
-use crate::domain::FieldError;
+use crate::domain::{FieldError, Status};
 
 /// A receipt request as it arrived.
 pub struct ReceiptRequest<'a> {
@@ -60,8 +60,28 @@ pub trait ReceiptRoute: std::fmt::Debug + Send + Sync + 'static {
 
     /// Authenticates the request with its body and reads the receipt.
     fn read(&self, req: &ReceiptRequest<'_>, body: &[u8]) -> Result<Receipt, ReceiptError>;
+
+    /// What the provider's status word means for the message ([`delivery_status`]
+    /// unless the provider has words of its own).
+    fn delivery_status(&self, status: &str) -> Option<Status> {
+        delivery_status(status)
+    }
 }
 
 /// Longest provider id, event id or status accepted in a receipt.
 pub const MAX_ID_LEN: usize = 255;
 pub const MAX_STATUS_LEN: usize = 64;
+
+/// What a provider's status word means for us (the words of Twilio and of
+/// the `http` protocol). `None`: not a status we track
+/// (recorded in the history, changes nothing).
+pub fn delivery_status(provider_status: &str) -> Option<Status> {
+    match provider_status.to_ascii_lowercase().as_str() {
+        "accepted" | "scheduled" | "queued" | "sending" | "sent" => Some(Status::Sent),
+        "delivered" | "read" => Some(Status::Delivered),
+        // Twilio's `failed` after it accepted a message means it could not
+        // be sent on: for us that is a message not delivered.
+        "undelivered" | "failed" | "canceled" => Some(Status::Undelivered),
+        _ => None,
+    }
+}

@@ -5,7 +5,7 @@
 # trusts user postgres, else starts a throwaway cluster with the machine's own
 # initdb/pg_ctl (as user postgres when run as root; initdb refuses root) and
 # stops it afterwards. Without any Postgres installed it says which package to
-# install. Each test makes its own database (sendonce_t_*); leftovers from
+# install. Each test makes its own database (sendonce_t_<pid>_*); leftovers from
 # earlier runs are dropped first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +76,10 @@ fi
 psql=$(find_pg_bin psql) || true
 if [ -n "${psql:-}" ]; then
     for db in $("$psql" "$TEST_DATABASE_URL" -Atqc "select datname from pg_database where datname like 'sendonce\_t\_%'" 2>/dev/null); do
+        # sendonce_t_<pid>_<uuid>: a run still going on beside this one
+        # (its test process alive) keeps its databases.
+        owner=$(printf '%s' "$db" | sed -n 's/^sendonce_t_\([0-9][0-9]*\)_.*/\1/p')
+        if [ -n "$owner" ] && kill -0 "$owner" 2>/dev/null; then continue; fi
         "$psql" "$TEST_DATABASE_URL" -qc "drop database if exists \"$db\"" >/dev/null 2>&1 || true
     done
 fi

@@ -48,7 +48,14 @@ pub async fn fresh_database_on(backend: Backend) -> String {
     let mut conn = PgConnection::connect(&admin)
         .await
         .expect("connect to the test Postgres (set TEST_DATABASE_URL)");
-    let name = format!("sendonce_t_{}", uuid::Uuid::new_v4().simple());
+    // The test process's id is in the name: scripts/test.sh drops only the
+    // databases of processes that are gone, never those of a run going on
+    // beside it on the same server.
+    let name = format!(
+        "sendonce_t_{}_{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    );
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut conn)
         .await

@@ -8,7 +8,8 @@
 //! session's CSRF token (the sign-in form a token of its own, in a cookie
 //! beside it); a POST without the right one is refused with 403. Pages carry
 //! a strict Content-Security-Policy: no script at all, style only from
-//! `/console/console.css`. Failed sign-ins are rate limited per instance.
+//! `/console/console.css`. Failed sign-ins are rate limited per client
+//! address.
 //! One tenant sees only its own data: every read names the session's tenant,
 //! and another tenant's message is "not found".
 //!

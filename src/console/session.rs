@@ -1,12 +1,13 @@
 //! Signing in and out of the console, its session cookie, and the forms
 //! every POST reads: size and time limits, the session's CSRF token.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Extension, State};
+use axum::extract::{ConnectInfo, Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use base64::Engine;
@@ -22,28 +23,57 @@ use crate::apikey;
 use crate::http::SharedState;
 use crate::store::NewSession;
 
-/// The console's state in one instance: recent failed sign-ins. The
-/// console's router owns it (an extension), so the API's state knows
-/// nothing of the console.
+/// The console's state in one instance: recent failed sign-ins, per client
+/// address ([`decide::signin_peer`]), so one client's failures never hold
+/// back another's sign-in. The console's router owns it (an extension), so
+/// the API's state knows nothing of the console.
 #[derive(Debug, Default)]
 pub struct ConsoleState {
-    failures: Mutex<VecDeque<OffsetDateTime>>,
+    failures: Mutex<HashMap<IpAddr, VecDeque<OffsetDateTime>>>,
 }
 
+/// Most client addresses whose failures are remembered; past it the
+/// addresses without a recent failure are forgotten first, then the ones
+/// whose last failure is oldest.
+pub const SIGNIN_PEERS: usize = 10_000;
+
 impl ConsoleState {
-    fn allowed(&self, now: OffsetDateTime) -> Result<(), Duration> {
+    fn allowed(&self, peer: IpAddr, now: OffsetDateTime) -> Result<(), Duration> {
         let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let list: Vec<_> = failures.iter().copied().collect();
+        let list: Vec<_> = failures
+            .get(&peer)
+            .map(|f| f.iter().copied().collect())
+            .unwrap_or_default();
         decide::signin_allowed(&list, now)
     }
 
-    fn failed(&self, now: OffsetDateTime) {
+    fn failed(&self, peer: IpAddr, now: OffsetDateTime) {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        failures.push_back(now);
-        while failures.len() > decide::SIGNIN_FAILURES {
-            failures.pop_front();
+        let mine = failures.entry(peer).or_default();
+        mine.push_back(now);
+        while mine.len() > decide::SIGNIN_FAILURES {
+            mine.pop_front();
+        }
+        if failures.len() > SIGNIN_PEERS {
+            failures.retain(|_, f| recent(f, now));
+        }
+        while failures.len() > SIGNIN_PEERS {
+            let oldest = failures
+                .iter()
+                .min_by_key(|(_, f)| f.back().copied())
+                .map(|(ip, _)| *ip);
+            match oldest {
+                Some(ip) => failures.remove(&ip),
+                None => break,
+            };
         }
     }
+}
+
+/// Whether any of `failures` is still inside the sign-in window.
+fn recent(failures: &VecDeque<OffsetDateTime>, now: OffsetDateTime) -> bool {
+    let window = time::Duration::try_from(decide::SIGNIN_WINDOW).unwrap_or(time::Duration::MINUTE);
+    failures.back().is_some_and(|t| now - *t < window)
 }
 
 /// A signed-in console user.
@@ -280,6 +310,7 @@ pub(super) fn login_form(
 pub(super) async fn login(
     State(state): State<SharedState>,
     Extension(signins): Extension<Arc<ConsoleState>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, PageError> {
@@ -291,7 +322,15 @@ pub(super) async fn login(
         _ => return Err(PageError::Forbidden(CSRF_REFUSED)),
     }
     let now = state.clock.now();
-    signins.allowed(now).map_err(PageError::TooManySignIns)?;
+    // Without a TCP peer (a router driven in-process) every sign-in counts
+    // as one client's.
+    let peer = decide::signin_peer(peer.map_or(
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        |Extension(ConnectInfo(a))| a.ip(),
+    ));
+    signins
+        .allowed(peer, now)
+        .map_err(PageError::TooManySignIns)?;
     let key = field(&fields, "api_key").unwrap_or("").trim();
     let auth = if key.starts_with(apikey::PREFIX) && key.len() <= 200 {
         state.store.tenant_for_key(&apikey::hash(key)).await?
@@ -299,7 +338,7 @@ pub(super) async fn login(
         None
     };
     let Some(auth) = auth else {
-        signins.failed(now);
+        signins.failed(peer, now);
         tracing::info!("console sign-in refused");
         return Ok(login_form(
             &state,

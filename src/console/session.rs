@@ -18,7 +18,10 @@ use subtle::ConstantTimeEq;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{IDLE_TIMEOUT, LOGIN_COOKIE, PageError, SESSION_COOKIE, TOUCH_EVERY, decide, pages};
+use super::{
+    IDLE_TIMEOUT, LOGIN_COOKIE, PageError, SESSION_COOKIE, SESSION_LIFETIME, TOUCH_EVERY, decide,
+    pages,
+};
 use crate::apikey;
 use crate::http::SharedState;
 use crate::store::NewSession;
@@ -108,22 +111,13 @@ pub(super) fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> 
         .map(|(_, v)| v)
 }
 
-/// A `Set-Cookie` value for the console (`max_age` 0 removes it).
-pub(super) fn set_cookie(
-    state: &SharedState,
-    name: &str,
-    value: &str,
-    max_age: Option<u64>,
-) -> HeaderValue {
-    let secure = state
-        .receipts
-        .public_url
-        .as_deref()
-        .is_some_and(|u| u.to_ascii_lowercase().starts_with("https://"));
-    let mut c = format!("{name}={value}; Path=/console; HttpOnly; SameSite=Strict");
-    if secure {
-        c.push_str("; Secure");
-    }
+/// A `Set-Cookie` value for the console (`max_age` 0 removes it): always
+/// `Secure` with `Path=/` and no `Domain`, as its `__Host-` name requires.
+/// Browsers keep such cookies over https, and over plain http only from
+/// `localhost` (a secure context): the console is served over https, or
+/// reached on localhost in development.
+pub(super) fn set_cookie(name: &str, value: &str, max_age: Option<u64>) -> HeaderValue {
+    let mut c = format!("{name}={value}; Path=/; Secure; HttpOnly; SameSite=Strict");
     if let Some(age) = max_age {
         c.push_str(&format!("; Max-Age={age}"));
     }
@@ -132,8 +126,8 @@ pub(super) fn set_cookie(
 }
 
 /// The request's live session: `None` without a cookie, with an unknown
-/// one, after the idle timeout (the session is then deleted) or once its
-/// key was revoked.
+/// one, after the idle timeout or [`SESSION_LIFETIME`] after sign-in (the
+/// session is then deleted) or once its key was revoked.
 pub(super) async fn current(
     state: &SharedState,
     headers: &HeaderMap,
@@ -150,7 +144,8 @@ pub(super) async fn current(
     };
     let now = state.clock.now();
     let idle = Duration::try_from(now - row.last_seen_at).unwrap_or_default();
-    if idle >= IDLE_TIMEOUT {
+    let age = Duration::try_from(now - row.created_at).unwrap_or_default();
+    if idle >= IDLE_TIMEOUT || age >= SESSION_LIFETIME {
         state.store.delete_session(&id_hash).await?;
         return Ok(None);
     }
@@ -280,18 +275,13 @@ pub(super) async fn login_page(
     if current(&state, &headers).await?.is_some() {
         return Ok(see_other("/console/overview"));
     }
-    Ok(login_form(&state, &headers, StatusCode::OK, None))
+    Ok(login_form(&headers, StatusCode::OK, None))
 }
 
 /// The sign-in form with its CSRF token, set as a cookie beside it: the
 /// browser's token if it has one (so two open sign-in tabs both work), else
 /// a fresh one.
-pub(super) fn login_form(
-    state: &SharedState,
-    headers: &HeaderMap,
-    status: StatusCode,
-    error: Option<&str>,
-) -> Response {
+pub(super) fn login_form(headers: &HeaderMap, status: StatusCode, error: Option<&str>) -> Response {
     let token = cookie(headers, LOGIN_COOKIE)
         .filter(|t| {
             t.len() == 43
@@ -300,10 +290,8 @@ pub(super) fn login_form(
         })
         .map_or_else(random_token, str::to_string);
     let mut resp = (status, Html(pages::login(&token, error).into_string())).into_response();
-    resp.headers_mut().insert(
-        header::SET_COOKIE,
-        set_cookie(state, LOGIN_COOKIE, &token, None),
-    );
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, set_cookie(LOGIN_COOKIE, &token, None));
     resp
 }
 
@@ -341,7 +329,6 @@ pub(super) async fn login(
         signins.failed(peer, now);
         tracing::info!("console sign-in refused");
         return Ok(login_form(
-            &state,
             &headers,
             StatusCode::UNAUTHORIZED,
             Some("That API key was not accepted."),
@@ -365,14 +352,8 @@ pub(super) async fn login(
         .await?;
     let mut resp = see_other("/console/overview");
     let h = resp.headers_mut();
-    h.append(
-        header::SET_COOKIE,
-        set_cookie(&state, SESSION_COOKIE, &id, None),
-    );
-    h.append(
-        header::SET_COOKIE,
-        set_cookie(&state, LOGIN_COOKIE, "", Some(0)),
-    );
+    h.append(header::SET_COOKIE, set_cookie(SESSION_COOKIE, &id, None));
+    h.append(header::SET_COOKIE, set_cookie(LOGIN_COOKIE, "", Some(0)));
     Ok(resp)
 }
 
@@ -385,9 +366,7 @@ pub(super) async fn logout(
     let (session, _) = posted(&state, &headers, &body).await?;
     state.store.delete_session(&session.id_hash).await?;
     let mut resp = see_other("/console/login");
-    resp.headers_mut().insert(
-        header::SET_COOKIE,
-        set_cookie(&state, SESSION_COOKIE, "", Some(0)),
-    );
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, set_cookie(SESSION_COOKIE, "", Some(0)));
     Ok(resp)
 }

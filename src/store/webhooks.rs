@@ -236,10 +236,14 @@ pub struct WebhookAttemptRow {
 /// Webhook endpoints, the events feed and deliveries.
 #[async_trait]
 pub trait WebhookStore: Send + Sync {
+    /// Creates the endpoint unless its tenant has `most` already (`None`):
+    /// the count and the insert are one transaction holding the tenant's
+    /// row, so concurrent creates never pass the cap.
     async fn create_webhook_endpoint(
         &self,
         e: &NewWebhookEndpoint,
-    ) -> Result<WebhookEndpoint, StoreError>;
+        most: u32,
+    ) -> Result<Option<WebhookEndpoint>, StoreError>;
     /// A tenant's endpoints, oldest first.
     async fn webhook_endpoints(&self, tenant_id: Uuid) -> Result<Vec<WebhookEndpoint>, StoreError>;
     async fn webhook_endpoint(

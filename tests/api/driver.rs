@@ -747,12 +747,17 @@ async fn webhook_endpoints_are_created_listed_rotated_and_deleted(backend: Backe
     second.events = Some(vec!["message.delivered".into()]);
     second.created_at = T0 + time::Duration::seconds(1);
     let a = s
-        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"))
+        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"), 20)
         .await
-        .unwrap();
+        .unwrap()
+        .expect("under the cap");
     assert!(a.enabled);
     assert_eq!((a.secret.as_str(), a.created_at), ("whsec_one", T0));
-    let b = s.create_webhook_endpoint(&second).await.unwrap();
+    let b = s
+        .create_webhook_endpoint(&second, 20)
+        .await
+        .unwrap()
+        .expect("under the cap");
     assert_eq!(b.events, Some(vec!["message.delivered".to_string()]));
     assert!(s.any_webhook_endpoints().await.unwrap());
     let urls: Vec<_> = s
@@ -795,9 +800,10 @@ async fn webhook_attempts_are_listed_for_their_tenant_and_events_purged(backend:
     let f = fixture(backend).await;
     let s = &f.store;
     let e = s
-        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"))
+        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"), 20)
         .await
-        .unwrap();
+        .unwrap()
+        .expect("under the cap");
     sent(&f, "K", "pm-1").await;
     let far = T0 + time::Duration::days(1);
     let claimed = s

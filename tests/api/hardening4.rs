@@ -1,6 +1,6 @@
 //! Issue 29, the rest of the review's findings: sign-in failures counted per
 //! client address (6), the console session's absolute lifetime and its
-//! `__Host-` cookie (11). Every test runs on both backends.
+//! `__Host-` cookie (11), the endpoint cap under concurrent creates (8). Every test runs on both backends.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -122,6 +122,45 @@ async fn one_clients_failed_sign_ins_lock_out_no_one_else(backend: Backend) {
     assert_eq!(attacker.sign_in(&app.api_key).await.status, 303);
 }
 
+/// Finding 8: the 20-endpoint cap was a count, then an insert: concurrent
+/// creates reached 27 on Postgres and 23 on SQLite. Now the count and the
+/// insert are one transaction under the tenant's row lock.
+async fn concurrent_creates_never_pass_the_endpoint_cap(backend: Backend) {
+    let mut settings = test_settings();
+    settings.webhooks.allow_private = true;
+    let app = spawn_with(TestOptions {
+        backend,
+        settings,
+        ..TestOptions::default()
+    })
+    .await;
+    let cap = sendonce::http::webhooks::MAX_ENDPOINTS as usize;
+    let tries = 3 * cap;
+    let answers = crate::delivery::futures_join_all((0..tries).map(|i| {
+        let req = app
+            .request(reqwest::Method::POST, "/webhook-endpoints")
+            .bearer_auth(&app.api_key)
+            .json(&serde_json::json!({ "url": format!("http://127.0.0.1:9/hook/{i}") }));
+        async move { answer(req.send().await.expect("POST")).await }
+    }))
+    .await;
+    let created = answers.iter().filter(|a| a.status == 201).count();
+    let refused: Vec<_> = answers.iter().filter(|a| a.status == 400).collect();
+    assert_eq!(
+        created,
+        cap,
+        "{:?}",
+        answers.iter().map(|a| a.status).collect::<Vec<_>>()
+    );
+    assert_eq!(refused.len(), tries - cap);
+    let why = String::from_utf8_lossy(&refused[0].bytes).to_string();
+    assert!(why.contains("the most allowed"), "{why}");
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM webhook_endpoints").await,
+        cap as i64
+    );
+}
+
 /// The console's documented absolute lifetime.
 const LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 
@@ -175,4 +214,5 @@ async fn a_session_ends_at_its_lifetime_and_its_cookie_is_host_only(backend: Bac
 on_both_backends!(
     one_clients_failed_sign_ins_lock_out_no_one_else,
     a_session_ends_at_its_lifetime_and_its_cookie_is_host_only,
+    concurrent_creates_never_pass_the_endpoint_cap,
 );

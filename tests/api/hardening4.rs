@@ -1,6 +1,7 @@
 //! Issue 29, the rest of the review's findings: sign-in failures counted per
 //! client address (6), the console session's absolute lifetime and its
-//! `__Host-` cookie (11), the endpoint cap under concurrent creates (8). Every test runs on both backends.
+//! `__Host-` cookie (11), the endpoint cap under concurrent creates (8), the SSRF filter's
+//! translated ranges, ports and refusal texts (9). Every test runs on both backends.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -161,6 +162,40 @@ async fn concurrent_creates_never_pass_the_endpoint_cap(backend: Backend) {
     );
 }
 
+/// Finding 9: NAT64 and IPv4-translated addresses, any port, and a refusal
+/// that named the inside address a name resolved to. Every refusal is a
+/// 400 on `url` and creates nothing.
+async fn webhook_urls_inside_translated_or_on_internal_ports_are_refused(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    for (url, says) in [
+        ("https://[64:ff9b:1::a9fe:a9fe]/hook", "metadata address"),
+        ("https://[64:ff9b::808:808]/hook", "metadata address"),
+        ("https://[::ffff:0:a9fe:a9fe]/hook", "metadata address"),
+        ("https://localhost/hook", "must not resolve to"),
+        ("https://example.com:22/hook", "port 443"),
+        ("https://example.com:6379/hook", "port 443"),
+    ] {
+        let req = app
+            .request(reqwest::Method::POST, "/webhook-endpoints")
+            .bearer_auth(&app.api_key)
+            .json(&serde_json::json!({ "url": url }));
+        let a = answer(req.send().await.expect("POST")).await;
+        assert_eq!(a.status, 400, "{url}");
+        let text = String::from_utf8_lossy(&a.bytes).to_string();
+        assert!(text.contains(says), "{url}: {text}");
+        if url.contains("localhost") {
+            assert!(
+                !text.contains("127.0.0.1") && !text.contains("::1"),
+                "{text}"
+            );
+        }
+    }
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM webhook_endpoints").await,
+        0
+    );
+}
+
 /// The console's documented absolute lifetime.
 const LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 
@@ -215,4 +250,5 @@ on_both_backends!(
     one_clients_failed_sign_ins_lock_out_no_one_else,
     a_session_ends_at_its_lifetime_and_its_cookie_is_host_only,
     concurrent_creates_never_pass_the_endpoint_cap,
+    webhook_urls_inside_translated_or_on_internal_ports_are_refused,
 );

@@ -1,9 +1,12 @@
 //! Issue 29, the rest of the review's findings: sign-in failures counted per
 //! client address (6), the console session's absolute lifetime and its
 //! `__Host-` cookie (11), the endpoint cap under concurrent creates (8), the SSRF filter's
-//! translated ranges, ports and refusal texts (9). Every test runs on both backends.
+//! translated ranges, ports and refusal texts (9), webhook fairness between
+//! tenants (5). Every test runs on both backends.
 
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::redirect::Policy;
@@ -196,6 +199,132 @@ async fn webhook_urls_inside_translated_or_on_internal_ports_are_refused(backend
     );
 }
 
+/// Accepts connections and never answers: a webhook receiver that hangs.
+struct Hang {
+    url: String,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl Hang {
+    async fn start() -> Hang {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        Hang { url, accepted }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+/// A receiver that answers 200 at once; counts what it got.
+async fn quick_receiver() -> (Arc<AtomicUsize>, String) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&hits);
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let count = Arc::clone(&count);
+            async move {
+                count.fetch_add(1, Ordering::SeqCst);
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (hits, url)
+}
+
+async fn create_endpoint(app: &TestApp, key: &str, url: &str) {
+    let req = app
+        .request(reqwest::Method::POST, "/webhook-endpoints")
+        .bearer_auth(key)
+        .json(&serde_json::json!({ "url": url }));
+    let a = answer(req.send().await.expect("POST")).await;
+    assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.bytes));
+}
+
+/// Finding 5: the dispatcher waited for all 32 claimed deliveries before
+/// claiming more, so 20 endpoints of one tenant that never answer took
+/// another tenant's webhook from 0.3 s to 100 s. Now the hung tenant holds
+/// at most its in-flight cap and the other tenant's webhook goes out at the
+/// next poll.
+async fn a_tenants_hung_endpoints_never_delay_another_tenants_webhook(backend: Backend) {
+    let mut settings = test_settings();
+    settings.webhooks.allow_private = true;
+    settings.webhooks.poll_interval = Duration::from_millis(50);
+    settings.webhooks.connect_timeout = Duration::from_secs(1);
+    // Hung attempts outlast the whole test.
+    settings.webhooks.timeout = Duration::from_secs(30);
+    let per_tenant = settings.webhooks.per_tenant as usize;
+    let app = spawn_with(TestOptions {
+        backend,
+        settings,
+        ..TestOptions::default()
+    })
+    .await;
+    let hang = Hang::start().await;
+    for i in 0..20 {
+        create_endpoint(&app, &app.api_key, &format!("{}/hook/{i}", hang.url)).await;
+    }
+    for i in 0..3 {
+        let a = app
+            .post(&format!("A-{i}"), &sms("+14155550100", "hello"))
+            .await;
+        assert_eq!(a.status, 201);
+    }
+    // 60 deliveries due; the first are hanging.
+    eventually("the hung tenant's deliveries in flight", || async {
+        (hang.accepted() >= per_tenant).then_some(())
+    })
+    .await;
+
+    let key = sendonce::apikey::generate();
+    app.handle
+        .store
+        .create_tenant("patient", &key.stored)
+        .await
+        .expect("tenant");
+    let (hits, url) = quick_receiver().await;
+    create_endpoint(&app, &key.secret, &url).await;
+    let sent = app
+        .request(reqwest::Method::POST, "/messages")
+        .bearer_auth(&key.secret)
+        .header("Idempotency-Key", "B-1")
+        .json(&sms("+14155550101", "hello"));
+    let sent = answer(sent.send().await.expect("POST")).await;
+    assert_eq!(sent.status, 201);
+    within(
+        Duration::from_secs(3),
+        "the other tenant's webhook",
+        || async { (hits.load(Ordering::SeqCst) >= 1).then_some(()) },
+    )
+    .await;
+    // The hung tenant holds its own slots, no more.
+    assert!(
+        hang.accepted() <= per_tenant,
+        "{} deliveries of one tenant in flight",
+        hang.accepted()
+    );
+}
+
 /// The console's documented absolute lifetime.
 const LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 
@@ -251,4 +380,5 @@ on_both_backends!(
     a_session_ends_at_its_lifetime_and_its_cookie_is_host_only,
     concurrent_creates_never_pass_the_endpoint_cap,
     webhook_urls_inside_translated_or_on_internal_ports_are_refused,
+    a_tenants_hung_endpoints_never_delay_another_tenants_webhook,
 );

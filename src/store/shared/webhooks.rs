@@ -17,9 +17,9 @@ use super::per_backend;
 use crate::store::row::{MessageRow, message_columns};
 use crate::store::time::db;
 use crate::store::webhooks::{
-    AttemptRowDb, ClaimedDelivery, DeliveryAttempt, EndpointRow, EventCursor, NewWebhookEndpoint,
-    WebhookAttemptRow, WebhookEndpoint, WebhookEvent, WebhookStore, endpoint_columns,
-    events_column,
+    AttemptRowDb, ClaimedDelivery, DeliveryAttempt, EndpointRow, EventCursor, InFlightCaps,
+    NewWebhookEndpoint, WebhookAttemptRow, WebhookEndpoint, WebhookEvent, WebhookStore,
+    endpoint_columns, events_column,
 };
 use crate::store::{MessageRecord, StoreError};
 
@@ -209,8 +209,9 @@ per_backend! {
             now: OffsetDateTime,
             ttl: Duration,
             limit: u32,
+            caps: InFlightCaps,
         ) -> Result<Vec<ClaimedDelivery>, StoreError> {
-            self.claim_deliveries(owner, now, ttl, limit).await
+            self.claim_deliveries(owner, now, ttl, limit, caps).await
         }
 
         async fn finish_webhook_attempt(&self, a: &DeliveryAttempt) -> Result<bool, StoreError> {

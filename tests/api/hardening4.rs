@@ -2,7 +2,7 @@
 //! client address (6), the console session's absolute lifetime and its
 //! `__Host-` cookie (11), the endpoint cap under concurrent creates (8), the SSRF filter's
 //! translated ranges, ports and refusal texts (9), webhook fairness between
-//! tenants (5). Every test runs on both backends.
+//! tenants (5), what the API's listener tells strangers (14). Every test runs on both backends.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -325,6 +325,42 @@ async fn a_tenants_hung_endpoints_never_delay_another_tenants_webhook(backend: B
     );
 }
 
+/// Finding 14: with a metrics listener of its own, the API's `/readyz`
+/// says only ok (the database's host and role, and the providers, are on
+/// the metrics listener), and the service names the demo's public key and
+/// secret at start.
+async fn the_api_listener_tells_strangers_only_ok(backend: Backend) {
+    let app = spawn_with(TestOptions {
+        backend,
+        separate_metrics: true,
+        ..TestOptions::default()
+    })
+    .await;
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json(), serde_json::json!({"status": "ok"}));
+    let addr = app.handle.metrics_addr.expect("metrics listener");
+    let inside = reqwest::get(format!("http://{addr}/readyz"))
+        .await
+        .expect("GET");
+    assert_eq!(inside.status(), 200);
+    let inside: serde_json::Value = inside.json().await.expect("JSON");
+    assert!(inside["database"].is_object(), "{inside}");
+    assert!(inside["providers"].is_array(), "{inside}");
+
+    let mut demo = test_settings();
+    demo.server.bootstrap_api_key = Some(sendonce::config::DEMO_BOOTSTRAP_KEY.into());
+    demo.server.receipts.http_secret = Some(sendonce::config::DEMO_RECEIPT_SECRET.into());
+    let said = demo.warnings().join("\n");
+    for named in [
+        "SENDONCE_BOOTSTRAP_API_KEY",
+        "SENDONCE_RECEIPT_SECRET",
+        "SENDONCE_METRICS_LISTEN",
+    ] {
+        assert!(said.contains(named), "{said}");
+    }
+}
+
 /// The console's documented absolute lifetime.
 const LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 
@@ -381,4 +417,5 @@ on_both_backends!(
     concurrent_creates_never_pass_the_endpoint_cap,
     webhook_urls_inside_translated_or_on_internal_ports_are_refused,
     a_tenants_hung_endpoints_never_delay_another_tenants_webhook,
+    the_api_listener_tells_strangers_only_ok,
 );

@@ -223,7 +223,7 @@ impl SendRequest {
                 if body.trim().is_empty() && !body.is_empty() {
                     errors.push(FieldError::new("body", "must not be only whitespace"));
                     None
-                } else if has_refused_control(&body) {
+                } else if super::segments::has_refused_control(&body) {
                     errors.push(FieldError::new(
                         "body",
                         "must not contain control characters other than newline and tab",
@@ -409,14 +409,6 @@ impl Default for SegmentCount {
     fn default() -> Self {
         segments::count("")
     }
-}
-
-/// Whether an SMS text holds a control character other than newline and
-/// tab (NUL, escape, ...): refused in message bodies and verification
-/// templates alike.
-pub fn has_refused_control(text: &str) -> bool {
-    text.chars()
-        .any(|c| c.is_control() && c != '\n' && c != '\t')
 }
 
 #[cfg(test)]

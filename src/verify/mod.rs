@@ -128,7 +128,7 @@ impl StartRequest {
                     ));
                 } else if t.chars().count() > 1000 {
                     errors.push(err("template", "must be at most 1000 characters"));
-                } else if crate::domain::request::has_refused_control(t) {
+                } else if crate::domain::segments::has_refused_control(t) {
                     errors.push(err(
                         "template",
                         "must not contain control characters other than newline and tab",

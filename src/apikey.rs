@@ -49,6 +49,32 @@ pub fn hash(secret: &str) -> Vec<u8> {
 
 /// Whether `s` has the shape of a key we could have issued (a bootstrap key
 /// from configuration must).
+/// The fewest random bits [`estimated_bits`] must find in a bootstrap key.
+pub const MIN_BOOTSTRAP_BITS: f64 = 64.0;
+
+/// An estimate of the random bits in a key (after its prefix): its length
+/// times the entropy of its characters' frequencies. A generated key has
+/// about 150; a run of one character none; `so_demo-key-change-me-0000000000`
+/// about 90. A typed key that passes may still be guessable: it catches
+/// the obvious, no more.
+pub fn estimated_bits(key: &str) -> f64 {
+    let secret = key.strip_prefix(PREFIX).unwrap_or(key);
+    let mut counts = std::collections::HashMap::new();
+    for c in secret.chars() {
+        *counts.entry(c).or_insert(0u32) += 1;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let n = secret.chars().count() as f64;
+    let per_char: f64 = counts
+        .values()
+        .map(|&k| {
+            let p = f64::from(k) / n;
+            -p * p.log2()
+        })
+        .sum();
+    per_char * n
+}
+
 pub fn well_formed(s: &str) -> bool {
     s.len() >= MIN_KEY_LEN
         && s.len() <= 200
@@ -61,6 +87,22 @@ pub fn well_formed(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn typed_keys_have_few_estimated_bits() {
+        for (key, low) in [
+            ("so_0000000000000000000000", true),
+            ("so_abababababababababababab", true),
+            ("so_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", true),
+            ("so_demo-key-change-me-0000000000", false),
+        ] {
+            assert_eq!(estimated_bits(key) < MIN_BOOTSTRAP_BITS, low, "{key}");
+        }
+        for _ in 0..100 {
+            let key = generate().secret;
+            assert!(estimated_bits(&key) > 120.0, "{key}");
+        }
+    }
 
     #[test]
     fn generated_keys_are_prefixed_unique_and_well_formed() {

@@ -70,6 +70,9 @@ impl App {
         clock: Clock,
         listener: TcpListener,
     ) -> std::io::Result<App> {
+        for warning in settings.warnings() {
+            tracing::warn!("{warning}");
+        }
         let owner = instance_id();
         let webhooks = Arc::new(
             crate::webhooks::Dispatcher::new(

@@ -120,3 +120,40 @@ impl LogSettings {
 
 #[cfg(test)]
 mod tests;
+
+/// The bootstrap key docker-compose.yml publishes for its demo.
+pub const DEMO_BOOTSTRAP_KEY: &str = "so_demo-key-change-me-0000000000";
+/// The receipt secret docker-compose.yml publishes for its demo.
+pub const DEMO_RECEIPT_SECRET: &str = "demo-receipt-secret-change-me";
+
+impl Settings {
+    /// What an operator should hear at start, though it is allowed: the
+    /// demo's published key or receipt secret, and `/metrics` with
+    /// `/readyz`'s details served to anyone who reaches the API's port.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.server.bootstrap_api_key.as_deref() == Some(DEMO_BOOTSTRAP_KEY) {
+            out.push(
+                "SENDONCE_BOOTSTRAP_API_KEY is the demo key published in docker-compose.yml: \
+                 anyone can use it; set your own and revoke this one"
+                    .to_string(),
+            );
+        }
+        if self.server.receipts.http_secret.as_deref() == Some(DEMO_RECEIPT_SECRET) {
+            out.push(
+                "SENDONCE_RECEIPT_SECRET is the demo secret published in docker-compose.yml: \
+                 anyone can forge delivery receipts; set your own"
+                    .to_string(),
+            );
+        }
+        if self.server.metrics_listen.is_none() {
+            out.push(
+                "/metrics (message volumes) and /readyz's details (the database's host and \
+                 role) are served on the API's listener to anyone who reaches it: set \
+                 SENDONCE_METRICS_LISTEN to a private address to serve them only there"
+                    .to_string(),
+            );
+        }
+        out
+    }
+}

@@ -203,6 +203,19 @@ impl ServerSettings {
                 ),
             ));
         }
+        if let Some(key) = &bootstrap_api_key
+            && apikey::estimated_bits(key) < apikey::MIN_BOOTSTRAP_BITS
+        {
+            return Err(ConfigError::invalid(
+                "SENDONCE_BOOTSTRAP_API_KEY",
+                format!(
+                    "looks typed, not random (about {:.0} random bits, at least {:.0} needed): \
+                     use 32 random base64url characters after so_ (sendonce key create makes one)",
+                    apikey::estimated_bits(key),
+                    apikey::MIN_BOOTSTRAP_BITS
+                ),
+            ));
+        }
         Ok(Self {
             listen,
             metrics_listen,

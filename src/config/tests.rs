@@ -125,6 +125,10 @@ fn invalid_settings_are_one_line_reasons() {
             &["--bootstrap-api-key", "short"][..],
             "SENDONCE_BOOTSTRAP_API_KEY",
         ),
+        (
+            &["--bootstrap-api-key", "so_0000000000000000000000000000"][..],
+            "SENDONCE_BOOTSTRAP_API_KEY looks typed",
+        ),
         (&["--lease-secs", "5"][..], "SENDONCE_LEASE_SECS"),
         (&["--lease", "5s"][..], "SENDONCE_LEASE must be at least"),
         (

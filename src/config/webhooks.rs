@@ -20,6 +20,10 @@ pub struct WebhookSettings {
     pub timeout: Duration,
     /// Most deliveries one instance makes at once.
     pub concurrency: u32,
+    /// Most deliveries in flight to one endpoint, over every instance.
+    pub per_endpoint: u32,
+    /// Most deliveries in flight for one tenant, over every instance.
+    pub per_tenant: u32,
 }
 
 impl Default for WebhookSettings {
@@ -31,6 +35,8 @@ impl Default for WebhookSettings {
             connect_timeout: Duration::from_secs(5),
             timeout: Duration::from_secs(10),
             concurrency: 32,
+            per_endpoint: 4,
+            per_tenant: 8,
         }
     }
 }

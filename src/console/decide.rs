@@ -549,10 +549,11 @@ pub fn warning(c: &OverviewCounts) -> Option<String> {
     })
 }
 
-/// Failed sign-ins: at most this many per window per instance...
+/// Failed sign-ins: at most this many per window per client address (and
+/// instance)...
 pub const SIGNIN_FAILURES: usize = 10;
-/// ...in this window; then every sign-in waits until the oldest failure
-/// leaves it.
+/// ...in this window; then that address's sign-ins wait until its oldest
+/// failure leaves it.
 pub const SIGNIN_WINDOW: Duration = Duration::from_secs(60);
 
 /// Whether a sign-in may be tried now, given the times of the recent
@@ -567,4 +568,21 @@ pub fn signin_allowed(failures: &[OffsetDateTime], now: OffsetDateTime) -> Resul
     let oldest = recent.first().map_or(now, |t| **t);
     let wait = Duration::try_from(oldest + window - now).unwrap_or_default();
     Err(wait.max(Duration::from_secs(1)))
+}
+
+/// The client a sign-in is counted against: its IPv4 address (an
+/// IPv4-mapped IPv6 address counts as the IPv4 one), or the /64 of an IPv6
+/// one, since one host is usually given a whole /64.
+pub fn signin_peer(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv6Addr};
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
 }

@@ -397,6 +397,22 @@ fn sign_ins_wait_once_too_many_failed_within_the_window() {
 }
 
 #[test]
+fn sign_ins_count_against_the_address_or_its_ipv6_64() {
+    use std::net::IpAddr;
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    for (from, counted_as) in [
+        ("203.0.113.7", "203.0.113.7"),
+        ("::ffff:203.0.113.7", "203.0.113.7"),
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::"),
+        ("2001:db8:1:2:ffff::1", "2001:db8:1:2::"),
+        ("2001:db8:1:3::1", "2001:db8:1:3::"),
+        ("::1", "::"),
+    ] {
+        assert_eq!(signin_peer(ip(from)), ip(counted_as), "{from}");
+    }
+}
+
+#[test]
 fn durations_read_naturally() {
     for (d, want) in [
         (Duration::from_millis(850), "850 ms"),

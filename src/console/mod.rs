@@ -1,14 +1,15 @@
 //! The support console: server-rendered pages under `/console` for the
 //! people who answer "did my customer get the SMS?".
 //!
-//! Sign in with a tenant API key; the session is a random id in an
-//! `HttpOnly`, `SameSite=Strict` cookie (`Secure` when
-//! `SENDONCE_PUBLIC_URL` is https), stored server-side as its SHA-256 with
-//! an idle timeout, and ends when its key is revoked. Every form carries the
+//! Sign in with a tenant API key; the session is a random id in a
+//! `__Host-` cookie (`Secure`, `Path=/`, `HttpOnly`, `SameSite=Strict`),
+//! stored server-side as its SHA-256 with an idle timeout and an absolute
+//! lifetime, and ends when its key is revoked. Every form carries the
 //! session's CSRF token (the sign-in form a token of its own, in a cookie
 //! beside it); a POST without the right one is refused with 403. Pages carry
 //! a strict Content-Security-Policy: no script at all, style only from
-//! `/console/console.css`. Failed sign-ins are rate limited per instance.
+//! `/console/console.css`. Failed sign-ins are rate limited per client
+//! address.
 //! One tenant sees only its own data: every read names the session's tenant,
 //! and another tenant's message is "not found".
 //!
@@ -41,6 +42,8 @@ use session::*;
 
 /// A session unused for this long ends.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// A session ends this long after sign-in however busy it is (12 hours).
+pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 /// A session's last use is written at most this often.
 const TOUCH_EVERY: Duration = Duration::from_secs(60);
 /// Messages per page of a search.
@@ -48,10 +51,12 @@ pub const PAGE: u32 = 25;
 /// Opt-outs per page.
 pub const OPT_OUT_PAGE: u32 = 50;
 
-/// The session cookie.
-pub const SESSION_COOKIE: &str = "sendonce_console";
+/// The session cookie. `__Host-`: a browser takes it only from this very
+/// host, over https (or http://localhost), with `Secure` and `Path=/`, so a
+/// sibling subdomain cannot plant one (login CSRF).
+pub const SESSION_COOKIE: &str = "__Host-sendonce_console";
 /// The sign-in form's CSRF cookie (there is no session yet).
-pub const LOGIN_COOKIE: &str = "sendonce_console_login";
+pub const LOGIN_COOKIE: &str = "__Host-sendonce_console_login";
 
 /// The console's Content-Security-Policy: no script, style only from our
 /// own stylesheet, forms only to ourselves, never framed.

@@ -1,12 +1,13 @@
 //! Signing in and out of the console, its session cookie, and the forms
 //! every POST reads: size and time limits, the session's CSRF token.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Extension, State};
+use axum::extract::{ConnectInfo, Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use base64::Engine;
@@ -17,33 +18,65 @@ use subtle::ConstantTimeEq;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{IDLE_TIMEOUT, LOGIN_COOKIE, PageError, SESSION_COOKIE, TOUCH_EVERY, decide, pages};
+use super::{
+    IDLE_TIMEOUT, LOGIN_COOKIE, PageError, SESSION_COOKIE, SESSION_LIFETIME, TOUCH_EVERY, decide,
+    pages,
+};
 use crate::apikey;
 use crate::http::SharedState;
 use crate::store::NewSession;
 
-/// The console's state in one instance: recent failed sign-ins. The
-/// console's router owns it (an extension), so the API's state knows
-/// nothing of the console.
+/// The console's state in one instance: recent failed sign-ins, per client
+/// address ([`decide::signin_peer`]), so one client's failures never hold
+/// back another's sign-in. The console's router owns it (an extension), so
+/// the API's state knows nothing of the console.
 #[derive(Debug, Default)]
 pub struct ConsoleState {
-    failures: Mutex<VecDeque<OffsetDateTime>>,
+    failures: Mutex<HashMap<IpAddr, VecDeque<OffsetDateTime>>>,
 }
 
+/// Most client addresses whose failures are remembered; past it the
+/// addresses without a recent failure are forgotten first, then the ones
+/// whose last failure is oldest.
+pub const SIGNIN_PEERS: usize = 10_000;
+
 impl ConsoleState {
-    fn allowed(&self, now: OffsetDateTime) -> Result<(), Duration> {
+    fn allowed(&self, peer: IpAddr, now: OffsetDateTime) -> Result<(), Duration> {
         let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let list: Vec<_> = failures.iter().copied().collect();
+        let list: Vec<_> = failures
+            .get(&peer)
+            .map(|f| f.iter().copied().collect())
+            .unwrap_or_default();
         decide::signin_allowed(&list, now)
     }
 
-    fn failed(&self, now: OffsetDateTime) {
+    fn failed(&self, peer: IpAddr, now: OffsetDateTime) {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        failures.push_back(now);
-        while failures.len() > decide::SIGNIN_FAILURES {
-            failures.pop_front();
+        let mine = failures.entry(peer).or_default();
+        mine.push_back(now);
+        while mine.len() > decide::SIGNIN_FAILURES {
+            mine.pop_front();
+        }
+        if failures.len() > SIGNIN_PEERS {
+            failures.retain(|_, f| recent(f, now));
+        }
+        while failures.len() > SIGNIN_PEERS {
+            let oldest = failures
+                .iter()
+                .min_by_key(|(_, f)| f.back().copied())
+                .map(|(ip, _)| *ip);
+            match oldest {
+                Some(ip) => failures.remove(&ip),
+                None => break,
+            };
         }
     }
+}
+
+/// Whether any of `failures` is still inside the sign-in window.
+fn recent(failures: &VecDeque<OffsetDateTime>, now: OffsetDateTime) -> bool {
+    let window = time::Duration::try_from(decide::SIGNIN_WINDOW).unwrap_or(time::Duration::MINUTE);
+    failures.back().is_some_and(|t| now - *t < window)
 }
 
 /// A signed-in console user.
@@ -78,22 +111,13 @@ pub(super) fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> 
         .map(|(_, v)| v)
 }
 
-/// A `Set-Cookie` value for the console (`max_age` 0 removes it).
-pub(super) fn set_cookie(
-    state: &SharedState,
-    name: &str,
-    value: &str,
-    max_age: Option<u64>,
-) -> HeaderValue {
-    let secure = state
-        .receipts
-        .public_url
-        .as_deref()
-        .is_some_and(|u| u.to_ascii_lowercase().starts_with("https://"));
-    let mut c = format!("{name}={value}; Path=/console; HttpOnly; SameSite=Strict");
-    if secure {
-        c.push_str("; Secure");
-    }
+/// A `Set-Cookie` value for the console (`max_age` 0 removes it): always
+/// `Secure` with `Path=/` and no `Domain`, as its `__Host-` name requires.
+/// Browsers keep such cookies over https, and over plain http only from
+/// `localhost` (a secure context): the console is served over https, or
+/// reached on localhost in development.
+pub(super) fn set_cookie(name: &str, value: &str, max_age: Option<u64>) -> HeaderValue {
+    let mut c = format!("{name}={value}; Path=/; Secure; HttpOnly; SameSite=Strict");
     if let Some(age) = max_age {
         c.push_str(&format!("; Max-Age={age}"));
     }
@@ -102,8 +126,8 @@ pub(super) fn set_cookie(
 }
 
 /// The request's live session: `None` without a cookie, with an unknown
-/// one, after the idle timeout (the session is then deleted) or once its
-/// key was revoked.
+/// one, after the idle timeout or [`SESSION_LIFETIME`] after sign-in (the
+/// session is then deleted) or once its key was revoked.
 pub(super) async fn current(
     state: &SharedState,
     headers: &HeaderMap,
@@ -120,7 +144,8 @@ pub(super) async fn current(
     };
     let now = state.clock.now();
     let idle = Duration::try_from(now - row.last_seen_at).unwrap_or_default();
-    if idle >= IDLE_TIMEOUT {
+    let age = Duration::try_from(now - row.created_at).unwrap_or_default();
+    if idle >= IDLE_TIMEOUT || age >= SESSION_LIFETIME {
         state.store.delete_session(&id_hash).await?;
         return Ok(None);
     }
@@ -250,18 +275,13 @@ pub(super) async fn login_page(
     if current(&state, &headers).await?.is_some() {
         return Ok(see_other("/console/overview"));
     }
-    Ok(login_form(&state, &headers, StatusCode::OK, None))
+    Ok(login_form(&headers, StatusCode::OK, None))
 }
 
 /// The sign-in form with its CSRF token, set as a cookie beside it: the
 /// browser's token if it has one (so two open sign-in tabs both work), else
 /// a fresh one.
-pub(super) fn login_form(
-    state: &SharedState,
-    headers: &HeaderMap,
-    status: StatusCode,
-    error: Option<&str>,
-) -> Response {
+pub(super) fn login_form(headers: &HeaderMap, status: StatusCode, error: Option<&str>) -> Response {
     let token = cookie(headers, LOGIN_COOKIE)
         .filter(|t| {
             t.len() == 43
@@ -270,16 +290,15 @@ pub(super) fn login_form(
         })
         .map_or_else(random_token, str::to_string);
     let mut resp = (status, Html(pages::login(&token, error).into_string())).into_response();
-    resp.headers_mut().insert(
-        header::SET_COOKIE,
-        set_cookie(state, LOGIN_COOKIE, &token, None),
-    );
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, set_cookie(LOGIN_COOKIE, &token, None));
     resp
 }
 
 pub(super) async fn login(
     State(state): State<SharedState>,
     Extension(signins): Extension<Arc<ConsoleState>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, PageError> {
@@ -291,7 +310,15 @@ pub(super) async fn login(
         _ => return Err(PageError::Forbidden(CSRF_REFUSED)),
     }
     let now = state.clock.now();
-    signins.allowed(now).map_err(PageError::TooManySignIns)?;
+    // Without a TCP peer (a router driven in-process) every sign-in counts
+    // as one client's.
+    let peer = decide::signin_peer(peer.map_or(
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        |Extension(ConnectInfo(a))| a.ip(),
+    ));
+    signins
+        .allowed(peer, now)
+        .map_err(PageError::TooManySignIns)?;
     let key = field(&fields, "api_key").unwrap_or("").trim();
     let auth = if key.starts_with(apikey::PREFIX) && key.len() <= 200 {
         state.store.tenant_for_key(&apikey::hash(key)).await?
@@ -299,10 +326,9 @@ pub(super) async fn login(
         None
     };
     let Some(auth) = auth else {
-        signins.failed(now);
+        signins.failed(peer, now);
         tracing::info!("console sign-in refused");
         return Ok(login_form(
-            &state,
             &headers,
             StatusCode::UNAUTHORIZED,
             Some("That API key was not accepted."),
@@ -326,14 +352,8 @@ pub(super) async fn login(
         .await?;
     let mut resp = see_other("/console/overview");
     let h = resp.headers_mut();
-    h.append(
-        header::SET_COOKIE,
-        set_cookie(&state, SESSION_COOKIE, &id, None),
-    );
-    h.append(
-        header::SET_COOKIE,
-        set_cookie(&state, LOGIN_COOKIE, "", Some(0)),
-    );
+    h.append(header::SET_COOKIE, set_cookie(SESSION_COOKIE, &id, None));
+    h.append(header::SET_COOKIE, set_cookie(LOGIN_COOKIE, "", Some(0)));
     Ok(resp)
 }
 
@@ -346,9 +366,7 @@ pub(super) async fn logout(
     let (session, _) = posted(&state, &headers, &body).await?;
     state.store.delete_session(&session.id_hash).await?;
     let mut resp = see_other("/console/login");
-    resp.headers_mut().insert(
-        header::SET_COOKIE,
-        set_cookie(&state, SESSION_COOKIE, "", Some(0)),
-    );
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, set_cookie(SESSION_COOKIE, "", Some(0)));
     Ok(resp)
 }

@@ -223,10 +223,7 @@ impl SendRequest {
                 if body.trim().is_empty() && !body.is_empty() {
                     errors.push(FieldError::new("body", "must not be only whitespace"));
                     None
-                } else if body
-                    .chars()
-                    .any(|c| c.is_control() && c != '\n' && c != '\t')
-                {
+                } else if super::segments::has_refused_control(&body) {
                     errors.push(FieldError::new(
                         "body",
                         "must not contain control characters other than newline and tab",

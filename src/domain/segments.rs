@@ -95,6 +95,14 @@ fn pack(units: &[u32], single: u32, multi: u32) -> u32 {
     segments
 }
 
+/// Whether an SMS text holds a control character other than newline and
+/// tab (NUL, escape, ...): refused in message bodies and verification
+/// templates alike.
+pub fn has_refused_control(text: &str) -> bool {
+    text.chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,9 +70,9 @@ pub struct AppState {
 pub type SharedState = Arc<AppState>;
 
 /// The API, with `pages` (the support console's routes) beside it, under
-/// the same limits and middleware; `GET /metrics` only if `serve_metrics`
-/// (otherwise it is served by [`metrics_router`] on its own listener,
-/// `SENDONCE_METRICS_LISTEN`). The console is handed in, so this module
+/// the same limits and middleware; `GET /metrics` and `/readyz`'s details
+/// only if `serve_metrics` (otherwise they are served by [`metrics_router`]
+/// on its own listener, `SENDONCE_METRICS_LISTEN`). The console is handed in, so this module
 /// does not depend on it.
 pub fn router_with(state: SharedState, pages: Router<SharedState>, serve_metrics: bool) -> Router {
     let mut api = Router::new()
@@ -83,7 +83,7 @@ pub fn router_with(state: SharedState, pages: Router<SharedState>, serve_metrics
         .merge(history::router())
         .merge(verifications::router())
         .merge(webhooks::router())
-        .merge(health::router())
+        .merge(health::router(serve_metrics))
         .merge(pages);
     if serve_metrics {
         api = api.merge(metrics::router());
@@ -99,10 +99,12 @@ pub fn router_with(state: SharedState, pages: Router<SharedState>, serve_metrics
         .with_state(state)
 }
 
-/// `GET /metrics` alone, for the separate metrics listener.
+/// `GET /metrics` and the detailed `GET /readyz`, for the separate metrics
+/// listener.
 pub fn metrics_router(state: SharedState) -> Router {
     Router::new()
         .merge(metrics::router())
+        .route("/readyz", axum::routing::get(health::readyz))
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn(hygiene))

@@ -27,6 +27,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::ConnectInfo;
 use axum::http::{HeaderValue, header};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -66,9 +67,9 @@ pub async fn serve(
             },
             () = stop.cancelled() => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: back off a little
                     // instead of spinning.
@@ -84,7 +85,10 @@ pub async fn serve(
         let service = tower::service_fn(move |req: axum::http::Request<Incoming>| {
             let router = router.clone();
             async move {
-                let (parts, body) = req.into_parts();
+                let (mut parts, body) = req.into_parts();
+                // The TCP peer, for limits kept per client address (the
+                // console's failed sign-ins).
+                parts.extensions.insert(ConnectInfo(peer));
                 let (body, read_to_end) = TrackedBody::new(body);
                 let req = axum::http::Request::from_parts(parts, axum::body::Body::new(body));
                 let mut res = router.oneshot(req).await?;

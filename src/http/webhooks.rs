@@ -28,7 +28,7 @@ use crate::store::{EventCursor, NewWebhookEndpoint, WebhookEndpoint};
 use crate::webhooks::{EVENT_TYPES, is_event_type, signing, ssrf};
 
 /// Most endpoints one tenant may have.
-pub const MAX_ENDPOINTS: usize = 20;
+pub const MAX_ENDPOINTS: u32 = 20;
 /// How long a rotated-out secret keeps signing.
 pub const OLD_SECRET_VALIDITY: time::Duration = time::Duration::hours(24);
 /// The prefix of endpoint ids.
@@ -133,24 +133,29 @@ async fn create(
     let url = ssrf::check(&url, state.webhooks.allow_private)
         .await
         .map_err(|refused| invalid("url", refused.to_string()))?;
-    if state.store.webhook_endpoints(tenant_id).await?.len() >= MAX_ENDPOINTS {
-        return Err(invalid(
-            "url",
-            format!("this account already has {MAX_ENDPOINTS} webhook endpoints, the most allowed"),
-        ));
-    }
     let secret = signing::new_secret();
     let created = state
         .store
-        .create_webhook_endpoint(&NewWebhookEndpoint {
-            id: Uuid::now_v7(),
-            tenant_id,
-            url: url.to_string(),
-            events,
-            secret: secret.clone(),
-            created_at: state.clock.now(),
-        })
-        .await?;
+        .create_webhook_endpoint(
+            &NewWebhookEndpoint {
+                id: Uuid::now_v7(),
+                tenant_id,
+                url: url.to_string(),
+                events,
+                secret: secret.clone(),
+                created_at: state.clock.now(),
+            },
+            MAX_ENDPOINTS,
+        )
+        .await?
+        .ok_or_else(|| {
+            invalid(
+                "url",
+                format!(
+                    "this account already has {MAX_ENDPOINTS} webhook endpoints, the most allowed"
+                ),
+            )
+        })?;
     state.webhook_dispatcher.endpoint_created();
     Ok((
         StatusCode::CREATED,

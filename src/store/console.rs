@@ -27,6 +27,8 @@ pub struct SessionRecord {
     pub tenant_id: Uuid,
     pub key_prefix: String,
     pub csrf_token: String,
+    /// When it was signed in: it ends a fixed time later, however busy.
+    pub created_at: OffsetDateTime,
     pub last_seen_at: OffsetDateTime,
 }
 

@@ -42,7 +42,7 @@ pub use sqlite::SqliteStore;
 pub use types::*;
 pub use verification::*;
 pub use webhooks::{
-    ClaimedDelivery, DeliveryAttempt, DeliveryNext, EventCursor, NewWebhookEndpoint,
+    ClaimedDelivery, DeliveryAttempt, DeliveryNext, EventCursor, InFlightCaps, NewWebhookEndpoint,
     WebhookAttemptRow, WebhookEndpoint, WebhookEvent, WebhookStore,
 };
 

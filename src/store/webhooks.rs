@@ -233,13 +233,25 @@ pub struct WebhookAttemptRow {
     pub finished_at: OffsetDateTime,
 }
 
+/// Most webhook deliveries in flight at once (leased, the lease live),
+/// counted in the database over every instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlightCaps {
+    pub per_endpoint: u32,
+    pub per_tenant: u32,
+}
+
 /// Webhook endpoints, the events feed and deliveries.
 #[async_trait]
 pub trait WebhookStore: Send + Sync {
+    /// Creates the endpoint unless its tenant has `most` already (`None`):
+    /// the count and the insert are one transaction holding the tenant's
+    /// row, so concurrent creates never pass the cap.
     async fn create_webhook_endpoint(
         &self,
         e: &NewWebhookEndpoint,
-    ) -> Result<WebhookEndpoint, StoreError>;
+        most: u32,
+    ) -> Result<Option<WebhookEndpoint>, StoreError>;
     /// A tenant's endpoints, oldest first.
     async fn webhook_endpoints(&self, tenant_id: Uuid) -> Result<Vec<WebhookEndpoint>, StoreError>;
     async fn webhook_endpoint(
@@ -272,13 +284,17 @@ pub trait WebhookStore: Send + Sync {
     ) -> Result<Vec<WebhookEvent>, StoreError>;
     /// Claims up to `limit` pending deliveries that are due (`now`, the
     /// caller's clock) and not leased, or whose lease expired (the
-    /// database's clock), leasing each for `ttl` in the database's clock.
+    /// database's clock), leasing each for `ttl` in the database's clock;
+    /// oldest due first, but never past `caps`: deliveries in flight (a
+    /// live lease, on any instance) count against their endpoint's and
+    /// tenant's caps, so a slow endpoint holds only its own slots.
     async fn claim_webhook_deliveries(
         &self,
         owner: &str,
         now: OffsetDateTime,
         ttl: std::time::Duration,
         limit: u32,
+        caps: InFlightCaps,
     ) -> Result<Vec<ClaimedDelivery>, StoreError>;
     /// Records an attempt and moves its delivery on (fenced on the lease);
     /// false when the lease was no longer ours (nothing is written).

@@ -37,6 +37,8 @@ pub use settings::VerifySettings;
 pub const DEFAULT_TEMPLATE: &str = "Your verification code is {code}";
 /// Where the code goes in a template.
 pub const PLACEHOLDER: &str = "{code}";
+/// The fewest digits a new verification's code may have (`code_length`).
+pub const MIN_CODE_LENGTH: u64 = 6;
 
 /// The verification service's parts an HTTP handler needs.
 pub struct Verifier {
@@ -113,7 +115,8 @@ impl StartRequest {
                     }
                 },
             };
-        let code_length = int("code_length", 4, 10, 6, &mut errors);
+        // Fewer than 6 digits is a one-in-ten-thousand guess per check.
+        let code_length = int("code_length", MIN_CODE_LENGTH, 10, 6, &mut errors);
         let ttl_seconds = int("ttl_seconds", 30, 3600, 600, &mut errors);
         let template = match obj.get("template") {
             None | Some(serde_json::Value::Null) => None,
@@ -126,6 +129,11 @@ impl StartRequest {
                     ));
                 } else if t.chars().count() > 1000 {
                     errors.push(err("template", "must be at most 1000 characters"));
+                } else if crate::domain::segments::has_refused_control(t) {
+                    errors.push(err(
+                        "template",
+                        "must not contain control characters other than newline and tab",
+                    ));
                 }
                 Some(t.clone())
             }
@@ -387,7 +395,7 @@ mod tests {
             (ok.code_length, ok.ttl_seconds, ok.template.as_deref()),
             (6, 600, None)
         );
-        let rows: [(&[u8], Option<&str>); 10] = [
+        let rows: [(&[u8], Option<&str>); 15] = [
             (
                 br#"{"to": "+14155552671", "code_length": 3}"#,
                 Some("code_length"),
@@ -419,6 +427,28 @@ mod tests {
                 Some("template"),
             ),
             (br#"[]"#, None),
+            // Issue 29, finding 14: fewer than 6 digits, and the control
+            // characters a message body refuses.
+            (
+                br#"{"to": "+14155552671", "code_length": 4}"#,
+                Some("code_length"),
+            ),
+            (
+                br#"{"to": "+14155552671", "code_length": 5}"#,
+                Some("code_length"),
+            ),
+            (
+                br#"{"to": "+14155552671", "template": "Code\u0000 {code}"}"#,
+                Some("template"),
+            ),
+            (
+                br#"{"to": "+14155552671", "template": "\u001b[2J{code}"}"#,
+                Some("template"),
+            ),
+            (
+                br#"{"to": "+14155552671", "template": "{code}\u007f"}"#,
+                Some("template"),
+            ),
         ];
         for (body, field) in rows {
             match StartRequest::parse(body) {

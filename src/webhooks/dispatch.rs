@@ -1,10 +1,19 @@
 //! The delivery loop: claims due deliveries, POSTs each signed event, and
 //! records the attempt (fenced on the lease). Runs on every instance.
+//!
+//! Fair between tenants and endpoints: the loop never waits for a claimed
+//! batch; it claims as many as it has free slots (`concurrency`), each
+//! delivery frees its slot when recorded and the loop claims again at once.
+//! The claim itself keeps to the in-flight caps (`per_endpoint`,
+//! `per_tenant`, counted in the database as live leases over every
+//! instance), so endpoints that never answer hold their own slots, never
+//! another tenant's: another tenant's webhook waits at most a poll.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::schedule::{self, Answer, Next};
@@ -12,7 +21,9 @@ use super::signing::signature_header;
 use super::ssrf::{FilteringResolver, check_form};
 use crate::clock::{Clock, to_time};
 use crate::config::WebhookSettings;
-use crate::store::{ClaimedDelivery, DeliveryAttempt, DeliveryNext, Store, StoreError};
+use crate::store::{
+    ClaimedDelivery, DeliveryAttempt, DeliveryNext, InFlightCaps, Store, StoreError,
+};
 
 /// Most characters of a receiver's answer kept with an attempt.
 pub const EXCERPT_CHARS: usize = 256;
@@ -29,6 +40,10 @@ pub struct Dispatcher {
     owner: String,
     /// When the database last said whether any endpoint exists, and what.
     endpoints: std::sync::Mutex<Option<(std::time::Instant, bool)>>,
+    /// This instance's delivery slots (`concurrency`).
+    slots: Arc<Semaphore>,
+    /// A delivery was recorded: a slot is free.
+    finished: Notify,
 }
 
 impl Dispatcher {
@@ -49,13 +64,16 @@ impl Dispatcher {
         if !settings.allow_private {
             builder = builder.dns_resolver(Arc::new(FilteringResolver));
         }
+        let slots = Arc::new(Semaphore::new(slot_count(&settings)));
         Ok(Self {
             client: builder.build()?,
+            slots,
             store,
             clock,
             settings,
             owner,
             endpoints: std::sync::Mutex::new(None),
+            finished: Notify::new(),
         })
     }
 
@@ -93,64 +111,103 @@ impl Dispatcher {
         }
     }
 
-    /// Claims what is due now and delivers it, waiting for every attempt to
-    /// be recorded. Returns how many deliveries were claimed.
-    pub async fn tick(self: &Arc<Self>) -> Result<usize, StoreError> {
+    /// Claims up to the free slots' worth of due deliveries (within the
+    /// in-flight caps) and starts each in a task of `tasks` holding its
+    /// slot. Returns how many were claimed.
+    async fn start(
+        self: &Arc<Self>,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) -> Result<usize, StoreError> {
+        let free = self.slots.available_permits();
+        if free == 0 {
+            return Ok(0);
+        }
         let claimed = self
             .store
             .claim_webhook_deliveries(
                 &self.owner,
                 self.clock.now(),
                 self.settings.lease,
-                self.settings.concurrency.max(1),
+                u32::try_from(free).unwrap_or(u32::MAX),
+                InFlightCaps {
+                    per_endpoint: self.settings.per_endpoint.max(1),
+                    per_tenant: self.settings.per_tenant.max(1),
+                },
             )
             .await?;
         let n = claimed.len();
-        let mut tasks = tokio::task::JoinSet::new();
         for d in claimed {
+            // Only this instance takes slots, so one is free for each
+            // claimed delivery (a concurrent `tick` may take one first:
+            // the delivery then goes ahead without).
+            let slot = Arc::clone(&self.slots).try_acquire_owned().ok();
             let me = Arc::clone(self);
-            tasks.spawn(async move { me.deliver(d).await });
+            tasks.spawn(async move {
+                if let Err(e) = me.deliver(d).await {
+                    tracing::warn!(error = %e, "recording a webhook attempt failed");
+                }
+                drop(slot);
+                me.finished.notify_one();
+            });
         }
+        Ok(n)
+    }
+
+    /// Claims what is due now and delivers it, waiting for these attempts
+    /// to be recorded (the loop in [`run`](Self::run) does not wait).
+    /// Returns how many deliveries were claimed.
+    pub async fn tick(self: &Arc<Self>) -> Result<usize, StoreError> {
+        let mut tasks = tokio::task::JoinSet::new();
+        let n = self.start(&mut tasks).await?;
         while let Some(done) = tasks.join_next().await {
-            match done {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "recording a webhook attempt failed"),
-                Err(e) => tracing::warn!(error = %e, "a webhook delivery task failed"),
+            if let Err(e) = done {
+                tracing::warn!(error = %e, "a webhook delivery task failed");
             }
         }
         Ok(n)
     }
 
-    /// Delivers until `stop`.
+    /// Delivers until `stop`, then waits (at most an attempt's timeout) for
+    /// the deliveries in flight to be recorded.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut tasks = tokio::task::JoinSet::new();
         loop {
-            if !self.worth_claiming().await {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(self.settings.poll_interval) => {}
+            // Reap what finished (its errors were logged by the task).
+            while let Some(done) = tasks.try_join_next() {
+                if let Err(e) = done {
+                    tracing::warn!(error = %e, "a webhook delivery task failed");
                 }
-                continue;
             }
-            let busy = match self.tick().await {
-                Ok(n) => n > 0,
-                Err(e) => {
-                    tracing::warn!(error = %e, "claiming webhook deliveries failed");
-                    false
+            let mut pause = self.settings.poll_interval;
+            if self.slots.available_permits() > 0 && self.worth_claiming().await {
+                match self.start(&mut tasks).await {
+                    // Claimed some: there may be more due; a free slot
+                    // (or the poll) brings the next claim.
+                    Ok(n) if n > 0 => pause = Duration::from_millis(1),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "claiming webhook deliveries failed"),
                 }
-            };
+            }
             if stop.is_cancelled() {
-                return;
+                break;
             }
-            // A full batch: look again at once.
-            let pause = if busy {
-                Duration::from_millis(1)
-            } else {
-                self.settings.poll_interval
-            };
+            if self.slots.available_permits() == 0 {
+                pause = self.settings.poll_interval;
+            }
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => break,
                 () = tokio::time::sleep(pause) => {}
+                () = self.finished.notified() => {}
             }
+        }
+        let grace = self.settings.timeout + Duration::from_secs(1);
+        if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "webhook deliveries still in flight at shutdown were left to their leases"
+            );
         }
     }
 
@@ -232,6 +289,13 @@ impl Dispatcher {
             }
         }
     }
+}
+
+/// This instance's delivery slots.
+fn slot_count(settings: &WebhookSettings) -> usize {
+    usize::try_from(settings.concurrency.max(1))
+        .unwrap_or(1)
+        .min(Semaphore::MAX_PERMITS)
 }
 
 /// Reads at most a short excerpt of an answer's body (the rest is dropped

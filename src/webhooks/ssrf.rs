@@ -1,6 +1,11 @@
 //! Where webhooks may go: `https` only, and never to an address inside the
 //! service's own network (loopback, private, link-local, cloud metadata,
-//! unspecified, multicast, reserved), v4 and v6, v4-mapped v6 included.
+//! unspecified, multicast, reserved, documentation), v4 and v6, v4-mapped
+//! v6 included, nor through a v4/v6 translator (NAT64 `64:ff9b::/96` and
+//! `64:ff9b:1::/48`, IPv4-translated `::ffff:0:0/96`, v4-compatible `::/96`:
+//! a NAT64 gateway would carry them to any v4 address, the metadata one
+//! included), and only to port 443 or an unprivileged port that is not a
+//! well-known internal service's ([`INTERNAL_PORTS`]).
 //! Checked when an endpoint is created (an IP literal, or what the name
 //! resolves to then) and again at every delivery, by a DNS resolver that
 //! drops forbidden addresses, so a name re-pointed after creation (DNS
@@ -14,6 +19,22 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// Longest endpoint URL accepted.
 pub const MAX_URL_LEN: usize = 2048;
+
+/// Unprivileged ports of services that live inside networks and speak (or
+/// can be driven by) HTTP, refused as webhook ports: Docker (2375, 2376),
+/// etcd (2379, 2380), MySQL (3306), Postgres (5432), CouchDB (5984), Redis
+/// (6379), the Kubernetes API (6443), Consul (8500), Elasticsearch (9200,
+/// 9300), the kubelet (10250, 10255), memcached (11211), MongoDB (27017).
+/// Below 1024 only 443 is allowed.
+pub const INTERNAL_PORTS: &[u16] = &[
+    2375, 2376, 2379, 2380, 3306, 5432, 5984, 6379, 6443, 8500, 9200, 9300, 10250, 10255, 11211,
+    27017,
+];
+
+/// Whether a webhook may be sent to `port` (with private targets refused).
+pub fn port_allowed(port: u16) -> bool {
+    port == 443 || (port >= 1024 && !INTERNAL_PORTS.contains(&port))
+}
 
 /// Whether a webhook must never be sent to `ip`.
 pub fn forbidden(ip: IpAddr) -> bool {
@@ -33,6 +54,7 @@ fn forbidden_v4(ip: Ipv4Addr) -> bool {
         || (a == 100 && (64..128).contains(&b))     // 100.64/10 carrier-grade NAT
         || (a == 192 && b == 0 && c == 0)           // 192.0.0/24 protocol assignments
         || (a == 192 && b == 0 && c == 2)           // documentation
+        || (a == 192 && b == 88 && c == 99)         // 6to4 relay anycast (deprecated)
         || (a == 198 && (b == 18 || b == 19))       // 198.18/15 benchmarking
         || (a == 198 && b == 51 && c == 100)        // documentation
         || (a == 203 && b == 0 && c == 113)         // documentation
@@ -41,39 +63,32 @@ fn forbidden_v4(ip: Ipv4Addr) -> bool {
 }
 
 fn forbidden_v6(ip: Ipv6Addr) -> bool {
-    if let Some(v4) = embedded_v4(ip) {
-        return forbidden_v4(v4);
-    }
     let s = ip.segments();
-    ip.is_unspecified()
+    if s[..5] == [0, 0, 0, 0, 0] && s[5] == 0xffff {
+        // v4-mapped: the v4 address itself.
+        let o = ip.octets();
+        return forbidden_v4(Ipv4Addr::new(o[12], o[13], o[14], o[15]));
+    }
+    if s[0] == 0x2002 {
+        // 6to4: the v4 address the tunnel ends at.
+        let o = ip.octets();
+        return forbidden_v4(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
+    }
+    s[..6] == [0, 0, 0, 0, 0, 0]                       // ::/96 v4-compatible (deprecated), ::, ::1
+        || s[..6] == [0, 0, 0, 0, 0xffff, 0]           // ::ffff:0:0/96 IPv4-translated
+        || s[..6] == [0x0064, 0xff9b, 0, 0, 0, 0]      // 64:ff9b::/96 NAT64
+        || s[..3] == [0x0064, 0xff9b, 0x0001]          // 64:ff9b:1::/48 local NAT64
+        || ip.is_unspecified()
         || ip.is_loopback()
         || ip.is_multicast()
         || (s[0] & 0xfe00) == 0xfc00   // fc00::/7 unique local (fd00:ec2::254 metadata)
         || (s[0] & 0xffc0) == 0xfe80   // fe80::/10 link-local
         || (s[0] & 0xffc0) == 0xfec0   // fec0::/10 site-local (deprecated)
         || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-        || (s[0] == 0x2001 && s[1] == 0)      // Teredo: tunnels to anywhere
+        || (s[0] == 0x2001 && s[1] < 0x0200)  // 2001::/23 protocol assignments, Teredo
+        || (s[0] == 0x3fff && s[1] < 0x1000)  // 3fff::/20 documentation
+        || s[0] == 0x5f00                     // 5f00::/16 SRv6 segment ids
         || s[0] == 0x0100 && s[1] == 0 && s[2] == 0 && s[3] == 0 // discard-only
-}
-
-/// The IPv4 address an IPv6 address carries: v4-mapped (`::ffff:a.b.c.d`),
-/// v4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::/96`) and 6to4 (`2002::/16`).
-fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
-    let s = ip.segments();
-    let o = ip.octets();
-    let last = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
-    if s[..5] == [0, 0, 0, 0, 0]
-        && (s[5] == 0xffff || (s[5] == 0 && !ip.is_loopback() && !ip.is_unspecified()))
-    {
-        return Some(last);
-    }
-    if s[..6] == [0x0064, 0xff9b, 0, 0, 0, 0] {
-        return Some(last);
-    }
-    if s[0] == 0x2002 {
-        return Some(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
-    }
-    None
 }
 
 /// Why an endpoint URL is refused (shown to the caller).
@@ -89,6 +104,14 @@ pub enum UrlRefused {
     Credentials,
     #[error("must not point at a loopback, private, link-local or metadata address ({0})")]
     Forbidden(IpAddr),
+    /// A name that resolves to such an address: the address is not named,
+    /// so the answer tells nothing of the internal DNS.
+    #[error("must not resolve to a loopback, private, link-local, metadata or translated address")]
+    ResolvesInside,
+    #[error(
+        "must use port 443 or a port from 1024 up that is not a well-known internal service's (not {0})"
+    )]
+    Port(u16),
 }
 
 /// The URL's form: absolute, `https` (or `http` when private targets are
@@ -109,6 +132,12 @@ pub fn check_form(url: &str, allow_private: bool) -> Result<Url, UrlRefused> {
     }
     if parsed.fragment().is_some() {
         return Err(UrlRefused::Invalid);
+    }
+    if !allow_private
+        && let Some(port) = parsed.port_or_known_default()
+        && !port_allowed(port)
+    {
+        return Err(UrlRefused::Port(port));
     }
     match literal_ip(&parsed) {
         None if parsed.host_str().is_none_or(str::is_empty) => Err(UrlRefused::Invalid),
@@ -144,7 +173,7 @@ pub async fn check(url: &str, allow_private: bool) -> Result<Url, UrlRefused> {
         if let Ok(Ok(addrs)) = lookup {
             for addr in addrs {
                 if forbidden(addr.ip()) {
-                    return Err(UrlRefused::Forbidden(addr.ip()));
+                    return Err(UrlRefused::ResolvesInside);
                 }
             }
         }
@@ -210,8 +239,27 @@ mod tests {
             ("::ffff:169.254.169.254", true),
             ("::ffff:8.8.8.8", false),
             ("64:ff9b::a9fe:a9fe", true),
+            ("64:ff9b::808:808", true),
+            ("64:ff9b:1::a9fe:a9fe", true),
+            ("64:ff9b:1:ffff::1", true),
+            ("64:ff9b:2::1", false),
+            ("::ffff:0:a9fe:a9fe", true),
+            ("::ffff:0:808:808", true),
+            ("::808:808", true),
+            ("::a9fe:a9fe", true),
             ("2002:7f00:1::", true),
+            ("2002:808:808::", false),
             ("2001:db8::1", true),
+            ("2001::1", true),
+            ("2001:2::1", true),
+            ("2001:1ff::1", true),
+            ("2001:200::1", false),
+            ("3fff::1", true),
+            ("3fff:fff::1", true),
+            ("3fff:1000::1", false),
+            ("5f00::1", true),
+            ("100::1", true),
+            ("192.88.99.1", true),
             ("2606:4700:4700::1111", false),
         ];
         for (ip, expected) in table {
@@ -253,6 +301,39 @@ mod tests {
             ),
             ("http://127.0.0.1:8080/", true, Ok(())),
             ("https://8.8.8.8/", false, Ok(())),
+            (
+                "https://[64:ff9b:1::a9fe:a9fe]/",
+                false,
+                Err(UrlRefused::Forbidden(
+                    "64:ff9b:1::a9fe:a9fe".parse().unwrap(),
+                )),
+            ),
+            ("https://example.com:443/", false, Ok(())),
+            ("https://example.com:8443/", false, Ok(())),
+            ("https://example.com:1024/", false, Ok(())),
+            ("https://example.com:22/", false, Err(UrlRefused::Port(22))),
+            ("https://example.com:80/", false, Err(UrlRefused::Port(80))),
+            (
+                "https://example.com:1023/",
+                false,
+                Err(UrlRefused::Port(1023)),
+            ),
+            (
+                "https://example.com:6379/",
+                false,
+                Err(UrlRefused::Port(6379)),
+            ),
+            (
+                "https://example.com:6443/",
+                false,
+                Err(UrlRefused::Port(6443)),
+            ),
+            (
+                "https://example.com:10250/",
+                false,
+                Err(UrlRefused::Port(10250)),
+            ),
+            ("http://127.0.0.1:6379/", true, Ok(())),
         ];
         for (url, allow, expected) in table {
             assert_eq!(
@@ -265,10 +346,12 @@ mod tests {
 
     #[tokio::test]
     async fn names_that_resolve_inside_are_refused() {
-        assert!(matches!(
-            check("https://localhost/hook", false).await,
-            Err(UrlRefused::Forbidden(_))
-        ));
+        let refused = check("https://localhost/hook", false).await;
+        assert_eq!(refused, Err(UrlRefused::ResolvesInside));
+        let said = refused.unwrap_err().to_string();
+        for address in ["127.0.0.1", "::1"] {
+            assert!(!said.contains(address), "{said} names {address}");
+        }
         assert!(check("http://localhost:9/hook", true).await.is_ok());
         let resolved = FilteringResolver
             .resolve("localhost".parse().expect("name"))

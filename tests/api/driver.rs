@@ -750,12 +750,17 @@ async fn webhook_endpoints_are_created_listed_rotated_and_deleted(backend: Backe
     second.events = Some(vec!["message.delivered".into()]);
     second.created_at = T0 + time::Duration::seconds(1);
     let a = s
-        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"))
+        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"), 20)
         .await
-        .unwrap();
+        .unwrap()
+        .expect("under the cap");
     assert!(a.enabled);
     assert_eq!((a.secret.as_str(), a.created_at), ("whsec_one", T0));
-    let b = s.create_webhook_endpoint(&second).await.unwrap();
+    let b = s
+        .create_webhook_endpoint(&second, 20)
+        .await
+        .unwrap()
+        .expect("under the cap");
     assert_eq!(b.events, Some(vec!["message.delivered".to_string()]));
     assert!(s.any_webhook_endpoints().await.unwrap());
     let urls: Vec<_> = s
@@ -794,17 +799,64 @@ async fn webhook_endpoints_are_created_listed_rotated_and_deleted(backend: Backe
     assert_eq!(s.webhook_endpoints(f.tenant).await.unwrap().len(), 1);
 }
 
+/// Deliveries in flight (live leases) count against their endpoint's and
+/// tenant's caps at every claim (issue 29, finding 5).
+async fn webhook_claims_keep_to_the_in_flight_caps(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    for url in ["https://a.example/hook", "https://b.example/hook"] {
+        s.create_webhook_endpoint(&endpoint(&f, url), 20)
+            .await
+            .unwrap()
+            .expect("under the cap");
+    }
+    for i in 0..3 {
+        sent(&f, &format!("K{i}"), &format!("pm-{i}")).await;
+    }
+    let far = T0 + time::Duration::days(1);
+    let caps = |per_endpoint, per_tenant| sendonce::store::InFlightCaps {
+        per_endpoint,
+        per_tenant,
+    };
+    let claim = |c| s.claim_webhook_deliveries("w1", far, LIVE, 10, c);
+    let first = claim(caps(1, 10)).await.unwrap();
+    let mut endpoints: Vec<_> = first.iter().map(|d| d.endpoint.id).collect();
+    endpoints.dedup();
+    assert_eq!((first.len(), endpoints.len()), (2, 2), "one per endpoint");
+    assert!(
+        claim(caps(1, 10)).await.unwrap().is_empty(),
+        "both in flight"
+    );
+    assert_eq!(
+        claim(caps(5, 3)).await.unwrap().len(),
+        1,
+        "the tenant's third"
+    );
+    assert!(claim(caps(5, 3)).await.unwrap().is_empty());
+    assert_eq!(claim(caps(5, 10)).await.unwrap().len(), 3, "the rest");
+}
+
 async fn webhook_attempts_are_listed_for_their_tenant_and_events_purged(backend: Backend) {
     let f = fixture(backend).await;
     let s = &f.store;
     let e = s
-        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"))
+        .create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"), 20)
         .await
-        .unwrap();
+        .unwrap()
+        .expect("under the cap");
     sent(&f, "K", "pm-1").await;
     let far = T0 + time::Duration::days(1);
     let claimed = s
-        .claim_webhook_deliveries("w1", far, LIVE, 10)
+        .claim_webhook_deliveries(
+            "w1",
+            far,
+            LIVE,
+            10,
+            sendonce::store::InFlightCaps {
+                per_endpoint: 10,
+                per_tenant: 10,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1);
@@ -863,4 +915,5 @@ on_both_backends!(
     retention_purges_only_what_is_final_and_old,
     webhook_endpoints_are_created_listed_rotated_and_deleted,
     webhook_attempts_are_listed_for_their_tenant_and_events_purged,
+    webhook_claims_keep_to_the_in_flight_caps,
 );

@@ -61,6 +61,7 @@ mod failover;
 mod hardening;
 mod hardening2;
 mod hardening3;
+mod hardening4;
 mod helpers;
 mod lifecycle;
 mod observability;

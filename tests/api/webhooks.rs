@@ -568,16 +568,20 @@ async fn private_targets_are_refused(backend: Backend) {
         let e = app
             .handle
             .store
-            .create_webhook_endpoint(&NewWebhookEndpoint {
-                id: uuid::Uuid::now_v7(),
-                tenant_id: tenant,
-                url: inside,
-                events: None,
-                secret: signing::new_secret(),
-                created_at: OffsetDateTime::now_utc(),
-            })
+            .create_webhook_endpoint(
+                &NewWebhookEndpoint {
+                    id: uuid::Uuid::now_v7(),
+                    tenant_id: tenant,
+                    url: inside,
+                    events: None,
+                    secret: signing::new_secret(),
+                    created_at: OffsetDateTime::now_utc(),
+                },
+                20,
+            )
             .await
-            .expect("endpoint");
+            .expect("endpoint")
+            .expect("under the cap");
         ids.push(format!("whe_{}", e.id.simple()));
     }
     // Written past the API: tell the dispatcher, as the API would.
@@ -713,16 +717,20 @@ async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
     let tenant = store.create_tenant("t", &key.stored).await.expect("tenant");
     let now = OffsetDateTime::now_utc();
     store
-        .create_webhook_endpoint(&NewWebhookEndpoint {
-            id: uuid::Uuid::now_v7(),
-            tenant_id: tenant,
-            url: "https://hooks.example.com/sendonce".into(),
-            events: Some(vec!["message.sent".into()]),
-            secret: signing::new_secret(),
-            created_at: now,
-        })
+        .create_webhook_endpoint(
+            &NewWebhookEndpoint {
+                id: uuid::Uuid::now_v7(),
+                tenant_id: tenant,
+                url: "https://hooks.example.com/sendonce".into(),
+                events: Some(vec!["message.sent".into()]),
+                secret: signing::new_secret(),
+                created_at: now,
+            },
+            20,
+        )
         .await
-        .expect("endpoint");
+        .expect("endpoint")
+        .expect("under the cap");
     let mut finishes = Vec::new();
     for i in 0..40 {
         let m = NewMessage {

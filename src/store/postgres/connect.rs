@@ -49,9 +49,47 @@ pub struct Targets {
     pub writable_only: bool,
 }
 
-/// Splits a (possibly multi-host) Postgres URL into one URL per host, and
-/// reads `target_session_attrs`. Pure: tested as a table.
-pub fn split_url(url: &str) -> Result<(Vec<String>, bool), String> {
+/// The query parameters the Postgres driver (sqlx) reads. It logs any other
+/// one at WARN *with its value* ("ignoring unrecognized connect
+/// parameter"), which would put an `sslpassword` in the logs: those are
+/// dropped before the driver sees them, and named without their value.
+const DRIVER_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// A Postgres URL split per host ([`split_url`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct SplitUrl {
+    /// One URL per host, in order.
+    pub urls: Vec<String>,
+    /// `target_session_attrs=read-write` or `primary`.
+    pub writable_only: bool,
+    /// Parameters dropped because the driver does not read them (their
+    /// names, never their values).
+    pub ignored: Vec<String>,
+}
+
+/// Splits a (possibly multi-host) Postgres URL into one URL per host, reads
+/// `target_session_attrs`, and drops the parameters the driver does not
+/// read. Pure: tested as a table.
+pub fn split_url(url: &str) -> Result<SplitUrl, String> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| "a postgres URL needs a scheme".to_string())?;
@@ -67,6 +105,7 @@ pub fn split_url(url: &str) -> Result<(Vec<String>, bool), String> {
     };
     let mut writable_only = false;
     let mut kept = Vec::new();
+    let mut ignored = Vec::new();
     for pair in query.into_iter().flat_map(|q| q.split('&')) {
         match pair.split_once('=') {
             Some(("target_session_attrs", value)) => match value {
@@ -79,7 +118,17 @@ pub fn split_url(url: &str) -> Result<(Vec<String>, bool), String> {
                 }
             },
             _ if pair.is_empty() => {}
-            _ => kept.push(pair),
+            _ => {
+                let key = form_urlencoded::parse(pair.as_bytes())
+                    .next()
+                    .map(|(k, _)| k.into_owned())
+                    .unwrap_or_default();
+                if DRIVER_PARAMS.contains(&key.as_str()) || key.starts_with("options[") {
+                    kept.push(pair);
+                } else {
+                    ignored.push(key);
+                }
+            }
         }
     }
     let query = if kept.is_empty() {
@@ -99,14 +148,26 @@ pub fn split_url(url: &str) -> Result<(Vec<String>, bool), String> {
         .iter()
         .map(|host| format!("{scheme}://{userinfo}{host}{path}{query}"))
         .collect();
-    Ok((urls, writable_only))
+    Ok(SplitUrl {
+        urls,
+        writable_only,
+        ignored,
+    })
 }
 
 impl Targets {
     pub fn parse(url: &str) -> Result<Self, sqlx::Error> {
-        let (urls, writable_only) =
-            split_url(url).map_err(|e| sqlx::Error::Configuration(e.into()))?;
-        let hosts = urls
+        let split = split_url(url).map_err(|e| sqlx::Error::Configuration(e.into()))?;
+        for key in &split.ignored {
+            // The name only: a value may be a secret (sslpassword).
+            tracing::warn!(
+                parameter = %key,
+                "ignoring a database URL parameter the Postgres driver does not read"
+            );
+        }
+        let writable_only = split.writable_only;
+        let hosts = split
+            .urls
             .iter()
             .map(|u| u.parse::<PgConnectOptions>())
             .collect::<Result<Vec<_>, _>>()?;
@@ -347,10 +408,58 @@ mod tests {
             ),
         ];
         for (url, hosts, writable_only) in table {
-            let (got, w) = split_url(url).expect(url);
-            assert_eq!(&got, hosts, "{url}");
-            assert_eq!(w, *writable_only, "{url}");
+            let got = split_url(url).expect(url);
+            assert_eq!(&got.urls, hosts, "{url}");
+            assert_eq!(got.writable_only, *writable_only, "{url}");
+            assert!(got.ignored.is_empty(), "{url}");
         }
+    }
+
+    #[test]
+    fn parameters_the_driver_does_not_read_are_dropped_by_name() {
+        let got = split_url(
+            "postgres://u@h/db?sslkey=/k.pem&sslpassword=hunter2&ssl%70assword=x&sslcrl=/c&options[a]=b&connect_timeout=5",
+        )
+        .expect("a URL");
+        assert_eq!(got.urls, ["postgres://u@h/db?sslkey=/k.pem&options[a]=b"]);
+        assert_eq!(
+            got.ignored,
+            ["sslpassword", "sslpassword", "sslcrl", "connect_timeout"]
+        );
+    }
+
+    /// Finding 10 of issue 29: the driver logged `sslpassword`'s value at
+    /// WARN. Whatever the level, no log line of a parse holds it.
+    #[test]
+    fn no_log_of_a_parse_holds_the_sslpassword() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(move || sink.clone())
+            .finish();
+        let parsed = tracing::subscriber::with_default(subscriber, || {
+            super::Targets::parse(
+                "postgres://u:pw@h1,h2/db?sslmode=require&sslpassword=s3cr3t-Value&sslcert=/c.pem",
+            )
+        });
+        let targets = parsed.expect("parsed");
+        assert_eq!(targets.hosts.len(), 2);
+        let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        assert!(logged.contains("sslpassword"), "named: {logged}");
+        assert!(!logged.contains("s3cr3t-Value"), "{logged}");
     }
 
     #[test]

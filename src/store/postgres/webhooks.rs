@@ -13,7 +13,7 @@ use crate::store::StoreError;
 use crate::store::time::{db, micros};
 use crate::store::webhooks::{
     ClaimedDelivery, ClaimedRow, DeliveryAttempt, DeliveryNext, EventCursor, EventRow,
-    WebhookEvent, claimed_columns, event_columns,
+    InFlightCaps, WebhookEvent, claimed_columns, event_columns,
 };
 
 /// Two CTEs to append (after a comma) to a statement whose CTE `m` returns
@@ -100,15 +100,42 @@ impl PgStore {
         now: OffsetDateTime,
         ttl: Duration,
         limit: u32,
+        caps: InFlightCaps,
     ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        // In flight: a live lease, whoever holds it. The due rows are
+        // ranked per endpoint, then (those within the endpoint's cap) per
+        // tenant, after what each already has in flight; two instances
+        // claiming at the same instant may each fill a cap (SKIP LOCKED
+        // keeps their rows apart, not their counts).
         let rows: Vec<ClaimedRow> = sqlx::query_as(concat!(
-            "WITH due AS ( \
-                SELECT id FROM webhook_deliveries \
-                WHERE status = 'pending' AND next_attempt_at <= $1 \
-                  AND (lease_token IS NULL OR lease_expires_at <= now()) \
-                  AND EXISTS (SELECT 1 FROM webhook_endpoints x \
-                      WHERE x.id = webhook_deliveries.endpoint_id AND x.enabled) \
-                ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+            "WITH live AS ( \
+                SELECT d.endpoint_id, x.tenant_id, count(*) AS n \
+                FROM webhook_deliveries d JOIN webhook_endpoints x ON x.id = d.endpoint_id \
+                WHERE d.status = 'pending' AND d.lease_token IS NOT NULL \
+                  AND d.lease_expires_at > now() \
+                GROUP BY d.endpoint_id, x.tenant_id), \
+             by_endpoint AS ( \
+                SELECT d.id, d.next_attempt_at, x.tenant_id, \
+                    row_number() OVER (PARTITION BY d.endpoint_id \
+                        ORDER BY d.next_attempt_at, d.id) \
+                    + COALESCE((SELECT l.n FROM live l WHERE l.endpoint_id = d.endpoint_id), 0) \
+                        AS on_endpoint \
+                FROM webhook_deliveries d JOIN webhook_endpoints x \
+                    ON x.id = d.endpoint_id AND x.enabled \
+                WHERE d.status = 'pending' AND d.next_attempt_at <= $1 \
+                  AND (d.lease_token IS NULL OR d.lease_expires_at <= now())), \
+             by_tenant AS ( \
+                SELECT e.id, e.next_attempt_at, \
+                    row_number() OVER (PARTITION BY e.tenant_id \
+                        ORDER BY e.next_attempt_at, e.id) \
+                    + COALESCE((SELECT sum(l.n) FROM live l WHERE l.tenant_id = e.tenant_id), 0) \
+                        AS on_tenant \
+                FROM by_endpoint e WHERE e.on_endpoint <= $5), \
+             due AS ( \
+                SELECT id FROM webhook_deliveries WHERE id IN ( \
+                    SELECT t.id FROM by_tenant t WHERE t.on_tenant <= $6 \
+                    ORDER BY t.next_attempt_at, t.id LIMIT $2) \
+                FOR UPDATE SKIP LOCKED), \
              c AS ( \
                 UPDATE webhook_deliveries d SET lease_token = gen_random_uuid(), \
                     lease_owner = $3, lease_expires_at = now() + $4 * interval '1 microsecond' \
@@ -123,6 +150,8 @@ impl PgStore {
         .bind(i64::from(limit))
         .bind(owner)
         .bind(micros(ttl))
+        .bind(i64::from(caps.per_endpoint))
+        .bind(i64::from(caps.per_tenant))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(ClaimedDelivery::from).collect())

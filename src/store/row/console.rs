@@ -15,6 +15,7 @@ pub(crate) struct SessionRow {
     tenant_id: Uuid,
     key_prefix: String,
     csrf_token: String,
+    created_at: DbTime,
     last_seen_at: DbTime,
 }
 
@@ -24,6 +25,7 @@ impl From<SessionRow> for SessionRecord {
             tenant_id: r.tenant_id,
             key_prefix: r.key_prefix,
             csrf_token: r.csrf_token,
+            created_at: r.created_at.0,
             last_seen_at: r.last_seen_at.0,
         }
     }

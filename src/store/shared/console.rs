@@ -36,7 +36,7 @@ const INSERT_SESSION: &str = "INSERT INTO console_sessions \
      VALUES ($1, $2, $3, $4, $5, $6, $6)";
 
 /// A session whose key is not revoked.
-const SESSION: &str = "SELECT s.tenant_id, s.key_prefix, s.csrf_token, s.last_seen_at \
+const SESSION: &str = "SELECT s.tenant_id, s.key_prefix, s.csrf_token, s.created_at, s.last_seen_at \
      FROM console_sessions s \
      JOIN api_keys k ON k.key_hash = s.key_hash AND k.revoked_at IS NULL \
      WHERE s.id_hash = $1";

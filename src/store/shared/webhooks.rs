@@ -17,14 +17,24 @@ use super::per_backend;
 use crate::store::row::{MessageRow, message_columns};
 use crate::store::time::db;
 use crate::store::webhooks::{
-    AttemptRowDb, ClaimedDelivery, DeliveryAttempt, EndpointRow, EventCursor, NewWebhookEndpoint,
-    WebhookAttemptRow, WebhookEndpoint, WebhookEvent, WebhookStore, endpoint_columns,
-    events_column,
+    AttemptRowDb, ClaimedDelivery, DeliveryAttempt, EndpointRow, EventCursor, InFlightCaps,
+    NewWebhookEndpoint, WebhookAttemptRow, WebhookEndpoint, WebhookEvent, WebhookStore,
+    endpoint_columns, events_column,
 };
 use crate::store::{MessageRecord, StoreError};
 
+/// Takes the tenant's row lock, so one endpoint insert of the tenant at a
+/// time counts its endpoints (SQLite's single writer does this anyway).
+/// The write changes nothing.
+const LOCK_TENANT: &str = "UPDATE tenants SET name = name WHERE id = $1";
+
+/// Inserts only while the tenant has fewer than `$7` endpoints; under the
+/// lock above the count sees every committed insert (on Postgres each
+/// statement of a read-committed transaction takes a fresh snapshot).
 const INSERT_ENDPOINT: &str = "INSERT INTO webhook_endpoints (id, tenant_id, url, events, \
-        enabled, secret, created_at, updated_at) VALUES ($1, $2, $3, $4, true, $5, $6, $6)";
+        enabled, secret, created_at, updated_at) \
+     SELECT $1, $2, $3, $4, true, $5, $6, $6 \
+     WHERE (SELECT count(*) FROM webhook_endpoints WHERE tenant_id = $2) < $7";
 
 const ENDPOINTS: &str = concat!(
     "SELECT ",
@@ -70,25 +80,36 @@ per_backend! {
         async fn create_webhook_endpoint(
             &self,
             e: &NewWebhookEndpoint,
-        ) -> Result<WebhookEndpoint, StoreError> {
+            most: u32,
+        ) -> Result<Option<WebhookEndpoint>, StoreError> {
             let new = e.clone();
-            self.write(move |c| {
-                Box::pin(async move {
-                    sqlx::query(INSERT_ENDPOINT)
-                        .bind(new.id)
-                        .bind(new.tenant_id)
-                        .bind(&new.url)
-                        .bind(events_column(&new.events))
-                        .bind(&new.secret)
-                        .bind(db(new.created_at))
-                        .execute(&mut *c)
-                        .await?;
-                    Ok(())
+            let inserted = self
+                .write_tx(move |c| {
+                    Box::pin(async move {
+                        sqlx::query(LOCK_TENANT)
+                            .bind(new.tenant_id)
+                            .execute(&mut *c)
+                            .await?;
+                        let done = sqlx::query(INSERT_ENDPOINT)
+                            .bind(new.id)
+                            .bind(new.tenant_id)
+                            .bind(&new.url)
+                            .bind(events_column(&new.events))
+                            .bind(&new.secret)
+                            .bind(db(new.created_at))
+                            .bind(i64::from(most))
+                            .execute(&mut *c)
+                            .await?;
+                        Ok(done.rows_affected() == 1)
+                    })
                 })
-            })
-            .await?;
+                .await?;
+            if !inserted {
+                return Ok(None);
+            }
             self.webhook_endpoint(e.tenant_id, e.id)
                 .await?
+                .map(Some)
                 .ok_or(StoreError::Invariant(
                     "an endpoint vanished right after its insert",
                 ))
@@ -188,8 +209,9 @@ per_backend! {
             now: OffsetDateTime,
             ttl: Duration,
             limit: u32,
+            caps: InFlightCaps,
         ) -> Result<Vec<ClaimedDelivery>, StoreError> {
-            self.claim_deliveries(owner, now, ttl, limit).await
+            self.claim_deliveries(owner, now, ttl, limit, caps).await
         }
 
         async fn finish_webhook_attempt(&self, a: &DeliveryAttempt) -> Result<bool, StoreError> {

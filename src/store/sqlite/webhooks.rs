@@ -15,7 +15,7 @@ use super::SqliteStore;
 use crate::store::time::{db, micros};
 use crate::store::webhooks::{
     ClaimedDelivery, ClaimedRow, DeliveryAttempt, DeliveryNext, EventCursor, EventRow,
-    WebhookEvent, claimed_columns, event_columns,
+    InFlightCaps, WebhookEvent, claimed_columns, event_columns,
 };
 use crate::store::{SqlxResultExt, StoreError};
 
@@ -52,18 +52,45 @@ async fn claim(
     now: OffsetDateTime,
     ttl: Duration,
     limit: u32,
+    caps: InFlightCaps,
 ) -> Result<Vec<ClaimedDelivery>, StoreError> {
-    // The writer's transaction makes this claim exclusive.
+    // The writer's transaction makes this claim exclusive. In flight: a
+    // live lease; the due rows are ranked per endpoint, then (those within
+    // the endpoint's cap) per tenant, after what each has in flight.
     let ids: Vec<i64> = sqlx::query_scalar(concat!(
-        "SELECT d.id FROM webhook_deliveries d \
-         JOIN webhook_endpoints x ON x.id = d.endpoint_id AND x.enabled \
-         WHERE d.status = 'pending' AND d.next_attempt_at <= ? \
-           AND (d.lease_token IS NULL OR d.lease_expires_at <= ",
+        "WITH live AS ( \
+            SELECT d.endpoint_id, x.tenant_id, count(*) AS n \
+            FROM webhook_deliveries d JOIN webhook_endpoints x ON x.id = d.endpoint_id \
+            WHERE d.status = 'pending' AND d.lease_token IS NOT NULL \
+              AND d.lease_expires_at > ",
         db_now!(),
-        ") ORDER BY d.next_attempt_at LIMIT ?"
+        " GROUP BY d.endpoint_id, x.tenant_id), \
+         by_endpoint AS ( \
+            SELECT d.id, d.next_attempt_at, x.tenant_id, \
+                row_number() OVER (PARTITION BY d.endpoint_id \
+                    ORDER BY d.next_attempt_at, d.id) \
+                + COALESCE((SELECT l.n FROM live l WHERE l.endpoint_id = d.endpoint_id), 0) \
+                    AS on_endpoint \
+            FROM webhook_deliveries d JOIN webhook_endpoints x \
+                ON x.id = d.endpoint_id AND x.enabled \
+            WHERE d.status = 'pending' AND d.next_attempt_at <= $1 \
+              AND (d.lease_token IS NULL OR d.lease_expires_at <= ",
+        db_now!(),
+        ")), \
+         by_tenant AS ( \
+            SELECT e.id, e.next_attempt_at, \
+                row_number() OVER (PARTITION BY e.tenant_id \
+                    ORDER BY e.next_attempt_at, e.id) \
+                + COALESCE((SELECT sum(l.n) FROM live l WHERE l.tenant_id = e.tenant_id), 0) \
+                    AS on_tenant \
+            FROM by_endpoint e WHERE e.on_endpoint <= $3) \
+         SELECT t.id FROM by_tenant t WHERE t.on_tenant <= $4 \
+         ORDER BY t.next_attempt_at, t.id LIMIT $2"
     ))
     .bind(db(now))
     .bind(i64::from(limit))
+    .bind(i64::from(caps.per_endpoint))
+    .bind(i64::from(caps.per_tenant))
     .fetch_all(&mut *c)
     .await?;
     let mut claimed = Vec::with_capacity(ids.len());
@@ -192,9 +219,10 @@ impl SqliteStore {
         now: OffsetDateTime,
         ttl: Duration,
         limit: u32,
+        caps: InFlightCaps,
     ) -> Result<Vec<ClaimedDelivery>, StoreError> {
         let owner = owner.to_string();
-        self.write(move |c| Box::pin(async move { claim(c, &owner, now, ttl, limit).await }))
+        self.write(move |c| Box::pin(async move { claim(c, &owner, now, ttl, limit, caps).await }))
             .await
     }
 

@@ -123,8 +123,9 @@ mod tests;
 
 /// The bootstrap key docker-compose.yml publishes for its demo.
 pub const DEMO_BOOTSTRAP_KEY: &str = "so_demo-key-change-me-0000000000";
-/// The receipt secret docker-compose.yml publishes for its demo.
-pub const DEMO_RECEIPT_SECRET: &str = "demo-receipt-secret-change-me";
+/// The receipt secret docker-compose.yml publishes for its demo (the http
+/// adapter's endpoint warns of it).
+pub use crate::provider::http::receipts::DEMO_RECEIPT_SECRET;
 
 impl Settings {
     /// What an operator should hear at start, though it is allowed: the
@@ -139,13 +140,7 @@ impl Settings {
                     .to_string(),
             );
         }
-        if self.server.receipts.http_secret.as_deref() == Some(DEMO_RECEIPT_SECRET) {
-            out.push(
-                "SENDONCE_RECEIPT_SECRET is the demo secret published in docker-compose.yml: \
-                 anyone can forge delivery receipts; set your own"
-                    .to_string(),
-            );
-        }
+        out.extend(self.provider.receipts.warnings());
         if self.server.metrics_listen.is_none() {
             out.push(
                 "/metrics (message volumes) and /readyz's details (the database's host and \

@@ -61,6 +61,12 @@ pub trait ReceiptRoute: std::fmt::Debug + Send + Sync + 'static {
     /// Authenticates the request with its body and reads the receipt.
     fn read(&self, req: &ReceiptRequest<'_>, body: &[u8]) -> Result<Receipt, ReceiptError>;
 
+    /// What an operator should hear at start about this endpoint's
+    /// settings, though they are allowed (a published demo secret).
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// What the provider's status word means for the message ([`delivery_status`]
     /// unless the provider has words of its own).
     fn delivery_status(&self, status: &str) -> Option<Status> {

@@ -217,6 +217,11 @@ impl ReceiptRoutes {
         Self::configure(&Vars::from_pairs(pairs), &Context::default())
     }
 
+    /// What every endpoint's settings should make an operator hear at start.
+    pub fn warnings(&self) -> Vec<String> {
+        self.0.iter().flat_map(|(_, r)| r.warnings()).collect()
+    }
+
     /// Adapter `name`'s endpoint.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn ReceiptRoute>> {
         self.0.iter().find(|(n, _)| *n == name).map(|(_, r)| r)

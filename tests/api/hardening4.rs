@@ -350,7 +350,11 @@ async fn the_api_listener_tells_strangers_only_ok(backend: Backend) {
 
     let mut demo = test_settings();
     demo.server.bootstrap_api_key = Some(sendonce::config::DEMO_BOOTSTRAP_KEY.into());
-    demo.server.receipts.http_secret = Some(sendonce::config::DEMO_RECEIPT_SECRET.into());
+    demo.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
+        "SENDONCE_RECEIPT_SECRET",
+        sendonce::config::DEMO_RECEIPT_SECRET,
+    )])
+    .expect("the demo secret is a valid secret");
     let said = demo.warnings().join("\n");
     for named in [
         "SENDONCE_BOOTSTRAP_API_KEY",

@@ -56,7 +56,21 @@ pub(super) fn configure(vars: &Vars, _ctx: &Context) -> Result<Arc<dyn ReceiptRo
     Ok(Arc::new(HttpReceipts { secret }))
 }
 
+/// The receipt secret docker-compose.yml publishes for its demo.
+pub const DEMO_RECEIPT_SECRET: &str = "demo-receipt-secret-change-me";
+
 impl ReceiptRoute for HttpReceipts {
+    fn warnings(&self) -> Vec<String> {
+        if self.secret.as_deref() == Some(DEMO_RECEIPT_SECRET) {
+            vec![format!(
+                "{RECEIPT_SECRET} is the demo secret published in docker-compose.yml: \
+                 anyone can forge delivery receipts; set your own"
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+
     fn admit(&self, req: &ReceiptRequest<'_>) -> Result<(), ReceiptError> {
         let Some(secret) = self.secret.as_deref() else {
             tracing::warn!(

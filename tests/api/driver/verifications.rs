@@ -15,6 +15,12 @@ use uuid::Uuid;
 use super::{Fixture, LIVE, T0, endpoint, fixture, message};
 use crate::helpers::*;
 
+/// In-flight caps no case here reaches.
+const NO_CAPS: sendonce::store::InFlightCaps = sendonce::store::InFlightCaps {
+    per_endpoint: 100,
+    per_tenant: 100,
+};
+
 const TO: &str = "+14155550100";
 
 fn policy() -> StartPolicy {
@@ -165,9 +171,10 @@ async fn starts_replay_their_key_and_keep_their_limits(backend: Backend) {
 async fn a_check_is_written_once_fenced_on_the_row_as_read(backend: Backend) {
     let f = fixture(backend).await;
     let s = &f.store;
-    s.create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"))
+    s.create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"), 20)
         .await
-        .unwrap();
+        .unwrap()
+        .expect("under the cap");
     let read = started(&f, "v", T0).await;
     let now = T0 + time::Duration::seconds(5);
     let wrong = read.checked(decide::Check::Wrong { remaining: 2 }, now);
@@ -256,7 +263,7 @@ async fn a_check_is_written_once_fenced_on_the_row_as_read(backend: Backend) {
         (VerificationStatus::Approved, Some(now))
     );
     let claimed = s
-        .claim_webhook_deliveries("w1", now + time::Duration::hours(1), LIVE, 10)
+        .claim_webhook_deliveries("w1", now + time::Duration::hours(1), LIVE, 10, NO_CAPS)
         .await
         .unwrap();
     let types: Vec<_> = claimed
@@ -344,9 +351,10 @@ async fn a_resend_writes_its_message_and_answer_in_one_change(backend: Backend) 
 async fn expiry_and_cancel_write_their_events_once(backend: Backend) {
     let f = fixture(backend).await;
     let s = &f.store;
-    s.create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"))
+    s.create_webhook_endpoint(&endpoint(&f, "https://a.example/hook"), 20)
         .await
-        .unwrap();
+        .unwrap()
+        .expect("under the cap");
     let a = started(&f, "a", T0).await;
     let b = started(&f, "b", T0 + time::Duration::minutes(5)).await;
     let at = T0 + time::Duration::minutes(12);
@@ -386,7 +394,7 @@ async fn expiry_and_cancel_write_their_events_once(backend: Backend) {
     );
 
     let claimed = s
-        .claim_webhook_deliveries("w1", at + time::Duration::hours(1), LIVE, 10)
+        .claim_webhook_deliveries("w1", at + time::Duration::hours(1), LIVE, 10, NO_CAPS)
         .await
         .unwrap();
     let mut types: Vec<_> = claimed

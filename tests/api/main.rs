@@ -69,6 +69,7 @@ mod process;
 mod promise;
 mod receipts;
 mod scrubbing;
+mod sealed;
 mod slow_bodies;
 mod sqlite_writer;
 mod store;

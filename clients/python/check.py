@@ -448,27 +448,29 @@ def webhook_endpoints(ctx: Ctx) -> None:
 
 
 def events_feed(ctx: Ctx) -> None:
-    """The feed has the sends that finished, in order, with a cursor that
-    stays put when nothing is new."""
+    """The feed has the sends that finished, in order; a poller goes on from
+    `next_cursor`, and from its last event's `cursor` on the last page."""
     wanted = {ctx.state["send"][2].id}
     deadline = time.monotonic() + 30
-    after: str | None = None
+    cursor: str | None = None
     seen: list[str] = []
     while True:
-        kwargs = {"after": after} if after else {}
+        kwargs = {"cursor": cursor} if cursor else {}
         resp = list_webhook_events.sync_detailed(client=ctx.client, limit=100, **kwargs)
         feed = resp.parsed
         expect(isinstance(feed, WebhookEventFeed), f"the feed parsed as {type(feed).__name__}")
         seen += [e.data.id for e in feed.data if e.type_ == WebhookEventType.MESSAGE_SENT]
-        if feed.next_cursor:
-            after = feed.next_cursor
+        if isinstance(feed.next_cursor, str):
+            cursor = feed.next_cursor
+        elif feed.data:
+            cursor = feed.data[-1].cursor
         if wanted <= set(seen):
             break
         expect(time.monotonic() < deadline, f"the feed never showed {wanted}: {seen}")
         if not feed.data:
             time.sleep(0.2)
     expect(len(seen) == len(set(seen)), f"an event twice in the feed: {seen}")
-    last = list_webhook_events.sync_detailed(client=ctx.client, after=after, limit=100)
+    last = list_webhook_events.sync_detailed(client=ctx.client, cursor=cursor, limit=100)
     expect(isinstance(last.parsed, WebhookEventFeed), "the last page was not parsed")
 
 

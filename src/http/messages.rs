@@ -6,7 +6,7 @@
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -153,10 +153,17 @@ async fn list_attempts(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
     key: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let (_, record) = message_at(&state, tenant_id, key).await?;
-    let attempts = state.store.attempts(record.id).await?;
-    Ok(Json(serde_json::json!({ "data": attempts })).into_response())
+    let list = format!("message-attempts:{}", record.id);
+    let page = super::page::Page::of(&state, tenant_id, &list, query.as_deref(), 100, 1000).await?;
+    let after = page.after_as(|b| Some(u32::from_be_bytes(b.try_into().ok()?)))?;
+    // A message has few attempts (its retry policy bounds them): read whole.
+    let mut attempts = state.store.attempts(record.id).await?;
+    attempts.retain(|a| after.is_none_or(|n| a.number > n));
+    let (data, next) = page.finish(attempts, |a| a.number.to_be_bytes().to_vec());
+    Ok(Json(serde_json::json!({ "data": data, "next_cursor": next })).into_response())
 }
 
 /// `POST /messages/{key}/cancel`: a `scheduled` message, or one waiting for

@@ -64,6 +64,7 @@ mod helpers;
 mod lifecycle;
 mod observability;
 mod outage;
+mod paging;
 mod pooler;
 mod process;
 mod promise;

@@ -90,21 +90,32 @@ async fn create_message(
     Ok(sent_response(sent, key.as_str()))
 }
 
+/// Whether a send's outcome is the answer of an earlier request with the
+/// key (`Idempotent-Replayed: true`; a batch item's `"replayed": true`).
+pub(crate) fn is_replay(sent: &Sent) -> bool {
+    matches!(
+        sent,
+        Sent::Replayed(_) | Sent::Remembered { .. } | Sent::ReplayedScheduled(_)
+    )
+}
+
 /// A send's outcome as HTTP: 201 (or the frozen code) with a final message,
 /// 202 with one still on its way, and `Idempotent-Replayed` on replays.
 pub(crate) fn sent_response(sent: Sent, key: &str) -> Response {
+    let replayed = is_replay(&sent);
     match sent {
-        Sent::Final(response) => stored(response, key, false),
-        Sent::Replayed(response) => stored(response, key, true),
+        Sent::Final(response) | Sent::Replayed(response) => stored(response, key, replayed),
         Sent::Remembered { status_code, body } => {
             let status = StatusCode::from_u16(status_code).unwrap_or(StatusCode::CREATED);
-            message_response(status, body, key, true)
+            message_response(status, body, key, replayed)
         }
-        Sent::Scheduled(record) | Sent::Pending(record) => {
-            message_response(StatusCode::ACCEPTED, record.to_out().to_json(), key, false)
-        }
-        Sent::ReplayedScheduled(record) => {
-            message_response(StatusCode::ACCEPTED, record.to_out().to_json(), key, true)
+        Sent::Scheduled(record) | Sent::Pending(record) | Sent::ReplayedScheduled(record) => {
+            message_response(
+                StatusCode::ACCEPTED,
+                record.to_out().to_json(),
+                key,
+                replayed,
+            )
         }
     }
 }

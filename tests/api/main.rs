@@ -46,6 +46,7 @@ macro_rules! through_pgbouncer {
     };
 }
 
+mod batch_answers;
 mod batching;
 mod caches;
 mod campaigns;

@@ -394,6 +394,13 @@ pub struct ConfigArgs {
     /// Concluded verifications of a prefix needed before its approval rate is judged (0: never pause).
     #[arg(long, env = "SENDONCE_VERIFY_PAUSE_MIN_STARTS", global = true)]
     pub verify_pause_min_starts: Option<String>,
+    /// Verifications started per destination prefix per hour, per tenant, counted in the database (0: no limit).
+    #[arg(
+        long,
+        env = "SENDONCE_VERIFY_STARTS_PER_PREFIX_PER_HOUR",
+        global = true
+    )]
+    pub verify_starts_per_prefix_per_hour: Option<String>,
     /// The approval rate is judged over verifications started within this (a duration: 30s, 10m, 1h 30m, 250ms).
     #[arg(long, env = "SENDONCE_VERIFY_PAUSE_WINDOW", global = true)]
     pub verify_pause_window: Option<String>,

@@ -108,7 +108,49 @@ async fn a_limited_item_gives_the_batch_a_retry_after(backend: Backend) {
     assert!((1..=3600).contains(&header), "{header}");
 }
 
+/// The default per-prefix limit fits a shop's confirmations to one town
+/// (issue 26: 100 an hour was hit by ordinary order confirmations); a
+/// number's own limit still holds.
+async fn ordinary_confirmations_fit_the_default_prefix_limit(backend: Backend) {
+    let mut settings = test_settings();
+    settings.limits = sendonce::config::LimitSettings::default();
+    let app = spawn_with(TestOptions {
+        backend,
+        settings,
+        ..TestOptions::default()
+    })
+    .await;
+    // 150 customers in one exchange (+1 415 555 ....), one order each.
+    let items: Vec<Value> = (0..150)
+        .map(|i| item(&format!("ORDER-{i}"), &format!("+1415555{:04}", 1000 + i)))
+        .collect();
+    let a = batch(&app, Value::Array(items)).await;
+    assert_eq!(a.status, 200);
+    let refused: Vec<Value> = a.json()["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .filter(|r| r["status"] != 202)
+        .cloned()
+        .collect();
+    assert!(refused.is_empty(), "refused: {refused:?}");
+    // One customer's 11th message in the hour is still refused.
+    let one: Vec<Value> = (0..11)
+        .map(|i| item(&format!("SAME-{i}"), "+14155559999"))
+        .collect();
+    let a = batch(&app, Value::Array(one)).await;
+    let statuses: Vec<Value> = a.json()["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["status"].clone())
+        .collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 202).count(), 10);
+    assert_eq!(statuses[10], 429);
+}
+
 on_both_backends!(
     replayed_items_are_marked,
-    a_limited_item_gives_the_batch_a_retry_after
+    a_limited_item_gives_the_batch_a_retry_after,
+    ordinary_confirmations_fit_the_default_prefix_limit
 );

@@ -53,9 +53,17 @@ pub enum ReceiptsCommand {
 #[derive(Debug, Subcommand)]
 pub enum TenantCommand {
     /// Create a tenant and print its new API key as the only line on stdout.
+    /// A name is 1 to 64 ASCII letters, digits, `.`, `_` and `-`, starting
+    /// with a letter or digit.
     Create { name: String },
-    /// List tenants.
+    /// List tenants, one a line: id, name, created, quiet hours, senders,
+    /// allowed countries, home country (tab-separated).
     List,
+    /// Show one tenant's settings.
+    Show { name: String },
+    /// The country national-format numbers are read in by the console's
+    /// search (ISO 3166-1 alpha-2, e.g. `US`), or `off`.
+    HomeCountry { name: String, country: String },
     /// Limit a tenant's destinations to these countries (ISO 3166-1 codes,
     /// e.g. `US CA`); with none, allow every country again.
     AllowCountries {

@@ -50,6 +50,7 @@ mod batch_answers;
 mod batching;
 mod caches;
 mod campaigns;
+mod cli;
 mod console;
 mod contract;
 mod crash_points;

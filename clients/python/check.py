@@ -370,6 +370,8 @@ def readme_client_snippet(ctx: Ctx) -> None:
     exec(compile(code, "README.md (client-check: client)", "exec"), scope)
     resp = scope["resp"]
     expect(resp.status_code == 201, f"README example: {resp.status_code} {resp.content!r}")
+    expect(isinstance(scope["replayed"], bool), "the example reads Idempotent-Replayed")
+    expect(scope["retry_after"] is None, "a 201 carries no Retry-After")
     expect(isinstance(resp.parsed, FinalMessage), f"README example parsed {type(resp.parsed).__name__}")
     expect(resp.parsed.status == FinalMessageStatus.SENT, f"README example: {resp.parsed.status}")
 

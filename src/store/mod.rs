@@ -40,6 +40,20 @@ pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
 pub use sqlite::SqliteStore;
 pub use types::*;
+
+/// A tenant and its settings, as `sendonce tenant list` and `show` print
+/// them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantSettings {
+    pub id: Uuid,
+    pub name: String,
+    pub created_at: OffsetDateTime,
+    pub allowed_countries: Option<Vec<String>>,
+    pub allowed_senders: Option<Vec<String>>,
+    pub quiet_hours: Option<crate::domain::quiet::QuietHours>,
+    pub home_country: Option<String>,
+}
+
 pub use verification::*;
 pub use webhooks::{
     ClaimedDelivery, DeliveryAttempt, DeliveryNext, EventCursor, NewWebhookEndpoint,

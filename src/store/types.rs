@@ -19,19 +19,6 @@ pub struct NewApiKey {
     pub prefix: String,
 }
 
-/// A tenant and its settings, as `sendonce tenant list` and `show` print
-/// them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TenantSettings {
-    pub id: Uuid,
-    pub name: String,
-    pub created_at: OffsetDateTime,
-    pub allowed_countries: Option<Vec<String>>,
-    pub allowed_senders: Option<Vec<String>>,
-    pub quiet_hours: Option<crate::domain::quiet::QuietHours>,
-    pub home_country: Option<String>,
-}
-
 /// What a request learns about its tenant from its API key: one lookup.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TenantAuth {

@@ -25,16 +25,6 @@ VALID_NUMBERS = [
 
 schemathesis.openapi.format("phone", st.sampled_from(VALID_NUMBERS))
 
-# `/messages/{key}/events` takes back only cursors it handed out (opaque,
-# base64url of a position); these are well-formed ones.
-VALID_CURSORS = [
-    "MC4wLjA",
-    "MTcwMDAwMDAwMDAwMDAwMC4xLjE",
-    "MTc2NDU0NzIwMDAwMDAwMC4wLjI",
-]
-
-schemathesis.openapi.format("cursor", st.sampled_from(VALID_CURSORS))
-
 # `send_at` may be at most 35 days ahead of the server's clock (400 beyond),
 # which no schema can say: request date-times are drawn from a year back
 # (a past time means "now") to 30 days ahead.

@@ -100,7 +100,7 @@ impl App {
             settings: settings.verify.clone(),
             secret,
             number_per_hour: settings.limits.rates.number.per_hour(),
-            prefix_per_hour: settings.limits.rates.prefix.per_hour(),
+            prefix_per_hour: settings.verify.starts_per_prefix_per_hour,
         });
         let scheduler = Arc::new(Scheduler::new(
             Arc::clone(&store),

@@ -164,9 +164,11 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
     let store = migrated_store(settings).await?;
     match command {
         TenantCommand::Create { name } => {
-            let name = name.trim();
-            if name.is_empty() || name.len() > 100 {
-                bail!("a tenant name is 1 to 100 characters");
+            if !valid_tenant_name(name) {
+                bail!(
+                    "{name:?} is not a tenant name: 1 to 64 ASCII letters, digits, '.', '_' \
+                     and '-', starting with a letter or digit (e.g. mobile-backend)"
+                );
             }
             let key = apikey::generate();
             match store.create_tenant(name, &key.stored).await {
@@ -185,10 +187,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 .map(|c| c.trim().to_ascii_uppercase())
                 .filter(|c| !c.is_empty())
                 .collect();
-            if let Some(bad) = codes
-                .iter()
-                .find(|c| c.len() != 2 || !c.bytes().all(|b| b.is_ascii_uppercase()))
-            {
+            if let Some(bad) = codes.iter().find(|c| !is_country_code(c)) {
                 bail!("{bad:?} is not an ISO 3166-1 alpha-2 country code");
             }
             let countries = (!codes.is_empty()).then_some(codes.as_slice());
@@ -197,6 +196,10 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 .await
                 .context("setting allowed countries")?
             {
+                println!(
+                    "tenant {name:?}: allowed countries {}",
+                    countries_text(countries)
+                );
                 Ok(())
             } else {
                 bail!("no tenant named {name:?}")
@@ -217,18 +220,107 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 .await
                 .context("setting quiet hours")?
             {
+                println!("tenant {name:?}: quiet hours {}", quiet_text(window));
                 Ok(())
             } else {
                 bail!("no tenant named {name:?}")
             }
         }
+        TenantCommand::HomeCountry { name, country } => {
+            let code = country.trim().to_ascii_uppercase();
+            let country = match code.as_str() {
+                "OFF" => None,
+                c if is_country_code(c) => Some(code.clone()),
+                _ => bail!("{country:?} is not an ISO 3166-1 alpha-2 country code (or off)"),
+            };
+            if store
+                .set_home_country(name, country.clone())
+                .await
+                .context("setting the home country")?
+            {
+                println!(
+                    "tenant {name:?}: home country {}",
+                    country
+                        .as_deref()
+                        .unwrap_or("off (only E.164 numbers are read)")
+                );
+                Ok(())
+            } else {
+                bail!("no tenant named {name:?}")
+            }
+        }
+        TenantCommand::Show { name } => {
+            let tenants = store.tenant_settings().await.context("reading tenants")?;
+            let Some(t) = tenants.iter().find(|t| &t.name == name) else {
+                bail!("no tenant named {name:?}")
+            };
+            println!("name: {}", t.name);
+            println!("id: {}", t.id);
+            println!("created: {}", t.created_at);
+            println!("quiet hours: {}", quiet_text(t.quiet_hours));
+            println!("senders: {}", senders_text(t.allowed_senders.as_deref()));
+            println!(
+                "allowed countries: {}",
+                countries_text(t.allowed_countries.as_deref())
+            );
+            println!(
+                "home country: {}",
+                t.home_country.as_deref().unwrap_or("none")
+            );
+            Ok(())
+        }
         TenantCommand::Senders { name, command } => senders(store.as_ref(), name, command).await,
         TenantCommand::List => {
-            for (id, name, created) in store.list_tenants().await.context("listing tenants")? {
-                println!("{id}\t{name}\t{created}");
+            for t in store.tenant_settings().await.context("listing tenants")? {
+                println!(
+                    "{}\t{}\t{}\tquiet hours {}\tsenders {}\tcountries {}\thome {}",
+                    t.id,
+                    t.name,
+                    t.created_at,
+                    quiet_text(t.quiet_hours),
+                    senders_text(t.allowed_senders.as_deref()),
+                    countries_text(t.allowed_countries.as_deref()),
+                    t.home_country.as_deref().unwrap_or("none"),
+                );
             }
             Ok(())
         }
+    }
+}
+
+/// Whether `name` may name a new tenant: 1 to 64 ASCII letters, digits,
+/// `.`, `_` and `-`, starting with a letter or digit (it goes into command
+/// lines, logs and URLs' query strings unquoted).
+pub fn valid_tenant_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    name.len() <= 64
+        && bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn is_country_code(c: &str) -> bool {
+    c.len() == 2 && c.bytes().all(|b| b.is_ascii_uppercase())
+}
+
+fn quiet_text(window: Option<crate::domain::quiet::QuietHours>) -> String {
+    window.map_or_else(
+        || "off".to_string(),
+        |w| format!("{w} (recipient's local time)"),
+    )
+}
+
+fn senders_text(senders: Option<&[String]>) -> String {
+    match senders {
+        None => "(no list)".into(),
+        Some([]) => "(empty list: the provider's default sender only)".into(),
+        Some(list) => list.join(", "),
+    }
+}
+
+fn countries_text(countries: Option<&[String]>) -> String {
+    match countries {
+        None | Some([]) => "any".into(),
+        Some(list) => list.join(", "),
     }
 }
 
@@ -272,7 +364,12 @@ async fn senders(
     {
         None => bail!("no tenant named {name:?}"),
         Some(changed) => {
-            if !changed {
+            if changed {
+                println!(
+                    "tenant {name:?}: {} sender {sender:?}",
+                    if add { "added" } else { "removed" }
+                );
+            } else {
                 eprintln!(
                     "{sender:?} was {} the list: nothing changed",
                     if add { "already on" } else { "not on" }
@@ -342,5 +439,44 @@ pub async fn receipts(settings: &Settings, command: &ReceiptsCommand) -> Result<
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_names() {
+        for (name, ok) in [
+            ("mobile-backend", true),
+            ("ERP_2", true),
+            ("a", true),
+            ("acme.eu", true),
+            (&"x".repeat(64), true),
+            (&"x".repeat(65), false),
+            ("", false),
+            ("Mobile Backend!", false),
+            ("-leading", false),
+            (".hidden", false),
+            ("tab\there", false),
+            ("café", false),
+            ("a/b", false),
+        ] {
+            assert_eq!(valid_tenant_name(name), ok, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn settings_read_as_words() {
+        assert_eq!(senders_text(None), "(no list)");
+        assert!(senders_text(Some(&[])).contains("default sender only"));
+        assert_eq!(
+            senders_text(Some(&["ACME".into(), "+14155550100".into()])),
+            "ACME, +14155550100"
+        );
+        assert_eq!(countries_text(None), "any");
+        assert_eq!(countries_text(Some(&["US".into(), "CA".into()])), "US, CA");
+        assert_eq!(quiet_text(None), "off");
     }
 }

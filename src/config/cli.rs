@@ -55,9 +55,17 @@ pub enum ReceiptsCommand {
 #[derive(Debug, Subcommand)]
 pub enum TenantCommand {
     /// Create a tenant and print its new API key as the only line on stdout.
+    /// A name is 1 to 64 ASCII letters, digits, `.`, `_` and `-`, starting
+    /// with a letter or digit.
     Create { name: String },
-    /// List tenants.
+    /// List tenants, one a line: id, name, created, quiet hours, senders,
+    /// allowed countries, home country (tab-separated).
     List,
+    /// Show one tenant's settings.
+    Show { name: String },
+    /// The country national-format numbers are read in by the console's
+    /// search (ISO 3166-1 alpha-2, e.g. `US`), or `off`.
+    HomeCountry { name: String, country: String },
     /// Limit a tenant's destinations to these countries (ISO 3166-1 codes,
     /// e.g. `US CA`); with none, allow every country again.
     AllowCountries {
@@ -357,6 +365,13 @@ pub struct ConfigArgs {
     /// Concluded verifications of a prefix needed before its approval rate is judged (0: never pause).
     #[arg(long, env = "SENDONCE_VERIFY_PAUSE_MIN_STARTS", global = true)]
     pub verify_pause_min_starts: Option<String>,
+    /// Verifications started per destination prefix per hour, per tenant, counted in the database (0: no limit).
+    #[arg(
+        long,
+        env = "SENDONCE_VERIFY_STARTS_PER_PREFIX_PER_HOUR",
+        global = true
+    )]
+    pub verify_starts_per_prefix_per_hour: Option<String>,
     /// The approval rate is judged over verifications started within this (a duration: 30s, 10m, 1h 30m, 250ms).
     #[arg(long, env = "SENDONCE_VERIFY_PAUSE_WINDOW", global = true)]
     pub verify_pause_window: Option<String>,

@@ -30,8 +30,10 @@ impl Default for LimitSettings {
                     capacity: 10,
                     per: HOUR,
                 },
+                // 10,000 numbers share a prefix; 1,000 new SMS an hour to
+                // them (docs/configuration.md, "Why these limits").
                 prefix: Rate {
-                    capacity: 100,
+                    capacity: 1000,
                     per: HOUR,
                 },
             },
@@ -141,6 +143,6 @@ mod tests {
         assert_eq!(rps_and_burst(d.rates.tenant), (100, 200));
         assert_eq!(tenant_rate(100, 200).unwrap(), d.rates.tenant);
         assert_eq!(per_hour(d.rates.number), 10);
-        assert_eq!(per_hour(d.rates.prefix), 100);
+        assert_eq!(per_hour(d.rates.prefix), 1000);
     }
 }

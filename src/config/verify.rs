@@ -73,6 +73,11 @@ impl VerifySettings {
                 &a.verify_pause_min_starts,
                 d.pause_min_starts,
             )?,
+            starts_per_prefix_per_hour: number_or(
+                "SENDONCE_VERIFY_STARTS_PER_PREFIX_PER_HOUR",
+                &a.verify_starts_per_prefix_per_hour,
+                d.starts_per_prefix_per_hour,
+            )?,
             pause_window: positive_duration(
                 no_old("SENDONCE_VERIFY_PAUSE_WINDOW"),
                 &a.verify_pause_window,

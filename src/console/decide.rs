@@ -114,11 +114,11 @@ const CODE_WORDS: &[&str] = &[
 ];
 
 /// The body as the console shows it: a sealed body (a verification's SMS,
-/// stored encrypted) is never opened; in a body that speaks of a code, every
-/// run of 4 to 10 digits is masked.
+/// stored encrypted) is never opened, its masked text is shown; in a body
+/// that speaks of a code, every run of 4 to 10 digits is masked.
 pub fn masked_body(body: &str) -> String {
-    if crate::verify::crypto::is_sealed(body) {
-        return "(a one-time code message: its text is stored sealed and never shown)".into();
+    if crate::domain::sealed::is_sealed(body) {
+        return crate::domain::sealed::shown_body(body).into_owned();
     }
     let lower = body.to_lowercase();
     let speaks_of_code = lower

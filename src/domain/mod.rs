@@ -11,6 +11,7 @@ mod proptests;
 pub mod quiet;
 pub mod request;
 pub mod schedule;
+pub mod sealed;
 pub mod segments;
 
 pub use attempt::AttemptOutcome;

@@ -48,11 +48,18 @@ pub fn router() -> Router<SharedState> {
 }
 
 /// One item's answer.
+#[derive(Clone)]
 struct ItemResult {
     key: String,
     status: StatusCode,
     message: Option<Value>,
     problem: Option<Value>,
+    /// The answer of an earlier request with this key (what
+    /// `Idempotent-Replayed: true` says on `POST /messages`): nothing new
+    /// was queued for it by this batch.
+    replayed: bool,
+    /// A limit's wait (429), in seconds.
+    retry_after: Option<u64>,
 }
 
 impl ItemResult {
@@ -62,6 +69,19 @@ impl ItemResult {
             status: e.status(),
             message: None,
             problem: Some(problem_value(e)),
+            replayed: false,
+            retry_after: e.retry_after_secs(),
+        }
+    }
+
+    fn answered(key: String, status: StatusCode, message: Option<Value>, replayed: bool) -> Self {
+        Self {
+            key,
+            status,
+            message,
+            problem: None,
+            replayed,
+            retry_after: None,
         }
     }
 
@@ -69,6 +89,7 @@ impl ItemResult {
         let mut o = Map::new();
         o.insert("idempotency_key".into(), Value::String(self.key.clone()));
         o.insert("status".into(), json!(self.status.as_u16()));
+        o.insert("replayed".into(), Value::Bool(self.replayed));
         if let Some(m) = &self.message {
             o.insert("message".into(), m.clone());
         }
@@ -175,14 +196,12 @@ async fn create_batch(
 
     let mut results = Vec::with_capacity(parsed.len());
     let mut wake = None::<time::OffsetDateTime>;
+    // The longest wait an item was told (429): after it, every refused item
+    // of this batch may be sent again.
+    let mut retry_after = None::<u64>;
     for p in &parsed {
         let r = match p {
-            Parsed::Done(r) => ItemResult {
-                key: r.key.clone(),
-                status: r.status,
-                message: r.message.clone(),
-                problem: r.problem.clone(),
-            },
+            Parsed::Done(r) => r.clone(),
             Parsed::Valid(v) => {
                 let Some((v, claim)) = by_index.get(&v.index) else {
                     return Err(ApiError::Internal("a batch item without its answer".into()));
@@ -193,12 +212,12 @@ async fn create_batch(
                         if let Some(at) = record.next_attempt_at {
                             wake = Some(wake.map_or(at, |w| w.min(at)));
                         }
-                        ItemResult {
+                        ItemResult::answered(
                             key,
-                            status: StatusCode::ACCEPTED,
-                            message: serde_json::to_value(record.to_out()).ok(),
-                            problem: None,
-                        }
+                            StatusCode::ACCEPTED,
+                            serde_json::to_value(record.to_out()).ok(),
+                            false,
+                        )
                     }
                     Claim::Existing(existing) => {
                         if let Some(permit) = permits.remove(&v.index) {
@@ -234,9 +253,7 @@ async fn create_batch(
                     None => match parsed.get(*first) {
                         Some(Parsed::Done(r)) => ItemResult {
                             key: key.clone(),
-                            status: r.status,
-                            message: r.message.clone(),
-                            problem: r.problem.clone(),
+                            ..r.clone()
                         },
                         _ => {
                             return Err(ApiError::Internal(
@@ -247,12 +264,22 @@ async fn create_batch(
                 }
             }
         };
+        if let Some(secs) = r.retry_after {
+            retry_after = Some(retry_after.map_or(secs, |w| w.max(secs)));
+        }
         results.push(r.to_json());
     }
     if let Some(at) = wake {
         state.deliverer.nudge_at(at);
     }
-    Ok((StatusCode::OK, axum::Json(json!({ "results": results }))).into_response())
+    let mut response = (StatusCode::OK, axum::Json(json!({ "results": results }))).into_response();
+    if let Some(secs) = retry_after {
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(secs),
+        );
+    }
+    Ok(response)
 }
 
 /// The `messages` array, 1 to [`BATCH_MAX_ITEMS`] items.
@@ -404,6 +431,7 @@ async fn existing_result(
         .sends
         .answer_existing(tenant_id, fingerprint, existing, std::time::Duration::ZERO)
         .await;
+    let replayed = sent.as_ref().is_ok_and(super::messages::is_replay);
     let (status, message) = match sent {
         Ok(Sent::Final(r) | Sent::Replayed(r)) => (
             StatusCode::from_u16(r.status_code).unwrap_or(StatusCode::CREATED),
@@ -422,10 +450,5 @@ async fn existing_result(
         }
         Err(e) => return Err(e),
     };
-    Ok(ItemResult {
-        key,
-        status,
-        message,
-        problem: None,
-    })
+    Ok(ItemResult::answered(key, status, message, replayed))
 }

@@ -3,8 +3,8 @@
 //! `cursor` from the previous page's `next_cursor`).
 
 use axum::Router;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use base64::Engine;
@@ -12,7 +12,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
 use time::OffsetDateTime;
 
-use super::receipts::invalid;
+use super::page::Page;
 use super::{SharedState, Tenant};
 use crate::domain::Status;
 use crate::error::ApiError;
@@ -177,39 +177,25 @@ fn page(
 pub const EVENTS_MAX_LIMIT: u32 = 500;
 pub const EVENTS_DEFAULT_LIMIT: u32 = 100;
 
-#[derive(serde::Deserialize)]
-struct EventsQuery {
-    cursor: Option<String>,
-    limit: Option<u32>,
-}
-
 async fn list_events(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
     key: Result<Path<String>, PathRejection>,
-    query: Result<Query<EventsQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let limit_error = || {
-        invalid(
-            "limit",
-            &format!("must be a whole number from 1 to {EVENTS_MAX_LIMIT}"),
-        )
-    };
     let (_, record) = super::messages::message_at(&state, tenant_id, key).await?;
-    let Query(query) = query.map_err(|_| limit_error())?;
-    let limit = query.limit.unwrap_or(EVENTS_DEFAULT_LIMIT);
-    if !(1..=EVENTS_MAX_LIMIT).contains(&limit) {
-        return Err(limit_error());
-    }
-    let after = match query.cursor.as_deref() {
-        None => None,
-        Some(c) => Some(Position::from_cursor(c).ok_or_else(|| {
-            invalid(
-                "cursor",
-                "is not a cursor this endpoint returned (next_cursor)",
-            )
-        })?),
-    };
+    let list = format!("message-events:{}", record.id);
+    let paged = Page::of(
+        &state,
+        tenant_id,
+        &list,
+        query.as_deref(),
+        EVENTS_DEFAULT_LIMIT,
+        EVENTS_MAX_LIMIT,
+    )
+    .await?;
+    let after = paged.after_as(|b| Position::from_cursor(std::str::from_utf8(b).ok()?))?;
+    let limit = paged.limit;
     // Receipts after the cursor: an attempt position takes every receipt at
     // its instant (receipts come after attempts), a receipt position those
     // after its seq.
@@ -226,7 +212,7 @@ async fn list_events(
     let (data, next) = page(attempts, routing, receipts, after, limit as usize);
     Ok(axum::Json(serde_json::json!({
         "data": data,
-        "next_cursor": next.map(Position::cursor),
+        "next_cursor": next.map(|p| paged.cursor(p.cursor().as_bytes())),
     }))
     .into_response())
 }

@@ -6,7 +6,7 @@
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -90,21 +90,32 @@ async fn create_message(
     Ok(sent_response(sent, key.as_str()))
 }
 
+/// Whether a send's outcome is the answer of an earlier request with the
+/// key (`Idempotent-Replayed: true`; a batch item's `"replayed": true`).
+pub(crate) fn is_replay(sent: &Sent) -> bool {
+    matches!(
+        sent,
+        Sent::Replayed(_) | Sent::Remembered { .. } | Sent::ReplayedScheduled(_)
+    )
+}
+
 /// A send's outcome as HTTP: 201 (or the frozen code) with a final message,
 /// 202 with one still on its way, and `Idempotent-Replayed` on replays.
 pub(crate) fn sent_response(sent: Sent, key: &str) -> Response {
+    let replayed = is_replay(&sent);
     match sent {
-        Sent::Final(response) => stored(response, key, false),
-        Sent::Replayed(response) => stored(response, key, true),
+        Sent::Final(response) | Sent::Replayed(response) => stored(response, key, replayed),
         Sent::Remembered { status_code, body } => {
             let status = StatusCode::from_u16(status_code).unwrap_or(StatusCode::CREATED);
-            message_response(status, body, key, true)
+            message_response(status, body, key, replayed)
         }
-        Sent::Scheduled(record) | Sent::Pending(record) => {
-            message_response(StatusCode::ACCEPTED, record.to_out().to_json(), key, false)
-        }
-        Sent::ReplayedScheduled(record) => {
-            message_response(StatusCode::ACCEPTED, record.to_out().to_json(), key, true)
+        Sent::Scheduled(record) | Sent::Pending(record) | Sent::ReplayedScheduled(record) => {
+            message_response(
+                StatusCode::ACCEPTED,
+                record.to_out().to_json(),
+                key,
+                replayed,
+            )
         }
     }
 }
@@ -153,10 +164,17 @@ async fn list_attempts(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
     key: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let (_, record) = message_at(&state, tenant_id, key).await?;
-    let attempts = state.store.attempts(record.id).await?;
-    Ok(Json(serde_json::json!({ "data": attempts })).into_response())
+    let list = format!("message-attempts:{}", record.id);
+    let page = super::page::Page::of(&state, tenant_id, &list, query.as_deref(), 100, 1000).await?;
+    let after = page.after_as(|b| Some(u32::from_be_bytes(b.try_into().ok()?)))?;
+    // A message has few attempts (its retry policy bounds them): read whole.
+    let mut attempts = state.store.attempts(record.id).await?;
+    attempts.retain(|a| after.is_none_or(|n| a.number > n));
+    let (data, next) = page.finish(attempts, |a| a.number.to_be_bytes().to_vec());
+    Ok(Json(serde_json::json!({ "data": data, "next_cursor": next })).into_response())
 }
 
 /// `POST /messages/{key}/cancel`: a `scheduled` message, or one waiting for

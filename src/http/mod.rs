@@ -26,6 +26,7 @@ pub(crate) mod input;
 pub mod messages;
 pub mod metrics;
 pub mod opt_outs;
+pub mod page;
 pub mod receipts;
 pub mod server;
 pub mod verifications;

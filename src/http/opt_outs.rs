@@ -1,7 +1,7 @@
 //! Opt-outs: numbers that asked not to be messaged, per tenant.
 //!
 //! `POST /opt-outs` adds one, `DELETE /opt-outs/{number}` removes it,
-//! `GET /opt-outs` lists them (in number order, `?after=` to page).
+//! `GET /opt-outs` lists them (in number order, paged as `http::page` says).
 //! `POST /inbound` takes an inbound SMS (forwarded by a provider webhook or
 //! the tenant's own gateway): a STOP-type keyword opts its sender out, START
 //! opts it back in. A send to an opted-out number ends `failed` with
@@ -9,14 +9,14 @@
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::page::Page;
 use super::{SharedState, Tenant};
 use crate::domain::FieldError;
 use crate::domain::phone;
@@ -143,45 +143,20 @@ async fn remove(
     }
 }
 
-#[derive(Deserialize)]
-struct ListQuery {
-    after: Option<String>,
-    limit: Option<u32>,
-}
-
+/// `GET /opt-outs`: in number order, paged.
 async fn list(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|_| {
-        ApiError::Validation(vec![FieldError {
-            field: "limit".into(),
-            message: "must be a whole number from 1 to 1000".into(),
-        }])
-    })?;
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::Validation(vec![FieldError {
-            field: "limit".into(),
-            message: "must be a whole number from 1 to 1000".into(),
-        }]));
-    }
-    if query.after.as_ref().is_some_and(|a| a.chars().count() > 32) {
-        return Err(ApiError::Validation(vec![FieldError {
-            field: "after".into(),
-            message: "must be at most 32 characters".into(),
-        }]));
-    }
-    let after = query.after;
+    let page = Page::of(&state, tenant_id, "opt-outs", query.as_deref(), 100, 1000).await?;
+    let after = page.after_as(|b| String::from_utf8(b.to_vec()).ok())?;
     let data = state
         .store
-        .list_opt_outs(tenant_id, after.as_deref(), limit)
+        .list_opt_outs(tenant_id, after.as_deref(), page.limit + 1)
         .await?;
-    let next_after = (data.len() == limit as usize)
-        .then(|| data.last().map(|o| o.number.clone()))
-        .flatten();
-    Ok(Json(json!({ "data": data, "next_after": next_after })).into_response())
+    let (data, next) = page.finish(data, |o| o.number.as_bytes().to_vec());
+    Ok(Json(json!({ "data": data, "next_cursor": next })).into_response())
 }
 
 async fn inbound(

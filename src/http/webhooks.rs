@@ -5,21 +5,22 @@
 //! `GET /webhook-endpoints`, `GET`/`DELETE /webhook-endpoints/{id}`,
 //! `POST /webhook-endpoints/{id}/rotate-secret` (the old secret keeps signing
 //! beside the new one for 24 h), `GET /webhook-endpoints/{id}/attempts`.
-//! `GET /events?after=&limit=` is the tenant's feed of the same events, in
+//! Every list pages as `http::page` says.
+//! `GET /events?limit=&cursor=` is the tenant's feed of the same events, in
 //! order, with a cursor: what an integrator who was down catches up from.
 
 use axum::body::Body;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::opt_outs::json_object;
+use super::page::Page;
 use super::{SharedState, Tenant};
 use crate::domain::FieldError;
 use crate::error::ApiError;
@@ -164,18 +165,35 @@ async fn create(
         .into_response())
 }
 
+/// `GET /webhook-endpoints`: oldest first, paged (at most
+/// [`MAX_ENDPOINTS`], read whole and paged here).
 async fn list(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let data: Vec<Value> = state
-        .store
-        .webhook_endpoints(tenant_id)
-        .await?
-        .iter()
-        .map(|e| endpoint_json(e, None))
-        .collect();
-    Ok(Json(json!({ "data": data })).into_response())
+    let page = Page::of(
+        &state,
+        tenant_id,
+        "webhook-endpoints",
+        query.as_deref(),
+        100,
+        1000,
+    )
+    .await?;
+    let position = |e: &WebhookEndpoint| {
+        [
+            e.created_at.unix_timestamp_nanos().to_be_bytes().as_slice(),
+            e.id.as_bytes(),
+        ]
+        .concat()
+    };
+    let after = page.after_as(|b| (b.len() == 32).then(|| b.to_vec()))?;
+    let mut all = state.store.webhook_endpoints(tenant_id).await?;
+    all.retain(|e| after.as_ref().is_none_or(|a| position(e) > *a));
+    let (endpoints, next) = page.finish(all, position);
+    let data: Vec<Value> = endpoints.iter().map(|e| endpoint_json(e, None)).collect();
+    Ok(Json(json!({ "data": data, "next_cursor": next })).into_response())
 }
 
 async fn show(
@@ -221,78 +239,52 @@ async fn rotate(
     Ok(Json(endpoint_json(&e, Some(&secret))).into_response())
 }
 
-#[derive(Deserialize)]
-struct LimitQuery {
-    limit: Option<u32>,
-}
-
-#[derive(Deserialize)]
-struct FeedQuery {
-    after: Option<String>,
-    limit: Option<u32>,
-}
-
-fn limit_of(limit: Option<u32>) -> Result<u32, ApiError> {
-    let limit = limit.unwrap_or(100);
-    if (1..=1000).contains(&limit) {
-        Ok(limit)
-    } else {
-        Err(invalid("limit", "must be a whole number from 1 to 1000"))
-    }
-}
-
+/// `GET /webhook-endpoints/{id}/attempts`: newest first, paged.
 async fn attempts(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
     id: Result<Path<String>, PathRejection>,
-    query: Result<Query<LimitQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let id = endpoint_id(id)?;
-    let Query(query) =
-        query.map_err(|_| invalid("limit", "must be a whole number from 1 to 1000"))?;
-    let limit = limit_of(query.limit)?;
+    let page = Page::of(
+        &state,
+        tenant_id,
+        "webhook-attempts",
+        query.as_deref(),
+        100,
+        1000,
+    )
+    .await?;
+    let before = page.after_as(|b| Some(i64::from_be_bytes(b.try_into().ok()?)))?;
     if state.store.webhook_endpoint(tenant_id, id).await?.is_none() {
         return Err(ApiError::NotFound);
     }
-    let data = state.store.webhook_attempts(tenant_id, id, limit).await?;
-    Ok(Json(json!({ "data": data })).into_response())
+    let rows = state
+        .store
+        .webhook_attempts(tenant_id, id, before, page.limit + 1)
+        .await?;
+    let (data, next) = page.finish(rows, |a| a.id.to_be_bytes().to_vec());
+    Ok(Json(json!({ "data": data, "next_cursor": next })).into_response())
 }
 
+/// `GET /events`: the tenant's events in order, paged; each event carries
+/// its own cursor too (where a poller that reached the end goes on from).
 async fn feed(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
-    query: Result<Query<FeedQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|_| {
-        ApiError::Validation(vec![
-            FieldError {
-                field: "limit".into(),
-                message: "must be a whole number from 1 to 1000".into(),
-            },
-            FieldError {
-                field: "after".into(),
-                message: "must be a cursor this API returned".into(),
-            },
-        ])
-    })?;
-    let limit = limit_of(query.limit)?;
-    let after = match query.after.as_deref() {
-        None => None,
-        Some(a) => Some(
-            EventCursor::decode(a)
-                .ok_or_else(|| invalid("after", "must be a cursor this API returned"))?,
-        ),
-    };
+    let page = Page::of(&state, tenant_id, "events", query.as_deref(), 100, 1000).await?;
+    let after = page.after_as(EventCursor::from_bytes)?;
     let events = state
         .store
-        .webhook_events_after(tenant_id, after, limit)
+        .webhook_events_after(tenant_id, after, page.limit + 1)
         .await?;
-    // Where to go on from: the last event given, else where the caller was.
-    let next = events
-        .last()
-        .map(|e| e.cursor)
-        .or(after)
-        .map(|c| c.encode());
-    let data: Vec<Value> = events.iter().map(|e| e.to_feed_json()).collect();
+    let (events, next) = page.finish(events, |e| e.cursor.to_bytes());
+    let data: Vec<Value> = events
+        .iter()
+        .map(|e| e.to_feed_json(&page.cursor(&e.cursor.to_bytes())))
+        .collect();
     Ok(Json(json!({ "data": data, "next_cursor": next })).into_response())
 }

@@ -40,6 +40,20 @@ pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
 pub use sqlite::SqliteStore;
 pub use types::*;
+
+/// A tenant and its settings, as `sendonce tenant list` and `show` print
+/// them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantSettings {
+    pub id: Uuid,
+    pub name: String,
+    pub created_at: OffsetDateTime,
+    pub allowed_countries: Option<Vec<String>>,
+    pub allowed_senders: Option<Vec<String>>,
+    pub quiet_hours: Option<crate::domain::quiet::QuietHours>,
+    pub home_country: Option<String>,
+}
+
 pub use verification::*;
 pub use webhooks::{
     ClaimedDelivery, DeliveryAttempt, DeliveryNext, EventCursor, InFlightCaps, NewWebhookEndpoint,
@@ -111,6 +125,15 @@ pub trait TenantStore: Send + Sync {
     /// The tenant a key hash belongs to, if the key exists and is not revoked.
     async fn tenant_for_key(&self, key_hash: &[u8]) -> Result<Option<TenantAuth>, StoreError>;
     async fn list_tenants(&self) -> Result<Vec<(Uuid, String, OffsetDateTime)>, StoreError>;
+    /// Every tenant with its settings, by name (what the CLI shows).
+    async fn tenant_settings(&self) -> Result<Vec<TenantSettings>, StoreError>;
+    /// Sets (or with `None` clears) a tenant's home country; false if there
+    /// is no such tenant.
+    async fn set_home_country(
+        &self,
+        tenant_name: &str,
+        country: Option<String>,
+    ) -> Result<bool, StoreError>;
     /// Adds a key to a tenant by name; `None` if there is no such tenant.
     async fn add_key(&self, tenant_name: &str, key: &NewApiKey)
     -> Result<Option<Uuid>, StoreError>;

@@ -355,7 +355,8 @@ impl MessageRecord {
             status: self.status,
             to: self.to.to_string(),
             from: self.from.clone(),
-            body: self.body.clone(),
+            // A verification's SMS is stored sealed: its masked text.
+            body: crate::domain::sealed::shown_body(&self.body).into_owned(),
             segments: self.segments,
             encoding: self.encoding,
             metadata: self.metadata.clone(),

@@ -63,7 +63,20 @@ pub struct EventCursor {
 }
 
 impl EventCursor {
-    /// The opaque text form clients hand back in `after`.
+    /// The position as bytes (sealed into the API's opaque cursor).
+    pub fn to_bytes(self) -> Vec<u8> {
+        [self.txid.to_be_bytes(), self.seq.to_be_bytes()].concat()
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        let (txid, seq) = (b.get(..8)?, b.get(8..)?);
+        Some(Self {
+            txid: i64::from_be_bytes(txid.try_into().ok()?),
+            seq: i64::from_be_bytes(seq.try_into().ok()?),
+        })
+    }
+
+    /// The text form (`txid-seq`; kept in tests and tools, never answered).
     pub fn encode(&self) -> String {
         format!("{}-{}", self.txid, self.seq)
     }
@@ -112,15 +125,16 @@ impl WebhookEvent {
         serde_json::to_vec(&body).unwrap_or_default()
     }
 
-    /// The event as the feed shows it: the body plus its id and cursor.
-    pub fn to_feed_json(&self) -> serde_json::Value {
+    /// The event as the feed shows it: the body plus its id and `cursor`
+    /// (the opaque text the API makes of [`WebhookEvent::cursor`]).
+    pub fn to_feed_json(&self, cursor: &str) -> serde_json::Value {
         let data: serde_json::Value =
             serde_json::from_slice(&self.data).unwrap_or(serde_json::Value::Null);
         serde_json::json!({
             "id": self.public_id(),
             "type": self.event_type,
             "timestamp": rfc3339(self.created_at),
-            "cursor": self.cursor.encode(),
+            "cursor": cursor,
             "data": data,
         })
     }
@@ -299,11 +313,13 @@ pub trait WebhookStore: Send + Sync {
     /// Records an attempt and moves its delivery on (fenced on the lease);
     /// false when the lease was no longer ours (nothing is written).
     async fn finish_webhook_attempt(&self, a: &DeliveryAttempt) -> Result<bool, StoreError>;
-    /// Up to `limit` attempts of a tenant's endpoint, newest first.
+    /// Up to `limit` attempts of a tenant's endpoint older than the attempt
+    /// `before` (its id; `None`: from the newest), newest first.
     async fn webhook_attempts(
         &self,
         tenant_id: Uuid,
         endpoint_id: Uuid,
+        before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<WebhookAttemptRow>, StoreError>;
     /// Deletes up to `batch` events created before `cutoff` (retention),
@@ -480,6 +496,8 @@ mod tests {
     fn cursors_round_trip_and_reject_junk() {
         let c = EventCursor { txid: 741, seq: 9 };
         assert_eq!(EventCursor::decode(&c.encode()), Some(c));
+        assert_eq!(EventCursor::from_bytes(&c.to_bytes()), Some(c));
+        assert_eq!(EventCursor::from_bytes(&[1, 2, 3]), None);
         for junk in [
             "",
             "1",

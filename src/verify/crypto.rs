@@ -28,8 +28,9 @@ type HmacSha256 = Hmac<Sha256>;
 const NONCE: usize = 16;
 const TAG: usize = 32;
 
-/// What a sealed message body starts with (it is otherwise base64url).
-pub const SEALED_PREFIX: &str = "sendonce-sealed:v1:";
+pub use crate::domain::sealed::{
+    SEALED_MARK, SEALED_PREFIX, SEALED_UNSHOWN, SEALED_V1, is_sealed, shown_body,
+};
 
 /// Keys derived from the verify secret, one per purpose.
 pub struct Keys {
@@ -122,27 +123,42 @@ impl Keys {
         Ok(plain)
     }
 
-    /// A message body as stored: sealed to the message id, as text.
-    pub fn seal_body(&self, message_id: Uuid, body: &str) -> String {
-        let sealed = self.seal(message_id.as_bytes(), body.as_bytes());
-        format!("{SEALED_PREFIX}{}", URL_SAFE_NO_PAD.encode(sealed))
+    /// A message body as stored: sealed to the message id, as text, with
+    /// `shown` (the body with its code masked) beside it in the clear and
+    /// bound to it.
+    pub fn seal_body(&self, message_id: Uuid, body: &str, shown: &str) -> String {
+        let sealed = self.seal(&body_aad(message_id, shown), body.as_bytes());
+        format!(
+            "{SEALED_PREFIX}{}.{}",
+            URL_SAFE_NO_PAD.encode(shown),
+            URL_SAFE_NO_PAD.encode(sealed)
+        )
     }
 
     /// The body to send for a stored body: a sealed one opened, any other
     /// as it is.
     pub fn open_body(&self, message_id: Uuid, stored: &str) -> Result<String, OpenError> {
-        let Some(b64) = stored.strip_prefix(SEALED_PREFIX) else {
+        let (aad, b64) = if let Some(rest) = stored.strip_prefix(SEALED_PREFIX) {
+            let (shown, b64) = rest.split_once('.').ok_or(OpenError)?;
+            let shown = URL_SAFE_NO_PAD.decode(shown).map_err(|_| OpenError)?;
+            let shown = String::from_utf8(shown).map_err(|_| OpenError)?;
+            (body_aad(message_id, &shown), b64)
+        } else if let Some(b64) = stored.strip_prefix(SEALED_V1) {
+            (message_id.as_bytes().to_vec(), b64)
+        } else if is_sealed(stored) {
+            return Err(OpenError);
+        } else {
             return Ok(stored.to_string());
         };
         let sealed = URL_SAFE_NO_PAD.decode(b64).map_err(|_| OpenError)?;
-        let plain = self.open(message_id.as_bytes(), &sealed)?;
+        let plain = self.open(&aad, &sealed)?;
         String::from_utf8(plain).map_err(|_| OpenError)
     }
 }
 
-/// Whether a stored message body is sealed.
-pub fn is_sealed(body: &str) -> bool {
-    body.starts_with(SEALED_PREFIX)
+/// What a sealed body is bound to: its message and the text shown for it.
+fn body_aad(message_id: Uuid, shown: &str) -> Vec<u8> {
+    [message_id.as_bytes().as_slice(), shown.as_bytes()].concat()
 }
 
 /// A code of `len` decimal digits from the thread's CSPRNG (ChaCha, seeded
@@ -207,10 +223,26 @@ mod tests {
         let k = Keys::derive(b"secret one");
         let other = Keys::derive(b"secret two");
         let id = Uuid::now_v7();
-        let body = k.seal_body(id, "Your code is 123456");
+        let body = k.seal_body(id, "Your code is 123456", "Your code is ******");
         assert!(is_sealed(&body));
         assert!(!body.contains("123456"));
+        assert_eq!(shown_body(&body), "Your code is ******");
         assert_eq!(k.open_body(id, &body).unwrap(), "Your code is 123456");
+        // The shown text is bound: another one beside the sealed body does not open.
+        let (_, sealed) = body.rsplit_once('.').unwrap();
+        let swapped = format!("{SEALED_PREFIX}{}.{sealed}", URL_SAFE_NO_PAD.encode("x"));
+        assert!(k.open_body(id, &swapped).is_err());
+        assert_eq!(shown_body(&swapped), "x");
+        // The first format still opens (messages sealed before v2), shown
+        // without its text; an unknown version never opens.
+        let v1 = format!(
+            "{SEALED_V1}{}",
+            URL_SAFE_NO_PAD.encode(k.seal(id.as_bytes(), b"Your code is 1"))
+        );
+        assert_eq!(k.open_body(id, &v1).unwrap(), "Your code is 1");
+        assert_eq!(shown_body(&v1), SEALED_UNSHOWN);
+        assert!(k.open_body(id, "sendonce-sealed:v9:abc").is_err());
+        assert_eq!(shown_body("plain"), "plain");
         assert!(other.open_body(id, &body).is_err());
         assert!(k.open_body(Uuid::now_v7(), &body).is_err());
         // A flipped bit anywhere is refused.

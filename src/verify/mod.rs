@@ -286,7 +286,7 @@ pub fn send_message(
         fingerprint: Sha256::digest(key.as_bytes()).to_vec(),
         to: Phone::from_e164(&v.to)?,
         from: None,
-        body: keys.seal_body(id.0, &body),
+        body: keys.seal_body(id.0, &body, &masked(v)),
         segments: count.segments,
         encoding: count.encoding,
         metadata: BTreeMap::from([("verification_id".to_string(), public_id(v.id))]),

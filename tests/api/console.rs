@@ -18,14 +18,14 @@ const SECRET: &str = "receipt-secret-0123456789";
 
 /// A browser without a browser: keeps the console's cookies, never follows
 /// redirects.
-struct Browser {
+pub(crate) struct Browser {
     base: String,
     client: reqwest::Client,
     cookies: Vec<(String, String)>,
 }
 
 impl Browser {
-    fn new(app: &TestApp) -> Self {
+    pub(crate) fn new(app: &TestApp) -> Self {
         Browser {
             base: app.base.clone(),
             client: reqwest::Client::builder()
@@ -56,7 +56,7 @@ impl Browser {
             .join("; ")
     }
 
-    async fn get(&mut self, path: &str) -> Answer {
+    pub(crate) async fn get(&mut self, path: &str) -> Answer {
         let a = answer(
             self.client
                 .get(format!("{}{path}", self.base))
@@ -90,7 +90,7 @@ impl Browser {
     }
 
     /// Signs in with `key`: the sign-in answer.
-    async fn sign_in(&mut self, key: &str) -> Answer {
+    pub(crate) async fn sign_in(&mut self, key: &str) -> Answer {
         let page = self.get("/console/login").await;
         assert_eq!(page.status, 200);
         let token = csrf(&page);

@@ -876,14 +876,14 @@ async fn webhook_attempts_are_listed_for_their_tenant_and_events_purged(backend:
         next: DeliveryNext::Succeeded,
     };
     assert!(s.finish_webhook_attempt(&attempt).await.unwrap());
-    let attempts = s.webhook_attempts(f.tenant, e.id, 10).await.unwrap();
+    let attempts = s.webhook_attempts(f.tenant, e.id, None, 10).await.unwrap();
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0].number, 1);
     assert_eq!(attempts[0].outcome, "succeeded");
     assert_eq!(attempts[0].http_status, Some(200));
     assert_eq!(attempts[0].event_type, d.event.event_type);
     assert!(
-        s.webhook_attempts(Uuid::new_v4(), e.id, 10)
+        s.webhook_attempts(Uuid::new_v4(), e.id, None, 10)
             .await
             .unwrap()
             .is_empty(),

@@ -46,9 +46,11 @@ macro_rules! through_pgbouncer {
     };
 }
 
+mod batch_answers;
 mod batching;
 mod caches;
 mod campaigns;
+mod cli;
 mod conformance;
 mod console;
 mod contract;
@@ -66,11 +68,13 @@ mod helpers;
 mod lifecycle;
 mod observability;
 mod outage;
+mod paging;
 mod pooler;
 mod process;
 mod promise;
 mod receipts;
 mod scrubbing;
+mod sealed;
 mod slow_bodies;
 mod sqlite_writer;
 mod store;

@@ -446,3 +446,40 @@ async fn logs_carry_neither_keys_nor_bodies_unless_asked() {
         "SENDONCE_LOG_BODIES=true logs bodies"
     );
 }
+
+/// Text logs written to a pipe or a file carry no ANSI colour codes
+/// (issue 26): the server's stderr here is a pipe.
+#[tokio::test]
+async fn text_logs_to_a_pipe_are_plain() {
+    let database = fresh_database().await;
+    let port = free_port().await;
+    let child = sendonce(&database)
+        .env("SENDONCE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("SENDONCE_LOG_FORMAT", "text")
+        .env("RUST_LOG", "info")
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    eventually("the server", || async {
+        client
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(logs.contains("INFO"), "some log lines: {logs}");
+    assert!(!logs.contains('\u{1b}'), "ANSI escapes in: {logs:?}");
+}

@@ -194,7 +194,7 @@ impl TestApp {
 
     async fn feed(&self, after: Option<&str>) -> (Vec<Value>, Option<String>) {
         let path = match after {
-            Some(c) => format!("/events?after={c}&limit=2"),
+            Some(c) => format!("/events?cursor={c}&limit=2"),
             None => "/events?limit=2".to_string(),
         };
         let a = self.get(&path).await;
@@ -278,8 +278,10 @@ async fn the_feed_pages_in_order_with_a_cursor(backend: Backend) {
     }
     let (page1, c1) = app.feed_n(None, 2).await;
     assert_eq!(page1.len(), 2);
+    assert!(c1.is_some(), "a full page has a next cursor");
     let (page2, c2) = app.feed_n(c1.as_deref(), 1).await;
     assert_eq!(page2.len(), 1);
+    assert_eq!(c2, None, "the last page's next_cursor is null");
     let keys: Vec<&str> = page1
         .iter()
         .chain(page2.iter())
@@ -293,29 +295,45 @@ async fn the_feed_pages_in_order_with_a_cursor(backend: Backend) {
             .all(|e| e["type"] == "message.sent"
                 && e["id"].as_str().is_some_and(|i| i.starts_with("evt_")))
     );
-    // Caught up: nothing more, and the cursor stays put.
-    let (page3, c3) = app.feed(c2.as_deref()).await;
+    // Caught up: a poller goes on from the last event's own cursor.
+    let last = page2[0]["cursor"]
+        .as_str()
+        .expect("each event's cursor")
+        .to_string();
+    let (page3, c3) = app.feed(Some(&last)).await;
     assert!(page3.is_empty());
-    assert_eq!(c3, c2);
-    // A new event shows up after the cursor, alone.
+    assert_eq!(c3, None);
+    // A new event shows up after that cursor, alone.
     app.send_ok("F-4").await;
-    let (page4, _) = app.feed_n(c2.as_deref(), 1).await;
+    let (page4, _) = app.feed_n(Some(&last), 1).await;
     assert_eq!(page4.len(), 1);
     assert_eq!(page4[0]["data"]["idempotency_key"], "F-4");
 
-    // Bad cursors and limits are 400s.
-    for path in [
-        "/events?after=junk",
-        "/events?after=",
-        "/events?after=1-2-3",
-        "/events?limit=0",
-        "/events?limit=1001",
-        "/events?limit=x",
+    // Bad cursors and limits, and parameters of no list, are 400s naming them.
+    for (path, field) in [
+        ("/events?cursor=junk", "cursor"),
+        ("/events?cursor=", "cursor"),
+        ("/events?cursor=0-12", "cursor"),
+        ("/events?after=0-12", "after"),
+        ("/events?limit=0", "limit"),
+        ("/events?limit=1001", "limit"),
+        ("/events?limit=x", "limit"),
+        ("/events?limit=2&limit=3", "limit"),
+        ("/events?page=2", "page"),
     ] {
         let a = app.get(path).await;
         assert_eq!(a.status, 400, "{path}");
         assert_eq!(a.slug(), "validation", "{path}");
+        assert_eq!(a.json()["errors"][0]["field"], field, "{path}");
     }
+    let a = app.get("/events?after=0-12").await;
+    assert!(
+        a.json()["errors"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`cursor`")),
+        "the old name points at the new one: {}",
+        a.json()
+    );
 }
 
 async fn retries_keep_the_webhook_id_until_a_2xx(backend: Backend) {

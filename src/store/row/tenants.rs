@@ -10,7 +10,7 @@ use sqlx::{Decode, Encode, Postgres, Sqlite, Type};
 use uuid::Uuid;
 
 use crate::domain::quiet::QuietHours;
-use crate::store::TenantAuth;
+use crate::store::{TenantAuth, TenantSettings};
 
 /// A list of strings as a column (see the module's docs).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -62,6 +62,32 @@ impl<'r> Decode<'r, Sqlite> for StringList {
                 .map(str::to_string)
                 .collect(),
         ))
+    }
+}
+
+/// A tenant with its settings.
+#[derive(sqlx::FromRow)]
+pub(crate) struct TenantSettingsRow {
+    id: Uuid,
+    name: String,
+    created_at: crate::store::time::DbTime,
+    allowed_countries: Option<StringList>,
+    allowed_senders: Option<StringList>,
+    quiet_hours: Option<String>,
+    home_country: Option<String>,
+}
+
+impl From<TenantSettingsRow> for TenantSettings {
+    fn from(r: TenantSettingsRow) -> Self {
+        TenantSettings {
+            id: r.id,
+            name: r.name,
+            created_at: r.created_at.0,
+            allowed_countries: r.allowed_countries.map(|l| l.0),
+            allowed_senders: r.allowed_senders.map(|l| l.0),
+            quiet_hours: r.quiet_hours.as_deref().and_then(QuietHours::parse),
+            home_country: r.home_country,
+        }
     }
 }
 

@@ -10,10 +10,11 @@ use uuid::Uuid;
 use super::per_backend;
 use crate::domain::quiet::QuietHours;
 use crate::store::row::ApiKeyRow;
-use crate::store::row::tenants::{StringList, TenantAuthRow};
+use crate::store::row::tenants::{StringList, TenantAuthRow, TenantSettingsRow};
 use crate::store::time::{DbTime, db};
 use crate::store::{
-    ApiKeyInfo, BootstrapOutcome, NewApiKey, SqlxResultExt, StoreError, TenantAuth, TenantStore,
+    ApiKeyInfo, BootstrapOutcome, NewApiKey, SqlxResultExt, StoreError, TenantAuth, TenantSettings,
+    TenantStore,
 };
 
 /// The sender list to write after adding or removing `sender`, or `None`
@@ -71,6 +72,11 @@ const FOR_KEY: &str = "SELECT k.tenant_id, t.allowed_countries, t.allowed_sender
      WHERE k.key_hash = $1 AND k.revoked_at IS NULL";
 
 const LIST_TENANTS: &str = "SELECT id, name, created_at FROM tenants ORDER BY name";
+
+const TENANT_SETTINGS: &str = "SELECT id, name, created_at, allowed_countries, \
+        allowed_senders, quiet_hours, home_country FROM tenants ORDER BY name";
+
+const SET_HOME_COUNTRY: &str = "UPDATE tenants SET home_country = $2 WHERE name = $1";
 
 const ADD_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
      SELECT $1, t.id, $3, $4 FROM tenants t WHERE t.name = $2";
@@ -248,6 +254,20 @@ per_backend! {
         ) -> Result<bool, StoreError> {
             let list = countries.map(|c| StringList(c.to_vec()));
             self.set_tenant_column(SET_COUNTRIES, tenant_name, list).await
+        }
+
+        async fn tenant_settings(&self) -> Result<Vec<TenantSettings>, StoreError> {
+            let rows: Vec<TenantSettingsRow> =
+                sqlx::query_as(TENANT_SETTINGS).fetch_all(self.pool()).await?;
+            Ok(rows.into_iter().map(TenantSettings::from).collect())
+        }
+
+        async fn set_home_country(
+            &self,
+            tenant_name: &str,
+            country: Option<String>,
+        ) -> Result<bool, StoreError> {
+            self.set_tenant_column(SET_HOME_COUNTRY, tenant_name, country).await
         }
 
         async fn set_quiet_hours(

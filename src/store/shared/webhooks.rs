@@ -57,12 +57,12 @@ const ROTATE_SECRET: &str = "UPDATE webhook_endpoints SET previous_secret = secr
 
 const ANY_ENDPOINT: &str = "SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE enabled)";
 
-/// An endpoint's attempts ([`AttemptRowDb`]), newest first, if it is the
-/// tenant's.
+/// An endpoint's attempts ([`AttemptRowDb`]) older than id `$4`, newest
+/// first, if it is the tenant's.
 const ATTEMPTS: &str = "SELECT id, event_id, event_type, number, outcome, http_status, \
         error, response_excerpt, started_at, finished_at FROM webhook_attempts \
      WHERE endpoint_id = $2 AND EXISTS (SELECT 1 FROM webhook_endpoints w \
-        WHERE w.id = $2 AND w.tenant_id = $1) \
+        WHERE w.id = $2 AND w.tenant_id = $1) AND id < $4 \
      ORDER BY id DESC LIMIT $3";
 
 const PURGE_EVENTS: &str = "DELETE FROM webhook_events WHERE seq IN (SELECT seq \
@@ -222,12 +222,14 @@ per_backend! {
             &self,
             tenant_id: Uuid,
             endpoint_id: Uuid,
+            before: Option<i64>,
             limit: u32,
         ) -> Result<Vec<WebhookAttemptRow>, StoreError> {
             let rows: Vec<AttemptRowDb> = sqlx::query_as(ATTEMPTS)
                 .bind(tenant_id)
                 .bind(endpoint_id)
                 .bind(i64::from(limit))
+                .bind(before.unwrap_or(i64::MAX))
                 .fetch_all(self.pool())
                 .await?;
             Ok(rows.into_iter().map(WebhookAttemptRow::from).collect())

@@ -1,0 +1,92 @@
+//! The tenant commands as an operator runs them (issue 26): each says what
+//! it changed, `tenant show` and `tenant list` show every setting, names
+//! are checked, and `tenant home-country` sets the country the console
+//! reads national numbers in. On both stores.
+
+use crate::helpers::*;
+
+async fn run(database: &str, args: &[&str]) -> (bool, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sendonce"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", database)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run sendonce");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn tenant_commands_say_what_they_changed(backend: Backend) {
+    let db = fresh_database_on(backend).await;
+    let (ok, _, err) = run(&db, &["tenant", "create", "Mobile Backend!"]).await;
+    assert!(!ok && err.contains("not a tenant name"), "{err}");
+    let (ok, key, _) = run(&db, &["tenant", "create", "mobile-backend"]).await;
+    assert!(ok && key.trim().starts_with("so_"), "{key}");
+
+    for (args, said) in [
+        (
+            vec!["tenant", "quiet-hours", "mobile-backend", "21:00-08:00"],
+            "quiet hours 21:00-08:00",
+        ),
+        (
+            vec!["tenant", "allow-countries", "mobile-backend", "us", "CA"],
+            "allowed countries US, CA",
+        ),
+        (
+            vec!["tenant", "senders", "mobile-backend", "add", "ACME"],
+            "added sender \"ACME\"",
+        ),
+        (
+            vec!["tenant", "home-country", "mobile-backend", "us"],
+            "home country US",
+        ),
+    ] {
+        let (ok, out, err) = run(&db, &args).await;
+        assert!(ok, "{args:?}: {err}");
+        assert!(
+            out.contains("mobile-backend") && out.contains(said),
+            "{args:?}: {out:?}"
+        );
+    }
+    let (ok, _, err) = run(&db, &["tenant", "home-country", "mobile-backend", "USA"]).await;
+    assert!(!ok && err.contains("ISO 3166-1"), "{err}");
+    let (ok, _, err) = run(&db, &["tenant", "home-country", "nobody", "US"]).await;
+    assert!(!ok && err.contains("no tenant"), "{err}");
+
+    let (ok, show, err) = run(&db, &["tenant", "show", "mobile-backend"]).await;
+    assert!(ok, "{err}");
+    for line in [
+        "name: mobile-backend",
+        "quiet hours: 21:00-08:00",
+        "senders: ACME",
+        "allowed countries: US, CA",
+        "home country: US",
+    ] {
+        assert!(show.contains(line), "{line:?} in {show}");
+    }
+    let (ok, _, err) = run(&db, &["tenant", "show", "nobody"]).await;
+    assert!(!ok && err.contains("no tenant"), "{err}");
+
+    let (ok, list, _) = run(&db, &["tenant", "list"]).await;
+    assert!(ok);
+    let line = list
+        .lines()
+        .find(|l| l.contains("\tmobile-backend\t"))
+        .expect("the tenant's line");
+    for part in ["21:00-08:00", "ACME", "US, CA", "home US"] {
+        assert!(line.contains(part), "{part:?} in {line}");
+    }
+    let (ok, out, _) = run(&db, &["tenant", "quiet-hours", "mobile-backend", "off"]).await;
+    assert!(ok && out.contains("quiet hours off"), "{out}");
+    let (ok, out, _) = run(&db, &["tenant", "home-country", "mobile-backend", "off"]).await;
+    assert!(ok && out.contains("home country off"), "{out}");
+}
+
+on_both_backends!(tenant_commands_say_what_they_changed);

@@ -100,6 +100,11 @@ struct Problem<'a> {
 }
 
 impl ApiError {
+    /// 422 on one field.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        ApiError::Validation(vec![crate::domain::FieldError::new(field, message)])
+    }
+
     /// The wait a limit asks for, in whole seconds rounded up (never
     /// inviting a retry that is too early), at least 1.
     pub fn retry_after_secs(&self) -> Option<u64> {

@@ -33,13 +33,6 @@ pub struct Asked {
     pub cursor: Option<String>,
 }
 
-fn invalid(field: &str, message: impl Into<String>) -> ApiError {
-    ApiError::Validation(vec![FieldError {
-        field: field.into(),
-        message: message.into(),
-    }])
-}
-
 /// The longest cursor text accepted (every cursor handed out is shorter).
 const CURSOR_MAX: usize = 512;
 
@@ -142,7 +135,10 @@ impl Page {
                     .ok()
                     .and_then(|sealed| keys.open(&aad, &sealed).ok())
                     .ok_or_else(|| {
-                        invalid("cursor", "is not a cursor this list returned (next_cursor)")
+                        ApiError::invalid(
+                            "cursor",
+                            "is not a cursor this list returned (next_cursor)",
+                        )
                     })?,
             ),
         };
@@ -168,7 +164,7 @@ impl Page {
         match &self.after {
             None => Ok(None),
             Some(bytes) => read(bytes).map(Some).ok_or_else(|| {
-                invalid("cursor", "is not a cursor this list returned (next_cursor)")
+                ApiError::invalid("cursor", "is not a cursor this list returned (next_cursor)")
             }),
         }
     }

@@ -37,7 +37,6 @@ use serde::Serialize;
 
 use super::SharedState;
 use super::input::read_body;
-use crate::domain::FieldError;
 use crate::error::ApiError;
 use crate::provider::ADAPTERS;
 use crate::provider::receipts::{ReceiptError, ReceiptRequest};
@@ -112,13 +111,6 @@ fn ack(outcome: ReceiptOutcome) -> Response {
         applied: outcome.applied,
     };
     (StatusCode::OK, axum::Json(body)).into_response()
-}
-
-pub(super) fn invalid(field: &str, message: &str) -> ApiError {
-    ApiError::Validation(vec![FieldError {
-        field: field.to_string(),
-        message: message.to_string(),
-    }])
 }
 
 impl From<ReceiptError> for ApiError {

@@ -44,13 +44,6 @@ pub fn router() -> Router<SharedState> {
         .route("/events", get(feed))
 }
 
-fn invalid(field: &str, message: impl Into<String>) -> ApiError {
-    ApiError::Validation(vec![FieldError {
-        field: field.into(),
-        message: message.into(),
-    }])
-}
-
 fn public_id(id: Uuid) -> String {
     format!("{ID_PREFIX}{}", id.simple())
 }
@@ -89,10 +82,10 @@ fn events_field(map: &serde_json::Map<String, Value>) -> Result<Option<Vec<Strin
     let list = match map.get("events") {
         None => return Ok(None),
         Some(Value::Array(list)) => list,
-        Some(_) => return Err(invalid("events", "must be a list of event types")),
+        Some(_) => return Err(ApiError::invalid("events", "must be a list of event types")),
     };
     if list.is_empty() {
-        return Err(invalid(
+        return Err(ApiError::invalid(
             "events",
             "must name at least one event type (leave it out for all)",
         ));
@@ -127,13 +120,13 @@ async fn create(
     let map = json_object(&state, &headers, body, &["url", "events"]).await?;
     let url = match map.get("url") {
         Some(Value::String(s)) => s.clone(),
-        None | Some(Value::Null) => return Err(invalid("url", "is required")),
-        Some(_) => return Err(invalid("url", "must be a string")),
+        None | Some(Value::Null) => return Err(ApiError::invalid("url", "is required")),
+        Some(_) => return Err(ApiError::invalid("url", "must be a string")),
     };
     let events = events_field(&map)?;
     let url = ssrf::check(&url, state.webhooks.allow_private)
         .await
-        .map_err(|refused| invalid("url", refused.to_string()))?;
+        .map_err(|refused| ApiError::invalid("url", refused.to_string()))?;
     let secret = signing::new_secret();
     let created = state
         .store
@@ -150,7 +143,7 @@ async fn create(
         )
         .await?
         .ok_or_else(|| {
-            invalid(
+            ApiError::invalid(
                 "url",
                 format!(
                     "this account already has {MAX_ENDPOINTS} webhook endpoints, the most allowed"

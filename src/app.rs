@@ -145,7 +145,10 @@ impl App {
             limiter,
             max_segments: settings.limits.max_segments,
             body_read_timeout: settings.server.body_read_timeout,
-            receipts: settings.server.receipts.clone(),
+            receipts: http::receipts::ReceiptSettings {
+                public_url: settings.server.public_url.clone(),
+                routes: settings.provider.receipts.clone(),
+            },
             verify,
             webhooks: settings.webhooks.clone(),
             webhook_dispatcher: Arc::clone(&webhooks),

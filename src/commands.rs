@@ -14,7 +14,7 @@ use crate::config::{
     redact_url,
 };
 use crate::domain::request::parse_sender;
-use crate::provider::{HttpProvider, Provider, SimulatedProvider};
+use crate::provider::Provider;
 use crate::store::postgres::PoolSettings;
 use crate::store::{PgStore, SqliteStore, Store, StoreError};
 use crate::{apikey, shutdown};
@@ -59,26 +59,11 @@ async fn migrated_store(settings: &Settings) -> Result<Arc<dyn Store>, CommandEr
     Ok(store)
 }
 
-pub fn provider(
-    config: &ProviderConfig,
-    log_bodies: bool,
-) -> Result<Arc<dyn Provider>, CommandError> {
-    Ok(match config {
-        ProviderConfig::Simulated => Arc::new(SimulatedProvider { log_bodies }),
-        ProviderConfig::Http {
-            url,
-            token,
-            timeout,
-            connect_timeout,
-        } => Arc::new(
-            HttpProvider::new(url, token.clone(), *timeout, *connect_timeout)
-                .context("setting up the http provider")?,
-        ),
-        ProviderConfig::Twilio(settings) => Arc::new(
-            crate::provider::TwilioProvider::new(settings.clone())
-                .context("setting up the twilio provider")?,
-        ),
-    })
+/// The client of one configured provider (its adapter builds it).
+pub fn provider(config: &ProviderConfig) -> Result<Arc<dyn Provider>, CommandError> {
+    config
+        .build()
+        .with_context(|| format!("setting up the {} provider", config.name()))
 }
 
 pub async fn migrate(settings: &Settings) -> Result<(), CommandError> {
@@ -92,7 +77,7 @@ pub async fn serve(settings: Settings) -> Result<(), CommandError> {
         .provider
         .all()
         .into_iter()
-        .map(|p| provider(p, settings.log.bodies))
+        .map(provider)
         .collect::<Result<Vec<_>, _>>()?;
     let names: Vec<&str> = providers.iter().map(|p| p.name()).collect();
     let names = names.join(",");

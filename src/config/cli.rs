@@ -2,7 +2,9 @@
 //! environment variable. Values are kept as written (no defaults here: those
 //! live in `Settings::default()`); `Settings::from_args` parses and checks them.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches, Parser, Subcommand, ValueEnum};
+
+use crate::provider::registry::Vars;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -97,14 +99,6 @@ pub enum KeyCommand {
     List,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum ProviderKind {
-    #[default]
-    Simulated,
-    Http,
-    Twilio,
-}
-
 /// What sits between sendonce and Postgres (`SENDONCE_DATABASE_POOLER`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Pooler {
@@ -197,14 +191,6 @@ pub struct ConfigArgs {
     /// This service's public base URL (https://sms.example.com): receipt callbacks are built from it and Twilio signatures are checked against it.
     #[arg(long, env = "SENDONCE_PUBLIC_URL", global = true)]
     pub public_url: Option<String>,
-    /// Shared secret the `http` provider sends in `X-Receipt-Secret` with receipts.
-    #[arg(
-        long,
-        env = "SENDONCE_RECEIPT_SECRET",
-        global = true,
-        hide_env_values = true
-    )]
-    pub receipt_secret: Option<String>,
     /// Ensures tenant `default` exists with exactly this API key.
     #[arg(
         long,
@@ -221,10 +207,10 @@ pub struct ConfigArgs {
         long,
         env = "SENDONCE_PROVIDER",
         global = true,
-        value_enum,
+        value_parser = clap::builder::PossibleValuesParser::new(crate::provider::registry::names()),
         value_delimiter = ','
     )]
-    pub provider: Vec<ProviderKind>,
+    pub provider: Vec<String>,
     /// Provider failures in a row that open its circuit (0: never).
     #[arg(long, env = "SENDONCE_CIRCUIT_FAILURES", global = true)]
     pub circuit_failures: Option<String>,
@@ -237,32 +223,9 @@ pub struct ConfigArgs {
     /// How long an instance uses its copy of the shared circuits before reading them again (a duration).
     #[arg(long, env = "SENDONCE_CIRCUIT_REFRESH", global = true)]
     pub circuit_refresh: Option<String>,
-    /// URL the `http` provider POSTs to.
-    #[arg(long, env = "SENDONCE_HTTP_PROVIDER_URL", global = true)]
-    pub http_provider_url: Option<String>,
-    /// Bearer token for the `http` provider.
-    #[arg(
-        long,
-        env = "SENDONCE_HTTP_PROVIDER_TOKEN",
-        global = true,
-        hide_env_values = true
-    )]
-    pub http_provider_token: Option<String>,
-    /// Twilio's API address (tests point it at a stand-in).
-    #[arg(long, env = "TWILIO_BASE_URL", global = true)]
-    pub twilio_base_url: Option<String>,
-    /// Twilio account SID (AC...), the Basic auth user.
-    #[arg(long, env = "TWILIO_ACCOUNT_SID", global = true)]
-    pub twilio_account_sid: Option<String>,
-    /// Twilio auth token: Basic auth password, and the key of X-Twilio-Signature.
-    #[arg(long, env = "TWILIO_AUTH_TOKEN", global = true, hide_env_values = true)]
-    pub twilio_auth_token: Option<String>,
-    /// Default Twilio sender when a request names none.
-    #[arg(long, env = "TWILIO_FROM", global = true)]
-    pub twilio_from: Option<String>,
-    /// Twilio Messaging Service SID (MG...), sent with every message.
-    #[arg(long, env = "TWILIO_MESSAGING_SERVICE_SID", global = true)]
-    pub twilio_messaging_service_sid: Option<String>,
+    /// Each adapter's own variables (`src/provider/`: its `Var`s).
+    #[command(flatten)]
+    pub adapters: AdapterArgs,
     /// Upper bound of one provider call (a duration: 30s, 10m, 1h 30m, 250ms).
     #[arg(long, env = "SENDONCE_PROVIDER_TIMEOUT", global = true)]
     pub provider_timeout: Option<String>,
@@ -404,4 +367,50 @@ pub struct ConfigArgs {
     /// Allow webhook endpoints on loopback, private, link-local and metadata addresses, and plain http (tests, local setups).
     #[arg(long, env = "SENDONCE_WEBHOOK_ALLOW_PRIVATE", global = true)]
     pub webhook_allow_private: bool,
+}
+
+/// The adapters' variables, each a global `--flag` with its environment
+/// variable, taken from the registry: an adapter's variables are declared
+/// in its own folder.
+#[derive(Clone, Debug, Default)]
+pub struct AdapterArgs(pub Vars);
+
+impl Args for AdapterArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        Vars::known().fold(cmd, |cmd, v| {
+            cmd.arg(
+                Arg::new(v.env)
+                    .long(v.flag)
+                    .env(v.env)
+                    .help(v.help)
+                    .global(true)
+                    .hide_env_values(v.secret)
+                    .action(ArgAction::Set),
+            )
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl FromArgMatches for AdapterArgs {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut vars = Vars::default();
+        for v in Vars::known() {
+            let value = m
+                .try_get_one::<String>(v.env)
+                .map_err(|e| clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, e))?;
+            if let Some(value) = value {
+                vars.set(v.env, value.clone());
+            }
+        }
+        Ok(AdapterArgs(vars))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
 }

@@ -18,7 +18,7 @@ mod verify;
 mod webhooks;
 
 pub use cli::{
-    Cli, Command, ConfigArgs, KeyCommand, LogFormat, Pooler, ProviderKind, ReceiptsCommand,
+    AdapterArgs, Cli, Command, ConfigArgs, KeyCommand, LogFormat, Pooler, ReceiptsCommand,
     SendersCommand, TenantCommand,
 };
 pub use database::{Backend, DatabaseSettings, redact_url};
@@ -27,7 +27,7 @@ pub use error::{BoxError, ConfigError};
 pub use limits::LimitSettings;
 pub use provider::{ProviderConfig, ProviderSettings};
 pub use retention::RetentionSettings;
-pub use server::{ConnectionLimits, ReceiptSettings, ServerSettings, WaitSettings};
+pub use server::{ConnectionLimits, ServerSettings, WaitSettings};
 pub use verify::{VerifySecret, VerifySettings};
 pub use webhooks::WebhookSettings;
 

@@ -1,48 +1,19 @@
-//! The SMS provider: which one, and its address and credentials.
+//! The SMS providers: which ones, in order, each configured by its own
+//! variables (read by its adapter, `src/provider/registry.rs`), their
+//! receipt endpoints, and the circuit breaker.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::delivery::CircuitPolicy;
-use crate::provider::TwilioSettings;
-use crate::provider::twilio::DEFAULT_BASE_URL;
+use crate::provider::registry::ReceiptRoutes;
+use crate::provider::registry::{self, Configured, Context, VarError};
 
 use super::parse::{DurationVar, Unit, given, number_or, positive_duration};
-use super::{ConfigArgs, ConfigError, ProviderKind};
+use super::{ConfigArgs, ConfigError};
 
-/// A provider ready to be built.
-#[derive(Clone)]
-pub enum ProviderConfig {
-    Simulated,
-    Http {
-        url: String,
-        token: Option<String>,
-        timeout: Duration,
-        connect_timeout: Duration,
-    },
-    Twilio(TwilioSettings),
-}
-
-/// Tokens stay out of logs.
-impl std::fmt::Debug for ProviderConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ProviderConfig::Simulated => f.write_str("Simulated"),
-            ProviderConfig::Http {
-                url,
-                token,
-                timeout,
-                connect_timeout,
-            } => f
-                .debug_struct("Http")
-                .field("url", url)
-                .field("token", &token.as_ref().map(|_| "***"))
-                .field("timeout", timeout)
-                .field("connect_timeout", connect_timeout)
-                .finish(),
-            ProviderConfig::Twilio(t) => f.debug_tuple("Twilio").field(t).finish(),
-        }
-    }
-}
+/// A provider ready to be built: its adapter's settings.
+pub type ProviderConfig = Arc<dyn Configured>;
 
 #[derive(Clone, Debug)]
 pub struct ProviderSettings {
@@ -51,6 +22,9 @@ pub struct ProviderSettings {
     /// The providers that take over, in order, when the one before certainly
     /// did not send a message.
     pub fallbacks: Vec<ProviderConfig>,
+    /// Every adapter's receipt endpoint (whether it sends or not: receipts
+    /// arrive after a provider left the list).
+    pub receipts: ReceiptRoutes,
     /// When a provider's circuit opens, and for how long.
     pub circuit: CircuitPolicy,
     /// Upper bound of connecting to the provider (the upper bound of a whole
@@ -61,10 +35,29 @@ pub struct ProviderSettings {
 impl Default for ProviderSettings {
     fn default() -> Self {
         Self {
-            kind: ProviderConfig::Simulated,
+            kind: Arc::new(crate::provider::SimulatedProvider::default()),
             fallbacks: Vec::new(),
+            receipts: ReceiptRoutes::default(),
             circuit: CircuitPolicy::default(),
             connect_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+impl From<VarError> for ConfigError {
+    fn from(e: VarError) -> Self {
+        match e {
+            VarError::Missing { var, needed_by } => ConfigError::Missing { var, needed_by },
+            VarError::Url {
+                var,
+                expected,
+                source,
+            } => ConfigError::Url {
+                var,
+                expected,
+                source,
+            },
+            VarError::Invalid { var, reason } => ConfigError::Invalid { var, reason },
         }
     }
 }
@@ -74,26 +67,6 @@ const CONNECT_TIMEOUT: DurationVar = DurationVar {
     old: "SENDONCE_PROVIDER_CONNECT_TIMEOUT_MS",
     unit: Unit::Millis,
 };
-
-/// `prefix` and 32 hex digits (Twilio SIDs).
-fn is_sid(value: &str, prefix: &str) -> bool {
-    value.len() == 34
-        && value.starts_with(prefix)
-        && value[2..].bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-fn http_url(var: &'static str, url: &str, need_host: bool) -> Result<(), ConfigError> {
-    let bad = |source| ConfigError::Url {
-        var,
-        expected: "an http(s) URL",
-        source,
-    };
-    let u = reqwest::Url::parse(url).map_err(|e| bad(Some(e.into())))?;
-    if !matches!(u.scheme(), "http" | "https") || (need_host && u.host().is_none()) {
-        return Err(bad(None));
-    }
-    Ok(())
-}
 
 impl ProviderSettings {
     /// `timeout` is the resolved upper bound of one provider call.
@@ -109,26 +82,50 @@ impl ProviderSettings {
             d.connect_timeout,
         )?
         .value;
+        let ctx = Context {
+            timeout,
+            connect_timeout,
+            public_url: super::server::public_url(a)?,
+            log_bodies: a.log_bodies,
+        };
+        let vars = &a.adapters.0;
+        // None listed: the default list, configured by the same variables
+        // (SENDONCE_LOG_BODIES reaches the default simulated provider).
+        let names: Vec<&str> = if a.provider.is_empty() {
+            std::iter::once(&d.kind)
+                .chain(&d.fallbacks)
+                .map(|p| p.name())
+                .collect()
+        } else {
+            a.provider.iter().map(String::as_str).collect()
+        };
         let mut kinds: Vec<ProviderConfig> = Vec::new();
-        for (i, k) in a.provider.iter().enumerate() {
-            if a.provider[..i].contains(k) {
+        for (i, name) in names.iter().enumerate() {
+            if names[..i].contains(name) {
                 return Err(ConfigError::invalid(
                     "SENDONCE_PROVIDER",
                     "names a provider twice",
                 ));
             }
-            kinds.push(one(a, *k, timeout, connect_timeout)?);
+            let adapter = registry::adapter(name).ok_or_else(|| {
+                ConfigError::invalid("SENDONCE_PROVIDER", format!("names no provider {name:?}"))
+            })?;
+            kinds.push((adapter.configure)(vars, &ctx)?);
         }
-        let (kind, fallbacks) = if kinds.is_empty() {
-            (d.kind.clone(), d.fallbacks.clone())
-        } else {
-            let kind = kinds.remove(0);
-            (kind, kinds)
-        };
+        if kinds.is_empty() {
+            return Err(ConfigError::invalid(
+                "SENDONCE_PROVIDER",
+                "names no provider",
+            ));
+        }
+        let kind = kinds.remove(0);
+        let fallbacks = kinds;
+        let receipts = ReceiptRoutes::configure(vars, &ctx)?;
         let circuit = circuit(a, &d.circuit)?;
         Ok(Self {
             kind,
             fallbacks,
+            receipts,
             circuit,
             connect_timeout,
         })
@@ -138,32 +135,6 @@ impl ProviderSettings {
     pub fn all(&self) -> Vec<&ProviderConfig> {
         std::iter::once(&self.kind).chain(&self.fallbacks).collect()
     }
-}
-
-/// One provider of the list, configured by its own variables.
-fn one(
-    a: &ConfigArgs,
-    kind: ProviderKind,
-    timeout: Duration,
-    connect_timeout: Duration,
-) -> Result<ProviderConfig, ConfigError> {
-    Ok(match kind {
-        ProviderKind::Simulated => ProviderConfig::Simulated,
-        ProviderKind::Http => {
-            let url = given(&a.http_provider_url).ok_or(ConfigError::Missing {
-                var: "SENDONCE_HTTP_PROVIDER_URL",
-                needed_by: "SENDONCE_PROVIDER=http",
-            })?;
-            http_url("SENDONCE_HTTP_PROVIDER_URL", url, false)?;
-            ProviderConfig::Http {
-                url: url.to_string(),
-                token: given(&a.http_provider_token).map(str::to_string),
-                timeout,
-                connect_timeout,
-            }
-        }
-        ProviderKind::Twilio => ProviderConfig::Twilio(twilio(a, timeout, connect_timeout)?),
-    })
 }
 
 fn circuit_duration(
@@ -201,53 +172,4 @@ fn circuit(a: &ConfigArgs, d: &CircuitPolicy) -> Result<CircuitPolicy, ConfigErr
         ));
     }
     Ok(c)
-}
-
-fn twilio(
-    a: &ConfigArgs,
-    timeout: Duration,
-    connect_timeout: Duration,
-) -> Result<TwilioSettings, ConfigError> {
-    let needed_by = "SENDONCE_PROVIDER=twilio";
-    let account_sid = given(&a.twilio_account_sid).ok_or(ConfigError::Missing {
-        var: "TWILIO_ACCOUNT_SID",
-        needed_by,
-    })?;
-    if !is_sid(account_sid, "AC") {
-        return Err(ConfigError::invalid(
-            "TWILIO_ACCOUNT_SID",
-            "must be AC followed by 32 hex digits",
-        ));
-    }
-    let auth_token = given(&a.twilio_auth_token).ok_or(ConfigError::Missing {
-        var: "TWILIO_AUTH_TOKEN",
-        needed_by,
-    })?;
-    let messaging_service_sid = given(&a.twilio_messaging_service_sid);
-    if messaging_service_sid.is_some_and(|s| !is_sid(s, "MG")) {
-        return Err(ConfigError::invalid(
-            "TWILIO_MESSAGING_SERVICE_SID",
-            "must be MG followed by 32 hex digits",
-        ));
-    }
-    let from = given(&a.twilio_from);
-    if from.is_none() && messaging_service_sid.is_none() {
-        return Err(ConfigError::Missing {
-            var: "TWILIO_FROM or TWILIO_MESSAGING_SERVICE_SID",
-            needed_by,
-        });
-    }
-    let base_url = given(&a.twilio_base_url).unwrap_or(DEFAULT_BASE_URL);
-    http_url("TWILIO_BASE_URL", base_url, true)?;
-    Ok(TwilioSettings {
-        base_url: base_url.to_string(),
-        account_sid: account_sid.to_string(),
-        auth_token: auth_token.to_string(),
-        from: from.map(str::to_string),
-        messaging_service_sid: messaging_service_sid.map(str::to_string),
-        status_callback: super::server::public_url(a)?
-            .map(|base| format!("{base}{}", crate::provider::twilio::STATUS_CALLBACK_PATH)),
-        timeout,
-        connect_timeout,
-    })
 }

@@ -1,5 +1,5 @@
 //! The HTTP server: address, connection limits, request timeouts, how long a
-//! request waits for its outcome, receipts, shutdown.
+//! request waits for its outcome, the public URL, shutdown.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -40,28 +40,6 @@ pub struct WaitSettings {
     pub max: Duration,
 }
 
-/// How receipts are authenticated.
-#[derive(Clone, Default)]
-pub struct ReceiptSettings {
-    /// `SENDONCE_PUBLIC_URL`: the address Twilio calls, which it signs.
-    pub public_url: Option<String>,
-    /// `TWILIO_AUTH_TOKEN`: the key of `X-Twilio-Signature`.
-    pub twilio_auth_token: Option<String>,
-    /// `SENDONCE_RECEIPT_SECRET`: what the `http` provider sends in `X-Receipt-Secret`.
-    pub http_secret: Option<String>,
-}
-
-impl std::fmt::Debug for ReceiptSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let set = |v: &Option<String>| if v.is_some() { "set" } else { "unset" };
-        f.debug_struct("ReceiptSettings")
-            .field("public_url", &self.public_url)
-            .field("twilio_auth_token", &set(&self.twilio_auth_token))
-            .field("http_secret", &set(&self.http_secret))
-            .finish()
-    }
-}
-
 #[derive(Clone)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
@@ -75,8 +53,9 @@ pub struct ServerSettings {
     /// On SIGTERM, how long in-flight work may finish.
     pub shutdown_grace: Duration,
     pub wait: WaitSettings,
-    /// How delivery receipts are authenticated (and this service's public URL).
-    pub receipts: ReceiptSettings,
+    /// `SENDONCE_PUBLIC_URL` without a trailing slash: where providers call
+    /// back (receipts), and what they sign.
+    pub public_url: Option<String>,
     /// Ensures tenant `default` accepts exactly this key.
     pub bootstrap_api_key: Option<String>,
 }
@@ -91,7 +70,7 @@ impl std::fmt::Debug for ServerSettings {
             .field("body_read_timeout", &self.body_read_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("wait", &self.wait)
-            .field("receipts", &self.receipts)
+            .field("public_url", &self.public_url)
             .field(
                 "bootstrap_api_key",
                 &self.bootstrap_api_key.as_ref().map(|_| "***"),
@@ -112,7 +91,7 @@ impl Default for ServerSettings {
                 default: Duration::from_secs(10),
                 max: Duration::from_secs(30),
             },
-            receipts: ReceiptSettings::default(),
+            public_url: None,
             bootstrap_api_key: None,
         }
     }
@@ -212,13 +191,6 @@ impl ServerSettings {
                 format!("must not be below {}", wait_default.var),
             ));
         }
-        let secret = given(&a.receipt_secret).map(str::to_string);
-        if secret.as_deref().is_some_and(|s| s.len() < 16) {
-            return Err(ConfigError::invalid(
-                "SENDONCE_RECEIPT_SECRET",
-                "must be at least 16 characters",
-            ));
-        }
         let bootstrap_api_key = a.bootstrap_api_key.clone();
         if let Some(key) = &bootstrap_api_key
             && !apikey::well_formed(key)
@@ -257,11 +229,7 @@ impl ServerSettings {
                 default: wait_default.value,
                 max: wait_max.value,
             },
-            receipts: ReceiptSettings {
-                public_url: public_url(a)?,
-                twilio_auth_token: given(&a.twilio_auth_token).map(str::to_string),
-                http_secret: secret,
-            },
+            public_url: public_url(a)?,
             bootstrap_api_key,
         })
     }

@@ -447,7 +447,7 @@ impl Deliverer {
         if !crate::verify::crypto::is_sealed(&sms.body) {
             return Ok(sms);
         }
-        let Some(secret) = self.sealed.get() else {
+        let Some(secret) = self.calls.sealed.get() else {
             tracing::error!(message_id = %sms.message_id, "a sealed body, and no verify secret to open it");
             return Err(BodyError::Unreadable(
                 "the message's sealed body cannot be opened: no verify secret is configured".into(),
@@ -483,7 +483,7 @@ impl Deliverer {
             // not start another.
             biased;
             () = self.stop.cancelled() => None,
-            p = std::sync::Arc::clone(&self.permits).acquire_owned() => p.ok(),
+            p = std::sync::Arc::clone(&self.slots.permits).acquire_owned() => p.ok(),
         }
     }
 

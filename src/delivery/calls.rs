@@ -21,7 +21,7 @@ pub(super) struct Call<'a> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
-        self.deliverer.calls().in_flight.remove(&self.id);
+        self.deliverer.calls_in_flight().in_flight.remove(&self.id);
     }
 }
 
@@ -31,7 +31,7 @@ impl Deliverer {
     /// message is held rather than released, since its task was that close
     /// to a call (holding what could have been released costs only time).
     pub(super) fn begin_call(&self, id: MessageId) -> Option<Call<'_>> {
-        let mut calls = self.calls();
+        let mut calls = self.calls_in_flight();
         if calls.stopping {
             calls.held.insert(id);
             return None;
@@ -45,7 +45,7 @@ impl Deliverer {
 
     /// No call may start any more; every call in flight now is held.
     pub(super) fn cut_off_calls(&self) {
-        let mut calls = self.calls();
+        let mut calls = self.calls_in_flight();
         calls.stopping = true;
         let in_flight: Vec<MessageId> = calls.in_flight.iter().copied().collect();
         calls.held.extend(in_flight);
@@ -55,11 +55,14 @@ impl Deliverer {
     /// was in flight when calls were cut off, and those whose task reached a
     /// call afterwards.
     pub(super) fn held_calls(&self) -> Vec<MessageId> {
-        self.calls().held.iter().copied().collect()
+        self.calls_in_flight().held.iter().copied().collect()
     }
 
-    fn calls(&self) -> std::sync::MutexGuard<'_, super::Calls> {
-        self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    fn calls_in_flight(&self) -> std::sync::MutexGuard<'_, super::Calls> {
+        self.calls
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 

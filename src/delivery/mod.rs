@@ -70,42 +70,65 @@ pub struct QueueTicket {
 impl Drop for QueueTicket {
     fn drop(&mut self) {
         if let Some(d) = self.deliverer.upgrade() {
-            d.queued.fetch_sub(1, Ordering::AcqRel);
+            d.slots.queued.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
-/// Runs deliveries for this instance.
+/// Runs deliveries for this instance. It reads as five parts: the store
+/// side (the rows, who this instance is in leases, the waiters), the call
+/// side ([`CallSide`]: whom to call and what may be in flight), this
+/// instance's capacity ([`Slots`]: send slots, the queue for one, the
+/// tasks), time and shutdown (the clock, the two stop signals, the
+/// scheduler's nudge), and its policy and counters.
 pub struct Deliverer {
+    // The store side.
     store: Arc<dyn Store>,
+    /// Who this instance is, in leases.
+    owner: String,
+    /// Where requests wait for a message's final response.
+    hub: Hub,
+    // The call side.
+    calls: CallSide,
+    // Capacity.
+    slots: Slots,
+    // Time and shutdown.
+    clock: Clock,
+    /// Cancelled when the shutdown grace period is over: tasks stop where
+    /// they are and their leases are released for another instance.
+    stop: CancellationToken,
+    /// Cancelled when shutdown starts: retry wake-ups are timers, not work,
+    /// and live outside the tasks so they never hold shutdown up.
+    timers: CancellationToken,
+    /// Wakes the scheduler early (a retry is due soon).
+    pub(crate) nudge: Arc<Notify>,
+    // Policy and counters.
+    settings: DeliverySettings,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// The call side: the providers in order, their circuits, what opens a
+/// sealed body right before a call, and the calls in flight.
+struct CallSide {
     /// In order: the first is the primary. Never empty.
     providers: Vec<Arc<dyn Provider>>,
     circuit_policy: CircuitPolicy,
     /// This instance's copy of the circuits shared through the store.
     circuits: std::sync::Mutex<routing::CircuitCache>,
-    clock: Clock,
-    settings: DeliverySettings,
-    /// Who this instance is, in leases.
-    owner: String,
-    hub: Hub,
-    permits: Arc<Semaphore>,
-    /// Deliveries holding a [`QueueTicket`].
-    queued: AtomicUsize,
-    tasks: TaskTracker,
-    /// Cancelled when the shutdown grace period is over: tasks stop where
-    /// they are and their leases are released for another instance.
-    stop: CancellationToken,
-    /// Cancelled when shutdown starts: retry wake-ups are timers, not work,
-    /// and live outside `tasks` so they never hold shutdown up.
-    timers: CancellationToken,
-    /// Wakes the scheduler early (a retry is due soon).
-    pub(crate) nudge: Arc<Notify>,
-    metrics: Arc<crate::metrics::Metrics>,
     /// Opens sealed message bodies (verification codes) right before the
     /// provider call; set once by `App::build`.
     sealed: std::sync::OnceLock<Arc<crate::verify::SecretSource>>,
     /// Provider calls that may be in flight (see [`Deliverer::shutdown`]).
-    calls: std::sync::Mutex<Calls>,
+    in_flight: std::sync::Mutex<Calls>,
+}
+
+/// This instance's capacity: provider-call slots, the deliveries waiting
+/// for one, and the tasks running deliveries.
+struct Slots {
+    permits: Arc<Semaphore>,
+    /// Deliveries holding a [`QueueTicket`].
+    queued: AtomicUsize,
+    tasks: TaskTracker,
 }
 
 impl Deliverer {
@@ -146,28 +169,32 @@ impl Deliverer {
         let hub = Hub::new(Arc::clone(&store));
         Arc::new(Self {
             store,
-            providers,
-            circuit_policy,
-            circuits: routing::cache(),
-            clock,
-            settings,
             owner,
             hub,
-            permits,
-            queued: AtomicUsize::new(0),
-            tasks: TaskTracker::new(),
+            calls: CallSide {
+                providers,
+                circuit_policy,
+                circuits: routing::cache(),
+                sealed: std::sync::OnceLock::new(),
+                in_flight: std::sync::Mutex::default(),
+            },
+            slots: Slots {
+                permits,
+                queued: AtomicUsize::new(0),
+                tasks: TaskTracker::new(),
+            },
+            clock,
             stop: CancellationToken::new(),
             timers: CancellationToken::new(),
             nudge: Arc::new(Notify::new()),
+            settings,
             metrics: Arc::default(),
-            sealed: std::sync::OnceLock::new(),
-            calls: std::sync::Mutex::default(),
         })
     }
 
     /// Where the key to open sealed bodies comes from (verifications).
     pub fn open_sealed_bodies_with(&self, secret: Arc<crate::verify::SecretSource>) {
-        let _ = self.sealed.set(secret);
+        let _ = self.calls.sealed.set(secret);
     }
 
     pub fn owner(&self) -> &str {
@@ -176,13 +203,13 @@ impl Deliverer {
 
     /// The primary provider's name: where new messages start.
     pub fn provider_name(&self) -> &'static str {
-        self.providers[0].name()
+        self.calls.providers[0].name()
     }
 
     /// Where a new message with this `from` starts: the primary provider,
     /// and who its first attempt sends as there.
     pub fn first_route(&self, from: Option<&str>) -> crate::verify::Via {
-        let primary = &self.providers[0];
+        let primary = &self.calls.providers[0];
         crate::verify::Via {
             provider: primary.name().to_string(),
             sender: primary.sender(from),
@@ -191,7 +218,7 @@ impl Deliverer {
 
     /// The configured providers' names, in order.
     pub fn provider_names(&self) -> Vec<&'static str> {
-        self.providers.iter().map(|p| p.name()).collect()
+        self.calls.providers.iter().map(|p| p.name()).collect()
     }
 
     pub fn clock(&self) -> &Clock {
@@ -215,7 +242,7 @@ impl Deliverer {
 
     /// Free provider-call slots (the scheduler claims no more than this).
     pub fn free_permits(&self) -> usize {
-        self.permits.available_permits()
+        self.slots.permits.available_permits()
     }
 
     /// Deliveries running in this instance.
@@ -226,13 +253,16 @@ impl Deliverer {
     /// Waits until a provider-call slot is free (and leaves it free); false
     /// if the slots are closed.
     pub async fn slot_freed(&self) -> bool {
-        Arc::clone(&self.permits).acquire_owned().await.is_ok()
+        Arc::clone(&self.slots.permits)
+            .acquire_owned()
+            .await
+            .is_ok()
     }
 
     /// A free provider-call slot, if there is one now. The scheduler takes
     /// its slots before it claims, so no claimed message waits leased for one.
     pub fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.permits).try_acquire_owned().ok()
+        Arc::clone(&self.slots.permits).try_acquire_owned().ok()
     }
 
     /// Starts delivering a message just inserted with its first attempt
@@ -275,11 +305,11 @@ impl Deliverer {
         let registration = self.hub.register(msg.id);
         let this = Arc::clone(self);
         let span = tracing::info_span!("deliver", message_id = %msg.id, attempt = msg.attempts);
-        self.tasks.spawn(async move {
+        self.slots.tasks.spawn(async move {
             let permit = match permit {
                 Some(p) => Some(p),
                 None => tokio::select! {
-                    p = Arc::clone(&this.permits).acquire_owned() => p.ok(),
+                    p = Arc::clone(&this.slots.permits).acquire_owned() => p.ok(),
                     () = this.stop.cancelled() => None,
                 },
             };
@@ -318,7 +348,8 @@ impl Deliverer {
     /// ([`DeliverySettings::max_queued_sends`]).
     pub fn reserve(self: &Arc<Self>) -> Option<QueueTicket> {
         let max = self.settings.max_queued_sends;
-        self.queued
+        self.slots
+            .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             })
@@ -330,7 +361,7 @@ impl Deliverer {
 
     /// Deliveries waiting for a send slot now.
     pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
+        self.slots.queued.load(Ordering::Acquire)
     }
 
     /// Stops accepting work and waits until `deadline` for provider calls
@@ -341,9 +372,9 @@ impl Deliverer {
     /// next owner waits that out again before asking. Retry wake-ups are
     /// dropped at once: the row holds the due time.
     pub async fn shutdown(&self, deadline: Instant) -> Result<u64, StoreError> {
-        self.tasks.close();
+        self.slots.tasks.close();
         self.timers.cancel();
-        if tokio::time::timeout_at(deadline, self.tasks.wait())
+        if tokio::time::timeout_at(deadline, self.slots.tasks.wait())
             .await
             .is_err()
         {
@@ -355,7 +386,7 @@ impl Deliverer {
         self.cut_off_calls();
         self.stop.cancel();
         // Tasks stop at their next await point; none holds us for long.
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.tasks.wait()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.slots.tasks.wait()).await;
         let cut_off = self.held_calls();
         crate::failpoint::hit("shutdown.before_release");
         let released = self
@@ -379,10 +410,10 @@ impl Deliverer {
 
     /// Stops every task without releasing anything, as a crash would (tests).
     pub async fn halt(&self) {
-        self.tasks.close();
+        self.slots.tasks.close();
         self.timers.cancel();
         self.stop.cancel();
-        self.tasks.wait().await;
+        self.slots.tasks.wait().await;
     }
 
     /// One run of a delivery (at most one provider attempt), logged and

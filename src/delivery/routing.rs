@@ -33,7 +33,11 @@ pub(super) struct RouteState {
 impl Deliverer {
     /// The configured provider called `name`.
     pub(super) fn provider_named(&self, name: &str) -> Option<Arc<dyn Provider>> {
-        self.providers.iter().find(|p| p.name() == name).cloned()
+        self.calls
+            .providers
+            .iter()
+            .find(|p| p.name() == name)
+            .cloned()
     }
 
     /// Every configured provider's circuit, as this instance last read it
@@ -42,7 +46,8 @@ impl Deliverer {
         self.refresh_circuits().await;
         let now = self.clock.now();
         let cache = self.circuit_cache();
-        self.providers
+        self.calls
+            .providers
             .iter()
             .map(|p| {
                 cache
@@ -55,7 +60,10 @@ impl Deliverer {
     }
 
     fn circuit_cache(&self) -> std::sync::MutexGuard<'_, CircuitCache> {
-        self.circuits.lock().unwrap_or_else(|e| e.into_inner())
+        self.calls
+            .circuits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn cached_circuit(&self, name: &str) -> Circuit {
@@ -70,7 +78,7 @@ impl Deliverer {
         let due = self
             .circuit_cache()
             .read_at
-            .is_none_or(|at| at.elapsed() >= self.circuit_policy.refresh);
+            .is_none_or(|at| at.elapsed() >= self.calls.circuit_policy.refresh);
         if due {
             self.read_circuits().await;
         }
@@ -96,7 +104,7 @@ impl Deliverer {
     /// Whether the provider called `name` is open to a send now, taking its
     /// probe when it is due for one.
     async fn open_now(&self, name: &str) -> bool {
-        let policy = &self.circuit_policy;
+        let policy = &self.calls.circuit_policy;
         for _ in 0..3 {
             let c = self.cached_circuit(name);
             let now = self.clock.now();
@@ -128,18 +136,25 @@ impl Deliverer {
         self.refresh_circuits().await;
         let provider = self.provider_named(&msg.provider);
         let now = self.clock.now();
-        let position = self.providers.iter().position(|p| p.name() == msg.provider);
+        let position = self
+            .calls
+            .providers
+            .iter()
+            .position(|p| p.name() == msg.provider);
         // A provider no longer configured: the message may start over on the
         // configured ones (unless something may have been sent already).
         let after = position.map_or(0, |i| i + 1);
-        let next = self.providers[after.min(self.providers.len())..]
+        let next = self.calls.providers[after.min(self.calls.providers.len())..]
             .iter()
             .find(|p| {
-                circuit::gate(&self.cached_circuit(p.name()), now, &self.circuit_policy)
-                    != Gate::Blocked
+                circuit::gate(
+                    &self.cached_circuit(p.name()),
+                    now,
+                    &self.calls.circuit_policy,
+                ) != Gate::Blocked
             })
             .map(|p| p.name())
-            .or_else(|| position.is_none().then(|| self.providers[0].name()));
+            .or_else(|| position.is_none().then(|| self.calls.providers[0].name()));
         let current_open = match &provider {
             Some(p) => self.open_now(p.name()).await,
             None => true,
@@ -159,7 +174,7 @@ impl Deliverer {
         works: bool,
         msg: &MessageRecord,
     ) {
-        let policy = &self.circuit_policy;
+        let policy = &self.calls.circuit_policy;
         for _ in 0..3 {
             let c = self.cached_circuit(name);
             let now = self.clock.now();

@@ -51,7 +51,7 @@ pub struct AppState {
     pub max_segments: u32,
     /// The whole request body must arrive within this.
     pub body_read_timeout: Duration,
-    /// How delivery receipts are authenticated.
+    /// Every adapter's receipt endpoint, and this service's public URL.
     pub receipts: receipts::ReceiptSettings,
     /// API keys, so most requests authenticate without the database.
     pub keys: Arc<KeyCache>,

@@ -430,13 +430,9 @@ impl Metrics {
 
     /// One delivery receipt taken: `outcome` is `applied` (it moved the
     /// status), `recorded` (kept in the history only), `duplicate` or
-    /// `unmatched` (no known message).
-    pub fn receipt(&self, provider: &str, outcome: &'static str) {
-        let provider = match provider {
-            "twilio" => "twilio",
-            "http" => "http",
-            _ => "other",
-        };
+    /// `unmatched` (no known message). `provider` is the adapter's name
+    /// (from the registry, so the label's values stay a bounded set).
+    pub fn receipt(&self, provider: &'static str, outcome: &'static str) {
         self.receipts
             .get(outcome, provider, || {
                 self.counter(

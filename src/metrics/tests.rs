@@ -24,7 +24,7 @@ fn labelled_handles_are_registered_once_and_reused() {
         let route = String::from("/opt-outs/{number}");
         m.request("DELETE", &route, "not_found", Duration::from_millis(1));
         m.provider_attempt("http", "ok", Duration::from_millis(1));
-        m.receipt("somebody", "unmatched");
+        m.receipt("twilio", "unmatched");
     }
     assert_eq!(
         m.requests.0.read().unwrap().len(),
@@ -38,7 +38,7 @@ fn labelled_handles_are_registered_once_and_reused() {
     ), "{text}");
     assert!(text.contains(r#"sendonce_provider_attempts_total{provider="http",class="ok"} 3"#));
     assert!(
-        text.contains(r#"sendonce_receipts_total{provider="other",outcome="unmatched"} 3"#),
+        text.contains(r#"sendonce_receipts_total{provider="twilio",outcome="unmatched"} 3"#),
         "{text}"
     );
 }

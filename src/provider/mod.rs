@@ -24,11 +24,25 @@ use time::OffsetDateTime;
 
 use crate::domain::MessageId;
 
-pub mod http;
-pub mod simulated;
-pub mod twilio;
+pub mod receipts;
+pub mod registry;
+
+/// Declares each adapter's folder and lists it in [`ADAPTERS`]: adding a
+/// provider is its folder and its name here.
+macro_rules! adapters {
+    ($($name:ident),+ $(,)?) => {
+        $(pub mod $name;)+
+
+        /// Every adapter (`src/provider/<name>/`), in the order the command
+        /// line lists their variables.
+        pub static ADAPTERS: &[Adapter] = &[$($name::ADAPTER),+];
+    };
+}
+
+adapters!(simulated, http, twilio);
 
 pub use http::HttpProvider;
+pub use registry::{Adapter, Configured};
 pub use simulated::SimulatedProvider;
 pub use twilio::{TwilioProvider, TwilioSettings};
 

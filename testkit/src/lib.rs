@@ -4,7 +4,10 @@
 //! - [`mock_provider`]: a scriptable provider server (the `http` protocol and
 //!   Twilio's Messages endpoint, faults, receipts) for tests and demos; the
 //!   `mock-provider` binary serves it as a process.
+//! - [`providers`]: one module per protocol the mock speaks (`http`,
+//!   `twilio`), listed once.
 //! - [`accept`]: its accept loop, which backs off after accept errors.
 
 pub mod accept;
 pub mod mock_provider;
+pub mod providers;

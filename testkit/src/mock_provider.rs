@@ -1,6 +1,8 @@
 //! A scriptable stand-in for an SMS provider that speaks the `http`
 //! provider protocol and Twilio's Messages endpoint, for tests, the chaos run
-//! and demos.
+//! and demos. What is common to every protocol is here (behaviours, faults,
+//! counting, receipts' plan, the connection loop); each protocol is one
+//! module of [`crate::providers`], listed once in [`crate::providers::routes`].
 //!
 //! Twilio: `POST /2010-04-01/Accounts/{sid}/Messages.json` (form-encoded;
 //! every accepted call creates a message, as Twilio does: no de-duplication)
@@ -31,19 +33,16 @@
 //! `axum::serve`) so that it can drop a connection after accepting a message
 //! and before answering: the most dangerous thing a provider can do.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::SocketAddr;
+use std::any::{Any, TypeId};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::Serialize;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 /// What the mock does with one call.
@@ -88,7 +87,7 @@ pub enum Behaviour {
 
 impl Behaviour {
     /// The behaviour to carry out once every gate in front of it opened.
-    async fn after_gates(self) -> Behaviour {
+    pub(crate) async fn after_gates(self) -> Behaviour {
         let mut b = self;
         while let Behaviour::After(gate, inner) = b {
             gate.notified().await;
@@ -192,7 +191,7 @@ impl Faults {
         })
     }
 
-    fn draw(&self) -> Behaviour {
+    pub(crate) fn draw(&self) -> Behaviour {
         use rand::Rng;
         let mut rng = rand::rng();
         let mut roll = |p: f64| p > 0.0 && rng.random_bool(p.min(1.0));
@@ -219,7 +218,7 @@ impl Faults {
         }
     }
 
-    fn latency(&self) -> Duration {
+    pub(crate) fn latency(&self) -> Duration {
         use rand::Rng;
         let (lo, hi) = self.latency;
         if hi <= lo {
@@ -241,49 +240,36 @@ pub struct Call {
 }
 
 #[derive(Default)]
-struct Inner {
-    faults: Faults,
-    dedup: Dedup,
-    /// `Ietf`: keys whose request is being processed now.
-    in_flight: HashSet<String>,
-    /// Requests being processed now (answered or not), over both protocols.
-    busy: usize,
-    /// `Ietf`: the payload each accepted key came with.
-    payloads: HashMap<String, serde_json::Value>,
-    /// How far the mock Twilio's clock is from this machine's (its
-    /// `date_created` and its `Date` header).
-    twilio_clock_offset: time::Duration,
-    script: VecDeque<Behaviour>,
-    calls: Vec<Call>,
-    /// Idempotency key -> the id it was accepted under.
-    accepted: HashMap<String, String>,
+pub(crate) struct Inner {
+    pub(crate) faults: Faults,
+    /// Requests being processed now (answered or not), over every protocol.
+    pub(crate) busy: usize,
+    pub(crate) script: VecDeque<Behaviour>,
+    pub(crate) calls: Vec<Call>,
     /// Messages created per key (more than one is a duplicate on a phone).
-    deliveries: HashMap<String, u32>,
-    next_id: u64,
-    /// Deliveries per (To, Body), over both protocols.
-    by_recipient_body: HashMap<(String, String), u32>,
-    /// Messages created through the Twilio endpoint, oldest first.
-    twilio_messages: Vec<TwilioRecord>,
-    /// Message list lookups made, and how many of the next ones fail.
-    lookups: usize,
-    failing_lookups: usize,
-    receipts: ReceiptConfig,
+    pub(crate) deliveries: HashMap<String, u32>,
+    /// Deliveries per (To, Body), over every protocol.
+    pub(crate) by_recipient_body: HashMap<(String, String), u32>,
+    pub(crate) receipts: ReceiptConfig,
+    /// Reconciliation lookups made (Twilio's message list).
+    pub(crate) lookups: usize,
+    /// Each protocol's own state, by its type (`providers::*::Protocol`).
+    protocols: HashMap<TypeId, Box<dyn Any + Send>>,
 }
 
-/// A message created through the Twilio endpoint.
-#[derive(Clone, Debug)]
-struct TwilioRecord {
-    sid: String,
-    account_sid: String,
-    to: String,
-    from: Option<String>,
-    messaging_service_sid: Option<String>,
-    body: String,
-    created_at: time::OffsetDateTime,
-    /// `queued` until handed to the carrier, then `sent`.
-    status: &'static str,
-    /// Null until handed to the carrier, as at Twilio.
-    date_sent: Option<time::OffsetDateTime>,
+impl Inner {
+    /// The state protocol module `P` keeps, made on first use.
+    pub(crate) fn protocol<P: Default + Send + 'static>(&mut self) -> &mut P {
+        let state = self
+            .protocols
+            .entry(TypeId::of::<P>())
+            .or_insert_with(|| Box::new(P::default()));
+        match state.downcast_mut::<P>() {
+            Some(p) => p,
+            // Keyed by its own type: always a `P`.
+            None => unreachable!("protocol state under another type's id"),
+        }
+    }
 }
 
 /// Which receipts the mock sends back for each message it delivers.
@@ -343,7 +329,7 @@ impl ReceiptConfig {
 
     /// The (status, event number) pairs to send, in order; a repeated event
     /// number is a redelivery of the same event.
-    fn plan(&self) -> Vec<(String, usize)> {
+    pub(crate) fn plan(&self) -> Vec<(String, usize)> {
         let done = self
             .final_status
             .clone()
@@ -390,33 +376,6 @@ impl MockProvider {
         mock
     }
 
-    /// Sets how the `http` endpoint treats a repeated key.
-    pub fn set_dedup(&self, dedup: Dedup) {
-        self.lock().dedup = dedup;
-    }
-
-    /// Sets the mock Twilio's clock `offset` from this machine's (positive:
-    /// ahead): the times it shows and its `Date` header.
-    pub fn set_twilio_clock_offset(&self, offset: time::Duration) {
-        self.lock().twilio_clock_offset = offset;
-    }
-
-    /// `resp` with the mock Twilio's own `Date` header (its clock may be
-    /// set apart from this machine's).
-    fn twilio_dated(&self, mut resp: Response) -> Response {
-        let offset = self.lock().twilio_clock_offset;
-        let now = std::time::SystemTime::now();
-        let at = if offset.is_negative() {
-            now - offset.unsigned_abs()
-        } else {
-            now + offset.unsigned_abs()
-        };
-        if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(at)) {
-            resp.headers_mut().insert(header::DATE, v);
-        }
-        resp
-    }
-
     /// Requests the mock is still processing (some may create a message
     /// yet, whatever their caller did): a test counts messages once this is
     /// zero.
@@ -439,38 +398,7 @@ impl MockProvider {
             .sum()
     }
 
-    /// Serves on `listener` until the returned task is aborted.
-    pub fn serve(&self, listener: TcpListener) -> tokio::task::JoinHandle<()> {
-        let app = Router::new()
-            .route("/messages", post(send))
-            .route(
-                "/2010-04-01/Accounts/{account_sid}/Messages.json",
-                post(twilio_send).get(twilio_list),
-            )
-            .route("/stats", get(stats))
-            .with_state(self.clone());
-        tokio::spawn(async move {
-            let listener = &listener;
-            crate::accept::accept_loop(
-                move || async move { Some(listener.accept().await) },
-                |(stream, _)| {
-                    tokio::spawn(serve_connection(stream, app.clone()));
-                },
-            )
-            .await;
-        })
-    }
-
-    /// Starts on a free loopback port; returns the mock and its send URL.
-    pub async fn start() -> std::io::Result<(MockProvider, String, SocketAddr)> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let mock = MockProvider::default();
-        mock.serve(listener);
-        Ok((mock, format!("http://{addr}/messages"), addr))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -526,111 +454,17 @@ impl MockProvider {
             .unwrap_or(0)
     }
 
-    /// Makes the next `n` Twilio message list lookups answer 500.
-    pub fn fail_lookups(&self, n: usize) {
-        self.lock().failing_lookups = n;
-    }
-
     /// Sends these receipts for every message delivered from now on.
     pub fn set_receipts(&self, receipts: ReceiptConfig) {
         self.lock().receipts = receipts;
-    }
-
-    /// Creates a Twilio message (a delivery) and returns its resource.
-    fn twilio_create(&self, account_sid: &str, form: &HashMap<String, String>) -> TwilioRecord {
-        let mut inner = self.lock();
-        let now = time::OffsetDateTime::now_utc() + inner.twilio_clock_offset;
-        let record = TwilioRecord {
-            sid: format!("SM{}", uuid::Uuid::new_v4().simple()),
-            account_sid: account_sid.to_string(),
-            to: form.get("To").cloned().unwrap_or_default(),
-            from: form.get("From").cloned(),
-            messaging_service_sid: form.get("MessagingServiceSid").cloned(),
-            body: form.get("Body").cloned().unwrap_or_default(),
-            created_at: sendonce::clock::truncate_to_micros(now),
-            status: "queued",
-            date_sent: None,
-        };
-        *inner
-            .by_recipient_body
-            .entry((record.to.clone(), record.body.clone()))
-            .or_default() += 1;
-        inner.twilio_messages.push(record.clone());
-        record
-    }
-
-    /// Hands every queued Twilio message to the carrier: `sent`, with
-    /// `date_sent` now (Twilio sets it only then).
-    pub fn twilio_hand_over(&self) {
-        let mut inner = self.lock();
-        let now = sendonce::clock::truncate_to_micros(
-            time::OffsetDateTime::now_utc() + inner.twilio_clock_offset,
-        );
-        for m in &mut inner.twilio_messages {
-            if m.date_sent.is_none() {
-                m.status = "sent";
-                m.date_sent = Some(now);
-            }
-        }
-    }
-
-    /// Moves the times of every Twilio message created so far back by `by`,
-    /// as if they had been created that much earlier.
-    pub fn twilio_backdate(&self, by: Duration) {
-        let by = time::Duration::try_from(by).unwrap_or(time::Duration::ZERO);
-        for m in &mut self.lock().twilio_messages {
-            m.created_at -= by;
-            m.date_sent = m.date_sent.map(|d| d - by);
-        }
-    }
-
-    /// The sids of the messages created through the Twilio endpoint, oldest
-    /// first.
-    pub fn twilio_sids(&self) -> Vec<String> {
-        self.lock()
-            .twilio_messages
-            .iter()
-            .map(|m| m.sid.clone())
-            .collect()
-    }
-
-    /// Creates the message and returns its id (with `Replay` or `Ietf`, a
-    /// key already accepted gets its id and nothing is created); sends the
-    /// receipts for a new message when configured.
-    fn deliver(&self, key: Option<&str>, sms: &serde_json::Value) -> String {
-        let mut inner = self.lock();
-        if inner.dedup != Dedup::None
-            && let Some(id) = key.and_then(|k| inner.accepted.get(k)).cloned()
-        {
-            return id;
-        }
-        inner.next_id += 1;
-        let id = format!("prov_{}", inner.next_id);
-        let key = key.map_or_else(|| id.clone(), str::to_string);
-        inner.accepted.insert(key.clone(), id.clone());
-        inner.payloads.insert(key.clone(), sms.clone());
-        *inner.deliveries.entry(key).or_default() += 1;
-        let text = |name: &str| sms[name].as_str().unwrap_or_default().to_string();
-        *inner
-            .by_recipient_body
-            .entry((text("to"), text("body")))
-            .or_default() += 1;
-        let receipts = inner.receipts.clone();
-        drop(inner);
-        if let Some(url) = receipts.http_url.clone()
-            && receipts.order != ReceiptOrder::None
-        {
-            tokio::spawn(send_http_receipts(receipts, url, id.clone()));
-        }
-        id
     }
 }
 
 /// A handler's way to close its own connection without answering.
 #[derive(Clone)]
-struct DropSwitch(Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>);
+pub(crate) struct DropSwitch(Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>);
 
-async fn serve_connection(stream: tokio::net::TcpStream, app: Router) {
+pub(crate) async fn serve_connection(stream: tokio::net::TcpStream, app: Router) {
     use hyper_util::rt::TokioIo;
     use hyper_util::service::TowerToHyperService;
     use tower::ServiceExt;
@@ -650,20 +484,11 @@ async fn serve_connection(stream: tokio::net::TcpStream, app: Router) {
     }
 }
 
-fn accepted(id: String) -> Response {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        serde_json::json!({ "id": id, "status": "queued" }).to_string(),
-    )
-        .into_response()
-}
-
 /// Counts a request as being processed until dropped.
-struct Busy(MockProvider);
+pub(crate) struct Busy(MockProvider);
 
 impl Busy {
-    fn new(mock: &MockProvider) -> Self {
+    pub(crate) fn new(mock: &MockProvider) -> Self {
         mock.lock().busy += 1;
         Busy(mock.clone())
     }
@@ -675,190 +500,8 @@ impl Drop for Busy {
     }
 }
 
-/// `Ietf`: marks a key as being processed until dropped.
-struct InFlight {
-    mock: MockProvider,
-    key: Option<String>,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.mock.lock().in_flight.remove(&key);
-        }
-    }
-}
-
-/// What the `http` endpoint answers before running a behaviour, under the
-/// IETF draft: a replay, 409 or 422; `None` to go on (the key is then held
-/// as in flight by the returned guard).
-fn ietf_answer(
-    mock: &MockProvider,
-    key: Option<&str>,
-    sms: &serde_json::Value,
-) -> Result<InFlight, Box<Response>> {
-    let mut inner = mock.lock();
-    let Some(key) = key.filter(|_| inner.dedup == Dedup::Ietf) else {
-        return Ok(InFlight {
-            mock: mock.clone(),
-            key: None,
-        });
-    };
-    if inner.in_flight.contains(key) {
-        let body = serde_json::json!({
-            "type": "https://developer.example.com/idempotency/in-flight",
-            "title": "A request with this Idempotency-Key is still being processed",
-            "message": "a request with this Idempotency-Key is still being processed",
-        });
-        return Err(Box::new(json_answer(StatusCode::CONFLICT, &body, Some(1))));
-    }
-    if let Some(id) = inner.accepted.get(key).cloned() {
-        if inner.payloads.get(key).is_some_and(|p| p != sms) {
-            let body = serde_json::json!({
-                "title": "This Idempotency-Key was used with another payload",
-                "message": "this Idempotency-Key was used with another payload",
-            });
-            return Err(Box::new(json_answer(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &body,
-                None,
-            )));
-        }
-        return Err(Box::new(accepted(id)));
-    }
-    inner.in_flight.insert(key.to_string());
-    Ok(InFlight {
-        mock: mock.clone(),
-        key: Some(key.to_string()),
-    })
-}
-
-async fn send(
-    State(mock): State<MockProvider>,
-    switch: Option<axum::Extension<DropSwitch>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let sms: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-    let busy = Busy::new(&mock);
-    mock.lock().calls.push(Call {
-        endpoint: "http".into(),
-        idempotency_key: key.clone(),
-        authorization: headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string),
-        body: sms.clone(),
-    });
-    let in_flight = match ietf_answer(&mock, key.as_deref(), &sms) {
-        Ok(guard) => guard,
-        Err(answer) => return *answer,
-    };
-    let (behaviour, latency) = {
-        let mut inner = mock.lock();
-        let behaviour = match inner.script.pop_front() {
-            Some(b) => b,
-            None => inner.faults.draw(),
-        };
-        (behaviour, inner.faults.latency())
-    };
-    if !latency.is_zero() {
-        tokio::time::sleep(latency).await;
-    }
-    let behaviour = behaviour.after_gates().await;
-    let quoted = sms["body"].as_str().unwrap_or_default().to_string();
-    let create = {
-        let mock = mock.clone();
-        move || mock.deliver(key.as_deref(), &sms)
-    };
-    match behaviour {
-        // (`After` was unwrapped above.)
-        Behaviour::Accept | Behaviour::After(..) => accepted(create()),
-        Behaviour::Fail {
-            status,
-            body,
-            retry_after,
-        } => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            json_answer(status, &body, retry_after)
-        }
-        Behaviour::AcceptThenFail { status } => {
-            create();
-            StatusCode::from_u16(status)
-                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-                .into_response()
-        }
-        Behaviour::RejectQuoting { status } => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-            let text = quoted.clone();
-            json_answer(
-                status,
-                &serde_json::json!({ "message": format!("invalid message '{text}'") }),
-                None,
-            )
-        }
-        Behaviour::AcceptThenRetryLater {
-            status,
-            retry_after,
-        } => {
-            create();
-            drop(in_flight);
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            json_answer(
-                status,
-                &serde_json::json!({"message": "injected failure after sending"}),
-                Some(retry_after),
-            )
-        }
-        Behaviour::Gate(gate) => {
-            gate.notified().await;
-            accepted(create())
-        }
-        Behaviour::Hang => std::future::pending().await,
-        Behaviour::Delay(d) => {
-            tokio::time::sleep(d).await;
-            accepted(create())
-        }
-        Behaviour::AcceptThenDelay(d) => {
-            let id = create();
-            drop(in_flight);
-            tokio::time::sleep(d).await;
-            accepted(id)
-        }
-        Behaviour::Processing(d) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                let id = create();
-                drop(in_flight);
-                drop(busy);
-                let _ = tx.send(id);
-            });
-            match rx.await {
-                Ok(id) => accepted(id),
-                Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-            }
-        }
-        Behaviour::AcceptThenHang => {
-            create();
-            drop(in_flight);
-            std::future::pending().await
-        }
-        Behaviour::AcceptThenDrop => {
-            create();
-            drop(in_flight);
-            drop_connection(switch);
-            std::future::pending().await
-        }
-    }
-}
-
 /// Closes the caller's connection without an answer.
-fn drop_connection(switch: Option<axum::Extension<DropSwitch>>) {
+pub(crate) fn drop_connection(switch: Option<axum::Extension<DropSwitch>>) {
     if let Some(axum::Extension(DropSwitch(switch))) = switch
         && let Some(tx) = switch.lock().unwrap_or_else(PoisonError::into_inner).take()
     {
@@ -866,24 +509,16 @@ fn drop_connection(switch: Option<axum::Extension<DropSwitch>>) {
     }
 }
 
-async fn stats(State(mock): State<MockProvider>) -> Response {
+pub(crate) async fn stats(State(mock): State<MockProvider>) -> Response {
     axum::Json(mock.stats()).into_response()
 }
 
-/// Twilio's error body.
-fn twilio_error(status: u16, code: i64, message: &str, retry_after: Option<u64>) -> Response {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let body = serde_json::json!({
-        "code": code,
-        "message": message,
-        "more_info": format!("https://www.twilio.com/docs/errors/{code}"),
-        "status": status.as_u16(),
-    });
-    json_answer(status, &body, retry_after)
-}
-
 /// A JSON answer, with `Retry-After` in seconds when given.
-fn json_answer(status: StatusCode, body: &serde_json::Value, retry_after: Option<u64>) -> Response {
+pub(crate) fn json_answer(
+    status: StatusCode,
+    body: &serde_json::Value,
+    retry_after: Option<u64>,
+) -> Response {
     let mut resp = (
         status,
         [(header::CONTENT_TYPE, "application/json")],
@@ -897,379 +532,10 @@ fn json_answer(status: StatusCode, body: &serde_json::Value, retry_after: Option
     resp
 }
 
-/// A scripted failure as Twilio would send it: the scripted body when it is
-/// already Twilio's shape, else wrapped in one.
-fn twilio_failure(status: u16, body: &serde_json::Value, retry_after: Option<u64>) -> Response {
-    if body.get("code").is_some() {
-        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = (
-            code,
-            [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response();
-        if let Some(secs) = retry_after {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        return resp;
-    }
-    let code = match status {
-        429 => 20429,
-        500..=599 => 20500,
-        _ => 21000,
-    };
-    let message = body["message"].as_str().unwrap_or("injected failure");
-    twilio_error(status, code, message, retry_after)
-}
-
-/// The password of `Basic` credentials whose user is `account_sid`.
-fn basic_password(headers: &HeaderMap, account_sid: &str) -> Option<String> {
-    use base64::Engine;
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, encoded) = value.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded.trim())
-        .ok()?;
-    let decoded = String::from_utf8(decoded).ok()?;
-    let (user, password) = decoded.split_once(':')?;
-    (user == account_sid && !password.is_empty()).then(|| password.to_string())
-}
-
-fn rfc2822(t: time::OffsetDateTime) -> String {
-    t.format(&time::format_description::well_known::Rfc2822)
-        .unwrap_or_default()
-}
-
-/// A Message resource as Twilio shows it.
-fn twilio_resource(m: &TwilioRecord) -> serde_json::Value {
-    let date = rfc2822(m.created_at);
-    let status = m.status;
-    serde_json::json!({
-        "account_sid": m.account_sid,
-        "api_version": "2010-04-01",
-        "body": m.body,
-        "date_created": date,
-        "date_sent": m.date_sent.map(rfc2822),
-        "date_updated": rfc2822(m.date_sent.unwrap_or(m.created_at)),
-        "direction": "outbound-api",
-        "error_code": null,
-        "error_message": null,
-        "from": m.from,
-        "messaging_service_sid": m.messaging_service_sid,
-        "num_media": "0",
-        "num_segments": "1",
-        "price": null,
-        "price_unit": "USD",
-        "sid": m.sid,
-        "status": status,
-        "subresource_uris": {
-            "media": format!("/2010-04-01/Accounts/{}/Messages/{}/Media.json", m.account_sid, m.sid),
-        },
-        "to": m.to,
-        "uri": format!("/2010-04-01/Accounts/{}/Messages/{}.json", m.account_sid, m.sid),
-    })
-}
-
-async fn twilio_send(
-    State(mock): State<MockProvider>,
-    axum::extract::Path(account_sid): axum::extract::Path<String>,
-    switch: Option<axum::Extension<DropSwitch>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let form: HashMap<String, String> = form_urlencoded::parse(&body).into_owned().collect();
-    let busy = Busy::new(&mock);
-    let (behaviour, latency) = {
-        let mut inner = mock.lock();
-        inner.calls.push(Call {
-            endpoint: "twilio".into(),
-            idempotency_key: None,
-            authorization: headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string),
-            body: serde_json::to_value(&form).unwrap_or(serde_json::Value::Null),
-        });
-        let behaviour = match inner.script.pop_front() {
-            Some(b) => b,
-            None => inner.faults.draw(),
-        };
-        (behaviour, inner.faults.latency())
-    };
-    let Some(token) = basic_password(&headers, &account_sid) else {
-        return twilio_error(401, 20003, "Authenticate", None);
-    };
-    if form.get("To").is_none_or(String::is_empty) {
-        return twilio_error(400, 21604, "A 'To' phone number is required.", None);
-    }
-    if form.get("Body").is_none_or(String::is_empty) {
-        return twilio_error(400, 21602, "Message body is required.", None);
-    }
-    if !latency.is_zero() {
-        tokio::time::sleep(latency).await;
-    }
-    let behaviour = behaviour.after_gates().await;
-    let create = {
-        let (mock, account_sid, form) = (mock.clone(), account_sid.clone(), form.clone());
-        move || {
-            let record = mock.twilio_create(&account_sid, &form);
-            let receipts = mock.lock().receipts.clone();
-            if let Some(callback) = form.get("StatusCallback").cloned()
-                && receipts.order != ReceiptOrder::None
-            {
-                tokio::spawn(send_twilio_receipts(
-                    receipts,
-                    callback,
-                    token.clone(),
-                    record.clone(),
-                ));
-            }
-            record
-        }
-    };
-    let created = |record: &TwilioRecord| {
-        mock.twilio_dated(
-            (
-                StatusCode::CREATED,
-                [(header::CONTENT_TYPE, "application/json")],
-                twilio_resource(record).to_string(),
-            )
-                .into_response(),
-        )
-    };
-    match behaviour {
-        // (`After` was unwrapped above.)
-        Behaviour::Accept | Behaviour::After(..) => created(&create()),
-        Behaviour::Fail {
-            status,
-            body,
-            retry_after,
-        } => twilio_failure(status, &body, retry_after),
-        Behaviour::AcceptThenFail { status } => {
-            create();
-            twilio_error(status, 20500, "Internal Server Error", None)
-        }
-        Behaviour::AcceptThenRetryLater {
-            status,
-            retry_after,
-        } => {
-            create();
-            twilio_error(status, 20500, "Internal Server Error", Some(retry_after))
-        }
-        Behaviour::RejectQuoting { status } => {
-            let text = form.get("Body").cloned().unwrap_or_default();
-            twilio_error(status, 21617, &format!("invalid message '{text}'"), None)
-        }
-        Behaviour::Gate(gate) => {
-            gate.notified().await;
-            created(&create())
-        }
-        Behaviour::Hang => std::future::pending().await,
-        Behaviour::Delay(d) => {
-            tokio::time::sleep(d).await;
-            created(&create())
-        }
-        Behaviour::AcceptThenDelay(d) => {
-            let record = create();
-            tokio::time::sleep(d).await;
-            created(&record)
-        }
-        Behaviour::Processing(d) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                let _ = tx.send(create());
-                drop(busy);
-            });
-            match rx.await {
-                Ok(record) => created(&record),
-                Err(_) => twilio_error(500, 20500, "Internal Server Error", None),
-            }
-        }
-        Behaviour::AcceptThenHang => {
-            create();
-            std::future::pending().await
-        }
-        Behaviour::AcceptThenDrop => {
-            create();
-            drop_connection(switch);
-            std::future::pending().await
-        }
-    }
-}
-
-/// `DateSent>`'s value: an RFC 3339 time or a `YYYY-MM-DD` date (GMT).
-fn parse_date_filter(value: &str) -> Option<time::OffsetDateTime> {
-    use time::format_description::well_known::Rfc3339;
-    if let Ok(t) = time::OffsetDateTime::parse(value, &Rfc3339) {
-        return Some(t);
-    }
-    let format = time::macros::format_description!("[year]-[month]-[day]");
-    time::Date::parse(value, &format)
-        .ok()
-        .map(|d| d.midnight().assume_utc())
-}
-
-async fn twilio_list(
-    State(mock): State<MockProvider>,
-    axum::extract::Path(account_sid): axum::extract::Path<String>,
-    headers: HeaderMap,
-    axum::extract::RawQuery(query): axum::extract::RawQuery,
-) -> Response {
-    let query: HashMap<String, String> =
-        form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-            .into_owned()
-            .collect();
-    {
-        let mut inner = mock.lock();
-        inner.lookups += 1;
-        if inner.failing_lookups > 0 {
-            inner.failing_lookups -= 1;
-            return twilio_error(500, 20500, "injected lookup failure", None);
-        }
-    }
-    if basic_password(&headers, &account_sid).is_none() {
-        return twilio_error(401, 20003, "Authenticate", None);
-    }
-    let after = match query.get("DateSent>") {
-        None => None,
-        Some(v) => match parse_date_filter(v) {
-            Some(t) => Some(t),
-            None => return twilio_error(400, 20001, "Invalid DateSent", None),
-        },
-    };
-    let page_size = query
-        .get("PageSize")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(50)
-        .clamp(1, 1000);
-    let page = query
-        .get("Page")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0);
-    let mut matching: Vec<TwilioRecord> = mock
-        .lock()
-        .twilio_messages
-        .iter()
-        .rev()
-        .filter(|m| m.account_sid == account_sid)
-        .filter(|m| query.get("To").is_none_or(|to| &m.to == to))
-        // Twilio's date filters match `date_sent`: never a message not sent yet.
-        .filter(|m| after.is_none_or(|a| m.date_sent.is_some_and(|d| d >= a)))
-        .cloned()
-        .collect();
-    // Newest first by creation.
-    matching.sort_by_key(|m| std::cmp::Reverse(m.created_at));
-    let messages: Vec<serde_json::Value> = matching
-        .iter()
-        .skip(page * page_size)
-        .take(page_size)
-        .map(twilio_resource)
-        .collect();
-    let path = format!("/2010-04-01/Accounts/{account_sid}/Messages.json");
-    let page_uri = |n: usize| {
-        let mut q = form_urlencoded::Serializer::new(String::new());
-        if let Some(to) = query.get("To") {
-            q.append_pair("To", to);
-        }
-        if let Some(after) = query.get("DateSent>") {
-            q.append_pair("DateSent>", after);
-        }
-        q.append_pair("PageSize", &page_size.to_string());
-        q.append_pair("Page", &n.to_string());
-        format!("{path}?{}", q.finish())
-    };
-    let more = matching.len() > (page + 1) * page_size;
-    let body = serde_json::json!({
-        "messages": messages,
-        "first_page_uri": page_uri(0),
-        "next_page_uri": more.then(|| page_uri(page + 1)),
-        "previous_page_uri": (page > 0).then(|| page_uri(page - 1)),
-        "page": page,
-        "page_size": page_size,
-        "uri": page_uri(page),
-        "end": page * page_size + messages.len().saturating_sub(1),
-        "start": page * page_size,
-    });
-    mock.twilio_dated(axum::Json(body).into_response())
-}
-
-fn receipt_client() -> Option<reqwest::Client> {
+pub(crate) fn receipt_client() -> Option<reqwest::Client> {
     sendonce::install_crypto_provider();
     reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
         .ok()
-}
-
-/// Posts Twilio status callbacks for `m`, one after the other, signed.
-async fn send_twilio_receipts(
-    config: ReceiptConfig,
-    callback: String,
-    auth_token: String,
-    m: TwilioRecord,
-) {
-    let Some(client) = receipt_client() else {
-        return;
-    };
-    for (status, event) in config.plan() {
-        let mut params = vec![
-            ("AccountSid".to_string(), m.account_sid.clone()),
-            ("ApiVersion".to_string(), "2010-04-01".to_string()),
-            ("MessageSid".to_string(), m.sid.clone()),
-            ("MessageStatus".to_string(), status.clone()),
-            ("SmsSid".to_string(), m.sid.clone()),
-            ("SmsStatus".to_string(), status.clone()),
-            ("To".to_string(), m.to.clone()),
-        ];
-        if let Some(from) = &m.from {
-            params.push(("From".to_string(), from.clone()));
-        }
-        if event == 1
-            && let Some(code) = &config.error_code
-        {
-            params.push(("ErrorCode".to_string(), code.clone()));
-        }
-        let signature = sendonce::provider::twilio::signature(&auth_token, &callback, &params);
-        let sent = client
-            .post(&callback)
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .header("X-Twilio-Signature", signature)
-            .header(
-                "I-Twilio-Idempotency-Token",
-                format!("mock-{}-{event}", m.sid),
-            )
-            .body(sendonce::provider::twilio::encode_form(&params))
-            .send()
-            .await;
-        if let Err(e) = sent {
-            tracing::warn!(error = %e, "mock provider: a status callback failed");
-        }
-    }
-}
-
-/// Posts `http` protocol receipts for the message accepted under `id`.
-async fn send_http_receipts(config: ReceiptConfig, url: String, id: String) {
-    let Some(client) = receipt_client() else {
-        return;
-    };
-    for (status, event) in config.plan() {
-        let error_code = (event == 1).then(|| config.error_code.clone()).flatten();
-        let mut req = client.post(&url).json(&serde_json::json!({
-            "id": id,
-            "status": status,
-            "event_id": format!("{id}-{event}"),
-            "error_code": error_code,
-        }));
-        if let Some(secret) = &config.http_secret {
-            req = req.header("X-Receipt-Secret", secret);
-        }
-        if let Err(e) = req.send().await {
-            tracing::warn!(error = %e, "mock provider: a receipt failed");
-        }
-    }
 }

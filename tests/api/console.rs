@@ -208,7 +208,7 @@ async fn signs_in_with_a_safe_cookie_and_signs_out(backend: Backend) {
 
 async fn the_cookie_is_secure_behind_https(backend: Backend) {
     let mut settings = test_settings();
-    settings.server.receipts.public_url = Some("https://sms.example.com".into());
+    settings.server.public_url = Some("https://sms.example.com".into());
     let app = spawn_with(TestOptions {
         backend,
         settings,
@@ -363,7 +363,11 @@ async fn retried_then_delivered(app: &TestApp, key: &str, to: &str, body: &str) 
 
 fn receipts_settings() -> sendonce::config::Settings {
     let mut settings = test_settings();
-    settings.server.receipts.http_secret = Some(SECRET.into());
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
+        "SENDONCE_RECEIPT_SECRET",
+        SECRET,
+    )])
+    .unwrap();
     settings
 }
 

@@ -194,7 +194,11 @@ async fn twilio_refusing_the_account_moves_on(backend: Backend) {
 async fn a_receipt_from_the_secondary_matches_the_failed_over_message(backend: Backend) {
     let mut settings = test_settings();
     let secret = "failover-receipt-secret-0123456789";
-    settings.server.receipts.http_secret = Some(secret.into());
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
+        "SENDONCE_RECEIPT_SECRET",
+        secret,
+    )])
+    .unwrap();
     let (second, fallback) = secondary().await;
     let app = spawn_with(TestOptions {
         backend,

@@ -589,8 +589,11 @@ async fn answers_carry_security_headers_and_long_uris_are_refused() {
 async fn receipt_app(body_read_timeout: Duration) -> TestApp {
     let mut settings = test_settings();
     settings.server.body_read_timeout = body_read_timeout;
-    settings.server.receipts.http_secret = Some("receipt-secret".into());
-    settings.server.receipts.twilio_auth_token = Some("twilio-token".into());
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([
+        ("SENDONCE_RECEIPT_SECRET", "receipt-secret-0123456789"),
+        ("TWILIO_AUTH_TOKEN", "twilio-token"),
+    ])
+    .unwrap();
     spawn_with(TestOptions {
         settings,
         ..TestOptions::default()
@@ -604,7 +607,7 @@ async fn receipt_bodies_have_a_deadline() {
     for (path, auth, content_type) in [
         (
             "/providers/http/status",
-            "X-Receipt-Secret: receipt-secret",
+            "X-Receipt-Secret: receipt-secret-0123456789",
             "application/json",
         ),
         (

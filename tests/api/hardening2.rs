@@ -212,7 +212,11 @@ const RECEIPT_SECRET: &str = "receipt-secret-0123456789";
 
 async fn receipt_app(backend: Backend) -> TestApp {
     let mut settings = test_settings();
-    settings.server.receipts.http_secret = Some(RECEIPT_SECRET.into());
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
+        "SENDONCE_RECEIPT_SECRET",
+        RECEIPT_SECRET,
+    )])
+    .unwrap();
     spawn_with(TestOptions {
         backend,
         settings,

@@ -49,6 +49,7 @@ macro_rules! through_pgbouncer {
 mod batching;
 mod caches;
 mod campaigns;
+mod conformance;
 mod console;
 mod contract;
 mod crash_points;

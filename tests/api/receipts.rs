@@ -287,7 +287,11 @@ async fn a_receipt_for_an_unknown_message_is_recorded_for_inspection(backend: Ba
 
 async fn http_receipts_need_the_shared_secret(backend: Backend) {
     let mut settings = test_settings();
-    settings.server.receipts.http_secret = Some(SECRET.into());
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
+        "SENDONCE_RECEIPT_SECRET",
+        SECRET,
+    )])
+    .unwrap();
     let app = spawn_with(TestOptions {
         backend,
         settings,
@@ -409,7 +413,11 @@ async fn the_mock_sends_receipts_back_in_every_order(backend: Backend) {
 
     // The `http` protocol's receipts too.
     let mut settings = test_settings();
-    settings.server.receipts.http_secret = Some(SECRET.into());
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
+        "SENDONCE_RECEIPT_SECRET",
+        SECRET,
+    )])
+    .unwrap();
     let http = spawn_with(TestOptions {
         backend,
         settings,

@@ -40,8 +40,12 @@ pub fn twilio() -> ProviderFactory {
 /// Same, aimed at `base_url` instead of the mock when given.
 fn twilio_at(base_url: Option<String>) -> ProviderFactory {
     Box::new(move |mock, app, settings_| {
-        settings_.server.receipts.twilio_auth_token = Some(AUTH_TOKEN.into());
-        settings_.server.receipts.public_url = Some(app.to_string());
+        settings_.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
+            "TWILIO_AUTH_TOKEN",
+            AUTH_TOKEN,
+        )])
+        .unwrap();
+        settings_.server.public_url = Some(app.to_string());
         let s = settings(
             base_url.as_deref().unwrap_or(mock),
             Some(format!("{app}/providers/twilio/status")),

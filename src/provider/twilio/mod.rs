@@ -50,10 +50,10 @@ use time::format_description::well_known::Rfc2822;
 
 use super::{AttemptRef, OutgoingSms, Provider, Reconciled, SendOutcome, parse_retry_after};
 
-/// Where the real API lives.
 /// Where this service receives Twilio's status callbacks (its `StatusCallback`).
 pub const STATUS_CALLBACK_PATH: &str = "/providers/twilio/status";
 
+/// Where the real API lives.
 pub const DEFAULT_BASE_URL: &str = "https://api.twilio.com";
 
 /// Twilio's "too many requests" error code.
@@ -441,7 +441,7 @@ fn classify_status(
 #[async_trait]
 impl Provider for TwilioProvider {
     fn name(&self) -> &'static str {
-        "twilio"
+        ADAPTER.name
     }
 
     fn dedupes_by_key(&self) -> bool {
@@ -566,7 +566,12 @@ pub fn window_start(attempt: &AttemptRef, twilio_now: Option<OffsetDateTime>) ->
 }
 
 mod lookup;
+pub mod receipts;
+mod settings;
 mod signing;
+
+pub use receipts::TwilioReceipts;
+pub use settings::ADAPTER;
 
 use lookup::{Tally, compare, created};
 pub use signing::{signature, verify_signature};

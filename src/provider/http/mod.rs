@@ -16,6 +16,12 @@ use serde::Deserialize;
 
 use super::{OutgoingSms, Provider, ProviderError, SendOutcome, parse_retry_after};
 
+pub mod receipts;
+mod settings;
+
+pub use receipts::{HttpReceipts, SECRET_HEADER, STATUS_PATH};
+pub use settings::{ADAPTER, HttpSettings};
+
 #[derive(Clone, Debug)]
 pub struct HttpProvider {
     client: reqwest::Client,
@@ -104,7 +110,7 @@ fn classify_error(e: &reqwest::Error) -> SendOutcome {
 #[async_trait]
 impl Provider for HttpProvider {
     fn name(&self) -> &'static str {
-        "http"
+        ADAPTER.name
     }
 
     fn dedupes_by_key(&self) -> bool {

@@ -4,7 +4,40 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::{OutgoingSms, Provider, SendOutcome};
+use std::any::Any;
+use std::sync::Arc;
+
+use super::registry::{Adapter, Configured, Context, VarError, Vars};
+use super::{OutgoingSms, Provider, ProviderError, SendOutcome};
+
+/// The `simulated` adapter in the registry: no variables, no receipts.
+pub const ADAPTER: Adapter = Adapter {
+    name: "simulated",
+    vars: &[],
+    configure,
+    receipts: None,
+};
+
+fn configure(_vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError> {
+    Ok(Arc::new(SimulatedProvider {
+        log_bodies: ctx.log_bodies,
+    }))
+}
+
+/// Its settings are the whole provider.
+impl Configured for SimulatedProvider {
+    fn name(&self) -> &'static str {
+        ADAPTER.name
+    }
+
+    fn build(&self) -> Result<Arc<dyn Provider>, ProviderError> {
+        Ok(Arc::new(self.clone()))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct SimulatedProvider {
@@ -16,7 +49,7 @@ pub struct SimulatedProvider {
 #[async_trait]
 impl Provider for SimulatedProvider {
     fn name(&self) -> &'static str {
-        "simulated"
+        ADAPTER.name
     }
 
     fn dedupes_by_key(&self) -> bool {

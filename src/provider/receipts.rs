@@ -1,0 +1,87 @@
+//! What an adapter's receipt endpoint does: authenticate a request and read
+//! the receipt out of it. Storing it, de-duplicating it and moving the
+//! message on are the service's (`src/http/receipts.rs`), the same for
+//! every adapter.
+
+use axum::http::HeaderMap;
+
+use crate::domain::{FieldError, Status};
+
+/// A receipt request as it arrived.
+pub struct ReceiptRequest<'a> {
+    pub headers: &'a HeaderMap,
+    /// The path and query the provider called (what a signature covers).
+    pub path_and_query: &'a str,
+    /// `SENDONCE_PUBLIC_URL`, without a trailing slash: the address the
+    /// provider was given, and signs.
+    pub public_url: Option<&'a str>,
+}
+
+/// A receipt, authenticated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    /// The provider's id of the message it is about.
+    pub provider_message_id: String,
+    /// The provider's word for the status.
+    pub status: String,
+    pub error_code: Option<String>,
+}
+
+/// Why a receipt request was refused; nothing was recorded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReceiptError {
+    /// Not authenticated (403).
+    Forbidden,
+    /// The body is not of the type the endpoint reads (415).
+    UnsupportedMediaType,
+    /// The body is not JSON (400).
+    MalformedJson,
+    /// Fields missing or wrong (422).
+    Invalid(Vec<FieldError>),
+}
+
+impl ReceiptError {
+    /// One wrong field.
+    pub fn field(field: &str, message: &str) -> Self {
+        ReceiptError::Invalid(vec![FieldError {
+            field: field.to_string(),
+            message: message.to_string(),
+        }])
+    }
+}
+
+/// One adapter's receipt endpoint, with its secrets.
+pub trait ReceiptRoute: std::fmt::Debug + Send + Sync + 'static {
+    /// What can be checked before the body is read (a shared secret in a
+    /// header): a forged request is then refused without reading it.
+    fn admit(&self, _req: &ReceiptRequest<'_>) -> Result<(), ReceiptError> {
+        Ok(())
+    }
+
+    /// Authenticates the request with its body and reads the receipt.
+    fn read(&self, req: &ReceiptRequest<'_>, body: &[u8]) -> Result<Receipt, ReceiptError>;
+
+    /// What the provider's status word means for the message ([`delivery_status`]
+    /// unless the provider has words of its own).
+    fn delivery_status(&self, status: &str) -> Option<Status> {
+        delivery_status(status)
+    }
+}
+
+/// Longest provider id, event id or status accepted in a receipt.
+pub const MAX_ID_LEN: usize = 255;
+pub const MAX_STATUS_LEN: usize = 64;
+
+/// What a provider's status word means for us (the words of Twilio and of
+/// the `http` protocol). `None`: not a status we track
+/// (recorded in the history, changes nothing).
+pub fn delivery_status(provider_status: &str) -> Option<Status> {
+    match provider_status.to_ascii_lowercase().as_str() {
+        "accepted" | "scheduled" | "queued" | "sending" | "sent" => Some(Status::Sent),
+        "delivered" | "read" => Some(Status::Delivered),
+        // Twilio's `failed` after it accepted a message means it could not
+        // be sent on: for us that is a message not delivered.
+        "undelivered" | "failed" | "canceled" => Some(Status::Undelivered),
+        _ => None,
+    }
+}

@@ -1,0 +1,273 @@
+//! The one list of adapters, and what an adapter hands the rest of the
+//! service.
+//!
+//! An adapter is one folder under `src/provider/` and its name in the
+//! `adapters!` list of `src/provider/mod.rs` ([`ADAPTERS`]). Its [`Adapter`] says everything the service needs to know
+//! about it, and nothing outside the folder names it:
+//!
+//! - `name`: the word in `SENDONCE_PROVIDER`, the name stored with messages,
+//!   attempts and receipts, and the `provider` label of the metrics;
+//! - `vars`: the variables it reads, each also a `--flag` (the command line
+//!   is built from them);
+//! - `configure`: parses its variables into its settings when
+//!   `SENDONCE_PROVIDER` names it; the settings build the client
+//!   ([`Configured::build`], a [`Provider`]), which sends, classifies the
+//!   answer and reconciles;
+//! - `receipts`: its receipt endpoint, if it has one: a path, and a parser
+//!   that authenticates a request and reads the receipt out of it
+//!   ([`ReceiptRoute`]). It is set up whether or not the adapter sends
+//!   (receipts for messages it sent arrive after it left the list).
+//!
+//! How an adapter keeps its promise of exactly once is its own:
+//! [`Provider::dedupes_by_key`] (the provider de-duplicates on our message
+//! id, so a resend after an ambiguous answer is safe) and
+//! [`Provider::reconcile`] (it can be asked afterwards whether it sent;
+//! those that cannot answer `Unknown`). Its testkit mock is one module of
+//! `testkit/src/providers/`.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::receipts::ReceiptRoute;
+use super::{Provider, ProviderError};
+
+pub use super::ADAPTERS;
+
+/// The adapter called `name`, if there is one.
+pub fn adapter(name: &str) -> Option<&'static Adapter> {
+    ADAPTERS.iter().find(|a| a.name == name)
+}
+
+/// Every adapter's name, in order.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    ADAPTERS.iter().map(|a| a.name)
+}
+
+/// What the service knows about one adapter.
+pub struct Adapter {
+    /// `SENDONCE_PROVIDER`'s word for it, stored with its messages and
+    /// receipts and used as its metric label: lower case, no commas.
+    pub name: &'static str,
+    /// The variables it reads (each also a `--flag`).
+    pub vars: &'static [Var],
+    /// Its settings, from its variables, when `SENDONCE_PROVIDER` names it.
+    pub configure: ConfigureFn,
+    /// Its receipt endpoint, if it has one.
+    pub receipts: Option<Receipts>,
+}
+
+/// Parses an adapter's settings from its variables.
+pub type ConfigureFn = fn(&Vars, &Context) -> Result<Arc<dyn Configured>, VarError>;
+
+/// Parses an adapter's receipt endpoint from its variables.
+pub type ConfigureReceiptsFn = fn(&Vars, &Context) -> Result<Arc<dyn ReceiptRoute>, VarError>;
+
+/// An adapter's receipt endpoint.
+pub struct Receipts {
+    /// Where receipts are posted (`/providers/<name>/status`).
+    pub path: &'static str,
+    /// How receipts are authenticated and read, from the adapter's
+    /// variables (set up whether the adapter sends or not).
+    pub configure: ConfigureReceiptsFn,
+}
+
+/// One variable an adapter reads; also the `--flag` of the same name.
+#[derive(Clone, Copy, Debug)]
+pub struct Var {
+    pub env: &'static str,
+    pub flag: &'static str,
+    pub help: &'static str,
+    /// Kept out of `--help` and logs.
+    pub secret: bool,
+}
+
+/// The adapters' variables as given, by variable name; blank ones count as
+/// unset.
+#[derive(Clone, Default)]
+pub struct Vars(BTreeMap<&'static str, String>);
+
+impl Vars {
+    /// `var`'s value, when given and not blank.
+    pub fn get(&self, var: &str) -> Option<&str> {
+        self.0
+            .get(var)
+            .map(String::as_str)
+            .filter(|v| !v.trim().is_empty())
+    }
+
+    /// Sets `var` (one of some adapter's [`Var::env`]).
+    pub fn set(&mut self, var: &'static str, value: impl Into<String>) {
+        self.0.insert(var, value.into());
+    }
+
+    /// Every adapter variable's name.
+    pub fn known() -> impl Iterator<Item = &'static Var> {
+        ADAPTERS.iter().flat_map(|a| a.vars.iter())
+    }
+
+    /// `pairs` as variables; a name no adapter reads is left out.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vars {
+        let mut vars = Vars::default();
+        for (name, value) in pairs {
+            if let Some(v) = Vars::known().find(|v| v.env == name) {
+                vars.set(v.env, value);
+            }
+        }
+        vars
+    }
+}
+
+/// Names only: values may be secrets.
+impl std::fmt::Debug for Vars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+/// What every adapter's settings may use beside its own variables.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    /// Upper bound of one provider call.
+    pub timeout: Duration,
+    /// Upper bound of connecting to the provider.
+    pub connect_timeout: Duration,
+    /// `SENDONCE_PUBLIC_URL` without a trailing slash: where providers
+    /// call back.
+    pub public_url: Option<String>,
+    /// `SENDONCE_LOG_BODIES`.
+    pub log_bodies: bool,
+}
+
+/// One adapter's settings, ready to build its client.
+pub trait Configured: std::fmt::Debug + Send + Sync + 'static {
+    /// The adapter's name.
+    fn name(&self) -> &'static str;
+    /// The client.
+    fn build(&self) -> Result<Arc<dyn Provider>, ProviderError>;
+    /// The settings themselves, for whoever knows their type (tests).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Why an adapter's variables were refused. Mapped into the configuration's
+/// error (`config::ConfigError`) with the same words.
+#[derive(Debug, thiserror::Error)]
+pub enum VarError {
+    #[error("{needed_by} needs {var}")]
+    Missing {
+        var: &'static str,
+        needed_by: &'static str,
+    },
+    #[error("{var} is not {expected}")]
+    Url {
+        var: &'static str,
+        expected: &'static str,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
+    #[error("{var} {reason}")]
+    Invalid { var: &'static str, reason: String },
+}
+
+impl VarError {
+    pub fn invalid(var: &'static str, reason: impl Into<String>) -> Self {
+        VarError::Invalid {
+            var,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Checks that `url` (the value of `var`) is an http(s) URL, with a host
+/// when `need_host`.
+pub fn http_url(var: &'static str, url: &str, need_host: bool) -> Result<(), VarError> {
+    let bad = |source| VarError::Url {
+        var,
+        expected: "an http(s) URL",
+        source,
+    };
+    let u = reqwest::Url::parse(url).map_err(|e| bad(Some(e.into())))?;
+    if !matches!(u.scheme(), "http" | "https") || (need_host && u.host().is_none()) {
+        return Err(bad(None));
+    }
+    Ok(())
+}
+
+/// Every adapter's receipt endpoint, with its secrets, by adapter.
+#[derive(Clone, Debug)]
+pub struct ReceiptRoutes(Vec<(&'static str, Arc<dyn ReceiptRoute>)>);
+
+impl ReceiptRoutes {
+    /// Every adapter's endpoint that has one, from the adapters' variables.
+    pub fn configure(vars: &Vars, ctx: &Context) -> Result<Self, VarError> {
+        let mut routes = Vec::new();
+        for a in ADAPTERS {
+            if let Some(r) = &a.receipts {
+                routes.push((a.name, (r.configure)(vars, ctx)?));
+            }
+        }
+        Ok(ReceiptRoutes(routes))
+    }
+
+    /// [`ReceiptRoutes::configure`] from `(variable, value)` pairs (tests).
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, VarError> {
+        Self::configure(&Vars::from_pairs(pairs), &Context::default())
+    }
+
+    /// Adapter `name`'s endpoint.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn ReceiptRoute>> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, r)| r)
+    }
+}
+
+/// What no variable gives: every endpoint there, refusing every receipt.
+impl Default for ReceiptRoutes {
+    fn default() -> Self {
+        Self::configure(&Vars::default(), &Context::default())
+            .unwrap_or_else(|_| ReceiptRoutes(Vec::new()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_variables_are_unique() {
+        let names: Vec<&str> = names().collect();
+        for (i, n) in names.iter().enumerate() {
+            assert!(!names[..i].contains(n), "{n} twice");
+            assert!(
+                !n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase()),
+                "{n}"
+            );
+        }
+        let vars: Vec<&Var> = Vars::known().collect();
+        for (i, v) in vars.iter().enumerate() {
+            assert!(
+                !vars[..i].iter().any(|o| o.env == v.env || o.flag == v.flag),
+                "{v:?} twice"
+            );
+        }
+        let paths: Vec<&str> = ADAPTERS
+            .iter()
+            .filter_map(|a| a.receipts.as_ref().map(|r| r.path))
+            .collect();
+        for (i, p) in paths.iter().enumerate() {
+            assert!(!paths[..i].contains(p), "{p} twice");
+        }
+    }
+
+    #[test]
+    fn vars_hide_their_values() {
+        let mut v = Vars::from_pairs([("TWILIO_AUTH_TOKEN", "hunter2"), ("NOT_OURS", "x")]);
+        assert_eq!(v.get("TWILIO_AUTH_TOKEN"), Some("hunter2"));
+        assert_eq!(v.get("NOT_OURS"), None);
+        v.set("TWILIO_FROM", "  ");
+        assert_eq!(v.get("TWILIO_FROM"), None);
+        assert!(!format!("{v:?}").contains("hunter2"));
+    }
+}

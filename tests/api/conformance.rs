@@ -1,0 +1,440 @@
+//! The adapter conformance suite: one table of situations, run over every
+//! adapter of the registry against the real adapter code and the testkit
+//! mock speaking the provider's documented wire format. Where an adapter
+//! cannot do a row (simulated has no network and no receipts, the `http`
+//! bridge cannot be asked afterwards and is resent under the same key
+//! instead), the table states what it does then; no row is skipped.
+//!
+//! The mock never de-duplicates, except in the `http` rows after an
+//! ambiguous answer: there, de-duplicating on our key is the bridge's
+//! documented half of the promise (docs/providers.md), and the row checks
+//! that the resend carries the same key.
+//!
+//! - Sending and reconciling need no service: [`every_adapter_answers_the_send_table`]
+//!   calls the adapters directly.
+//! - Receipts go through the service, on both backends:
+//!   [`every_adapter_answers_the_receipt_table`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sendonce::domain::MessageId;
+use sendonce::provider::{
+    AttemptRef, HttpProvider, OutgoingSms, Provider, Reconciled, SendOutcome, SimulatedProvider,
+    TwilioProvider, TwilioSettings,
+};
+use serde_json::json;
+use testkit::mock_provider::{Behaviour, Dedup, MockProvider};
+
+use crate::helpers::*;
+use crate::twilio::{ACCOUNT, AUTH_TOKEN, DEFAULT_FROM};
+
+/// The adapters under test: every one in the registry (checked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Adapter {
+    Simulated,
+    Http,
+    Twilio,
+}
+
+const ADAPTERS: [Adapter; 3] = [Adapter::Simulated, Adapter::Http, Adapter::Twilio];
+
+impl Adapter {
+    fn name(self) -> &'static str {
+        match self {
+            Adapter::Simulated => "simulated",
+            Adapter::Http => "http",
+            Adapter::Twilio => "twilio",
+        }
+    }
+
+    /// The real adapter, aimed at the mock listening on `addr`.
+    fn build(self, addr: std::net::SocketAddr) -> Arc<dyn Provider> {
+        let t = Duration::from_secs(2);
+        match self {
+            Adapter::Simulated => Arc::new(SimulatedProvider::default()),
+            Adapter::Http => Arc::new(
+                HttpProvider::new(&format!("http://{addr}/messages"), None, t, t).expect("http"),
+            ),
+            Adapter::Twilio => Arc::new(
+                TwilioProvider::new(TwilioSettings {
+                    base_url: format!("http://{addr}"),
+                    account_sid: ACCOUNT.into(),
+                    auth_token: AUTH_TOKEN.into(),
+                    from: Some(DEFAULT_FROM.into()),
+                    messaging_service_sid: None,
+                    status_callback: None,
+                    timeout: t,
+                    connect_timeout: t,
+                })
+                .expect("twilio"),
+            ),
+        }
+    }
+}
+
+#[test]
+fn the_table_covers_every_adapter_of_the_registry() {
+    let registered: Vec<&str> = sendonce::provider::registry::names().collect();
+    let tested: Vec<&str> = ADAPTERS.iter().map(|a| a.name()).collect();
+    assert_eq!(registered, tested, "an adapter without its column here");
+}
+
+/// What happens after the first answer of a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Then {
+    /// Nothing more to ask.
+    Done,
+    /// Reconciled: it has the message, under the id the mock created.
+    Found,
+    /// Reconciled: it certainly has no such message.
+    NotFound,
+    /// It cannot tell (`unknown`, never resent).
+    CannotTell,
+    /// It cannot be asked, and it de-duplicates on our key instead: resent
+    /// under the same `Idempotency-Key`, the bridge answers the one message.
+    ResentUnderTheSameKey,
+}
+
+/// One adapter's expected outcome of a row.
+#[derive(Clone, Copy, Debug)]
+struct Want {
+    /// The outcome's class (`SendOutcome::class`).
+    class: &'static str,
+    retry_after: Option<u64>,
+    then: Then,
+    /// Messages the mock created in all.
+    created: u32,
+}
+
+const fn want(class: &'static str, retry_after: Option<u64>, then: Then, created: u32) -> Want {
+    Want {
+        class,
+        retry_after,
+        then,
+        created,
+    }
+}
+
+/// Simulated: nothing leaves the process and nothing can fail, so every
+/// row is an acceptance (its mock is never called).
+const SIMULATED: Want = want("ok", None, Then::Done, 0);
+
+struct Row {
+    name: &'static str,
+    /// What the mock does with the first call (Twilio's error body shape;
+    /// the `http` protocol reads its `message` and `code` alike).
+    first: fn() -> Behaviour,
+    /// Make the next reconciliation lookup fail.
+    lookups_fail: bool,
+    /// simulated, http, twilio.
+    want: [Want; 3],
+}
+
+fn fail(status: u16, code: u32, retry_after: Option<u64>) -> Behaviour {
+    Behaviour::Fail {
+        status,
+        body: json!({
+            "code": code,
+            "message": format!("scripted {status}"),
+            "more_info": format!("https://www.twilio.com/docs/errors/{code}"),
+            "status": status,
+        }),
+        retry_after,
+    }
+}
+
+#[rustfmt::skip]
+const SEND_TABLE: &[Row] = &[
+    Row { name: "accepted", first: || Behaviour::Accept, lookups_fail: false,
+          want: [SIMULATED, want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1)] },
+    // An invalid number (Twilio 21211): a refusal of the message.
+    Row { name: "rejected", first: || fail(400, 21211, None), lookups_fail: false,
+          want: [SIMULATED, want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0)] },
+    // Bad credentials (Twilio 20003): a refusal of the account.
+    Row { name: "refused", first: || fail(401, 20003, None), lookups_fail: false,
+          want: [SIMULATED, want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0)] },
+    Row { name: "retryable with Retry-After", first: || fail(429, 20429, Some(7)), lookups_fail: false,
+          want: [SIMULATED, want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0)] },
+    Row { name: "retryable without Retry-After", first: || fail(429, 20429, None), lookups_fail: false,
+          want: [SIMULATED, want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0)] },
+    // The provider created the message, and the answer was a 500.
+    Row { name: "ambiguous, then reconciled: found", first: || Behaviour::AcceptThenFail { status: 500 }, lookups_fail: false,
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::Found, 1)] },
+    // A 500 without creating anything.
+    Row { name: "ambiguous, then reconciled: not found", first: || fail(500, 20500, None), lookups_fail: false,
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::NotFound, 0)] },
+    // Created, a 500, and the lookup fails: nobody can tell.
+    Row { name: "ambiguous, then reconciliation not possible", first: || Behaviour::AcceptThenFail { status: 500 }, lookups_fail: true,
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::CannotTell, 1)] },
+];
+
+fn retry_after(outcome: &SendOutcome) -> Option<u64> {
+    match outcome {
+        SendOutcome::Retryable { retry_after, .. } | SendOutcome::Ambiguous { retry_after, .. } => {
+            retry_after.map(|d| d.as_secs())
+        }
+        _ => None,
+    }
+}
+
+async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
+    let what = format!("{} / {}", adapter.name(), row.name);
+    let (mock, _, addr) = MockProvider::start().await.expect("mock");
+    let provider = adapter.build(addr);
+    mock.push([(row.first)()]);
+    if row.lookups_fail {
+        mock.fail_lookups(1);
+    }
+    if want.then == Then::ResentUnderTheSameKey {
+        assert!(provider.dedupes_by_key(), "{what}");
+        mock.set_dedup(Dedup::Replay);
+    }
+    let sms = OutgoingSms {
+        message_id: MessageId::new(),
+        to: "+14155550100".into(),
+        from: None,
+        body: format!("conformance: {}", row.name),
+        validity: None,
+    };
+    let started_at = time::OffsetDateTime::now_utc();
+    let started = Instant::now();
+    let outcome = provider.send(&sms).await;
+    assert_eq!(outcome.class(), want.class, "{what}: {outcome:?}");
+    assert_eq!(
+        retry_after(&outcome),
+        want.retry_after,
+        "{what}: {outcome:?}"
+    );
+    let attempt = AttemptRef {
+        started_at,
+        age: started.elapsed(),
+        sender: provider.sender(sms.from.as_deref()),
+    };
+    match want.then {
+        Then::Done => {}
+        Then::ResentUnderTheSameKey => {
+            let again = provider.send(&sms).await;
+            assert_eq!(again.class(), "ok", "{what}: {again:?}");
+            let keys: Vec<Option<String>> = mock
+                .calls()
+                .into_iter()
+                .map(|c| c.idempotency_key)
+                .collect();
+            let ours = Some(sms.message_id.to_string());
+            assert_eq!(keys, [ours.clone(), ours], "{what}");
+        }
+        Then::Found | Then::NotFound | Then::CannotTell => {
+            assert!(!provider.dedupes_by_key(), "{what}");
+            let got = provider.reconcile(&sms, &attempt).await;
+            let ok = match (want.then, &got) {
+                (
+                    Then::Found,
+                    Reconciled::Sent {
+                        provider_message_id,
+                    },
+                ) => mock.twilio_sids() == [provider_message_id.clone()],
+                (Then::NotFound, Reconciled::NotSent) => true,
+                (Then::CannotTell, Reconciled::Unknown(_)) => true,
+                _ => false,
+            };
+            assert!(ok, "{what}: wanted {:?}, got {got:?}", want.then);
+        }
+    }
+    if adapter == Adapter::Simulated {
+        assert_eq!(mock.call_count(), 0, "{what}");
+    }
+    assert_eq!(mock.created(), want.created, "{what}");
+}
+
+#[tokio::test]
+async fn every_adapter_answers_the_send_table() {
+    sendonce::install_crypto_provider();
+    for row in SEND_TABLE {
+        for (adapter, want) in ADAPTERS.into_iter().zip(row.want) {
+            run_send_row(row, adapter, want).await;
+        }
+    }
+}
+
+/// How a receipt of a row is sent.
+#[derive(Clone, Copy, Debug)]
+enum Auth {
+    Authentic,
+    Forged,
+}
+
+/// What one receipt request is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ack {
+    /// 200, with `duplicate` and `applied`.
+    Taken { duplicate: bool, applied: bool },
+    /// 403: not authenticated, nothing recorded.
+    Forbidden,
+    /// 404: the adapter has no receipt endpoint.
+    NoEndpoint,
+}
+
+struct ReceiptRow {
+    name: &'static str,
+    /// The receipts sent, in order: status word and how it is authenticated.
+    receipts: &'static [(&'static str, Auth)],
+    /// For adapters with a receipt endpoint: each answer, then the
+    /// message's status and the receipts stored.
+    answers: &'static [Ack],
+    status: &'static str,
+    stored: i64,
+}
+
+const TAKEN: Ack = Ack::Taken {
+    duplicate: false,
+    applied: true,
+};
+
+#[rustfmt::skip]
+const RECEIPT_TABLE: &[ReceiptRow] = &[
+    ReceiptRow { name: "signed", receipts: &[("delivered", Auth::Authentic)],
+                 answers: &[TAKEN], status: "delivered", stored: 1 },
+    ReceiptRow { name: "forged", receipts: &[("delivered", Auth::Forged)],
+                 answers: &[Ack::Forbidden], status: "sent", stored: 0 },
+    ReceiptRow { name: "duplicated", receipts: &[("delivered", Auth::Authentic), ("delivered", Auth::Authentic)],
+                 answers: &[TAKEN, Ack::Taken { duplicate: true, applied: false }], status: "delivered", stored: 1 },
+    ReceiptRow { name: "out of order", receipts: &[("delivered", Auth::Authentic), ("sent", Auth::Authentic)],
+                 answers: &[TAKEN, Ack::Taken { duplicate: false, applied: false }], status: "delivered", stored: 2 },
+];
+
+const RECEIPT_SECRET: &str = "conformance-receipt-secret";
+
+async fn spawn_adapter(backend: Backend, adapter: Adapter) -> TestApp {
+    let mut settings = test_settings();
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
+        "SENDONCE_RECEIPT_SECRET",
+        RECEIPT_SECRET,
+    )])
+    .expect("receipt settings");
+    let provider: Option<ProviderFactory> = match adapter {
+        Adapter::Simulated => Some(Box::new(|_, _, _| Arc::new(SimulatedProvider::default()))),
+        Adapter::Http => None,
+        Adapter::Twilio => Some(crate::twilio::twilio()),
+    };
+    spawn_with(TestOptions {
+        backend,
+        settings,
+        provider,
+        ..TestOptions::default()
+    })
+    .await
+}
+
+/// Posts one receipt for provider id `id` the way `adapter`'s provider
+/// does (its documented wire format and authentication).
+async fn post_receipt(
+    app: &TestApp,
+    adapter: Adapter,
+    id: &str,
+    status: &str,
+    auth: Auth,
+) -> Answer {
+    let path = format!("/providers/{}/status", adapter.name());
+    let url = format!("{}{path}", app.base);
+    let req = match adapter {
+        Adapter::Simulated => app
+            .client
+            .post(&url)
+            .header("Content-Type", "application/json")
+            .body(json!({"id": id, "status": status}).to_string()),
+        Adapter::Http => {
+            let secret = match auth {
+                Auth::Authentic => RECEIPT_SECRET,
+                Auth::Forged => "a-forged-secret-0123456789",
+            };
+            app.client
+                .post(&url)
+                .header("Content-Type", "application/json")
+                .header("X-Receipt-Secret", secret)
+                .body(
+                    json!({"id": id, "status": status, "event_id": format!("{id}-{status}")})
+                        .to_string(),
+                )
+        }
+        Adapter::Twilio => {
+            let params: Vec<(String, String)> = [
+                ("AccountSid", ACCOUNT),
+                ("MessageSid", id),
+                ("MessageStatus", status),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let key = match auth {
+                Auth::Authentic => AUTH_TOKEN,
+                Auth::Forged => "not-the-auth-token",
+            };
+            let signature = sendonce::provider::twilio::signature(key, &url, &params);
+            app.client
+                .post(&url)
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .header("X-Twilio-Signature", signature)
+                .body(sendonce::provider::twilio::encode_form(&params))
+        }
+    };
+    answer(req.send().await.expect("receipt POST")).await
+}
+
+fn ack(a: &Answer) -> Option<Ack> {
+    match a.status {
+        200 => {
+            let j = a.json();
+            Some(Ack::Taken {
+                duplicate: j["duplicate"].as_bool()?,
+                applied: j["applied"].as_bool()?,
+            })
+        }
+        403 => Some(Ack::Forbidden),
+        404 => Some(Ack::NoEndpoint),
+        _ => None,
+    }
+}
+
+async fn every_adapter_answers_the_receipt_table(backend: Backend) {
+    for adapter in ADAPTERS {
+        let app = spawn_adapter(backend, adapter).await;
+        let has_endpoint = adapter != Adapter::Simulated;
+        for (i, row) in RECEIPT_TABLE.iter().enumerate() {
+            let what = format!("{} / {}", adapter.name(), row.name);
+            let key = format!("CONFORMANCE-{i}");
+            let sent = app.post(&key, &sms("+14155550100", &what)).await;
+            assert_eq!(sent.status, 201, "{what}");
+            let id = sent.json()["provider_message_id"]
+                .as_str()
+                .expect("a provider message id")
+                .to_string();
+            let before = app.db.count("SELECT count(*) FROM receipts").await;
+            let mut answers = Vec::new();
+            for (status, auth) in row.receipts {
+                let a = post_receipt(&app, adapter, &id, status, *auth).await;
+                answers
+                    .push(ack(&a).unwrap_or_else(|| panic!("{what}: {} {:?}", a.status, a.bytes)));
+            }
+            let stored = app.db.count("SELECT count(*) FROM receipts").await - before;
+            let status = app.get(&format!("/messages/{key}")).await.json()["status"]
+                .as_str()
+                .map(str::to_string);
+            if has_endpoint {
+                assert_eq!(answers, row.answers, "{what}");
+                assert_eq!(status.as_deref(), Some(row.status), "{what}");
+                assert_eq!(stored, row.stored, "{what}");
+            } else {
+                // Simulated has no receipts: no endpoint, nothing changes.
+                assert!(
+                    answers.iter().all(|a| *a == Ack::NoEndpoint),
+                    "{what}: {answers:?}"
+                );
+                assert_eq!(status.as_deref(), Some("sent"), "{what}");
+                assert_eq!(stored, 0, "{what}");
+            }
+        }
+    }
+}
+
+on_both_backends!(every_adapter_answers_the_receipt_table);

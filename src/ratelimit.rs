@@ -20,6 +20,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::domain::Recipient;
 
 /// A rate: `capacity` tokens, refilled evenly over `per`. Zero capacity
 /// means no limit.
@@ -243,6 +244,8 @@ pub struct RateLimiter {
 pub struct SendPermit {
     tenant: Uuid,
     to: String,
+    /// The number range, for an SMS recipient.
+    prefix: Option<String>,
 }
 
 impl RateLimiter {
@@ -265,18 +268,21 @@ impl RateLimiter {
             })
     }
 
-    /// One new send to `to` (E.164).
-    pub fn send(&self, tenant: Uuid, to: &str) -> Result<SendPermit, Refused> {
+    /// One new send to `to`: a token of its address's bucket and, for an
+    /// SMS recipient, of its number range's.
+    pub fn send(&self, tenant: Uuid, to: &Recipient) -> Result<SendPermit, Refused> {
         let now = self.clock.now();
-        let number = (tenant, to.to_string());
+        let number = (tenant, to.as_str().to_string());
         self.number
             .take(&number, now)
             .map_err(|retry_after| Refused {
                 limit: "messages per destination number",
                 retry_after,
             })?;
-        let prefix = (tenant, prefix_of(to));
-        if let Err(retry_after) = self.prefix.take(&prefix, now) {
+        let prefix = to.prefix();
+        if let Some(p) = &prefix
+            && let Err(retry_after) = self.prefix.take(&(tenant, p.clone()), now)
+        {
             self.number.give_back(&number);
             return Err(Refused {
                 limit: "messages per destination prefix",
@@ -285,28 +291,29 @@ impl RateLimiter {
         }
         Ok(SendPermit {
             tenant,
-            to: to.to_string(),
+            to: number.1,
+            prefix,
         })
     }
 
     /// Returns a send's tokens.
     pub fn refund(&self, permit: SendPermit) {
-        self.number.give_back(&(permit.tenant, permit.to.clone()));
-        self.prefix
-            .give_back(&(permit.tenant, prefix_of(&permit.to)));
+        self.number.give_back(&(permit.tenant, permit.to));
+        if let Some(p) = permit.prefix {
+            self.prefix.give_back(&(permit.tenant, p));
+        }
     }
 }
 
-/// The number without its last four digits: numbers sharing it are usually
-/// one range, the unit SMS-pumping fraud works in.
-pub fn prefix_of(e164: &str) -> String {
-    let keep = e164.len().saturating_sub(4);
-    e164[..keep].to_string()
-}
+pub use crate::domain::phone::prefix_of;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sms(n: &str) -> Recipient {
+        Recipient::from_stored(n).unwrap()
+    }
 
     fn limiter(limits: Limits) -> (RateLimiter, Clock) {
         let clock = Clock::manual(time::macros::datetime!(2026-11-29 12:00:00 UTC));
@@ -349,26 +356,29 @@ mod tests {
             ..Limits::NONE
         });
         let t = Uuid::new_v4();
-        let a = l.send(t, "+14155552671").unwrap();
-        l.send(t, "+14155552671").unwrap();
-        let refused = l.send(t, "+14155552671").err().unwrap();
+        let a = l.send(t, &sms("+14155552671")).unwrap();
+        l.send(t, &sms("+14155552671")).unwrap();
+        let refused = l.send(t, &sms("+14155552671")).err().unwrap();
         assert_eq!(refused.limit, "messages per destination number");
         assert!(refused.retry_after > Duration::from_secs(1700));
         // A refund (the send was a replay) gives the token back.
         l.refund(a);
-        l.send(t, "+14155552671").unwrap();
+        l.send(t, &sms("+14155552671")).unwrap();
         // The range +1415555____ allows 3: two are used (the refunded one
         // does not count), so one more number in it goes through...
-        l.send(t, "+14155559999").unwrap();
+        l.send(t, &sms("+14155559999")).unwrap();
         // ...and the next is refused by the prefix, not by its own number,
         // whose token is given back.
         for _ in 0..3 {
-            let refused = l.send(t, "+14155558888").err().unwrap();
+            let refused = l.send(t, &sms("+14155558888")).err().unwrap();
             assert_eq!(refused.limit, "messages per destination prefix");
         }
         clock.advance(Duration::from_secs(1200));
-        l.send(t, "+14155558888").unwrap();
-        assert!(l.send(Uuid::new_v4(), "+14155552671").is_ok(), "per tenant");
+        l.send(t, &sms("+14155558888")).unwrap();
+        assert!(
+            l.send(Uuid::new_v4(), &sms("+14155552671")).is_ok(),
+            "per tenant"
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ fn message(status: Status) -> MessageRecord {
         idempotency_key: IdempotencyKey::parse("ORDER-1").unwrap(),
         fingerprint: Vec::new(),
         status,
-        to: Phone::from_e164("+14155550100").unwrap(),
+        to: Phone::from_e164("+14155550100").unwrap().into(),
         from: None,
         body: "hi".into(),
         segments: 1,

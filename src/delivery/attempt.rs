@@ -437,7 +437,7 @@ impl Deliverer {
     ) -> Result<OutgoingSms, BodyError> {
         let mut sms = OutgoingSms {
             message_id: msg.id,
-            to: msg.to.to_string(),
+            to: msg.to.clone(),
             from: msg.from.clone(),
             body: msg.body.clone(),
             validity: msg

@@ -244,7 +244,9 @@ fn a_resumed_message_reconciles_from_its_current_attempt() {
             tenant_id: uuid::Uuid::nil(),
             idempotency_key: crate::domain::IdempotencyKey::parse("K").unwrap(),
             fingerprint: vec![],
-            to: crate::domain::Phone::from_e164("+14155550100").unwrap(),
+            to: crate::domain::Phone::from_e164("+14155550100")
+                .unwrap()
+                .into(),
             from: None,
             body: "hi".into(),
             segments: 1,

@@ -1,4 +1,5 @@
 //! What a message is, without I/O: validated newtypes (parse, don't validate),
+//! the recipient (one variant per channel; SMS's is a phone number),
 //! SMS segment counting, the canonical request and its fingerprint, and the
 //! message's states.
 
@@ -9,6 +10,7 @@ pub mod phone;
 #[cfg(test)]
 mod proptests;
 pub mod quiet;
+pub mod recipient;
 pub mod request;
 pub mod schedule;
 pub mod sealed;
@@ -18,5 +20,6 @@ pub use attempt::AttemptOutcome;
 pub use idempotency_key::IdempotencyKey;
 pub use message::{MessageError, MessageId, MessageOut, Status};
 pub use phone::Phone;
+pub use recipient::Recipient;
 pub use request::{FieldError, SendRequest};
 pub use segments::{Encoding, SegmentCount};

@@ -97,6 +97,13 @@ pub fn parse(input: &str) -> Option<ParsedPhone> {
     Some(ParsedPhone { e164, country })
 }
 
+/// The number without its last four digits: numbers sharing it are usually
+/// one range, the unit SMS-pumping fraud works in.
+pub fn prefix_of(e164: &str) -> String {
+    let keep = e164.len().saturating_sub(4);
+    e164[..keep].to_string()
+}
+
 /// Loads the numbering-plan database now rather than on the first request.
 pub fn warm() {
     let _ = parse("+14155552671");

@@ -13,7 +13,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use validator::Validate;
 
-use super::phone::{self, Phone};
+use super::recipient::{InvalidRecipient, ParsedRecipient, Recipient};
 use super::segments::{self, SegmentCount};
 
 pub const BODY_MAX_CHARS: u64 = 1600;
@@ -60,9 +60,11 @@ pub enum RequestError {
 /// A validated request to send one SMS.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SendRequest {
-    /// E.164, e.g. `+14155550100`.
-    pub to: Phone,
-    /// The destination's ISO 3166-1 region (for per-tenant allow-lists).
+    /// Who it goes to; an SMS recipient is serialized (fingerprinted) as its
+    /// E.164 number, e.g. `+14155550100`.
+    pub to: Recipient,
+    /// The destination's ISO 3166-1 region, for an SMS recipient (for
+    /// per-tenant allow-lists).
     #[serde(skip)]
     pub to_country: Option<String>,
     /// E.164 number or alphanumeric sender id; `None` lets the provider choose.
@@ -188,13 +190,10 @@ impl SendRequest {
                 }
                 None
             }
-            Some(to) => match phone::parse(&to) {
-                Some(to) => Some(to),
-                None => {
-                    errors.push(FieldError::new(
-                        "to",
-                        "must be a valid phone number in international form, e.g. +14155550100",
-                    ));
+            Some(to) => match Recipient::parse(&to) {
+                Ok(to) => Some(to),
+                Err(InvalidRecipient(message)) => {
+                    errors.push(FieldError::new("to", message));
                     None
                 }
             },
@@ -267,7 +266,10 @@ impl SendRequest {
                 "is invalid",
             )]));
         };
-        let (to, to_country) = to.into_parts();
+        let ParsedRecipient {
+            recipient: to,
+            country: to_country,
+        } = to;
         let validity_seconds = input.validity_seconds.and_then(|v| i32::try_from(v).ok());
         let segments = segments::count(&body);
         Ok(SendRequest {
@@ -400,7 +402,7 @@ pub fn unknown_fields<'a>(
 /// not starting or ending with a space).
 pub fn parse_sender(s: &str) -> Option<String> {
     if s.trim_start().starts_with('+') {
-        return phone::parse(s).map(|p| p.e164);
+        return super::phone::parse(s).map(|p| p.e164);
     }
     let ok = !s.is_empty()
         && s.len() <= SENDER_ID_MAX

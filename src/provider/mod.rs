@@ -22,7 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
-use crate::domain::MessageId;
+use crate::domain::{MessageId, Phone, Recipient};
 
 pub mod receipts;
 pub mod registry;
@@ -68,11 +68,28 @@ pub struct OutgoingSms {
     /// Our message id: passed as the provider-side idempotency key, the same
     /// on every attempt of one message.
     pub message_id: MessageId,
-    pub to: String,
+    /// Who it goes to. An SMS adapter sends to [`OutgoingSms::phone`].
+    pub to: Recipient,
     pub from: Option<String>,
     pub body: String,
     /// What is left of the message's validity period, if it has one.
     pub validity: Option<Duration>,
+}
+
+impl OutgoingSms {
+    /// The number an SMS adapter sends to. A recipient of another channel
+    /// is refused (the adapter did not act; delivery moves on to the next
+    /// provider, or ends the message), never sent as if it were a number.
+    pub fn phone(&self) -> Result<&Phone, SendOutcome> {
+        self.to.phone().ok_or_else(|| SendOutcome::Refused {
+            http_status: None,
+            provider_code: None,
+            message: format!(
+                "this provider sends SMS only; it cannot reach a {} recipient",
+                self.to.channel()
+            ),
+        })
+    }
 }
 
 /// The class of one provider call's outcome.

@@ -35,7 +35,7 @@ use crate::cache::{ReplayCache, Waiters};
 use crate::clock::{Clock, to_time};
 use crate::delivery::Deliverer;
 use crate::domain::schedule;
-use crate::domain::{FieldError, IdempotencyKey, MessageId, SendRequest, Status};
+use crate::domain::{FieldError, IdempotencyKey, MessageId, Recipient, SendRequest, Status};
 use crate::error::ApiError;
 use crate::ratelimit::RateLimiter;
 use crate::store::{
@@ -74,8 +74,8 @@ impl Prepared {
         &self.key
     }
 
-    pub fn to(&self) -> &str {
-        self.request.to.as_str()
+    pub fn to(&self) -> &Recipient {
+        &self.request.to
     }
 
     pub fn fingerprint(&self) -> &[u8; 32] {
@@ -356,7 +356,11 @@ fn start_with_quiet_hours(
     let Some(quiet) = tenant.quiet_hours.as_ref() else {
         return due;
     };
-    let zones = crate::domain::quiet::zones_for(request.to.as_str(), request.to_country.as_deref());
+    // Local time is the number's (its country, its area code): SMS only.
+    let zones = match request.to.phone() {
+        Some(phone) => crate::domain::quiet::zones_for(phone, request.to_country.as_deref()),
+        None => Vec::new(),
+    };
     schedule::starts_at(
         due,
         now,

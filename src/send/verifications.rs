@@ -14,6 +14,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::Sends;
+use crate::domain::Recipient;
 use crate::error::ApiError;
 use crate::store::{
     Changed, NewMessage, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy, StoreError,
@@ -90,7 +91,7 @@ impl Sends {
         let lease = self.deliverer.new_lease();
         // Refused here, a new start is refused by the store and a replay
         // still answered (issue 29, finding 3).
-        let permit = self.limiter.send(new.tenant_id, &new.to);
+        let permit = self.limiter.send(new.tenant_id, &message.to);
         let policy = StartPolicy {
             refused_here: permit.as_ref().err().copied(),
             ..policy
@@ -192,7 +193,10 @@ impl Sends {
         // A resend is a send: it counts against the destination limits like
         // a `POST /messages` (issue 29, finding 3), before anything is
         // queued. A retried resend already answered is a replay and goes on.
-        let permit = match self.limiter.send(v.tenant_id, &v.to) {
+        let to = Recipient::from_stored(&v.to).ok_or_else(|| {
+            ApiError::Internal("a verification's stored number is not E.164".into())
+        })?;
+        let permit = match self.limiter.send(v.tenant_id, &to) {
             Ok(permit) => Some(permit),
             Err(refused) => {
                 let answered = self

@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::time::DbTime;
 use super::types::{AttemptRow, KeyState, LeaseState, MessageRecord, ReceiptRow, StoredResponse};
 use crate::domain::{
-    AttemptOutcome, Encoding, IdempotencyKey, MessageError, MessageId, Phone, Status,
+    AttemptOutcome, Encoding, IdempotencyKey, MessageError, MessageId, Recipient, Status,
 };
 
 /// The columns of a message row (`m`), plus its latest attempt's state and
@@ -117,8 +117,14 @@ text_column!(
     |s| IdempotencyKey::parse(s).ok(),
     |v| v.as_str()
 );
-text_column!(Phone, "E.164 number", |s| Phone::from_e164(s), |v| v
-    .as_str());
+// The one conversion between a message's recipient and its `to_number`
+// column (a channel column comes with a second channel).
+text_column!(
+    Recipient,
+    "recipient address",
+    |s| Recipient::from_stored(s),
+    |v| v.as_str()
+);
 
 /// A message row with its latest attempt's state.
 #[derive(sqlx::FromRow)]
@@ -128,7 +134,7 @@ pub struct MessageRow {
     idempotency_key: IdempotencyKey,
     fingerprint: Vec<u8>,
     status: Status,
-    to_number: Phone,
+    to_number: Recipient,
     from_sender: Option<String>,
     body: String,
     segments: i32,

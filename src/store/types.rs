@@ -8,7 +8,8 @@ use uuid::Uuid;
 
 use crate::domain::message::WaitingFor;
 use crate::domain::{
-    AttemptOutcome, Encoding, IdempotencyKey, MessageError, MessageId, MessageOut, Phone, Status,
+    AttemptOutcome, Encoding, IdempotencyKey, MessageError, MessageId, MessageOut, Recipient,
+    Status,
 };
 
 /// A new API key, as stored.
@@ -90,7 +91,7 @@ pub struct NewMessage {
     pub tenant_id: Uuid,
     pub idempotency_key: IdempotencyKey,
     pub fingerprint: Vec<u8>,
-    pub to: Phone,
+    pub to: Recipient,
     pub from: Option<String>,
     pub body: String,
     pub segments: u32,
@@ -193,7 +194,7 @@ pub struct MessageRecord {
     pub idempotency_key: IdempotencyKey,
     pub fingerprint: Vec<u8>,
     pub status: Status,
-    pub to: Phone,
+    pub to: Recipient,
     pub from: Option<String>,
     pub body: String,
     pub segments: u32,

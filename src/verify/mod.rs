@@ -21,7 +21,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::clock::to_time;
-use crate::domain::{FieldError, IdempotencyKey, MessageId, Phone, segments};
+use crate::domain::{FieldError, IdempotencyKey, MessageId, Phone, Recipient, segments};
 use crate::store::{MessageRecord, NewMessage, VerificationRecord, send_key};
 
 pub mod crypto;
@@ -284,7 +284,7 @@ pub fn send_message(
         // `ver_` + hex + `:send:` + digits: always a valid key.
         idempotency_key: IdempotencyKey::parse(&key).ok()?,
         fingerprint: Sha256::digest(key.as_bytes()).to_vec(),
-        to: Phone::from_e164(&v.to)?,
+        to: Recipient::Sms(Phone::from_e164(&v.to)?),
         from: None,
         body: keys.seal_body(id.0, &body, &masked(v)),
         segments: count.segments,

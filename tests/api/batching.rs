@@ -24,7 +24,9 @@ fn message(tenant_id: Uuid, i: usize) -> NewMessage {
         tenant_id,
         idempotency_key: IdempotencyKey::parse(&format!("B-{i}")).unwrap(),
         fingerprint: vec![1; 32],
-        to: Phone::from_e164(&format!("+1415555{:04}", i % 10_000)).unwrap(),
+        to: Phone::from_e164(&format!("+1415555{:04}", i % 10_000))
+            .unwrap()
+            .into(),
         from: None,
         body: format!("message {i}"),
         segments: 1,

@@ -192,7 +192,7 @@ async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
     }
     let sms = OutgoingSms {
         message_id: MessageId::new(),
-        to: "+14155550100".into(),
+        to: sendonce::domain::Recipient::from_stored("+14155550100").expect("E.164"),
         from: None,
         body: format!("conformance: {}", row.name),
         validity: None,

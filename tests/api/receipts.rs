@@ -444,7 +444,7 @@ fn new_message(tenant_id: Uuid, key: &str) -> NewMessage {
         tenant_id,
         idempotency_key: IdempotencyKey::parse(key).unwrap(),
         fingerprint: vec![1; 32],
-        to: Phone::from_e164("+14155550100").unwrap(),
+        to: Phone::from_e164("+14155550100").unwrap().into(),
         from: None,
         body: "hi".into(),
         segments: 1,

@@ -22,7 +22,9 @@ fn message(tenant_id: uuid::Uuid, key: &str, n: u32) -> NewMessage {
         tenant_id,
         idempotency_key: IdempotencyKey::parse(key).unwrap(),
         fingerprint: vec![1; 32],
-        to: Phone::from_e164(&format!("+1415555{:04}", n % 10_000)).unwrap(),
+        to: Phone::from_e164(&format!("+1415555{:04}", n % 10_000))
+            .unwrap()
+            .into(),
         from: None,
         body: "hi".into(),
         segments: 1,

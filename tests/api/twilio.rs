@@ -379,7 +379,7 @@ async fn prism_accepts_the_adapters_requests() {
     let base = format!("http://127.0.0.1:{port}");
     let outgoing = |from: Option<&str>, validity: Option<Duration>| OutgoingSms {
         message_id: MessageId::new(),
-        to: "+14155550100".into(),
+        to: sendonce::domain::Recipient::from_stored("+14155550100").expect("E.164"),
         from: from.map(str::to_string),
         body: "Your order 92831 is confirmed.".into(),
         validity,
@@ -412,7 +412,10 @@ async fn prism_accepts_the_adapters_requests() {
                 assert_eq!(http_status, Some(201));
                 assert!(provider_message_id.starts_with("SM"));
             }
-            other => panic!("Prism refused {:?}: {other:?}", provider.form(&sms)),
+            other => panic!(
+                "Prism refused {:?}: {other:?}",
+                provider.form(&sms, sms.to.phone().expect("an SMS recipient"))
+            ),
         }
         // The lookup's request must be well-formed too (what Prism answers
         // is its example list, which may run to many pages).

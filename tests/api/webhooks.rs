@@ -756,7 +756,9 @@ async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
             tenant_id: tenant,
             idempotency_key: IdempotencyKey::parse(&format!("BURST-{i}")).expect("key"),
             fingerprint: vec![1; 32],
-            to: Phone::from_e164(&format!("+1415555{i:04}")).expect("phone"),
+            to: Phone::from_e164(&format!("+1415555{i:04}"))
+                .expect("phone")
+                .into(),
             from: None,
             body: format!("message {i}"),
             segments: 1,

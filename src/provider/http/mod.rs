@@ -118,13 +118,17 @@ impl Provider for HttpProvider {
     }
 
     async fn send(&self, sms: &OutgoingSms) -> SendOutcome {
+        let to = match sms.phone() {
+            Ok(to) => to,
+            Err(refused) => return refused,
+        };
         let key = sms.message_id.to_string();
         let mut req = self
             .client
             .post(self.url.clone())
             .header("Idempotency-Key", &key)
             .json(&serde_json::json!({
-                "to": sms.to,
+                "to": to,
                 "from": sms.from,
                 "body": sms.body,
                 "reference": key,

@@ -59,9 +59,9 @@ impl Provider for SimulatedProvider {
 
     async fn send(&self, sms: &OutgoingSms) -> SendOutcome {
         if self.log_bodies {
-            tracing::info!(message_id = %sms.message_id, to = %mask(&sms.to), body = %sms.body, "simulated send");
+            tracing::info!(message_id = %sms.message_id, to = %mask(sms.to.as_str()), body = %sms.body, "simulated send");
         } else {
-            tracing::info!(message_id = %sms.message_id, to = %mask(&sms.to), "simulated send");
+            tracing::info!(message_id = %sms.message_id, to = %mask(sms.to.as_str()), "simulated send");
         }
         SendOutcome::Accepted {
             provider_message_id: format!("sim_{}", Uuid::new_v4().as_simple()),

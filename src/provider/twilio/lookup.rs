@@ -51,7 +51,7 @@ pub(super) fn compare(
     sender: &Sender,
     not_before: OffsetDateTime,
 ) -> Match {
-    let to = field(m.to.as_deref(), |to| to == sms.to);
+    let to = field(m.to.as_deref(), |to| sms.to == to);
     // What a create through the API makes; `outbound-reply`/`outbound-call`
     // come from TwiML, never from this adapter.
     let direction = field(m.direction.as_deref(), |d| d == "outbound-api");

@@ -49,6 +49,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc2822;
 
 use super::{AttemptRef, OutgoingSms, Provider, Reconciled, SendOutcome, parse_retry_after};
+use crate::domain::Phone;
 
 /// Where this service receives Twilio's status callbacks (its `StatusCallback`).
 pub const STATUS_CALLBACK_PATH: &str = "/providers/twilio/status";
@@ -230,8 +231,8 @@ impl TwilioProvider {
     }
 
     /// The form Twilio gets for `sms`.
-    pub fn form(&self, sms: &OutgoingSms) -> Vec<(&'static str, String)> {
-        let mut form = vec![("To", sms.to.clone()), ("Body", sms.body.clone())];
+    pub fn form(&self, sms: &OutgoingSms, to: &Phone) -> Vec<(&'static str, String)> {
+        let mut form = vec![("To", to.to_string()), ("Body", sms.body.clone())];
         let sender = self.sender(sms);
         if let Some(from) = sender.from {
             form.push(("From", from));
@@ -450,7 +451,11 @@ impl Provider for TwilioProvider {
     }
 
     async fn send(&self, sms: &OutgoingSms) -> SendOutcome {
-        let body = encode_form(&self.form(sms));
+        let to = match sms.phone() {
+            Ok(to) => to,
+            Err(refused) => return refused,
+        };
+        let body = encode_form(&self.form(sms, to));
         let req = self
             .client
             .post(self.messages_url.clone())
@@ -516,10 +521,14 @@ impl Provider for TwilioProvider {
     /// earlier of the two is used, so a host clock ahead of Twilio's (or
     /// behind it) does not hide a message the attempt created.
     async fn reconcile(&self, sms: &OutgoingSms, attempt: &AttemptRef) -> Reconciled {
+        // A recipient Twilio cannot reach was refused before any request.
+        let Ok(to) = sms.phone() else {
+            return Reconciled::NotSent;
+        };
         let sender = self.sender_of(sms, attempt);
         let mut url = self.messages_url.clone();
         url.query_pairs_mut()
-            .append_pair("To", &sms.to)
+            .append_pair("To", to)
             .append_pair("PageSize", &LIST_PAGE_SIZE.to_string());
         let mut tally = Tally::default();
         let mut not_before = None;

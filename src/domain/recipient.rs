@@ -129,10 +129,13 @@ impl serde::Serialize for Recipient {
 mod tests {
     use super::*;
 
+    /// What an input parses to: its stored form, its channel and country.
+    type Parsed = Option<(&'static str, &'static str, Option<&'static str>)>;
+
     #[test]
     fn requests_parse_as_a_table() {
-        // (input, Ok((stored, channel, country)) or Err(()))
-        let cases: &[(&str, Option<(&str, &str, Option<&str>)>)] = &[
+        // (input, Some((stored, channel, country)) or None: refused)
+        let cases: &[(&str, Parsed)] = &[
             ("+14155550100", Some(("+14155550100", "sms", Some("US")))),
             (
                 "+1 (415) 555-2671",

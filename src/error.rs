@@ -60,7 +60,7 @@ pub enum ApiError {
     ResendTooSoon(std::time::Duration),
     #[error("max sends reached")]
     MaxSendsReached,
-    /// The SMS-pumping defence paused the destination prefix.
+    /// The SMS-pumping defence paused the destination prefix or country.
     #[error("destination paused")]
     DestinationPaused(std::time::Duration),
     #[error("URI too long")]
@@ -261,7 +261,7 @@ impl ApiError {
                 "this verification was sent the most times allowed; start a new one".into()
             }
             ApiError::DestinationPaused(_) => {
-                "verifications to this destination prefix are paused because too few recent ones \
+                "verifications to this destination's number range or country are paused because too few recent ones \
                 were approved (SMS-pumping defence); retry after the time in Retry-After"
                     .into()
             }

@@ -365,6 +365,9 @@ pub struct ConfigArgs {
     /// Concluded verifications of a prefix needed before its approval rate is judged (0: never pause).
     #[arg(long, env = "SENDONCE_VERIFY_PAUSE_MIN_STARTS", global = true)]
     pub verify_pause_min_starts: Option<String>,
+    /// Concluded verifications to a country, across its prefixes, needed before its approval rate is judged (0: never pause a country).
+    #[arg(long, env = "SENDONCE_VERIFY_PAUSE_COUNTRY_MIN_STARTS", global = true)]
+    pub verify_pause_country_min_starts: Option<String>,
     /// Verifications started per destination prefix per hour, per tenant, counted in the database (0: no limit).
     #[arg(
         long,

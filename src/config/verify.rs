@@ -73,6 +73,11 @@ impl VerifySettings {
                 &a.verify_pause_min_starts,
                 d.pause_min_starts,
             )?,
+            pause_country_min_starts: number_or(
+                "SENDONCE_VERIFY_PAUSE_COUNTRY_MIN_STARTS",
+                &a.verify_pause_country_min_starts,
+                d.pause_country_min_starts,
+            )?,
             starts_per_prefix_per_hour: number_or(
                 "SENDONCE_VERIFY_STARTS_PER_PREFIX_PER_HOUR",
                 &a.verify_starts_per_prefix_per_hour,
@@ -129,5 +134,9 @@ mod tests {
         assert!(parse(&["--verify-max-sends", "0"]).is_err());
         assert!(parse(&["--verify-pause-min-approval-percent", "101"]).is_err());
         assert!(parse(&["--verify-pause-window", "0s"]).is_err());
+        assert_eq!(parse(&[]).unwrap().pause_country_min_starts, 100);
+        let off = parse(&["--verify-pause-country-min-starts", "0"]).unwrap();
+        assert_eq!(off.pause_country_min_starts, 0);
+        assert!(parse(&["--verify-pause-country-min-starts", "many"]).is_err());
     }
 }

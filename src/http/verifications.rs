@@ -156,6 +156,10 @@ async fn create(
             min_starts: verify.settings.pause_min_starts,
             min_approval_percent: verify.settings.pause_min_approval_percent,
         },
+        country_pause: PausePolicy {
+            min_starts: verify.settings.pause_country_min_starts,
+            min_approval_percent: verify.settings.pause_min_approval_percent,
+        },
         pause_window: verify.settings.pause_window,
         pause_for: verify.settings.pause_duration,
     };

@@ -108,6 +108,9 @@ pub struct StartPolicy {
     /// Starts per destination prefix per hour (0: no limit).
     pub prefix_per_hour: u32,
     pub pause: PausePolicy,
+    /// The same rule over the destination's country, all its prefixes
+    /// together (needs the start's country).
+    pub country_pause: PausePolicy,
     /// The approval rate is judged over starts this recent.
     pub pause_window: Duration,
     /// How long an automatic pause lasts.

@@ -29,6 +29,11 @@ pub struct VerifySettings {
     pub pause_min_approval_percent: u32,
     /// ...once at least this many concluded (0: never pause).
     pub pause_min_starts: u32,
+    /// A destination country is paused, for the tenant, when as few of its
+    /// recent concluded verifications were approved, once at least this
+    /// many concluded across all its prefixes (0: never). Pumping spreads
+    /// over many ranges of one country, each under `pause_min_starts`.
+    pub pause_country_min_starts: u32,
     /// Verifications started per destination prefix per hour (0: no
     /// limit). Its own setting: a prefix's one-time codes are what SMS
     /// pumping aims at, so it stays at the old 100 while ordinary messages
@@ -49,6 +54,7 @@ impl Default for VerifySettings {
             max_sends: 5,
             pause_min_approval_percent: 20,
             pause_min_starts: 20,
+            pause_country_min_starts: 100,
             starts_per_prefix_per_hour: 100,
             pause_window: Duration::from_secs(3600),
             pause_duration: Duration::from_secs(3600),

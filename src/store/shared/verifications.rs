@@ -46,13 +46,43 @@ const BY_KEY: &str = concat!(
 
 const PAUSE: &str = "SELECT paused_until FROM verify_pauses WHERE tenant_id = $1 AND prefix = $2";
 
-/// A prefix's recent starts: how many were approved, and how many
-/// concluded (approved, failed, or expired whether written or not).
-const APPROVALS: &str = "SELECT \
-        CAST(COALESCE(SUM(CASE WHEN status = 'approved' THEN 1 ELSE 0 END), 0) AS BIGINT), \
-        CAST(COALESCE(SUM(CASE WHEN status IN ('approved', 'max_attempts_reached', 'expired') \
-            OR (status = 'pending' AND expires_at <= $4) THEN 1 ELSE 0 END), 0) AS BIGINT) \
-     FROM verifications WHERE tenant_id = $1 AND prefix = $2 AND created_at > $3";
+/// Recent starts of one scope (`$2` in `column`): how many were approved,
+/// and how many concluded (approved, failed, or expired whether written or
+/// not).
+macro_rules! approvals_by {
+    ($column:literal) => {
+        concat!(
+            "SELECT \
+                CAST(COALESCE(SUM(CASE WHEN status = 'approved' THEN 1 ELSE 0 END), 0) AS BIGINT), \
+                CAST(COALESCE(SUM(CASE WHEN status IN ('approved', 'max_attempts_reached', 'expired') \
+                    OR (status = 'pending' AND expires_at <= $4) THEN 1 ELSE 0 END), 0) AS BIGINT) \
+             FROM verifications WHERE tenant_id = $1 AND ",
+            $column,
+            " = $2 AND created_at > $3"
+        )
+    };
+}
+
+/// A prefix's recent starts.
+const APPROVALS: &str = approvals_by!("prefix");
+
+/// A country's recent starts, all its prefixes together.
+const COUNTRY_APPROVALS: &str = approvals_by!("country");
+
+/// A country's pause is kept beside the prefixes' under this key and its
+/// ISO code (`country:US`); a prefix always starts with `+`.
+const COUNTRY_PAUSE: &str = "country:";
+
+/// Where a start looks for a pause: the key of its `verify_pauses` row,
+/// the statement counting its recent approvals with the value it binds,
+/// and the rule that judges them.
+struct PauseScope<'a> {
+    tenant: Uuid,
+    key: &'a str,
+    approvals: &'static str,
+    value: &'a str,
+    rule: decide::PausePolicy,
+}
 
 const SET_PAUSE: &str = "INSERT INTO verify_pauses (tenant_id, prefix, paused_until) \
      VALUES ($1, $2, $3) \
@@ -282,6 +312,50 @@ per_backend! {
         Ok(Changed::Written(message))
     }
 
+    /// One scope's pause (a prefix's, or a country's): refused while its
+    /// pause lasts, and paused now if its recent approval rate is too low.
+    async fn pause_for(
+        c: &mut Conn,
+        scope: &PauseScope<'_>,
+        policy: &StartPolicy,
+        now: OffsetDateTime,
+    ) -> Result<Option<StartOutcome>, StoreError> {
+        let pause: Option<DbTime> = sqlx::query_scalar(PAUSE)
+            .bind(scope.tenant)
+            .bind(scope.key)
+            .fetch_optional(&mut *c)
+            .await?;
+        let pause = pause.map(|t| t.0);
+        if let Some(until) = pause.filter(|t| *t > now) {
+            return Ok(Some(StartOutcome::Paused {
+                until,
+                newly: false,
+            }));
+        }
+        let (approved, concluded): (i64, i64) = sqlx::query_as(scope.approvals)
+            .bind(scope.tenant)
+            .bind(scope.value)
+            .bind(db(pause_window_start(policy, pause, now)))
+            .bind(db(now))
+            .fetch_one(&mut *c)
+            .await?;
+        if !decide::should_pause(
+            scope.rule,
+            u64::try_from(approved).unwrap_or(0),
+            u64::try_from(concluded).unwrap_or(0),
+        ) {
+            return Ok(None);
+        }
+        let until = now + policy.pause_for;
+        sqlx::query(SET_PAUSE)
+            .bind(scope.tenant)
+            .bind(scope.key)
+            .bind(db(until))
+            .execute(&mut *c)
+            .await?;
+        Ok(Some(StartOutcome::Paused { until, newly: true }))
+    }
+
     /// A start, in its transaction: the key, the pause, the approval rate,
     /// the per-hour limits, then the verification and its first message.
     async fn start(
@@ -301,38 +375,27 @@ per_backend! {
         if let Some(row) = existing {
             return Ok(StartOutcome::Existing(Box::new(row.try_into()?)));
         }
-        let pause: Option<DbTime> = sqlx::query_scalar(PAUSE)
-            .bind(v.tenant_id)
-            .bind(&v.prefix)
-            .fetch_optional(&mut *c)
-            .await?;
-        let pause = pause.map(|t| t.0);
-        if let Some(until) = pause.filter(|t| *t > now) {
-            return Ok(StartOutcome::Paused {
-                until,
-                newly: false,
-            });
-        }
-        let (approved, concluded): (i64, i64) = sqlx::query_as(APPROVALS)
-            .bind(v.tenant_id)
-            .bind(&v.prefix)
-            .bind(db(pause_window_start(policy, pause, now)))
-            .bind(db(now))
-            .fetch_one(&mut *c)
-            .await?;
-        if decide::should_pause(
-            policy.pause,
-            u64::try_from(approved).unwrap_or(0),
-            u64::try_from(concluded).unwrap_or(0),
-        ) {
-            let until = now + policy.pause_for;
-            sqlx::query(SET_PAUSE)
-                .bind(v.tenant_id)
-                .bind(&v.prefix)
-                .bind(db(until))
-                .execute(&mut *c)
-                .await?;
-            return Ok(StartOutcome::Paused { until, newly: true });
+        let scopes = [
+            Some((APPROVALS, v.prefix.clone(), v.prefix.as_str(), policy.pause)),
+            v.country
+                .as_deref()
+                .filter(|_| policy.country_pause.min_starts > 0)
+                .map(|cc| {
+                    let key = format!("{COUNTRY_PAUSE}{cc}");
+                    (COUNTRY_APPROVALS, key, cc, policy.country_pause)
+                }),
+        ];
+        for (approvals, key, value, rule) in scopes.iter().flatten() {
+            let scope = PauseScope {
+                tenant: v.tenant_id,
+                key,
+                approvals,
+                value,
+                rule: *rule,
+            };
+            if let Some(paused) = pause_for(c, &scope, policy, now).await? {
+                return Ok(paused);
+            }
         }
         let hour_ago = db(now - time::Duration::HOUR);
         let number: (i64, Option<DbTime>) = sqlx::query_as(NUMBER_STARTS)

@@ -31,6 +31,10 @@ fn policy() -> StartPolicy {
             min_starts: 0,
             min_approval_percent: 0,
         },
+        country_pause: PausePolicy {
+            min_starts: 0,
+            min_approval_percent: 0,
+        },
         pause_window: Duration::from_secs(3600),
         pause_for: Duration::from_secs(600),
         refused_here: None,
@@ -410,6 +414,76 @@ async fn expiry_and_cancel_write_their_events_once(backend: Backend) {
     assert!(s.verification(f.tenant, b.id).await.unwrap().is_some());
 }
 
+/// Pumping spread over many ranges of one country: each prefix stays under
+/// its own minimum, the country's starts together do not (issue 29, 14).
+async fn a_country_whose_codes_go_unapproved_is_paused_across_its_prefixes(backend: Backend) {
+    let f = fixture(backend).await;
+    let s = &f.store;
+    let lease = Lease::new("i1", LIVE);
+    let guarded = StartPolicy {
+        pause: PausePolicy {
+            min_starts: 20,
+            min_approval_percent: 20,
+        },
+        country_pause: PausePolicy {
+            min_starts: 5,
+            min_approval_percent: 20,
+        },
+        ..policy()
+    };
+    let start = |key: &str, to: &str, country: &str, at| {
+        let mut v = new_verification(&f, key, at);
+        v.to = to.into();
+        v.prefix = to[..to.len() - 4].into();
+        v.country = Some(country.into());
+        v
+    };
+    // Five US codes, each to a range of its own, none ever approved: they
+    // expire unapproved ten minutes later.
+    for i in 0..5 {
+        let v = start(&format!("us{i}"), &format!("+1415{i}550100"), "US", T0);
+        let m = message(f.tenant, &send_key(v.id, 1));
+        let out = s.start_verification(&v, &m, &lease, &guarded).await;
+        assert!(matches!(out, Ok(StartOutcome::Created { .. })), "{out:?}");
+    }
+    let late = T0 + time::Duration::minutes(11);
+    let next = start("us-next", "+12125550100", "US", late);
+    let m = message(f.tenant, &send_key(next.id, 1));
+    let out = s.start_verification(&next, &m, &lease, &guarded).await;
+    assert!(
+        matches!(out, Ok(StartOutcome::Paused { newly: true, until }) if until == late + time::Duration::minutes(10)),
+        "a new US range is paused by its country's record: {out:?}"
+    );
+    let again = start("us-again", "+13105550100", "US", late);
+    let m = message(f.tenant, &send_key(again.id, 1));
+    let out = s.start_verification(&again, &m, &lease, &guarded).await;
+    assert!(
+        matches!(out, Ok(StartOutcome::Paused { newly: false, .. })),
+        "{out:?}"
+    );
+    let gb = start("gb", "+442079460958", "GB", late);
+    let m = message(f.tenant, &send_key(gb.id, 1));
+    let out = s.start_verification(&gb, &m, &lease, &guarded).await;
+    assert!(
+        matches!(out, Ok(StartOutcome::Created { .. })),
+        "another country is not paused: {out:?}"
+    );
+    let off = StartPolicy {
+        country_pause: PausePolicy {
+            min_starts: 0,
+            min_approval_percent: 20,
+        },
+        ..guarded
+    };
+    let unguarded = start("us-off", "+16175550100", "US", late);
+    let m = message(f.tenant, &send_key(unguarded.id, 1));
+    let out = s.start_verification(&unguarded, &m, &lease, &off).await;
+    assert!(
+        matches!(out, Ok(StartOutcome::Created { .. })),
+        "with the country's minimum at 0 no country is paused: {out:?}"
+    );
+}
+
 async fn the_verify_secret_is_the_first_callers(backend: Backend) {
     let f = fixture(backend).await;
     assert_eq!(f.store.verify_secret(b"one").await.unwrap(), b"one");
@@ -422,4 +496,5 @@ on_both_backends!(
     a_resend_writes_its_message_and_answer_in_one_change,
     expiry_and_cancel_write_their_events_once,
     the_verify_secret_is_the_first_callers,
+    a_country_whose_codes_go_unapproved_is_paused_across_its_prefixes,
 );

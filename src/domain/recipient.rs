@@ -18,6 +18,7 @@
 //! row's `to_number` column.
 
 use super::phone::{self, Phone};
+use super::segments::{self, SegmentCount};
 
 /// A message's destination.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,6 +41,15 @@ pub struct ParsedRecipient {
 pub struct InvalidRecipient(pub &'static str);
 
 impl Recipient {
+    /// How many parts `body` goes out as on this recipient's channel: for
+    /// SMS, its GSM-7 or UCS-2 segments (what `SENDONCE_MAX_SEGMENTS`
+    /// bounds and the provider bills).
+    pub fn segments(&self, body: &str) -> SegmentCount {
+        match self {
+            Recipient::Sms(_) => segments::count(body),
+        }
+    }
+
     /// Parses a request's `to`. Today every address is a phone number in
     /// international form, checked against its numbering plan.
     pub fn parse(input: &str) -> Result<ParsedRecipient, InvalidRecipient> {
@@ -212,5 +222,17 @@ mod tests {
             Some("\"+14155552671\""),
             "serialized (fingerprinted) exactly as the bare number was"
         );
+        // (body, encoding, segments): an SMS counts GSM-7 and UCS-2 parts.
+        let bodies = [
+            ("hi", segments::Encoding::Gsm7, 1),
+            (&*"a".repeat(161), segments::Encoding::Gsm7, 2),
+            ("Grüße €", segments::Encoding::Gsm7, 1),
+            ("привет", segments::Encoding::Ucs2, 1),
+            (&*"я".repeat(71), segments::Encoding::Ucs2, 2),
+        ];
+        for (body, encoding, parts) in bodies {
+            let got = r.segments(body);
+            assert_eq!((got.encoding, got.segments), (encoding, parts), "{body}");
+        }
     }
 }

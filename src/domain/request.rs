@@ -271,7 +271,7 @@ impl SendRequest {
             country: to_country,
         } = to;
         let validity_seconds = input.validity_seconds.and_then(|v| i32::try_from(v).ok());
-        let segments = segments::count(&body);
+        let segments = to.segments(&body);
         Ok(SendRequest {
             to,
             to_country,

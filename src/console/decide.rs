@@ -36,6 +36,10 @@ pub struct Query {
     pub key: Option<String>,
     /// `ver_<uuid>`: a verification id.
     pub verification: Option<Uuid>,
+    /// Digits alone (spaces, dashes, dots and parentheses allowed) with no
+    /// `+`: a national-format number, read as `phone` only in the tenant's
+    /// home country.
+    pub national: bool,
 }
 
 /// A message id as shown (`msg_` and 32 hex digits).
@@ -47,9 +51,10 @@ pub fn parse_message_id(s: &str) -> Option<MessageId> {
     Uuid::try_parse(hex).ok().map(MessageId)
 }
 
-/// Reads a search box entry: `None` when it is too long or not text a key
+/// Reads a search box entry, a national-format number in `home_country`
+/// when the tenant has one: `None` when it is too long or not text a key
 /// could be (then it is bad input, a 400).
-pub fn classify(q: &str) -> Option<Query> {
+pub fn classify(q: &str, home_country: Option<&str>) -> Option<Query> {
     let q = q.trim();
     if q.is_empty() || q.len() > MAX_QUERY {
         return None;
@@ -58,7 +63,12 @@ pub fn classify(q: &str) -> Option<Query> {
         .bytes()
         .all(|b| (0x21..=0x7e).contains(&b))
         .then(|| q.to_string());
-    let phone = crate::domain::phone::parse(q).map(|p| p.e164);
+    let national = crate::domain::phone::is_national(q);
+    let phone = crate::domain::phone::parse(q).map(|p| p.e164).or_else(|| {
+        home_country
+            .filter(|_| national)
+            .and_then(|c| crate::domain::phone::national_number(q, c))
+    });
     if key.is_none() && phone.is_none() {
         return None;
     }
@@ -67,6 +77,7 @@ pub fn classify(q: &str) -> Option<Query> {
         phone,
         key,
         verification: crate::verify::parse_id(q),
+        national,
     })
 }
 

@@ -93,10 +93,31 @@ fn search_entries_are_read_as_every_kind_they_can_be() {
         ("ümlaut key".into(), None),
     ];
     for (q, want) in cases {
-        let got = classify(&q).map(|c| (c.message_id.is_some(), c.phone, c.key.is_some()));
+        let got = classify(&q, None).map(|c| (c.message_id.is_some(), c.phone, c.key.is_some()));
         let want = want.map(|(m, p, k)| (m, p.map(str::to_string), k));
         assert_eq!(got, want, "{q:?}");
     }
+}
+
+#[test]
+fn national_numbers_are_read_in_the_home_country_only() {
+    let phone = |q: &str, home: Option<&str>| classify(q, home).and_then(|c| c.phone);
+    let cases: [(&str, Option<&str>, Option<&str>); 7] = [
+        ("4155550100", Some("US"), Some("+14155550100")),
+        ("(415) 555-0100", Some("US"), Some("+14155550100")),
+        ("020 7946 0018", Some("GB"), Some("+442079460018")),
+        // Without a home country only international form is a number.
+        ("4155550100", None, None),
+        ("+14155550100", None, Some("+14155550100")),
+        // Not a valid number there, or not digits.
+        ("12345", Some("US"), None),
+        ("ORDER-4155550100", Some("US"), None),
+    ];
+    for (q, home, want) in cases {
+        assert_eq!(phone(q, home).as_deref(), want, "{q:?} in {home:?}");
+    }
+    assert!(classify("4155550100", None).is_some_and(|c| c.national));
+    assert!(classify("ORDER-1", None).is_some_and(|c| !c.national));
 }
 
 #[test]

@@ -46,6 +46,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 /// A session's last use is written at most this often.
 const TOUCH_EVERY: Duration = Duration::from_secs(60);
+/// How far back a search by part of a key or metadata value looks: a
+/// substring scan, bounded to the tenant, this window and one page.
+const SEARCH_WINDOW: time::Duration = time::Duration::days(30);
+
 /// Messages per page of a search.
 pub const PAGE: u32 = 25;
 /// Opt-outs per page.
@@ -209,9 +213,12 @@ async fn search(
     if q.trim().is_empty() {
         return Ok(Html(pages::search(&session, "", None).into_string()).into_response());
     }
-    let Some(kind) = decide::classify(&q) else {
+    let tenant = session.tenant_id;
+    let home = state.store.home_country(tenant).await?;
+    let Some(kind) = decide::classify(&q, home.as_deref()) else {
         return Err(PageError::BadRequest(format!(
-            "Search for a message id (msg_…), an idempotency key, a provider message id or a phone number in international form (+…), at most {} characters.",
+            "{} At most {} characters.",
+            pages::SEARCHABLE,
             decide::MAX_QUERY
         )));
     };
@@ -222,7 +229,6 @@ async fn search(
                 .ok_or_else(|| PageError::BadRequest("That page link is not valid.".into()))?,
         ),
     };
-    let tenant = session.tenant_id;
     if let Some(id) = kind.verification
         && state.store.verification(tenant, id).await?.is_some()
         && before.is_none()
@@ -248,6 +254,16 @@ async fn search(
             .await?
         {
             exact.push(("provider message id", m));
+        }
+        if before.is_none() {
+            let since = state.clock.now() - SEARCH_WINDOW;
+            for m in state
+                .store
+                .search_messages(tenant, key, since, PAGE)
+                .await?
+            {
+                exact.push(("key or metadata contains it", m));
+            }
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -278,6 +294,7 @@ async fn search(
         exact,
         by_phone,
         paged: before.is_some(),
+        national_without_home: kind.national && home.is_none(),
     };
     Ok(Html(pages::search(&session, &q, Some(&results)).into_string()).into_response())
 }

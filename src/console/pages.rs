@@ -81,7 +81,7 @@ pub fn login(token: &str, error: Option<&str>) -> Markup {
 fn search_form(q: &str) -> Markup {
     html! {
         form method="get" action="/console/search" role="search" {
-            label for="q" { "Idempotency key, message id, provider message id or phone number" }
+            label for="q" { "Idempotency key or part of one, metadata value, message id, verification id, provider message id or phone number" }
             div.row {
                 input #q type="search" name="q" value=(q) maxlength="255";
                 button.primary type="submit" { "Find" }
@@ -126,7 +126,14 @@ pub struct Results {
     pub by_phone: Option<(String, Vec<MessageSummary>, Option<String>)>,
     /// This is not the first page.
     pub paged: bool,
+    /// The entry was a national-format number and the tenant has no home
+    /// country to read it in.
+    pub national_without_home: bool,
 }
+
+/// What the search box finds, said when nothing matched or the entry was
+/// unreadable.
+pub const SEARCHABLE: &str = "Search by part of an idempotency key or of a metadata value (any case, messages of the last 30 days), a message id (msg_…), a verification id (ver_…), a provider message id, or a phone number in international form (+…), or in national form once the account has a home country.";
 
 pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
     layout(
@@ -168,6 +175,14 @@ pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
                 }
                 @if r.exact.is_empty() && r.by_phone.is_none() {
                     p role="status" { "Nothing matched “" (q) "”." }
+                    p.muted { (SEARCHABLE) }
+                    @if r.national_without_home {
+                        p.muted {
+                            "“" (q) "” looks like a national number, but this account has no home country to read it in: search in international form (+…), or set one with "
+                            code { "sendonce tenant home-country NAME CC" }
+                            " (e.g. US)."
+                        }
+                    }
                 }
             }
         },

@@ -781,6 +781,94 @@ async fn the_timeline_shows_webhook_deliveries(backend: Backend) {
     assert_eq!(o.get(&timeline).await.status, 404);
 }
 
+/// Agents know order numbers, not keys: part of a key, any case, a
+/// metadata value and a national-format number (in the home country only)
+/// find a message; nothing found says what can be searched.
+async fn search_finds_part_of_a_key_a_metadata_value_and_a_national_number(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let mut with_meta = sms("+14155550100", "Order 92840 confirmed");
+    with_meta["metadata"] = serde_json::json!({ "crm_ticket": "TCK-7731", "shop": "north" });
+    assert_eq!(
+        app.post("ORDER-92840-CONFIRMATION-SMS", &with_meta)
+            .await
+            .status,
+        201
+    );
+    app.wait_for_status("ORDER-92840-CONFIRMATION-SMS", "sent")
+        .await;
+    // A key with LIKE's wildcards in it: they are taken literally.
+    assert_eq!(
+        app.post("ORDER-5_0%-SMS", &sms("+14155550101", "Order 50 confirmed"))
+            .await
+            .status,
+        201
+    );
+    let timeline = format!(
+        "/console/messages/{}",
+        app.get("/messages/ORDER-92840-CONFIRMATION-SMS")
+            .await
+            .json()["id"]
+            .as_str()
+            .unwrap()
+    );
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let label = text(&b.get("/console/search").await);
+    assert!(label.contains("verification id"), "{label}");
+    for q in [
+        "ORDER-92840",
+        "order-92840-confirmation-sms",
+        "92840-conf",
+        "tck-7731",
+    ] {
+        let a = b.get(&format!("/console/search?q={}", enc(q))).await;
+        assert_eq!((a.status, location(&a)), (303, timeline.as_str()), "{q}");
+    }
+    // Both messages' keys start with ORDER-: a list, not a redirect.
+    let both = b.get("/console/search?q=order-").await;
+    assert_eq!(both.status, 200);
+    let html = text(&both);
+    assert!(
+        html.contains("ORDER-92840-CONFIRMATION-SMS") && html.contains("ORDER-5_0%-SMS"),
+        "{html}"
+    );
+    // `%` and `_` match themselves only.
+    let a = b.get(&format!("/console/search?q={}", enc("5_0%"))).await;
+    assert_eq!(a.status, 303, "{}", text(&a));
+    let none = text(&b.get("/console/search?q=ORDER-9_840").await);
+    assert!(none.contains("Nothing matched"), "{none}");
+    // A national number without a home country: nothing, and how to set one.
+    let nothing = text(&b.get("/console/search?q=4155550100").await);
+    assert!(nothing.contains("Nothing matched"), "{nothing}");
+    assert!(nothing.contains("verification id (ver_"), "{nothing}");
+    assert!(
+        nothing.contains("sendonce tenant home-country"),
+        "{nothing}"
+    );
+    // With one, it is read there.
+    assert_eq!(
+        app.db
+            .count("UPDATE tenants SET home_country = 'US' RETURNING CAST(1 AS BIGINT)")
+            .await,
+        1
+    );
+    let found = b.get("/console/search?q=%28415%29%20555-0100").await;
+    assert_eq!(found.status, 200);
+    let html = text(&found);
+    assert!(html.contains("Recent messages to +14155550100"), "{html}");
+    assert!(html.contains("ORDER-92840-CONFIRMATION-SMS"), "{html}");
+    // Another tenant's search finds none of it.
+    let other = spawn_with(TestOptions {
+        backend,
+        database: Some(app.database.clone()),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut o = Browser::new(&other);
+    assert_eq!(o.sign_in(&other.api_key).await.status, 303);
+    assert!(text(&o.get("/console/search?q=order-92840").await).contains("Nothing matched"));
+}
+
 fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
@@ -795,4 +883,5 @@ on_both_backends!(
     failed_sign_ins_are_rate_limited,
     a_verification_and_its_sealed_message_show_no_code,
     the_timeline_shows_webhook_deliveries,
+    search_finds_part_of_a_key_a_metadata_value_and_a_national_number,
 );

@@ -269,13 +269,16 @@ pub fn timeline(
     )
 }
 
-/// Colours of the chart's bars by status (readable on white).
-fn bar_colour(status: &str) -> &'static str {
+/// The tone of a status's bar and its colour (readable on white): only
+/// the outcomes that went wrong are red; waiting or withdrawn ones
+/// (`scheduled`, `canceled`) are grey, in-flight ones blue.
+fn bar_tone(status: &str) -> (&'static str, &'static str) {
     match status {
-        "delivered" | "sent" => "#116329",
-        "processing" => "#0b5cad",
-        "unknown" => "#6b4a00",
-        _ => "#a40e26",
+        "delivered" | "sent" => ("good", "#116329"),
+        "processing" => ("info", "#0b5cad"),
+        "unknown" => ("warn", "#6b4a00"),
+        "failed" | "undelivered" => ("bad", "#a40e26"),
+        _ => ("neutral", "#57606a"),
     }
 }
 
@@ -298,7 +301,8 @@ fn chart(totals: &BTreeMap<String, i64>) -> Markup {
                 @let y = i * row + 4;
                 @let w = (n * 300 / max).max(1);
                 text x="0" y=(y + 17) font-size="14" fill="#1b1f24" { (s) }
-                rect x="110" y=(y + 3) width=(w) height="18" fill=(bar_colour(s)) {}
+                @let (tone, colour) = bar_tone(s);
+                rect class={"bar bar-" (tone)} x="110" y=(y + 3) width=(w) height="18" fill=(colour) {}
                 text x=(115 + w) y=(y + 17) font-size="14" fill="#1b1f24" { (n) }
             }
         }
@@ -312,13 +316,16 @@ pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> M
         *totals.entry(s.clone()).or_default() += n;
         *providers.entry(p).or_default().entry(s).or_default() += n;
     }
+    let total: i64 = totals.values().sum();
     let statuses = [
+        "scheduled",
         "processing",
         "sent",
         "delivered",
         "undelivered",
         "failed",
         "unknown",
+        "canceled",
     ];
     let oldest = c
         .oldest_processing
@@ -336,16 +343,17 @@ pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> M
             @if totals.is_empty() {
                 p { "No messages in the last 24 hours." }
             } @else {
+                p.total { "Total: " strong { (total) } }
                 (chart(&totals))
             }
             h2 { "By provider" }
             div.table-wrap {
                 table {
                     caption.visually-hidden { "Messages in the last 24 hours by provider and status" }
-                    thead { tr { th scope="col" { "Provider" } @for s in statuses { th scope="col" { (s) } } } }
+                    thead { tr { th scope="col" { "Provider" } @for s in statuses { th scope="col" { (s) } } th scope="col" { "Total" } } }
                     tbody {
                         @for (p, by) in &providers {
-                            tr { th scope="row" { (p) } @for s in statuses { td { (by.get(s).copied().unwrap_or(0)) } } }
+                            tr { th scope="row" { (p) } @for s in statuses { td { (by.get(s).copied().unwrap_or(0)) } } td { (by.values().sum::<i64>()) } }
                         }
                     }
                 }

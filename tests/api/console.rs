@@ -869,6 +869,52 @@ async fn search_finds_part_of_a_key_a_metadata_value_and_a_national_number(backe
     assert!(text(&o.get("/console/search?q=order-92840").await).contains("Nothing matched"));
 }
 
+/// Waiting and withdrawn messages are not drawn red like failed ones, and
+/// the status summary has a total.
+async fn the_overview_colours_by_outcome_and_shows_a_total(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let later = app.clock.now() + time::Duration::hours(2);
+    let at = later
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    for key in ["LATER-1", "LATER-2"] {
+        let body = serde_json::json!({ "to": "+14155550100", "body": "Later", "send_at": at });
+        assert_eq!(app.post(key, &body).await.status, 202, "{key}");
+    }
+    let cancel = app
+        .request(reqwest::Method::POST, "/messages/LATER-2/cancel")
+        .bearer_auth(&app.api_key);
+    assert_eq!(cancel.send().await.unwrap().status(), 200);
+    app.mock.push([testkit::mock_provider::Behaviour::Fail {
+        status: 400,
+        body: serde_json::json!({ "error": "invalid number" }),
+        retry_after: None,
+    }]);
+    app.post("NOW-FAILS", &sms("+14155550100", "Now")).await;
+    app.wait_for_status("NOW-FAILS", "failed").await;
+
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let html = text(&b.get("/console/overview").await);
+    let bar = |status: &str| {
+        let at = html
+            .find(&format!(">{status}</text>"))
+            .unwrap_or_else(|| panic!("{status} bar: {html}"));
+        let rect = &html[at..];
+        let rect = &rect[rect.find("<rect").unwrap()..];
+        rect[..rect.find('>').unwrap()].to_string()
+    };
+    for s in ["scheduled", "canceled"] {
+        let r = bar(s);
+        assert!(
+            r.contains("bar-neutral") && !r.contains("#a40e26"),
+            "{s}: {r}"
+        );
+    }
+    assert!(bar("failed").contains("bar-bad"), "{}", bar("failed"));
+    assert!(html.contains("Total: <strong>3</strong>"), "{html}");
+}
+
 fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
@@ -884,4 +930,5 @@ on_both_backends!(
     a_verification_and_its_sealed_message_show_no_code,
     the_timeline_shows_webhook_deliveries,
     search_finds_part_of_a_key_a_metadata_value_and_a_national_number,
+    the_overview_colours_by_outcome_and_shows_a_total,
 );

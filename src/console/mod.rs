@@ -33,6 +33,7 @@ use crate::http::SharedState;
 use crate::store::{MessageRecord, MessageSummary, StoreError};
 
 pub mod decide;
+mod decide_hooks;
 #[cfg(test)]
 mod decide_tests;
 mod pages;

@@ -213,6 +213,7 @@ pub fn timeline(
                 @if let Some(p) = &m.provider_message_id { dt { "Provider message id" } dd { code { (p) } } }
                 dt { "Attempts" } dd { (m.attempts) }
                 dt { "Created" } dd { (when(m.created_at)) }
+                @for (k, v) in &m.metadata { dt { "Metadata " code { (k) } } dd { (v) } }
                 @if let Some(due) = m.next_attempt_at { dt { "Next attempt due" } dd { (when(due)) } }
                 @if let Some(v) = verification {
                     @let vid = crate::verify::public_id(v.id);

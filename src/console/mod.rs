@@ -68,7 +68,7 @@ pub const LOGIN_COOKIE: &str = "__Host-sendonce_console_login";
 pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-pub fn router() -> Router<SharedState> {
+pub fn router(state: SharedState) -> Router<SharedState> {
     let console = Router::new()
         .route("/", get(home))
         .route("/login", get(login_page).post(login))
@@ -82,9 +82,39 @@ pub fn router() -> Router<SharedState> {
         .route("/console.css", get(stylesheet))
         .fallback(|| async { PageError::NotFound })
         .method_not_allowed_fallback(|| async { PageError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn_with_state(state, error_nav))
         .layer(axum::middleware::from_fn(console_headers))
         .layer(Extension(Arc::new(ConsoleState::default())));
     Router::new().nest("/console", console)
+}
+
+/// What an error page said, kept on its response so that [`error_nav`] can
+/// draw it again with the signed-in navigation.
+#[derive(Clone)]
+struct ErrorPage {
+    title: &'static str,
+    detail: String,
+}
+
+/// An error page keeps the signed-in navigation: a page fails before or
+/// without knowing its session, so it is looked up here, for errors only.
+async fn error_nav(
+    State(state): State<SharedState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let headers = req.headers().clone();
+    let resp = next.run(req).await;
+    let Some(page) = resp.extensions().get::<ErrorPage>().cloned() else {
+        return resp;
+    };
+    let Ok(Some(session)) = current(&state, &headers).await else {
+        return resp;
+    };
+    let (mut parts, _) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let html = pages::error(page.title, &page.detail, Some(&session)).into_string();
+    Response::from_parts(parts, axum::body::Body::from(html))
 }
 
 /// Pages are HTML with the console's policy; nothing is cached.
@@ -173,7 +203,12 @@ impl IntoResponse for PageError {
                 )
             }
         };
-        let mut resp = (status, Html(pages::error(title, &detail).into_string())).into_response();
+        let mut resp = (
+            status,
+            Html(pages::error(title, &detail, None).into_string()),
+        )
+            .into_response();
+        resp.extensions_mut().insert(ErrorPage { title, detail });
         if let PageError::TooManySignIns(wait) = self
             && let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string())
         {

@@ -46,10 +46,10 @@ fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
     }
 }
 
-pub fn error(title: &str, detail: &str) -> Markup {
+pub fn error(title: &str, detail: &str, session: Option<&Session>) -> Markup {
     layout(
         title,
-        None,
+        session,
         html! {
             h1 { (title) }
             p { (detail) }

@@ -919,6 +919,33 @@ async fn the_overview_colours_by_outcome_and_shows_a_total(backend: Backend) {
     assert!(html.contains("Total: <strong>3</strong>"), "{html}");
 }
 
+/// An error page keeps the signed-in navigation (and signed out, none).
+async fn error_pages_keep_the_signed_in_navigation(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let mut b = Browser::new(&app);
+    assert_eq!(b.get("/console/no-such-page").await.status, 404);
+    let signed_out = text(&b.get("/console/no-such-page").await);
+    assert!(!signed_out.contains("Sign out"), "{signed_out}");
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let long = "K".repeat(300);
+    for (path, status) in [
+        ("/console/messages/msg_nothex".to_string(), 404),
+        ("/console/no-such-page".to_string(), 404),
+        (format!("/console/search?q={long}"), 400),
+    ] {
+        let a = b.get(&path).await;
+        assert_eq!(a.status, status, "{path}");
+        let html = text(&a);
+        for needle in [
+            "Sign out",
+            "href=\"/console/overview\"",
+            "href=\"/console/search\"",
+        ] {
+            assert!(html.contains(needle), "{path}: {needle}: {html}");
+        }
+    }
+}
+
 fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
@@ -935,4 +962,5 @@ on_both_backends!(
     the_timeline_shows_webhook_deliveries,
     search_finds_part_of_a_key_a_metadata_value_and_a_national_number,
     the_overview_colours_by_outcome_and_shows_a_total,
+    error_pages_keep_the_signed_in_navigation,
 );

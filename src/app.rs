@@ -241,7 +241,7 @@ impl App {
 
         let router = http::router_with(
             Arc::clone(&self.state),
-            crate::console::router(),
+            crate::console::router(Arc::clone(&self.state)),
             self.metrics_listener.is_none(),
         );
         let metrics_task = self.metrics_listener.map(|listener| {

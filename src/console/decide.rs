@@ -9,6 +9,9 @@ use time::OffsetDateTime;
 use time::macros::format_description;
 use uuid::Uuid;
 
+use super::decide_hooks::webhook_entries;
+pub use super::decide_hooks::webhook_state;
+
 use crate::domain::{MessageId, Status};
 use crate::store::{
     AttemptRow, MessageEvent, MessageRecord, MessageWebhookDelivery, OverviewCounts, ReceiptRow,
@@ -36,6 +39,10 @@ pub struct Query {
     pub key: Option<String>,
     /// `ver_<uuid>`: a verification id.
     pub verification: Option<Uuid>,
+    /// Digits alone (spaces, dashes, dots and parentheses allowed) with no
+    /// `+`: a national-format number, read as `phone` only in the tenant's
+    /// home country.
+    pub national: bool,
 }
 
 /// A message id as shown (`msg_` and 32 hex digits).
@@ -47,9 +54,10 @@ pub fn parse_message_id(s: &str) -> Option<MessageId> {
     Uuid::try_parse(hex).ok().map(MessageId)
 }
 
-/// Reads a search box entry: `None` when it is too long or not text a key
+/// Reads a search box entry, a national-format number in `home_country`
+/// when the tenant has one: `None` when it is too long or not text a key
 /// could be (then it is bad input, a 400).
-pub fn classify(q: &str) -> Option<Query> {
+pub fn classify(q: &str, home_country: Option<&str>) -> Option<Query> {
     let q = q.trim();
     if q.is_empty() || q.len() > MAX_QUERY {
         return None;
@@ -58,7 +66,12 @@ pub fn classify(q: &str) -> Option<Query> {
         .bytes()
         .all(|b| (0x21..=0x7e).contains(&b))
         .then(|| q.to_string());
-    let phone = crate::domain::phone::parse(q).map(|p| p.e164);
+    let national = crate::domain::phone::is_national(q);
+    let phone = crate::domain::phone::parse(q).map(|p| p.e164).or_else(|| {
+        home_country
+            .filter(|_| national)
+            .and_then(|c| crate::domain::phone::national_number(q, c))
+    });
     if key.is_none() && phone.is_none() {
         return None;
     }
@@ -67,6 +80,7 @@ pub fn classify(q: &str) -> Option<Query> {
         phone,
         key,
         verification: crate::verify::parse_id(q),
+        national,
     })
 }
 
@@ -173,7 +187,7 @@ pub fn human(d: Duration) -> String {
     }
 }
 
-fn span(from: OffsetDateTime, to: OffsetDateTime) -> Duration {
+pub(super) fn span(from: OffsetDateTime, to: OffsetDateTime) -> Duration {
     Duration::try_from(to - from).unwrap_or_default()
 }
 
@@ -246,7 +260,12 @@ pub fn timeline(
     }];
     for (i, a) in attempts.iter().enumerate() {
         let reconciled = a.outcome.as_deref() == Some("reconciled");
-        let mut facts = vec![("provider", a.provider.clone())];
+        let opted_out = a.outcome.as_deref() == Some("opted_out");
+        let mut facts = if opted_out {
+            Vec::new()
+        } else {
+            vec![("provider", a.provider.clone())]
+        };
         facts.push((
             "answer",
             a.outcome.clone().unwrap_or_else(|| "no answer yet".into()),
@@ -275,6 +294,8 @@ pub fn timeline(
             },
             title: if reconciled {
                 format!("Reconciled with {} (attempt {})", a.provider, a.number)
+            } else if opted_out {
+                "Not sent: the recipient opted out (no provider was called)".into()
             } else {
                 format!("Attempt {} to {}", a.number, a.provider)
             },
@@ -374,68 +395,6 @@ pub fn timeline(
         out.extend(webhook_entries(d));
     }
     out.sort_by_key(|e| e.at);
-    out
-}
-
-/// Where a webhook delivery stands, as the last line of its entries: when
-/// the next attempt is due, `delivered`, `given up` or `endpoint disabled`.
-pub fn webhook_state(d: &MessageWebhookDelivery) -> String {
-    let gone = d.attempts.last().is_some_and(|a| a.outcome == "gone");
-    match d.status.as_str() {
-        "pending" => match (d.next_attempt_at, d.attempts.len()) {
-            (Some(due), 0) => format!("first attempt due at {}", when(due)),
-            (Some(due), n) => format!("attempt {} due at {}", n + 1, when(due)),
-            (None, _) => "waiting".into(),
-        },
-        "succeeded" => "delivered".into(),
-        "failed" if gone => "endpoint disabled".into(),
-        "failed" => format!(
-            "given up after {} attempt{}",
-            d.attempts.len(),
-            if d.attempts.len() == 1 { "" } else { "s" }
-        ),
-        "canceled" => "endpoint disabled".into(),
-        other => other.to_string(),
-    }
-}
-
-/// A delivery's entries: each attempt, then where it stands.
-fn webhook_entries(d: &MessageWebhookDelivery) -> Vec<Entry> {
-    let mut out = Vec::with_capacity(d.attempts.len() + 1);
-    let about = || vec![("event", d.event_type.clone()), ("endpoint", d.url.clone())];
-    for a in &d.attempts {
-        let mut facts = about();
-        facts.push(("answer", a.outcome.clone()));
-        if let Some(s) = a.http_status {
-            facts.push(("HTTP status", s.to_string()));
-        }
-        if let Some(e) = &a.error {
-            facts.push(("error", e.clone()));
-        }
-        facts.push(("duration", human(span(a.started_at, a.finished_at))));
-        out.push(Entry {
-            at: a.started_at,
-            kind: Kind::Webhook,
-            title: format!("Webhook {} attempt {}", d.event_type, a.number),
-            facts,
-        });
-    }
-    let last = d.attempts.last().map(|a| a.finished_at);
-    let at = match d.status.as_str() {
-        // Waiting: placed after what it waits on.
-        "pending" => last.unwrap_or(d.event_at),
-        _ => last.map_or(d.updated_at, |f| f.max(d.updated_at)),
-    };
-    let mut facts = about();
-    if let (false, Some(r)) = (d.endpoint_enabled, &d.endpoint_disabled_reason) {
-        facts.push(("endpoint disabled", r.clone()));
-    }
-    out.push(Entry {
-        at,
-        kind: Kind::Webhook,
-        title: format!("Webhook {}: {}", d.event_type, webhook_state(d)),
-        facts,
-    });
     out
 }
 

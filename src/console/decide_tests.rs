@@ -93,10 +93,31 @@ fn search_entries_are_read_as_every_kind_they_can_be() {
         ("ümlaut key".into(), None),
     ];
     for (q, want) in cases {
-        let got = classify(&q).map(|c| (c.message_id.is_some(), c.phone, c.key.is_some()));
+        let got = classify(&q, None).map(|c| (c.message_id.is_some(), c.phone, c.key.is_some()));
         let want = want.map(|(m, p, k)| (m, p.map(str::to_string), k));
         assert_eq!(got, want, "{q:?}");
     }
+}
+
+#[test]
+fn national_numbers_are_read_in_the_home_country_only() {
+    let phone = |q: &str, home: Option<&str>| classify(q, home).and_then(|c| c.phone);
+    let cases: [(&str, Option<&str>, Option<&str>); 7] = [
+        ("4155550100", Some("US"), Some("+14155550100")),
+        ("(415) 555-0100", Some("US"), Some("+14155550100")),
+        ("020 7946 0018", Some("GB"), Some("+442079460018")),
+        // Without a home country only international form is a number.
+        ("4155550100", None, None),
+        ("+14155550100", None, Some("+14155550100")),
+        // Not a valid number there, or not digits.
+        ("12345", Some("US"), None),
+        ("ORDER-4155550100", Some("US"), None),
+    ];
+    for (q, home, want) in cases {
+        assert_eq!(phone(q, home).as_deref(), want, "{q:?} in {home:?}");
+    }
+    assert!(classify("4155550100", None).is_some_and(|c| c.national));
+    assert!(classify("ORDER-1", None).is_some_and(|c| !c.national));
 }
 
 #[test]
@@ -289,35 +310,44 @@ fn hook(status: &str, attempts: &[(i64, Option<u16>, &str)]) -> MessageWebhookDe
 }
 
 #[test]
-fn webhook_deliveries_join_the_timeline_with_where_they_stand() {
-    // (delivery, its state line, the entries' kinds after the final status)
-    let cases = [
+fn webhook_deliveries_join_the_timeline_once_each_worded_as_webhooks() {
+    const URL: &str = "https://hooks.example.com/sms";
+    // (delivery, its entries' titles, where it stands on the last one)
+    let cases: [(MessageWebhookDelivery, &[&str], Option<&str>); 6] = [
         (
             hook("pending", &[]),
-            "Webhook message.sent: first attempt due at 2026-12-01 14:07:11 UTC",
+            &[
+                "Webhook to https://hooks.example.com/sms: first attempt due at 2026-12-01 14:07:11 UTC",
+            ],
+            None,
         ),
         (
             hook("pending", &[(0, Some(500), "failed")]),
-            "Webhook message.sent: attempt 2 due at 2026-12-01 14:07:11 UTC",
+            &["Webhook failed: HTTP 500"],
+            Some("attempt 2 due at 2026-12-01 14:07:11 UTC"),
         ),
         (
             hook("succeeded", &[(0, Some(204), "succeeded")]),
-            "Webhook message.sent: delivered",
+            &["Webhook delivered to https://hooks.example.com/sms"],
+            None,
         ),
         (
             hook("failed", &[(0, None, "failed"), (5, Some(503), "failed")]),
-            "Webhook message.sent: given up after 2 attempts",
+            &["Webhook failed: no answer", "Webhook failed: HTTP 503"],
+            Some("given up after 2 attempts"),
         ),
         (
             hook("failed", &[(0, Some(410), "gone")]),
-            "Webhook message.sent: endpoint disabled",
+            &["Webhook failed: HTTP 410"],
+            Some("endpoint disabled"),
         ),
         (
             hook("canceled", &[]),
-            "Webhook message.sent: endpoint disabled",
+            &["Webhook to https://hooks.example.com/sms: endpoint disabled"],
+            None,
         ),
     ];
-    for (d, state) in cases {
+    for (d, titles, then) in cases {
         let mut m = message(Status::Sent);
         m.sent_at = Some(at(3));
         let entries = timeline(
@@ -328,21 +358,24 @@ fn webhook_deliveries_join_the_timeline_with_where_they_stand() {
             std::slice::from_ref(&d),
         );
         let hooks: Vec<&Entry> = entries.iter().filter(|e| e.kind == Kind::Webhook).collect();
-        assert_eq!(hooks.len(), d.attempts.len() + 1, "{state}");
-        // Attempts first, in order, then where the delivery stands, last on the axis.
-        assert_eq!(hooks.last().map(|e| e.title.as_str()), Some(state));
-        assert_eq!(entries.last().map(|e| e.title.as_str()), Some(state));
+        let got: Vec<&str> = hooks.iter().map(|e| e.title.as_str()).collect();
+        // One entry per attempt (none for attempt and result both), in order.
+        assert_eq!(got, titles, "{titles:?}");
+        for e in &hooks {
+            assert!(!e.title.contains("attempt 1"), "{}", e.title);
+            assert!(e.facts.contains(&("endpoint", URL.into())));
+        }
+        let last = hooks.last().unwrap();
+        assert_eq!(entries.last().map(|e| &e.title), Some(&last.title));
+        let stands = last
+            .facts
+            .iter()
+            .find(|(n, _)| *n == "then")
+            .map(|(_, v)| v.as_str());
+        assert_eq!(stands, then, "{titles:?}");
         for (e, a) in hooks.iter().zip(&d.attempts) {
-            assert_eq!(
-                e.title,
-                format!("Webhook message.sent attempt {}", a.number)
-            );
             assert_eq!(e.at, a.started_at);
-            assert!(
-                e.facts
-                    .contains(&("endpoint", "https://hooks.example.com/sms".into()))
-            );
-            assert!(e.facts.contains(&("duration", "250 ms".into())), "{state}");
+            assert!(e.facts.contains(&("duration", "250 ms".into())));
             match a.http_status {
                 Some(s) => assert!(e.facts.contains(&("HTTP status", s.to_string()))),
                 None => assert!(e.facts.contains(&("error", "timed out after 10 s".into()))),
@@ -354,12 +387,21 @@ fn webhook_deliveries_join_the_timeline_with_where_they_stand() {
             .iter()
             .position(|e| e.kind == Kind::Webhook)
             .unwrap();
-        assert!(fin < first_hook, "{state}");
-        let disabled = hooks
-            .last()
-            .is_some_and(|e| e.facts.iter().any(|(n, _)| *n == "endpoint disabled"));
-        assert_eq!(disabled, state.ends_with("endpoint disabled"), "{state}");
+        assert!(fin < first_hook, "{titles:?}");
+        let disabled = last.facts.iter().any(|(n, _)| *n == "endpoint disabled");
+        let gone = d.status == "canceled" || d.attempts.last().is_some_and(|a| a.outcome == "gone");
+        assert_eq!(disabled, gone, "{titles:?}");
     }
+}
+
+#[test]
+fn an_opted_out_message_names_no_provider_call() {
+    let m = message(Status::Failed);
+    let entries = timeline(&m, &[attempt(1, 0, 0, "opted_out")], &[], &[], &[]);
+    let a = entries.iter().find(|e| e.kind == Kind::Attempt).unwrap();
+    assert!(!a.title.contains("Attempt 1 to"), "{}", a.title);
+    assert!(a.title.contains("opted out"), "{}", a.title);
+    assert!(a.facts.iter().all(|(n, _)| *n != "provider"));
 }
 
 #[test]

@@ -33,6 +33,7 @@ use crate::http::SharedState;
 use crate::store::{MessageRecord, MessageSummary, StoreError};
 
 pub mod decide;
+mod decide_hooks;
 #[cfg(test)]
 mod decide_tests;
 mod pages;
@@ -46,6 +47,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 /// A session's last use is written at most this often.
 const TOUCH_EVERY: Duration = Duration::from_secs(60);
+/// How far back a search by part of a key or metadata value looks: a
+/// substring scan, bounded to the tenant, this window and one page.
+const SEARCH_WINDOW: time::Duration = time::Duration::days(30);
+
 /// Messages per page of a search.
 pub const PAGE: u32 = 25;
 /// Opt-outs per page.
@@ -63,7 +68,7 @@ pub const LOGIN_COOKIE: &str = "__Host-sendonce_console_login";
 pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-pub fn router() -> Router<SharedState> {
+pub fn router(state: SharedState) -> Router<SharedState> {
     let console = Router::new()
         .route("/", get(home))
         .route("/login", get(login_page).post(login))
@@ -77,9 +82,39 @@ pub fn router() -> Router<SharedState> {
         .route("/console.css", get(stylesheet))
         .fallback(|| async { PageError::NotFound })
         .method_not_allowed_fallback(|| async { PageError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn_with_state(state, error_nav))
         .layer(axum::middleware::from_fn(console_headers))
         .layer(Extension(Arc::new(ConsoleState::default())));
     Router::new().nest("/console", console)
+}
+
+/// What an error page said, kept on its response so that [`error_nav`] can
+/// draw it again with the signed-in navigation.
+#[derive(Clone)]
+struct ErrorPage {
+    title: &'static str,
+    detail: String,
+}
+
+/// An error page keeps the signed-in navigation: a page fails before or
+/// without knowing its session, so it is looked up here, for errors only.
+async fn error_nav(
+    State(state): State<SharedState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let headers = req.headers().clone();
+    let resp = next.run(req).await;
+    let Some(page) = resp.extensions().get::<ErrorPage>().cloned() else {
+        return resp;
+    };
+    let Ok(Some(session)) = current(&state, &headers).await else {
+        return resp;
+    };
+    let (mut parts, _) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let html = pages::error(page.title, &page.detail, Some(&session)).into_string();
+    Response::from_parts(parts, axum::body::Body::from(html))
 }
 
 /// Pages are HTML with the console's policy; nothing is cached.
@@ -168,7 +203,12 @@ impl IntoResponse for PageError {
                 )
             }
         };
-        let mut resp = (status, Html(pages::error(title, &detail).into_string())).into_response();
+        let mut resp = (
+            status,
+            Html(pages::error(title, &detail, None).into_string()),
+        )
+            .into_response();
+        resp.extensions_mut().insert(ErrorPage { title, detail });
         if let PageError::TooManySignIns(wait) = self
             && let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string())
         {
@@ -209,9 +249,12 @@ async fn search(
     if q.trim().is_empty() {
         return Ok(Html(pages::search(&session, "", None).into_string()).into_response());
     }
-    let Some(kind) = decide::classify(&q) else {
+    let tenant = session.tenant_id;
+    let home = state.store.home_country(tenant).await?;
+    let Some(kind) = decide::classify(&q, home.as_deref()) else {
         return Err(PageError::BadRequest(format!(
-            "Search for a message id (msg_…), an idempotency key, a provider message id or a phone number in international form (+…), at most {} characters.",
+            "{} At most {} characters.",
+            pages::SEARCHABLE,
             decide::MAX_QUERY
         )));
     };
@@ -222,7 +265,6 @@ async fn search(
                 .ok_or_else(|| PageError::BadRequest("That page link is not valid.".into()))?,
         ),
     };
-    let tenant = session.tenant_id;
     if let Some(id) = kind.verification
         && state.store.verification(tenant, id).await?.is_some()
         && before.is_none()
@@ -248,6 +290,16 @@ async fn search(
             .await?
         {
             exact.push(("provider message id", m));
+        }
+        if before.is_none() {
+            let since = state.clock.now() - SEARCH_WINDOW;
+            for m in state
+                .store
+                .search_messages(tenant, key, since, PAGE)
+                .await?
+            {
+                exact.push(("key or metadata contains it", m));
+            }
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -278,6 +330,7 @@ async fn search(
         exact,
         by_phone,
         paged: before.is_some(),
+        national_without_home: kind.national && home.is_none(),
     };
     Ok(Html(pages::search(&session, &q, Some(&results)).into_string()).into_response())
 }

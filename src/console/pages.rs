@@ -46,10 +46,10 @@ fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
     }
 }
 
-pub fn error(title: &str, detail: &str) -> Markup {
+pub fn error(title: &str, detail: &str, session: Option<&Session>) -> Markup {
     layout(
         title,
-        None,
+        session,
         html! {
             h1 { (title) }
             p { (detail) }
@@ -81,7 +81,7 @@ pub fn login(token: &str, error: Option<&str>) -> Markup {
 fn search_form(q: &str) -> Markup {
     html! {
         form method="get" action="/console/search" role="search" {
-            label for="q" { "Idempotency key, message id, provider message id or phone number" }
+            label for="q" { "Idempotency key or part of one, metadata value, message id, verification id, provider message id or phone number" }
             div.row {
                 input #q type="search" name="q" value=(q) maxlength="255";
                 button.primary type="submit" { "Find" }
@@ -126,7 +126,14 @@ pub struct Results {
     pub by_phone: Option<(String, Vec<MessageSummary>, Option<String>)>,
     /// This is not the first page.
     pub paged: bool,
+    /// The entry was a national-format number and the tenant has no home
+    /// country to read it in.
+    pub national_without_home: bool,
 }
+
+/// What the search box finds, said when nothing matched or the entry was
+/// unreadable.
+pub const SEARCHABLE: &str = "Search by part of an idempotency key or of a metadata value (any case, messages of the last 30 days), a message id (msg_…), a verification id (ver_…), a provider message id, or a phone number in international form (+…), or in national form once the account has a home country.";
 
 pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
     layout(
@@ -168,6 +175,14 @@ pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
                 }
                 @if r.exact.is_empty() && r.by_phone.is_none() {
                     p role="status" { "Nothing matched “" (q) "”." }
+                    p.muted { (SEARCHABLE) }
+                    @if r.national_without_home {
+                        p.muted {
+                            "“" (q) "” looks like a national number, but this account has no home country to read it in: search in international form (+…), or set one with "
+                            code { "sendonce tenant home-country NAME CC" }
+                            " (e.g. US)."
+                        }
+                    }
                 }
             }
         },
@@ -198,6 +213,7 @@ pub fn timeline(
                 @if let Some(p) = &m.provider_message_id { dt { "Provider message id" } dd { code { (p) } } }
                 dt { "Attempts" } dd { (m.attempts) }
                 dt { "Created" } dd { (when(m.created_at)) }
+                @for (k, v) in &m.metadata { dt { "Metadata " code { (k) } } dd { (v) } }
                 @if let Some(due) = m.next_attempt_at { dt { "Next attempt due" } dd { (when(due)) } }
                 @if let Some(v) = verification {
                     @let vid = crate::verify::public_id(v.id);
@@ -254,13 +270,16 @@ pub fn timeline(
     )
 }
 
-/// Colours of the chart's bars by status (readable on white).
-fn bar_colour(status: &str) -> &'static str {
+/// The tone of a status's bar and its colour (readable on white): only
+/// the outcomes that went wrong are red; waiting or withdrawn ones
+/// (`scheduled`, `canceled`) are grey, in-flight ones blue.
+fn bar_tone(status: &str) -> (&'static str, &'static str) {
     match status {
-        "delivered" | "sent" => "#116329",
-        "processing" => "#0b5cad",
-        "unknown" => "#6b4a00",
-        _ => "#a40e26",
+        "delivered" | "sent" => ("good", "#116329"),
+        "processing" => ("info", "#0b5cad"),
+        "unknown" => ("warn", "#6b4a00"),
+        "failed" | "undelivered" => ("bad", "#a40e26"),
+        _ => ("neutral", "#57606a"),
     }
 }
 
@@ -283,7 +302,8 @@ fn chart(totals: &BTreeMap<String, i64>) -> Markup {
                 @let y = i * row + 4;
                 @let w = (n * 300 / max).max(1);
                 text x="0" y=(y + 17) font-size="14" fill="#1b1f24" { (s) }
-                rect x="110" y=(y + 3) width=(w) height="18" fill=(bar_colour(s)) {}
+                @let (tone, colour) = bar_tone(s);
+                rect class={"bar bar-" (tone)} x="110" y=(y + 3) width=(w) height="18" fill=(colour) {}
                 text x=(115 + w) y=(y + 17) font-size="14" fill="#1b1f24" { (n) }
             }
         }
@@ -297,13 +317,16 @@ pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> M
         *totals.entry(s.clone()).or_default() += n;
         *providers.entry(p).or_default().entry(s).or_default() += n;
     }
+    let total: i64 = totals.values().sum();
     let statuses = [
+        "scheduled",
         "processing",
         "sent",
         "delivered",
         "undelivered",
         "failed",
         "unknown",
+        "canceled",
     ];
     let oldest = c
         .oldest_processing
@@ -321,16 +344,17 @@ pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> M
             @if totals.is_empty() {
                 p { "No messages in the last 24 hours." }
             } @else {
+                p.total { "Total: " strong { (total) } }
                 (chart(&totals))
             }
             h2 { "By provider" }
             div.table-wrap {
                 table {
                     caption.visually-hidden { "Messages in the last 24 hours by provider and status" }
-                    thead { tr { th scope="col" { "Provider" } @for s in statuses { th scope="col" { (s) } } } }
+                    thead { tr { th scope="col" { "Provider" } @for s in statuses { th scope="col" { (s) } } th scope="col" { "Total" } } }
                     tbody {
                         @for (p, by) in &providers {
-                            tr { th scope="row" { (p) } @for s in statuses { td { (by.get(s).copied().unwrap_or(0)) } } }
+                            tr { th scope="row" { (p) } @for s in statuses { td { (by.get(s).copied().unwrap_or(0)) } } td { (by.values().sum::<i64>()) } }
                         }
                     }
                 }

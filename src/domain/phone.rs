@@ -97,6 +97,27 @@ pub fn parse(input: &str) -> Option<ParsedPhone> {
     Some(ParsedPhone { e164, country })
 }
 
+/// A number in national format (`4155550100`, `(415) 555-0100`) read in
+/// `country` (ISO 3166 alpha-2), as E.164, if it is a valid number there.
+pub fn national_number(q: &str, country: &str) -> Option<String> {
+    let q = q.trim();
+    if !is_national(q) {
+        return None;
+    }
+    let id: phonenumber::country::Id = country.parse().ok()?;
+    let number = phonenumber::parse(Some(id), q).ok()?;
+    phonenumber::is_valid(&number)
+        .then(|| number.format().mode(phonenumber::Mode::E164).to_string())
+}
+
+/// Digits alone (at least six; spaces, dashes, dots and parentheses
+/// allowed) with no `+`: what a number in national format looks like.
+pub fn is_national(q: &str) -> bool {
+    q.bytes().filter(u8::is_ascii_digit).count() >= 6
+        && q.bytes()
+            .all(|b| b.is_ascii_digit() || matches!(b, b' ' | b'-' | b'.' | b'(' | b')'))
+}
+
 /// The number without its last four digits: numbers sharing it are usually
 /// one range, the unit SMS-pumping fraud works in.
 pub fn prefix_of(e164: &str) -> String {

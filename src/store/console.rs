@@ -163,4 +163,17 @@ pub trait ConsoleStore: Send + Sync {
         after: Option<&str>,
         limit: u32,
     ) -> Result<Vec<OptOut>, StoreError>;
+    /// A tenant's messages created since `since` whose idempotency key or
+    /// one of whose metadata values contains `needle`, any case, newest
+    /// first, at most `limit`. A substring scan: bounded by the tenant, the
+    /// window and the limit.
+    async fn search_messages(
+        &self,
+        tenant_id: Uuid,
+        needle: &str,
+        since: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<MessageSummary>, StoreError>;
+    /// The tenant's home country (ISO 3166 alpha-2), if set.
+    async fn home_country(&self, tenant_id: Uuid) -> Result<Option<String>, StoreError>;
 }

@@ -700,25 +700,24 @@ async fn the_timeline_shows_webhook_deliveries(backend: Backend) {
     assert_eq!(b.sign_in(&app.api_key).await.status, 303);
     let timeline = format!("/console/messages/{id}");
     let needles = [
-        "Webhook deliveries",
-        ok.as_str(),
-        busy.as_str(),
-        gone.as_str(),
-        "Webhook message.sent attempt 1",
-        "Webhook message.sent: delivered",
-        "Webhook message.delivered: delivered",
-        "<dd>500</dd>",
-        "<dd>410</dd>",
-        "Webhook message.sent: endpoint disabled",
-        "<dt>duration</dt>",
+        "Webhook deliveries".to_string(),
+        ok.clone(),
+        busy.clone(),
+        gone.clone(),
+        format!("Webhook delivered to {ok}"),
+        "<dd>message.delivered</dd>".into(),
+        "Webhook failed: HTTP 500".into(),
+        "Webhook failed: HTTP 410".into(),
+        "<dt>then</dt><dd>endpoint disabled</dd>".into(),
+        "<dt>duration</dt>".into(),
     ];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let html = loop {
         let page = b.get(&timeline).await;
         assert_eq!(page.status, 200);
         let html = text(&page);
-        let due = html.contains("Webhook message.sent: attempt ") && html.contains(" due at ");
-        if due && needles.iter().all(|n| html.contains(n)) {
+        let due = html.contains("<dt>then</dt><dd>attempt ") && html.contains(" due at ");
+        if due && needles.iter().all(|n| html.contains(n.as_str())) {
             break html;
         }
         assert!(
@@ -726,17 +725,17 @@ async fn the_timeline_shows_webhook_deliveries(backend: Backend) {
             "the timeline never showed every delivery: missing {:?} (retry due shown: {due})",
             needles
                 .iter()
-                .filter(|n| !html.contains(*n))
+                .filter(|n| !html.contains(n.as_str()))
                 .collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     // Delivery entries come after the final status they report.
     let fin = html.find("Final status: sent").expect("final status");
-    let first = html
-        .find("Webhook message.sent attempt 1")
-        .expect("an attempt");
+    let first = html.find("Webhook delivered to").expect("an attempt");
     assert!(fin < first, "the axis puts the status before its webhook");
+    // Each attempt once, worded as a webhook: no separate result entry.
+    assert!(!html.contains("Webhook message.sent"), "{html}");
     // The 500 endpoint's delivery waits for a retry: the overview counts it.
     let overview = text(&b.get("/console/overview").await);
     let label = "<dt>Webhook deliveries waiting for a retry</dt><dd>";
@@ -781,6 +780,172 @@ async fn the_timeline_shows_webhook_deliveries(backend: Backend) {
     assert_eq!(o.get(&timeline).await.status, 404);
 }
 
+/// Agents know order numbers, not keys: part of a key, any case, a
+/// metadata value and a national-format number (in the home country only)
+/// find a message; nothing found says what can be searched.
+async fn search_finds_part_of_a_key_a_metadata_value_and_a_national_number(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let mut with_meta = sms("+14155550100", "Order 92840 confirmed");
+    with_meta["metadata"] = serde_json::json!({ "crm_ticket": "TCK-7731", "shop": "north" });
+    assert_eq!(
+        app.post("ORDER-92840-CONFIRMATION-SMS", &with_meta)
+            .await
+            .status,
+        201
+    );
+    app.wait_for_status("ORDER-92840-CONFIRMATION-SMS", "sent")
+        .await;
+    // A key with LIKE's wildcards in it: they are taken literally.
+    assert_eq!(
+        app.post("ORDER-5_0%-SMS", &sms("+14155550101", "Order 50 confirmed"))
+            .await
+            .status,
+        201
+    );
+    let timeline = format!(
+        "/console/messages/{}",
+        app.get("/messages/ORDER-92840-CONFIRMATION-SMS")
+            .await
+            .json()["id"]
+            .as_str()
+            .unwrap()
+    );
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let page = text(&b.get(&timeline).await);
+    assert!(
+        page.contains("crm_ticket") && page.contains("TCK-7731"),
+        "metadata shown: {page}"
+    );
+    let label = text(&b.get("/console/search").await);
+    assert!(label.contains("verification id"), "{label}");
+    for q in [
+        "ORDER-92840",
+        "order-92840-confirmation-sms",
+        "92840-conf",
+        "tck-7731",
+    ] {
+        let a = b.get(&format!("/console/search?q={}", enc(q))).await;
+        assert_eq!((a.status, location(&a)), (303, timeline.as_str()), "{q}");
+    }
+    // Both messages' keys start with ORDER-: a list, not a redirect.
+    let both = b.get("/console/search?q=order-").await;
+    assert_eq!(both.status, 200);
+    let html = text(&both);
+    assert!(
+        html.contains("ORDER-92840-CONFIRMATION-SMS") && html.contains("ORDER-5_0%-SMS"),
+        "{html}"
+    );
+    // `%` and `_` match themselves only.
+    let a = b.get(&format!("/console/search?q={}", enc("5_0%"))).await;
+    assert_eq!(a.status, 303, "{}", text(&a));
+    let none = text(&b.get("/console/search?q=ORDER-9_840").await);
+    assert!(none.contains("Nothing matched"), "{none}");
+    // A national number without a home country: nothing, and how to set one.
+    let nothing = text(&b.get("/console/search?q=4155550100").await);
+    assert!(nothing.contains("Nothing matched"), "{nothing}");
+    assert!(nothing.contains("verification id (ver_"), "{nothing}");
+    assert!(
+        nothing.contains("sendonce tenant home-country"),
+        "{nothing}"
+    );
+    // With one, it is read there.
+    assert_eq!(
+        app.db
+            .count("UPDATE tenants SET home_country = 'US' RETURNING CAST(1 AS BIGINT)")
+            .await,
+        1
+    );
+    let found = b.get("/console/search?q=%28415%29%20555-0100").await;
+    assert_eq!(found.status, 200);
+    let html = text(&found);
+    assert!(html.contains("Recent messages to +14155550100"), "{html}");
+    assert!(html.contains("ORDER-92840-CONFIRMATION-SMS"), "{html}");
+    // Another tenant's search finds none of it.
+    let other = spawn_with(TestOptions {
+        backend,
+        database: Some(app.database.clone()),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut o = Browser::new(&other);
+    assert_eq!(o.sign_in(&other.api_key).await.status, 303);
+    assert!(text(&o.get("/console/search?q=order-92840").await).contains("Nothing matched"));
+}
+
+/// Waiting and withdrawn messages are not drawn red like failed ones, and
+/// the status summary has a total.
+async fn the_overview_colours_by_outcome_and_shows_a_total(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let later = app.clock.now() + time::Duration::hours(2);
+    let at = later
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    for key in ["LATER-1", "LATER-2"] {
+        let body = serde_json::json!({ "to": "+14155550100", "body": "Later", "send_at": at });
+        assert_eq!(app.post(key, &body).await.status, 202, "{key}");
+    }
+    let cancel = app
+        .request(reqwest::Method::POST, "/messages/LATER-2/cancel")
+        .bearer_auth(&app.api_key);
+    assert_eq!(cancel.send().await.unwrap().status(), 200);
+    app.mock.push([testkit::mock_provider::Behaviour::Fail {
+        status: 400,
+        body: serde_json::json!({ "error": "invalid number" }),
+        retry_after: None,
+    }]);
+    app.post("NOW-FAILS", &sms("+14155550100", "Now")).await;
+    app.wait_for_status("NOW-FAILS", "failed").await;
+
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let html = text(&b.get("/console/overview").await);
+    let bar = |status: &str| {
+        let at = html
+            .find(&format!(">{status}</text>"))
+            .unwrap_or_else(|| panic!("{status} bar: {html}"));
+        let rect = &html[at..];
+        let rect = &rect[rect.find("<rect").unwrap()..];
+        rect[..rect.find('>').unwrap()].to_string()
+    };
+    for s in ["scheduled", "canceled"] {
+        let r = bar(s);
+        assert!(
+            r.contains("bar-neutral") && !r.contains("#a40e26"),
+            "{s}: {r}"
+        );
+    }
+    assert!(bar("failed").contains("bar-bad"), "{}", bar("failed"));
+    assert!(html.contains("Total: <strong>3</strong>"), "{html}");
+}
+
+/// An error page keeps the signed-in navigation (and signed out, none).
+async fn error_pages_keep_the_signed_in_navigation(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let mut b = Browser::new(&app);
+    assert_eq!(b.get("/console/no-such-page").await.status, 404);
+    let signed_out = text(&b.get("/console/no-such-page").await);
+    assert!(!signed_out.contains("Sign out"), "{signed_out}");
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let long = "K".repeat(300);
+    for (path, status) in [
+        ("/console/messages/msg_nothex".to_string(), 404),
+        ("/console/no-such-page".to_string(), 404),
+        (format!("/console/search?q={long}"), 400),
+    ] {
+        let a = b.get(&path).await;
+        assert_eq!(a.status, status, "{path}");
+        let html = text(&a);
+        for needle in [
+            "Sign out",
+            "href=\"/console/overview\"",
+            "href=\"/console/search\"",
+        ] {
+            assert!(html.contains(needle), "{path}: {needle}: {html}");
+        }
+    }
+}
+
 fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
@@ -795,4 +960,7 @@ on_both_backends!(
     failed_sign_ins_are_rate_limited,
     a_verification_and_its_sealed_message_show_no_code,
     the_timeline_shows_webhook_deliveries,
+    search_finds_part_of_a_key_a_metadata_value_and_a_national_number,
+    the_overview_colours_by_outcome_and_shows_a_total,
+    error_pages_keep_the_signed_in_navigation,
 );

@@ -114,7 +114,37 @@ const SEARCH_OPT_OUTS: &str = "SELECT number, source, created_at, added_by FROM 
      WHERE tenant_id = $1 AND substr(number, 1, length($2)) = $2 \
      AND ($3 IS NULL OR number > $3) ORDER BY number LIMIT $4";
 
+/// `needle` as a LIKE pattern matching it anywhere, lower case, with `\\`,
+/// `%` and `_` taken literally.
+fn contains_pattern(needle: &str) -> String {
+    let mut p = String::with_capacity(needle.len() + 2);
+    p.push('%');
+    for c in needle.to_lowercase().chars() {
+        if matches!(c, '\\' | '%' | '_') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push('%');
+    p
+}
+
+const HOME_COUNTRY: &str = "SELECT home_country FROM tenants WHERE id = $1";
+
 per_backend! {
+    /// Part of a key or of a metadata value, any case, in the tenant's
+    /// recent messages (see [`ConsoleStore::search_messages`]).
+    const SEARCH_MESSAGES: &str = concat!(
+        "SELECT ",
+        summary_columns!(),
+        " FROM messages WHERE tenant_id = $1 AND created_at >= $3 \
+         AND (lower(idempotency_key) LIKE $2 ESCAPE '\\' \
+         OR EXISTS (SELECT 1 FROM ",
+        json_values!(),
+        " j WHERE lower(CAST(j.value AS TEXT)) LIKE $2 ESCAPE '\\')) \
+         ORDER BY created_at DESC, id DESC LIMIT $4"
+    );
+
     #[async_trait]
     impl ConsoleStore for Driver {
         async fn create_session(
@@ -313,6 +343,31 @@ per_backend! {
                 .fetch_all(self.pool())
                 .await?;
             Ok(rows.into_iter().map(OptOut::from).collect())
+        }
+
+        async fn search_messages(
+            &self,
+            tenant_id: Uuid,
+            needle: &str,
+            since: OffsetDateTime,
+            limit: u32,
+        ) -> Result<Vec<MessageSummary>, StoreError> {
+            let rows: Vec<SummaryRow> = sqlx::query_as(SEARCH_MESSAGES)
+                .bind(tenant_id)
+                .bind(contains_pattern(needle))
+                .bind(db(since))
+                .bind(i64::from(limit))
+                .fetch_all(self.pool())
+                .await?;
+            Ok(rows.into_iter().map(MessageSummary::from).collect())
+        }
+
+        async fn home_country(&self, tenant_id: Uuid) -> Result<Option<String>, StoreError> {
+            let c: Option<Option<String>> = sqlx::query_scalar(HOME_COUNTRY)
+                .bind(tenant_id)
+                .fetch_optional(self.pool())
+                .await?;
+            Ok(c.flatten())
         }
     }
 }

@@ -60,6 +60,7 @@ macro_rules! per_backend {
             macro_rules! greatest { () => { "GREATEST" } }
             macro_rules! for_update { () => { " FOR UPDATE" } }
             macro_rules! skip_locked { () => { " FOR UPDATE SKIP LOCKED" } }
+            macro_rules! json_values { () => { "jsonb_each_text(metadata)" } }
             $($body)*
         }
         /// The items above, on SQLite.
@@ -74,6 +75,7 @@ macro_rules! per_backend {
             macro_rules! greatest { () => { "max" } }
             macro_rules! for_update { () => { "" } }
             macro_rules! skip_locked { () => { "" } }
+            macro_rules! json_values { () => { "json_each(metadata)" } }
             $($body)*
         }
     };

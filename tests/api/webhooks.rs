@@ -276,6 +276,15 @@ async fn the_feed_pages_in_order_with_a_cursor(backend: Backend) {
     for key in ["F-1", "F-2", "F-3"] {
         app.send_ok(key).await;
     }
+    // On Postgres a committed event shows once every older transaction has
+    // ended (other tests' included): page only once all three are visible,
+    // or the first page can rightly be the last one seen so far.
+    eventually("the three events in the feed", || async {
+        let a = app.get("/events?limit=10").await;
+        let all = a.json()["data"].as_array().is_some_and(|d| d.len() == 3);
+        (a.status == 200 && all).then_some(())
+    })
+    .await;
     let (page1, c1) = app.feed_n(None, 2).await;
     assert_eq!(page1.len(), 2);
     assert!(c1.is_some(), "a full page has a next cursor");

@@ -1,7 +1,7 @@
 //! A message's webhook deliveries as timeline entries (pure, with
 //! [`super::decide`]'s table tests).
 
-use super::decide::{Entry, Kind, human, span, when};
+use super::entry::{Entry, Kind, human, span, when};
 use crate::store::MessageWebhookDelivery;
 
 /// Where a webhook delivery stands, as the last line of its entries: when

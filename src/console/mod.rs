@@ -36,6 +36,7 @@ pub mod decide;
 mod decide_hooks;
 #[cfg(test)]
 mod decide_tests;
+mod entry;
 mod pages;
 mod session;
 

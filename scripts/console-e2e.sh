@@ -36,12 +36,27 @@ DATABASE_URL=$db SENDONCE_LISTEN=127.0.0.1:$port SENDONCE_BOOTSTRAP_API_KEY=$key
 SENDONCE_PROVIDER=http SENDONCE_HTTP_PROVIDER_URL=http://127.0.0.1:$mock_port/messages \
 SENDONCE_RECEIPT_SECRET=$secret SENDONCE_RETRY_BASE_MS=50 SENDONCE_RETRY_CAP_MS=200 \
 SENDONCE_RETRY_MAX_ATTEMPTS=10 SENDONCE_RATE_NUMBER_PER_HOUR=0 SENDONCE_RATE_PREFIX_PER_HOUR=0 \
-SENDONCE_VERIFY_STARTS_PER_PREFIX_PER_HOUR=0 \
+SENDONCE_VERIFY_STARTS_PER_PREFIX_PER_HOUR=0 SENDONCE_WEBHOOK_ALLOW_PRIVATE=true \
 RUST_LOG=warn target/debug/sendonce >"$work/server.log" 2>&1 &
 pids+=($!)
 base=http://127.0.0.1:$port
 for _ in $(seq 200); do curl -fs "$base/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 curl -fs "$base/readyz" >/dev/null || { cat "$work/server.log" >&2; exit 1; }
+# A webhook endpoint with a long URL (the timeline's webhook table must fit
+# a phone): a receiver that answers 204 to every event.
+hook_port=$(free_port)
+python3 -c '
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(204); self.end_headers()
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+' "$hook_port" &
+pids+=($!)
+curl -fs -o /dev/null "$base/webhook-endpoints" -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+    -d "{\"url\":\"http://127.0.0.1:$hook_port/hooks/sendonce/order-confirmations/events-for-the-support-team\"}"
 # A second tenant, for the isolation check.
 key2=$(DATABASE_URL=$db target/debug/sendonce tenant create "e2e-second-$RANDOM")
 

@@ -225,7 +225,7 @@ pub fn timeline(
             @if !webhooks.is_empty() {
                 h2 { "Webhook deliveries" }
                 div.table-wrap {
-                    table {
+                    table.stack {
                         caption.visually-hidden { "Webhook deliveries of this message" }
                         thead {
                             tr {
@@ -238,10 +238,10 @@ pub fn timeline(
                         tbody {
                             @for d in webhooks {
                                 tr {
-                                    td { code { (d.event_type) } }
-                                    td { (d.url) }
-                                    td { (d.attempts.len()) }
-                                    td { (decide::webhook_state(d)) }
+                                    td data-label="Event" { code { (d.event_type) } }
+                                    td data-label="Endpoint" { (d.url) }
+                                    td data-label="Attempts" { (d.attempts.len()) }
+                                    td data-label="State" { (decide::webhook_state(d)) }
                                 }
                             }
                         }

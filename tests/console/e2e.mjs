@@ -76,6 +76,21 @@ try {
   // of a timeline, small.
   await page.setViewportSize({ width: 900, height: 640 });
   await page.screenshot({ path: `${SHOTS}/readme-timeline.png` });
+  // On a phone (390 px wide) the timeline, webhook table included, fits:
+  // nothing scrolls sideways, neither the page nor the table's wrapper.
+  await page.setViewportSize({ width: 390, height: 844 });
+  check(body.includes('Webhook deliveries'), 'the timeline lists webhook deliveries');
+  const fit = await page.evaluate(() => {
+    const wrap = [...document.querySelectorAll('.table-wrap')].find((w) => w.textContent.includes('/hooks/'));
+    return {
+      page: document.documentElement.scrollWidth,
+      view: window.innerWidth,
+      table: wrap ? wrap.scrollWidth - wrap.clientWidth : -1,
+    };
+  });
+  check(fit.page <= fit.view, `at 390 px the timeline does not scroll sideways (${fit.page} <= ${fit.view})`);
+  check(fit.table === 0, `at 390 px the webhook table fits its column (overflow ${fit.table} px)`);
+  await inspect(page, '03-timeline-390px');
   await page.setViewportSize({ width: 1100, height: 800 });
 
   // Search a phone number: its messages, newest first.

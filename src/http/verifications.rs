@@ -25,17 +25,12 @@ use uuid::Uuid;
 
 use super::input::{idempotency_key, json_body, optional_idempotency_key, request_rate};
 use super::{Authenticated, SharedState, Tenant};
-use crate::domain::{FieldError, segments};
+use crate::domain::FieldError;
 use crate::error::ApiError;
 use crate::send::{Checked, Resent};
-use crate::store::{
-    NewVerification, StartOutcome, StartPolicy, StoredResponse, VerificationRecord,
-};
-use crate::verify::decide::{self, PausePolicy};
-use crate::verify::{
-    SentMessage, StartRequest, VerificationOut, crypto, parse_check, parse_id, public_id,
-    send_message,
-};
+use crate::store::{StartOutcome, StoredResponse, VerificationRecord};
+use crate::verify::decide;
+use crate::verify::{SentMessage, StartRequest, VerificationOut, parse_check, parse_id, public_id};
 
 pub fn router() -> Router<SharedState> {
     Router::new()
@@ -98,75 +93,10 @@ async fn create(
     let key = idempotency_key(&headers)?;
     let body = json_body(&state, &headers, body, super::BODY_LIMIT).await?;
     let request = StartRequest::parse(&body).map_err(bad_body)?;
-    let mut errors: Vec<FieldError> =
-        crate::send::country_refused(&tenant, request.country.as_deref())
-            .into_iter()
-            .collect();
-    let longest = "9".repeat(usize::try_from(request.code_length).unwrap_or(10));
-    let sample = crate::verify::render(request.template.as_deref(), &longest);
-    if segments::count(&sample).segments > state.max_segments {
-        errors.push(FieldError {
-            field: "template".into(),
-            message: format!("takes more than {} SMS segments", state.max_segments),
-        });
-    }
-    if !errors.is_empty() {
-        return Err(ApiError::Validation(errors));
-    }
-    let verify = &state.verify;
-    let keys = verify.secret.keys().await?;
-    let now = state.clock.now();
-    let id = Uuid::now_v7();
-    let code = crypto::generate_code(request.code_length);
-    let new = NewVerification {
-        id,
-        tenant_id: tenant.id,
-        idempotency_key: key.to_string(),
-        fingerprint: request.fingerprint(),
-        to: request.to.to_string(),
-        country: request.country.clone(),
-        prefix: crate::ratelimit::prefix_of(request.to.as_str()),
-        code_length: request.code_length,
-        code_mac: keys.code_mac(id, &code).to_vec(),
-        code_sealed: keys.seal(id.as_bytes(), code.as_bytes()),
-        template: request.template.clone(),
-        checks_remaining: verify.settings.max_checks,
-        created_at: now,
-        expires_at: now + time::Duration::seconds(i64::from(request.ttl_seconds)),
-    };
-    let mut first = VerificationRecord::started(&new);
-    first.sends = 0;
-    let deliverer = &state.deliverer;
-    let message = send_message(
-        &keys,
-        &first,
-        1,
-        &code,
-        &deliverer.first_route(None),
-        deliverer.settings().retry.deadline,
-        now,
-    )
-    .ok_or_else(|| ApiError::Internal("a parsed number is not E.164".into()))?;
-    drop(code);
-    let policy = StartPolicy {
-        refused_here: None,
-        number_per_hour: verify.number_per_hour,
-        prefix_per_hour: verify.prefix_per_hour,
-        pause: PausePolicy {
-            min_starts: verify.settings.pause_min_starts,
-            min_approval_percent: verify.settings.pause_min_approval_percent,
-        },
-        country_pause: PausePolicy {
-            min_starts: verify.settings.pause_country_min_starts,
-            min_approval_percent: verify.settings.pause_min_approval_percent,
-        },
-        pause_window: verify.settings.pause_window,
-        pause_for: verify.settings.pause_duration,
-    };
     let country = request.country.as_deref();
-    let outcome = state
+    let (outcome, now) = state
         .sends
-        .start_verification(&new, &message, policy)
+        .begin_verification(&state.verify, &tenant, &key.to_string(), &request)
         .await?;
     match outcome {
         StartOutcome::Created {
@@ -178,15 +108,17 @@ async fn create(
             let out = VerificationOut::of(
                 &verification,
                 vec![SentMessage::of(&message, &verification)],
-                &verify.settings,
+                &state.verify.settings,
                 now,
             );
-            Ok(respond(StatusCode::CREATED, out.to_json(), id, false))
+            Ok(respond(
+                StatusCode::CREATED,
+                out.to_json(),
+                verification.id,
+                false,
+            ))
         }
         StartOutcome::Existing(v) => {
-            if v.fingerprint != new.fingerprint {
-                return Err(ApiError::KeyReused);
-            }
             let body = resource(&state, &v).await?;
             Ok(respond(StatusCode::CREATED, body, v.id, true))
         }

@@ -14,14 +14,18 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::Sends;
-use crate::domain::Recipient;
+use crate::domain::{FieldError, Recipient, segments};
 use crate::error::ApiError;
+use crate::store::TenantAuth;
 use crate::store::{
     Changed, NewMessage, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy, StoreError,
     StoredOp, StoredResponse, VerificationRecord, send_key,
 };
-use crate::verify::decide::{self, VerificationStatus};
-use crate::verify::{Keys, SentMessage, VerificationOut, VerifySettings, next_send};
+use crate::verify::decide::{self, PausePolicy, VerificationStatus};
+use crate::verify::{
+    Keys, SentMessage, StartRequest, VerificationOut, Verifier, VerifySettings, crypto, next_send,
+    send_message,
+};
 
 /// How many times a check or a resend reads, decides and tries its fenced
 /// write before giving up (503). Each failed try means another change was
@@ -78,6 +82,93 @@ impl Sends {
             }
         }
         Ok(out)
+    }
+
+    /// Builds and starts the verification `request` asks for under `key`:
+    /// checks it against the tenant's countries and the segment limit, makes
+    /// its id and its code (generated here, kept only as a MAC and sealed,
+    /// dropped before the store is called), its first message and the abuse
+    /// policy, then starts it ([`Sends::start_verification`]). A replay with
+    /// another request under the key is refused (`KeyReused`). Answers the
+    /// outcome and the time the verification was made at.
+    pub async fn begin_verification(
+        &self,
+        verifier: &Verifier,
+        tenant: &TenantAuth,
+        key: &str,
+        request: &StartRequest,
+    ) -> Result<(StartOutcome, OffsetDateTime), ApiError> {
+        let mut errors: Vec<FieldError> =
+            super::country_refused(tenant, request.country.as_deref())
+                .into_iter()
+                .collect();
+        let longest = "9".repeat(usize::try_from(request.code_length).unwrap_or(10));
+        let sample = crate::verify::render(request.template.as_deref(), &longest);
+        if segments::count(&sample).segments > self.max_segments {
+            errors.push(FieldError {
+                field: "template".into(),
+                message: format!("takes more than {} SMS segments", self.max_segments),
+            });
+        }
+        if !errors.is_empty() {
+            return Err(ApiError::Validation(errors));
+        }
+        let settings = &verifier.settings;
+        let keys = verifier.secret.keys().await?;
+        let now = self.clock.now();
+        let id = Uuid::now_v7();
+        let code = crypto::generate_code(request.code_length);
+        let new = NewVerification {
+            id,
+            tenant_id: tenant.id,
+            idempotency_key: key.to_string(),
+            fingerprint: request.fingerprint(),
+            to: request.to.to_string(),
+            country: request.country.clone(),
+            prefix: crate::ratelimit::prefix_of(request.to.as_str()),
+            code_length: request.code_length,
+            code_mac: keys.code_mac(id, &code).to_vec(),
+            code_sealed: keys.seal(id.as_bytes(), code.as_bytes()),
+            template: request.template.clone(),
+            checks_remaining: settings.max_checks,
+            created_at: now,
+            expires_at: now + time::Duration::seconds(i64::from(request.ttl_seconds)),
+        };
+        let mut first = VerificationRecord::started(&new);
+        first.sends = 0;
+        let message = send_message(
+            &keys,
+            &first,
+            1,
+            &code,
+            &self.deliverer.first_route(None),
+            self.deliverer.settings().retry.deadline,
+            now,
+        )
+        .ok_or_else(|| ApiError::Internal("a parsed number is not E.164".into()))?;
+        drop(code);
+        let policy = StartPolicy {
+            refused_here: None,
+            number_per_hour: verifier.number_per_hour,
+            prefix_per_hour: verifier.prefix_per_hour,
+            pause: PausePolicy {
+                min_starts: settings.pause_min_starts,
+                min_approval_percent: settings.pause_min_approval_percent,
+            },
+            country_pause: PausePolicy {
+                min_starts: settings.pause_country_min_starts,
+                min_approval_percent: settings.pause_min_approval_percent,
+            },
+            pause_window: settings.pause_window,
+            pause_for: settings.pause_duration,
+        };
+        let outcome = self.start_verification(&new, &message, policy).await?;
+        if let StartOutcome::Existing(v) = &outcome
+            && v.fingerprint != new.fingerprint
+        {
+            return Err(ApiError::KeyReused);
+        }
+        Ok((outcome, now))
     }
 
     /// Starts verification `new` with its first message (`message`) under

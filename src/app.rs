@@ -146,7 +146,6 @@ impl App {
             deliverer,
             wait: settings.server.wait.clone(),
             limiter,
-            max_segments: settings.limits.max_segments,
             body_read_timeout: settings.server.body_read_timeout,
             receipts: http::receipts::ReceiptSettings {
                 public_url: settings.server.public_url.clone(),

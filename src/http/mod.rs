@@ -48,8 +48,6 @@ pub struct AppState {
     pub limiter: Arc<RateLimiter>,
     /// The send protocol (`POST /messages`, batch items).
     pub sends: crate::send::Sends,
-    /// Most SMS segments one message may take.
-    pub max_segments: u32,
     /// The whole request body must arrive within this.
     pub body_read_timeout: Duration,
     /// Every adapter's receipt endpoint, and this service's public URL.

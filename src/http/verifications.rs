@@ -96,7 +96,7 @@ async fn create(
     let country = request.country.as_deref();
     let (outcome, now) = state
         .sends
-        .begin_verification(&state.verify, &tenant, &key.to_string(), &request)
+        .begin_verification(&state.verify, &tenant, key.as_str(), &request)
         .await?;
     match outcome {
         StartOutcome::Created {

@@ -86,6 +86,7 @@ impl App {
         let deliverer = Deliverer::routed(
             Arc::clone(&store),
             providers,
+            settings.provider.routes.clone(),
             settings.provider.circuit.clone(),
             clock.clone(),
             settings.delivery.clone(),

@@ -219,6 +219,11 @@ pub struct ConfigArgs {
         value_delimiter = ','
     )]
     pub provider: Vec<String>,
+    /// Routes by destination, replacing --provider: `prefix=provider,provider`
+    /// entries separated by `;`, the longest prefix a number starts with
+    /// winning, `*` the default (e.g. `+966=infobip,twilio; *=twilio`).
+    #[arg(long, env = "SENDONCE_ROUTES", global = true)]
+    pub routes: Option<String>,
     /// Provider failures in a row that open its circuit (0: never).
     #[arg(long, env = "SENDONCE_CIRCUIT_FAILURES", global = true)]
     pub circuit_failures: Option<String>,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::delivery::CircuitPolicy;
+use crate::delivery::destinations::Routes;
 use crate::provider::registry::ReceiptRoutes;
 use crate::provider::registry::{self, Configured, Context, VarError};
 
@@ -22,6 +23,9 @@ pub struct ProviderSettings {
     /// The providers that take over, in order, when the one before certainly
     /// did not send a message.
     pub fallbacks: Vec<ProviderConfig>,
+    /// Routes by destination (`SENDONCE_ROUTES`): then `kind` and
+    /// `fallbacks` are every provider the routes name.
+    pub routes: Option<Routes>,
     /// Every adapter's receipt endpoint (whether it sends or not: receipts
     /// arrive after a provider left the list).
     pub receipts: ReceiptRoutes,
@@ -37,6 +41,7 @@ impl Default for ProviderSettings {
         Self {
             kind: Arc::new(crate::provider::SimulatedProvider::default()),
             fallbacks: Vec::new(),
+            routes: None,
             receipts: ReceiptRoutes::default(),
             circuit: CircuitPolicy::default(),
             connect_timeout: Duration::from_secs(3),
@@ -91,7 +96,23 @@ impl ProviderSettings {
         let vars = &a.adapters.0;
         // None listed: the default list, configured by the same variables
         // (SENDONCE_LOG_BODIES reaches the default simulated provider).
-        let names: Vec<&str> = if a.provider.is_empty() {
+        let routes = match given(&a.routes) {
+            Some(_) if !a.provider.is_empty() => {
+                return Err(ConfigError::invalid(
+                    "SENDONCE_ROUTES",
+                    "replaces SENDONCE_PROVIDER: set only one of them",
+                ));
+            }
+            Some(v) => Some(
+                Routes::parse(v, |name| registry::adapter(name).map(|a| a.name)).map_err(|e| {
+                    ConfigError::invalid("SENDONCE_ROUTES", format!("is refused: {e}"))
+                })?,
+            ),
+            None => None,
+        };
+        let names: Vec<&str> = if let Some(r) = &routes {
+            r.providers()
+        } else if a.provider.is_empty() {
             std::iter::once(&d.kind)
                 .chain(&d.fallbacks)
                 .map(|p| p.name())
@@ -125,6 +146,7 @@ impl ProviderSettings {
         Ok(Self {
             kind,
             fallbacks,
+            routes,
             receipts,
             circuit,
             connect_timeout,

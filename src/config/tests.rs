@@ -351,6 +351,64 @@ fn the_metrics_listener_is_an_address_other_than_the_api() {
 }
 
 #[test]
+fn routes_replace_the_provider_list_and_name_only_known_providers() {
+    let sid = "AC0123456789abcdef0123456789abcdef";
+    let base = [
+        "--twilio-account-sid",
+        sid,
+        "--twilio-auth-token",
+        "tok",
+        "--twilio-from",
+        "+14155550000",
+        "--http-provider-url",
+        "http://127.0.0.1:9/messages",
+    ];
+    let with = |extra: &[&'static str]| {
+        let mut v = base.to_vec();
+        v.extend_from_slice(extra);
+        args(&v)
+    };
+    let c = with(&["--routes", "+966=twilio,http; +1=http; *=simulated"]).unwrap();
+    // Every provider a route names is configured, longest prefix's first.
+    let names: Vec<&str> = c.provider.all().iter().map(|p| p.name()).collect();
+    assert_eq!(names, ["twilio", "http", "simulated"]);
+    let routes = c.provider.routes.as_ref().unwrap();
+    assert_eq!(
+        routes.lookup("+966501234567").unwrap().providers,
+        ["twilio", "http"]
+    );
+    assert_eq!(routes.lookup("+14155550100").unwrap().providers, ["http"]);
+    // Without routes there are none.
+    assert!(
+        with(&["--provider", "http"])
+            .unwrap()
+            .provider
+            .routes
+            .is_none()
+    );
+    for (extra, want) in [
+        (
+            &["--routes", "+1=twillio"][..],
+            "SENDONCE_ROUTES is refused: the route +1 names no provider \"twillio\"",
+        ),
+        (
+            &["--routes", "1=http"][..],
+            "SENDONCE_ROUTES is refused: entry 1: \"1\" is not a prefix",
+        ),
+        (
+            &["--routes", "*=http", "--provider", "twilio"][..],
+            "SENDONCE_ROUTES replaces SENDONCE_PROVIDER",
+        ),
+    ] {
+        let e = with(extra).unwrap_err();
+        assert!(e.to_string().contains(want), "{extra:?}: {e}");
+    }
+    // A provider a route names needs its own variables.
+    let e = args(&["--routes", "*=twilio"]).unwrap_err();
+    assert!(e.to_string().contains("TWILIO_ACCOUNT_SID"), "{e}");
+}
+
+#[test]
 fn providers_in_order_and_the_circuit() {
     let sid = "AC0123456789abcdef0123456789abcdef";
     let base = [

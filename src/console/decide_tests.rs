@@ -34,6 +34,7 @@ fn message(status: Status) -> MessageRecord {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "http".into(),
+        route: None,
         provider_message_id: None,
         attempts: 1,
         maybe_sent: false,

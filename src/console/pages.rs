@@ -210,6 +210,7 @@ pub fn timeline(
                 dt { "To" } dd { a href={"/console/search?q=" (enc(m.to.as_str()))} { (m.to) } @if m.recipient_opted_out { " (opted out)" } }
                 @if let Some(f) = &m.from { dt { "From" } dd { (f) } }
                 dt { "Provider" } dd { (m.provider) }
+                @if let Some(r) = &m.route { dt { "Route" } dd { code { (r) } } }
                 @if let Some(p) = &m.provider_message_id { dt { "Provider message id" } dd { code { (p) } } }
                 dt { "Attempts" } dd { (m.attempts) }
                 dt { "Created" } dd { (when(m.created_at)) }

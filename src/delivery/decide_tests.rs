@@ -254,6 +254,7 @@ fn a_resumed_message_reconciles_from_its_current_attempt() {
             metadata: Default::default(),
             validity_seconds: None,
             provider: "http".into(),
+            route: None,
             sender: None,
             created_at: PREVIOUS_START,
             expires_at: None,

@@ -26,6 +26,7 @@ mod attempt;
 mod calls;
 pub mod circuit;
 pub mod decide;
+pub mod destinations;
 pub mod hub;
 pub mod purge;
 mod reconcile;
@@ -112,6 +113,9 @@ pub struct Deliverer {
 struct CallSide {
     /// In order: the first is the primary. Never empty.
     providers: Vec<Arc<dyn Provider>>,
+    /// Routes by destination: each names some of `providers`, in its own
+    /// order. `None`: every message takes `providers` in order.
+    routes: Option<destinations::Routes>,
     circuit_policy: CircuitPolicy,
     /// This instance's copy of the circuits shared through the store.
     circuits: std::sync::Mutex<routing::CircuitCache>,
@@ -142,6 +146,7 @@ impl Deliverer {
         Self::routed(
             store,
             vec![provider],
+            None,
             CircuitPolicy::default(),
             clock,
             settings,
@@ -150,11 +155,14 @@ impl Deliverer {
     }
 
     /// A deliverer that sends through `providers` in order (the first is
-    /// the primary), failing over as [`route`](route::route) decides.
-    /// An empty list is one simulated provider.
+    /// the primary), or along the route of each message's number when
+    /// `routes` are given (they name only `providers`), failing over as
+    /// [`route`](route::route) decides. An empty list is one simulated
+    /// provider.
     pub fn routed(
         store: Arc<dyn Store>,
         mut providers: Vec<Arc<dyn Provider>>,
+        routes: Option<destinations::Routes>,
         circuit_policy: CircuitPolicy,
         clock: Clock,
         settings: DeliverySettings,
@@ -173,6 +181,7 @@ impl Deliverer {
             hub,
             calls: CallSide {
                 providers,
+                routes,
                 circuit_policy,
                 circuits: routing::cache(),
                 sealed: std::sync::OnceLock::new(),
@@ -201,18 +210,50 @@ impl Deliverer {
         &self.owner
     }
 
-    /// The primary provider's name: where new messages start.
-    pub fn provider_name(&self) -> &'static str {
-        self.calls.providers[0].name()
+    /// Where a new message to `to` with this `from` starts: the first
+    /// provider of its route (without routes, the primary), and who its
+    /// first attempt sends as there. `None`: no route covers `to`.
+    pub fn first_route(&self, to: &str, from: Option<&str>) -> Option<crate::verify::Via> {
+        let (route, first) = match &self.calls.routes {
+            None => (None, &self.calls.providers[0]),
+            Some(routes) => {
+                let r = routes.lookup(to)?;
+                let first = r
+                    .providers
+                    .first()
+                    .and_then(|n| self.provider_named_ref(n))?;
+                (Some(r.prefix.clone()), first)
+            }
+        };
+        Some(crate::verify::Via {
+            provider: first.name().to_string(),
+            sender: first.sender(from),
+            route,
+        })
     }
 
-    /// Where a new message with this `from` starts: the primary provider,
-    /// and who its first attempt sends as there.
-    pub fn first_route(&self, from: Option<&str>) -> crate::verify::Via {
-        let primary = &self.calls.providers[0];
-        crate::verify::Via {
-            provider: primary.name().to_string(),
-            sender: primary.sender(from),
+    fn provider_named_ref(&self, name: &str) -> Option<&Arc<dyn Provider>> {
+        self.calls.providers.iter().find(|p| p.name() == name)
+    }
+
+    /// The providers `msg` may use, in order: its route's (the stored one,
+    /// else the one its number takes now), without routes all of them.
+    pub(super) fn providers_of(&self, msg: &MessageRecord) -> Vec<&Arc<dyn Provider>> {
+        let Some(routes) = &self.calls.routes else {
+            return self.calls.providers.iter().collect();
+        };
+        let route = msg
+            .route
+            .as_deref()
+            .and_then(|p| routes.get(p))
+            .or_else(|| routes.lookup(msg.to.as_str()));
+        match route {
+            Some(r) => r
+                .providers
+                .iter()
+                .filter_map(|n| self.provider_named_ref(n))
+                .collect(),
+            None => self.calls.providers.iter().collect(),
         }
     }
 

@@ -136,15 +136,12 @@ impl Deliverer {
         self.refresh_circuits().await;
         let provider = self.provider_named(&msg.provider);
         let now = self.clock.now();
-        let position = self
-            .calls
-            .providers
-            .iter()
-            .position(|p| p.name() == msg.provider);
-        // A provider no longer configured: the message may start over on the
-        // configured ones (unless something may have been sent already).
+        let providers = self.providers_of(msg);
+        let position = providers.iter().position(|p| p.name() == msg.provider);
+        // A provider no longer on the message's route: the message may start
+        // over on the route (unless something may have been sent already).
         let after = position.map_or(0, |i| i + 1);
-        let next = self.calls.providers[after.min(self.calls.providers.len())..]
+        let next = providers[after.min(providers.len())..]
             .iter()
             .find(|p| {
                 circuit::gate(
@@ -154,7 +151,12 @@ impl Deliverer {
                 ) != Gate::Blocked
             })
             .map(|p| p.name())
-            .or_else(|| position.is_none().then(|| self.calls.providers[0].name()));
+            .or_else(|| {
+                position
+                    .is_none()
+                    .then(|| providers.first().map(|p| p.name()))
+                    .flatten()
+            });
         let current_open = match &provider {
             Some(p) => self.open_now(p.name()).await,
             None => true,
@@ -247,6 +249,12 @@ impl Deliverer {
         let sender = self
             .provider_named(&to)
             .and_then(|p| p.sender(msg.from.as_deref()));
+        // Along a route, the event says which one (the next provider is the
+        // route's, not the configured list's).
+        let reason = match &msg.route {
+            Some(route) => format!("{reason} (route {route})"),
+            None => reason,
+        };
         let m = MoveOn {
             id: msg.id,
             lease: lease.clone(),

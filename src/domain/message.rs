@@ -125,6 +125,10 @@ pub struct MessageOut {
     pub encoding: Encoding,
     pub metadata: BTreeMap<String, String>,
     pub provider: String,
+    /// The `SENDONCE_ROUTES` prefix its number took; absent when the
+    /// service does not route by destination.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
     pub provider_message_id: Option<String>,
     pub attempts: u32,
     pub error: Option<MessageError>,

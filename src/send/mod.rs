@@ -64,6 +64,8 @@ pub struct Prepared {
     key: IdempotencyKey,
     request: SendRequest,
     fingerprint: [u8; 32],
+    /// The provider (and route) it starts on.
+    via: crate::verify::Via,
     /// When it starts, if not at once (a future `send_at`, quiet hours).
     due: Option<OffsetDateTime>,
     now: OffsetDateTime,
@@ -125,7 +127,11 @@ impl Sends {
         request: SendRequest,
         now: OffsetDateTime,
     ) -> Result<Prepared, ApiError> {
-        check_policy(&request, tenant, self.max_segments)?;
+        let via = self
+            .deliverer
+            .first_route(request.to.as_str(), request.from.as_deref());
+        check_policy(&request, tenant, self.max_segments, via.is_some())?;
+        let via = via.ok_or_else(no_route)?;
         let due =
             schedule::start_at(request.send_at, now).map_err(|e| ApiError::Validation(vec![e]))?;
         let due = start_with_quiet_hours(&request, tenant, due, now);
@@ -134,6 +140,7 @@ impl Sends {
             key,
             request,
             fingerprint,
+            via,
             due,
             now,
         })
@@ -261,7 +268,6 @@ impl Sends {
         let starts = p.due.unwrap_or(p.now);
         let send_at = p.request.send_at.filter(|t| *t > p.now);
         let request = p.request;
-        let sender = self.deliverer.first_route(request.from.as_deref()).sender;
         let message = NewMessage {
             id: MessageId::new(),
             tenant_id,
@@ -274,8 +280,9 @@ impl Sends {
             encoding: request.segments.encoding,
             metadata: request.metadata,
             validity_seconds: request.validity_seconds,
-            provider: self.deliverer.provider_name().to_string(),
-            sender,
+            provider: p.via.provider,
+            route: p.via.route,
+            sender: p.via.sender,
             created_at: p.now,
             expires_at: request
                 .validity_seconds
@@ -370,6 +377,15 @@ fn start_with_quiet_hours(
     )
 }
 
+/// Why a number no route of `SENDONCE_ROUTES` covers is refused.
+pub const NO_ROUTE: &str =
+    "no route covers this number: this service sends only to the prefixes its operator routes";
+
+/// The 400 for a number no route covers.
+pub fn no_route() -> ApiError {
+    ApiError::invalid("to", NO_ROUTE)
+}
+
 /// The field error for a destination country outside the tenant's
 /// allow-list (messages and verifications alike), if it is.
 pub fn country_refused(tenant: &TenantAuth, country: Option<&str>) -> Option<FieldError> {
@@ -389,8 +405,12 @@ fn check_policy(
     request: &SendRequest,
     tenant: &TenantAuth,
     max_segments: u32,
+    routed: bool,
 ) -> Result<(), ApiError> {
     let mut errors = Vec::new();
+    if !routed {
+        errors.push(FieldError::new("to", NO_ROUTE));
+    }
     if request.segments.segments > max_segments {
         errors.push(FieldError {
             field: "body".into(),

@@ -98,10 +98,14 @@ impl Sends {
         key: &str,
         request: &StartRequest,
     ) -> Result<(StartOutcome, OffsetDateTime), ApiError> {
+        let via = self.deliverer.first_route(request.to.as_str(), None);
         let mut errors: Vec<FieldError> =
             super::country_refused(tenant, request.country.as_deref())
                 .into_iter()
                 .collect();
+        if via.is_none() {
+            errors.push(FieldError::new("to", super::NO_ROUTE));
+        }
         let longest = "9".repeat(usize::try_from(request.code_length).unwrap_or(10));
         let sample = crate::verify::render(request.template.as_deref(), &longest);
         if segments::count(&sample).segments > self.max_segments {
@@ -113,6 +117,7 @@ impl Sends {
         if !errors.is_empty() {
             return Err(ApiError::Validation(errors));
         }
+        let via = via.ok_or_else(super::no_route)?;
         let settings = &verifier.settings;
         let keys = verifier.secret.keys().await?;
         let now = self.clock.now();
@@ -141,7 +146,7 @@ impl Sends {
             &first,
             1,
             &code,
-            &self.deliverer.first_route(None),
+            &via,
             self.deliverer.settings().retry.deadline,
             now,
         )
@@ -388,7 +393,10 @@ impl Sends {
     ) -> Result<(VerificationRecord, NewMessage, StoredResponse), ApiError> {
         let after = v.resent(now);
         let deadline = self.deliverer.settings().retry.deadline;
-        let via = self.deliverer.first_route(None);
+        let via = self
+            .deliverer
+            .first_route(&v.to, None)
+            .ok_or_else(super::no_route)?;
         let m = next_send(keys, v, &via, deadline, now).ok_or(StoreError::Invariant(
             "a verification's code does not open with the verify secret",
         ))?;

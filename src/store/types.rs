@@ -99,6 +99,8 @@ pub struct NewMessage {
     pub metadata: BTreeMap<String, String>,
     pub validity_seconds: Option<i32>,
     pub provider: String,
+    /// The route its number took (`SENDONCE_ROUTES`' prefix), if routed.
+    pub route: Option<String>,
     /// Who its first attempt sends as ([`crate::provider::Provider::sender`]),
     /// recorded with that attempt when the insert starts it.
     pub sender: Option<String>,
@@ -202,6 +204,8 @@ pub struct MessageRecord {
     pub metadata: BTreeMap<String, String>,
     pub validity_seconds: Option<i32>,
     pub provider: String,
+    /// The route its number took (`SENDONCE_ROUTES`' prefix), if routed.
+    pub route: Option<String>,
     pub provider_message_id: Option<String>,
     pub attempts: u32,
     /// Some attempt ended without a clear answer: the provider may have sent.
@@ -254,6 +258,7 @@ impl MessageRecord {
             metadata: m.metadata.clone(),
             validity_seconds: m.validity_seconds,
             provider: m.provider.clone(),
+            route: m.route.clone(),
             provider_message_id: None,
             attempts: 1,
             maybe_sent: false,
@@ -306,6 +311,7 @@ impl MessageRecord {
             metadata: m.metadata.clone(),
             validity_seconds: m.validity_seconds,
             provider: m.provider.clone(),
+            route: m.route.clone(),
             provider_message_id: None,
             attempts: 0,
             maybe_sent: false,
@@ -362,6 +368,7 @@ impl MessageRecord {
             encoding: self.encoding,
             metadata: self.metadata.clone(),
             provider: self.provider.clone(),
+            route: self.route.clone(),
             provider_message_id: self.provider_message_id.clone(),
             attempts: self.attempts,
             error: self.error.clone(),

@@ -245,6 +245,8 @@ pub fn parse_id(s: &str) -> Option<Uuid> {
 pub struct Via {
     pub provider: String,
     pub sender: Option<String>,
+    /// The route (`SENDONCE_ROUTES` prefix) the number took, if routed.
+    pub route: Option<String>,
 }
 
 /// The message of send number `v.sends + 1`: the code opened, rendered,
@@ -292,6 +294,7 @@ pub fn send_message(
         metadata: BTreeMap::from([("verification_id".to_string(), public_id(v.id))]),
         validity_seconds: Some(i32::try_from(remaining).unwrap_or(i32::MAX)),
         provider: via.provider.clone(),
+        route: via.route.clone(),
         sender: via.sender.clone(),
         created_at: now,
         expires_at: Some(v.expires_at),

@@ -34,6 +34,7 @@ fn message(tenant_id: Uuid, i: usize) -> NewMessage {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "http".into(),
+        route: None,
         sender: None,
         created_at: T0,
         expires_at: None,

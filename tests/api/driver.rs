@@ -58,6 +58,7 @@ fn message(tenant_id: Uuid, key: &str) -> NewMessage {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "a".into(),
+        route: None,
         sender: None,
         created_at: T0,
         expires_at: None,

@@ -16,7 +16,7 @@ use crate::twilio::{ACCOUNT, AUTH_TOKEN, DEFAULT_FROM};
 
 const TO: &str = "+14155550111";
 
-fn twilio_at(base_url: &str) -> Arc<dyn Provider> {
+pub(crate) fn twilio_at(base_url: &str) -> Arc<dyn Provider> {
     Arc::new(
         TwilioProvider::new(TwilioSettings {
             base_url: base_url.to_string(),
@@ -38,7 +38,7 @@ fn primary(dead: Option<String>) -> ProviderFactory {
 }
 
 /// The second mock and the `http` provider aimed at it.
-async fn secondary() -> (MockProvider, Arc<dyn Provider>) {
+pub(crate) async fn secondary() -> (MockProvider, Arc<dyn Provider>) {
     let (mock, url, _) = MockProvider::start().await.expect("second mock");
     let provider = HttpProvider::new(
         &url,
@@ -51,7 +51,7 @@ async fn secondary() -> (MockProvider, Arc<dyn Provider>) {
 }
 
 /// An address nothing listens on: connecting is refused.
-async fn dead_address() -> String {
+pub(crate) async fn dead_address() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
@@ -80,19 +80,19 @@ async fn spawn_pair(backend: Backend, dead_primary: bool) -> Pair {
     Pair { app, second }
 }
 
-async fn attempts(app: &TestApp, key: &str) -> Vec<Value> {
+pub(crate) async fn attempts(app: &TestApp, key: &str) -> Vec<Value> {
     let a = app.get(&format!("/messages/{key}/attempts")).await;
     assert_eq!(a.status, 200);
     a.json()["data"].as_array().cloned().unwrap_or_default()
 }
 
-async fn events(app: &TestApp, key: &str) -> Vec<Value> {
+pub(crate) async fn events(app: &TestApp, key: &str) -> Vec<Value> {
     let a = app.get(&format!("/messages/{key}/events")).await;
     assert_eq!(a.status, 200);
     a.json()["data"].as_array().cloned().unwrap_or_default()
 }
 
-fn providers_and_outcomes(attempts: &[Value]) -> Vec<(String, String)> {
+pub(crate) fn providers_and_outcomes(attempts: &[Value]) -> Vec<(String, String)> {
     attempts
         .iter()
         .map(|a| {

@@ -73,6 +73,7 @@ mod pooler;
 mod process;
 mod promise;
 mod receipts;
+mod routes;
 mod scrubbing;
 mod sealed;
 mod slow_bodies;

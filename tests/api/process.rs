@@ -75,6 +75,14 @@ async fn a_bad_duration_names_its_variable_and_its_cause() {
             &[("SENDONCE_LEASE", "30s"), ("SENDONCE_LEASE_SECS", "30")][..],
             "both SENDONCE_LEASE and SENDONCE_LEASE_SECS are set",
         ),
+        (
+            &[("SENDONCE_ROUTES", "+966=smsc; *=simulated")][..],
+            "SENDONCE_ROUTES is refused: the route +966 names no provider \"smsc\"",
+        ),
+        (
+            &[("SENDONCE_ROUTES", "966=simulated")][..],
+            "SENDONCE_ROUTES is refused: entry 1: \"966\" is not a prefix",
+        ),
     ] {
         let out = sendonce("postgres://x@127.0.0.1:1/db")
             .arg("migrate")

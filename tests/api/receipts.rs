@@ -452,6 +452,7 @@ fn new_message(tenant_id: Uuid, key: &str) -> NewMessage {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "twilio".into(),
+        route: None,
         sender: None,
         created_at: T0,
         expires_at: None,

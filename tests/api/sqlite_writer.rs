@@ -32,6 +32,7 @@ fn message(tenant_id: uuid::Uuid, key: &str, n: u32) -> NewMessage {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "http".into(),
+        route: None,
         sender: None,
         created_at: now,
         expires_at: None,

@@ -41,6 +41,7 @@ fn message(tenant_id: Uuid, key: &str) -> NewMessage {
         metadata: BTreeMap::new(),
         validity_seconds: None,
         provider: "http".into(),
+        route: None,
         sender: None,
         created_at: T0,
         expires_at: None,

@@ -775,6 +775,7 @@ async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
             metadata: Default::default(),
             validity_seconds: None,
             provider: "http".into(),
+            route: None,
             sender: None,
             created_at: now,
             expires_at: None,

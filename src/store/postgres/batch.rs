@@ -226,6 +226,7 @@ async fn claim_statement(
     let mut expires = Vec::with_capacity(n);
     let mut deadline = Vec::with_capacity(n);
     let mut sender = Vec::with_capacity(n);
+    let mut route = Vec::with_capacity(n);
     for (m, lease) in rows {
         id.push(m.id.0);
         tenant.push(m.tenant_id);
@@ -249,26 +250,29 @@ async fn claim_statement(
         expires.push(m.expires_at);
         deadline.push(m.deadline_at);
         sender.push(m.sender.as_deref());
+        route.push(m.route.as_deref());
     }
     let answers: Vec<PgRow> = sqlx::query(
         "WITH input AS ( \
             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], \
                 $6::text[], $7::text[], $8::int4[], $9::text[], $10::text[], $11::int4[], \
                 $12::text[], $13::uuid[], $14::text[], $15::int8[], $16::timestamptz[], \
-                $17::timestamptz[], $18::timestamptz[], $19::text[]) WITH ORDINALITY \
+                $17::timestamptz[], $18::timestamptz[], $19::text[], $20::text[]) \
+            WITH ORDINALITY \
             AS t(id, tenant_id, idempotency_key, fingerprint, to_number, from_sender, body, \
                 segments, encoding, metadata, validity_seconds, provider, lease_token, \
-                lease_owner, lease_ttl, created_at, expires_at, deadline_at, sender, ord)), \
+                lease_owner, lease_ttl, created_at, expires_at, deadline_at, sender, route, \
+                ord)), \
          ins AS ( \
             INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, \
                 validity_seconds, provider, attempts, lease_token, lease_owner, \
-                lease_expires_at, created_at, updated_at, expires_at, deadline_at) \
+                lease_expires_at, created_at, updated_at, expires_at, deadline_at, route) \
             SELECT id, tenant_id, idempotency_key, fingerprint, 'processing', to_number, \
                 from_sender, body, segments, encoding, metadata::jsonb, validity_seconds, \
                 provider, 1, lease_token, lease_owner, \
                 now() + lease_ttl * interval '1 microsecond', created_at, \
-                created_at, expires_at, deadline_at \
+                created_at, expires_at, deadline_at, route \
             FROM input ORDER BY ord \
             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
             RETURNING id, lease_owner, created_at, lease_expires_at), \
@@ -308,6 +312,7 @@ async fn claim_statement(
     .bind(&expires)
     .bind(&deadline)
     .bind(&sender)
+    .bind(&route)
     .fetch_all(pool)
     .await?;
     if answers.len() != n {

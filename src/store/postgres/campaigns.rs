@@ -78,6 +78,7 @@ impl PgStore {
         let mut created = Vec::with_capacity(n);
         let mut expires = Vec::with_capacity(n);
         let mut deadline = Vec::with_capacity(n);
+        let mut route = Vec::with_capacity(n);
         for q in rows {
             let m = &q.message;
             id.push(m.id.0);
@@ -101,6 +102,7 @@ impl PgStore {
             created.push(m.created_at);
             expires.push(m.expires_at);
             deadline.push(m.deadline_at);
+            route.push(m.route.as_deref());
         }
         let answers: Vec<PgRow> = sqlx::query(
             "WITH input AS ( \
@@ -108,18 +110,19 @@ impl PgStore {
                     $5::text[], $6::text[], $7::text[], $8::text[], $9::int4[], $10::text[], \
                     $11::text[], $12::int4[], $13::text[], $14::timestamptz[], \
                     $15::timestamptz[], $16::timestamptz[], $17::timestamptz[], \
-                    $18::timestamptz[]) WITH ORDINALITY \
+                    $18::timestamptz[], $19::text[]) WITH ORDINALITY \
                 AS t(id, tenant_id, idempotency_key, fingerprint, status, to_number, \
                     from_sender, body, segments, encoding, metadata, validity_seconds, \
-                    provider, due, send_at, created_at, expires_at, deadline_at, ord)), \
+                    provider, due, send_at, created_at, expires_at, deadline_at, route, ord)), \
              ins AS ( \
                 INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                     to_number, from_sender, body, segments, encoding, metadata, \
                     validity_seconds, provider, attempts, next_attempt_at, send_at, \
-                    created_at, updated_at, expires_at, deadline_at) \
+                    created_at, updated_at, expires_at, deadline_at, route) \
                 SELECT id, tenant_id, idempotency_key, fingerprint, status, to_number, \
                     from_sender, body, segments, encoding, metadata::jsonb, validity_seconds, \
-                    provider, 0, due, send_at, created_at, created_at, expires_at, deadline_at \
+                    provider, 0, due, send_at, created_at, created_at, expires_at, deadline_at, \
+                    route \
                 FROM input ORDER BY idempotency_key \
                 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                 RETURNING id) \
@@ -149,6 +152,7 @@ impl PgStore {
         .bind(&created)
         .bind(&expires)
         .bind(&deadline)
+        .bind(&route)
         .fetch_all(&self.pool)
         .await?;
         if answers.len() != n {

@@ -51,9 +51,9 @@ impl PgStore {
                     INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                         to_number, from_sender, body, segments, encoding, metadata, \
                         validity_seconds, provider, attempts, lease_token, lease_owner, \
-                        lease_expires_at, created_at, updated_at, expires_at, deadline_at) \
+                        lease_expires_at, created_at, updated_at, expires_at, deadline_at, route) \
                     VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $8, $9, $10, $11, $12, 1, \
-                        $13, $14, now() + $15 * interval '1 microsecond', $16, $16, $17, $18) \
+                        $13, $14, now() + $15 * interval '1 microsecond', $16, $16, $17, $18, $20) \
                     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                     RETURNING id, lease_expires_at), \
                  att AS ( \
@@ -91,6 +91,7 @@ impl PgStore {
             .bind(m.expires_at.map(db))
             .bind(db(m.deadline_at))
             .bind(&m.sender)
+            .bind(&m.route)
             .fetch_optional(&self.pool)
             .await?;
             if let Some(row) = row {
@@ -142,9 +143,9 @@ impl PgStore {
                     INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                         to_number, from_sender, body, segments, encoding, metadata, \
                         validity_seconds, provider, attempts, next_attempt_at, send_at, \
-                        created_at, updated_at, expires_at, deadline_at) \
+                        created_at, updated_at, expires_at, deadline_at, route) \
                     VALUES ($1, $2, $3, $4, 'scheduled', $5, $6, $7, $8, $9, $10, $11, $12, 0, \
-                        $13, $14, $15, $15, $16, $17) \
+                        $13, $14, $15, $15, $16, $17, $18) \
                     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                     RETURNING id) \
                  SELECT true AS created, ins.id, NULL::bytea AS fingerprint, \
@@ -176,6 +177,7 @@ impl PgStore {
             .bind(db(m.created_at))
             .bind(m.expires_at.map(db))
             .bind(db(m.deadline_at))
+            .bind(&m.route)
             .fetch_optional(&self.pool)
             .await?;
             if let Some(row) = row {

@@ -148,13 +148,13 @@ per_backend! {
         "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
             to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
             provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
-            updated_at, expires_at, deadline_at) \
+            updated_at, expires_at, deadline_at, route) \
          VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, \
             $14, ",
         db_now!(),
         " + $15",
         us!(),
-        ", $16, $16, $17, $18) RETURNING lease_expires_at"
+        ", $16, $16, $17, $18, $19) RETURNING lease_expires_at"
     );
 
     /// Up to `$2` pending verifications past their expiry at `$1`, marked
@@ -193,6 +193,7 @@ per_backend! {
             .bind(db(m.created_at))
             .bind(m.expires_at.map(db))
             .bind(db(m.deadline_at))
+            .bind(&m.route)
             .fetch_one(&mut *c)
             .await?;
         sqlx::query(INSERT_ATTEMPT)

@@ -263,3 +263,77 @@ fn the_body_carries_our_id_the_sender_validity_and_the_delivery_url() {
     assert!(body["messages"][0].get("options").is_none());
     assert!(!format!("{p:?}").contains("secret=s"), "{p:?}");
 }
+
+#[test]
+fn configuration_from_the_variables() {
+    use super::super::registry::{self, ReceiptRoutes, Vars};
+    let adapter = registry::adapter("infobip").expect("registered");
+    let ctx = |public: Option<&str>| super::super::registry::Context {
+        timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(1),
+        public_url: public.map(str::to_string),
+        log_bodies: false,
+    };
+    let settings = |pairs: &[(&str, &str)], public: Option<&str>| {
+        (adapter.configure)(&Vars::from_pairs(pairs.iter().copied()), &ctx(public)).map(|c| {
+            c.as_any()
+                .downcast_ref::<InfobipSettings>()
+                .expect("infobip settings")
+                .clone()
+        })
+    };
+    let full = [
+        ("INFOBIP_API_KEY", "k3y"),
+        ("INFOBIP_BASE_URL", "xk3e9.api.infobip.com"),
+        ("INFOBIP_FROM", "ACME"),
+        ("INFOBIP_RECEIPT_SECRET", "receipt-secret-0123456789"),
+        ("INFOBIP_LOOKUP_AFTER", "90s"),
+    ];
+    let s = settings(&full, Some("https://sms.example.com")).unwrap();
+    assert_eq!(s.base_url, "https://xk3e9.api.infobip.com");
+    assert_eq!(s.api_key, "k3y");
+    assert_eq!(s.from.as_deref(), Some("ACME"));
+    assert_eq!(s.lookup_after, Duration::from_secs(90));
+    assert_eq!(s.timeout, Duration::from_secs(5));
+    assert_eq!(
+        s.delivery_url.as_deref(),
+        Some("https://sms.example.com/providers/infobip/status?secret=receipt-secret-0123456789")
+    );
+    assert!(!format!("{s:?}").contains("k3y"), "{s:?}");
+    assert!(!format!("{s:?}").contains("receipt-secret"), "{s:?}");
+    // No public URL: no delivery URL (reports would have nowhere to go).
+    let s = settings(&full, None).unwrap();
+    assert_eq!(s.delivery_url, None);
+    // The default delay, and errors that name their variable.
+    let s = settings(&full[..2], Some("https://sms.example.com")).unwrap();
+    assert_eq!(s.lookup_after, DEFAULT_LOOKUP_AFTER);
+    assert_eq!(s.delivery_url, None, "no secret, no delivery URL");
+    let e = settings(&full[1..], None).unwrap_err();
+    assert!(e.to_string().contains("INFOBIP_API_KEY"), "{e}");
+    let e = settings(&full[..1], None).unwrap_err();
+    assert!(e.to_string().contains("INFOBIP_BASE_URL"), "{e}");
+    let e = settings(
+        &[full[0], ("INFOBIP_BASE_URL", "https://x.api.infobip.com/sms")],
+        None,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("INFOBIP_BASE_URL"), "{e}");
+    let e = settings(&[full[0], full[1], ("INFOBIP_LOOKUP_AFTER", "2h")], None).unwrap_err();
+    assert!(e.to_string().contains("INFOBIP_LOOKUP_AFTER"), "{e}");
+    // The receipt route refuses a short secret, and refuses every report
+    // without one.
+    let e = ReceiptRoutes::from_pairs([("INFOBIP_RECEIPT_SECRET", "short")]).unwrap_err();
+    assert!(e.to_string().contains("INFOBIP_RECEIPT_SECRET"), "{e}");
+    let routes = ReceiptRoutes::from_pairs([]).unwrap();
+    let route = routes.get("infobip").expect("an endpoint");
+    let headers = axum::http::HeaderMap::new();
+    let req = super::super::receipts::ReceiptRequest {
+        headers: &headers,
+        path_and_query: "/providers/infobip/status?secret=anything-at-all-0123",
+        public_url: None,
+    };
+    assert_eq!(
+        route.admit(&req),
+        Err(super::super::receipts::ReceiptError::Forbidden)
+    );
+}

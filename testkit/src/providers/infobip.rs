@@ -356,28 +356,27 @@ async fn infobip_send(
     let behaviour = behaviour.after_gates().await;
     let create = {
         let (mock, want) = (mock.clone(), want.clone());
-        move || -> Result<InfobipRecord, Response> {
-            // Infobip refuses an id it already has: nothing is created.
-            let Some(record) = mock.infobip_create(&want) else {
-                return Err(sent(
-                    &want.message_id,
-                    &want.to,
-                    status_json(DUPLICATE),
-                    "bulk-duplicate",
-                ));
-            };
+        // `None`: Infobip refuses an id it already has, creating nothing.
+        move || -> Option<InfobipRecord> {
+            let record = mock.infobip_create(&want)?;
             let receipts = mock.lock().receipts.clone();
             if let Some(url) = record.delivery_url.clone()
                 && receipts.order != ReceiptOrder::None
             {
                 tokio::spawn(send_infobip_reports(receipts, url, record.clone()));
             }
-            Ok(record)
+            Some(record)
         }
     };
-    let answer = |r: Result<InfobipRecord, Response>| match r {
-        Ok(record) => created(&record),
-        Err(resp) => resp,
+    let duplicate = sent(
+        &want.message_id,
+        &want.to,
+        status_json(DUPLICATE),
+        "bulk-duplicate",
+    );
+    let answer = move |r: Option<InfobipRecord>| match r {
+        Some(record) => created(&record),
+        None => duplicate,
     };
     match behaviour {
         // (`After` was unwrapped above.)

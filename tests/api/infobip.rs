@@ -14,10 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sendonce::clock::Clock;
+use sendonce::domain::MessageId;
 use sendonce::provider::infobip::{DEFAULT_LOOKUP_AFTER, delivery_url};
-use sendonce::provider::{InfobipProvider, InfobipSettings};
+use sendonce::provider::{
+    AttemptRef, InfobipProvider, InfobipSettings, OutgoingSms, Provider, Reconciled, SendOutcome,
+};
 use serde_json::json;
-use testkit::mock_provider::{Behaviour, ReceiptConfig, ReceiptOrder};
+use testkit::mock_provider::{Behaviour, MockProvider, ReceiptConfig, ReceiptOrder};
 
 use crate::helpers::*;
 
@@ -525,3 +528,108 @@ on_both_backends!(
     forged_reports_are_refused_and_change_nothing,
     the_mock_reports_to_the_url_each_message_carried,
 );
+
+fn outgoing(body: &str) -> OutgoingSms {
+    OutgoingSms {
+        message_id: MessageId::new(),
+        to: sendonce::domain::Recipient::from_stored(TO).expect("E.164"),
+        from: None,
+        body: body.into(),
+        validity: None,
+    }
+}
+
+fn aged(age: Duration) -> AttemptRef {
+    AttemptRef {
+        started_at: time::OffsetDateTime::now_utc(),
+        age,
+        sender: None,
+    }
+}
+
+/// The adapter against the mock directly: the mock refuses a repeated id
+/// and de-duplicates nothing else, and the adapter's lookup answers by its
+/// rules (found; nothing yet; nothing after the delay; a duplicate answer;
+/// a failing lookup; an attempt too old for Infobip's logs).
+#[tokio::test]
+async fn the_adapter_and_the_mock_follow_infobips_rules() {
+    sendonce::install_crypto_provider();
+    let (mock, url, _) = MockProvider::start().await.unwrap();
+    let p = InfobipProvider::new(InfobipSettings {
+        base_url: url.trim_end_matches("/messages").to_string(),
+        api_key: API_KEY.into(),
+        from: Some(DEFAULT_FROM.into()),
+        delivery_url: None,
+        lookup_after: DEFAULT_LOOKUP_AFTER,
+        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(1),
+    })
+    .unwrap();
+    let first = outgoing("Your code is 4821");
+    assert_eq!(
+        p.send(&first).await,
+        SendOutcome::Accepted {
+            provider_message_id: first.message_id.to_string(),
+            http_status: Some(200),
+        }
+    );
+    // The same id again: Infobip's duplicate answer, nothing created.
+    match p.send(&first).await {
+        SendOutcome::Ambiguous { message, .. } => {
+            assert!(
+                message.contains("REJECTED_DUPLICATE_MESSAGE_ID"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(mock.created(), 1);
+    // The same text under another id is another message.
+    let second = outgoing("Your code is 4821");
+    assert_eq!(p.send(&second).await.class(), "ok");
+    assert_eq!(mock.deliveries_to(TO, "Your code is 4821"), 2);
+
+    // Found by its id, at once.
+    let now = aged(Duration::ZERO);
+    assert_eq!(
+        p.reconcile(&first, &now).await,
+        Reconciled::Sent {
+            provider_message_id: first.message_id.to_string()
+        }
+    );
+    // Never created: nothing yet before the delay, not sent after it.
+    let never = outgoing("never sent");
+    assert!(matches!(
+        p.reconcile(&never, &now).await,
+        Reconciled::Pending(_)
+    ));
+    let late = aged(DEFAULT_LOOKUP_AFTER);
+    assert_eq!(p.reconcile(&never, &late).await, Reconciled::NotSent);
+    // Logs lagging far behind: an id Infobip called a duplicate is never
+    // "not sent", however late.
+    mock.infobip_set_log_lag(Duration::from_secs(3600));
+    assert!(matches!(
+        p.reconcile(&first, &late).await,
+        Reconciled::Pending(_)
+    ));
+    assert_eq!(p.reconcile(&second, &late).await, Reconciled::NotSent);
+    mock.infobip_set_log_lag(Duration::ZERO);
+    // A failing lookup: asked again, whatever the age.
+    mock.infobip_fail_lookups(1);
+    assert!(matches!(
+        p.reconcile(&never, &late).await,
+        Reconciled::Pending(_)
+    ));
+    // Older than Infobip's logs are kept: nobody can tell.
+    let old = aged(Duration::from_secs(48 * 3600));
+    assert!(matches!(
+        p.reconcile(&first, &old).await,
+        Reconciled::Unknown(_)
+    ));
+    let calls: Vec<_> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.endpoint == "infobip")
+        .collect();
+    assert_eq!(calls.len(), 3);
+}

@@ -260,6 +260,30 @@ async fn accepted_then_dropped_is_found_and_not_resent(backend: Backend) {
     assert_eq!(app.mock.infobip_messages().len(), 2);
 }
 
+/// Two messages to the same number with the same text, both answered by a
+/// dropped connection at once: each is found under its own id, so neither
+/// waits on the other (a lookup by our id cannot return another message's
+/// SMS, unlike a lookup by content).
+async fn same_text_twice_at_once_each_is_found_by_its_own_id(backend: Backend) {
+    let app = spawn_infobip(backend).await;
+    app.mock
+        .push([Behaviour::AcceptThenDrop, Behaviour::AcceptThenDrop]);
+    let body = sms(TO, "Your parcel is at the door");
+    let (a, b) = tokio::join!(app.post("TWIN-A", &body), app.post("TWIN-B", &body));
+    assert!(a.status == 201 || a.status == 202, "{}", a.status);
+    assert!(b.status == 201 || b.status == 202, "{}", b.status);
+    let a = app.wait_for_status("TWIN-A", "sent").await;
+    let b = app.wait_for_status("TWIN-B", "sent").await;
+    assert_eq!(a["provider_message_id"], a["id"]);
+    assert_eq!(b["provider_message_id"], b["id"]);
+    assert_eq!(
+        (a["attempts"].clone(), b["attempts"].clone()),
+        (json!(1), json!(1))
+    );
+    assert_eq!(app.mock.call_count(), 2, "neither resent");
+    assert_eq!(app.mock.deliveries_to(TO, "Your parcel is at the door"), 2);
+}
+
 async fn nothing_created_is_resent_under_the_same_id_once_the_delay_passed(backend: Backend) {
     let app = spawn_infobip_on_a_manual_clock(backend).await;
     app.mock.infobip_drop_before_create(1);
@@ -521,6 +545,7 @@ on_both_backends!(
     throttling_is_retried,
     a_rejected_destination_fails,
     accepted_then_dropped_is_found_and_not_resent,
+    same_text_twice_at_once_each_is_found_by_its_own_id,
     nothing_created_is_resent_under_the_same_id_once_the_delay_passed,
     failing_lookups_keep_it_in_flight_and_never_resend,
     a_duplicate_id_answer_is_looked_up_and_not_resent,

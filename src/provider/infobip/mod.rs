@@ -483,6 +483,20 @@ fn classify_status(
 ) -> SendOutcome {
     let http_status = Some(status.as_u16());
     let (code, text) = error.map(|e| e.parts()).unwrap_or_default();
+    // Should Infobip ever put the duplicate refusal in an error answer
+    // (its documentation shows it only as a message status): it has the
+    // message all the same.
+    let says_duplicate = |s: &Option<String>| s.as_deref().is_some_and(|s| s.contains(DUPLICATE_MESSAGE_ID));
+    if says_duplicate(&code) || says_duplicate(&text) {
+        return SendOutcome::Ambiguous {
+            http_status,
+            retry_after,
+            message: format!(
+                "Infobip answered {status}: it already has a message with our id \
+                 ({DUPLICATE_MESSAGE_ID}): looked up, never resent"
+            ),
+        };
+    }
     let message = super::cut_error_text(&match (&code, text) {
         (_, Some(t)) => t,
         (Some(c), None) => format!("Infobip answered {status} {c}"),

@@ -174,6 +174,12 @@ fn error_answers_by_http_status() {
             message: "Too many requests".into(),
         }
     );
+    // The duplicate refusal in an error answer is still "Infobip has it".
+    let dup = c(400, body("REJECTED_DUPLICATE_MESSAGE_ID", "duplicate"));
+    assert!(
+        matches!(&dup, SendOutcome::Ambiguous { message, .. } if message.contains(DUPLICATE_MESSAGE_ID)),
+        "{dup:?}"
+    );
     // The newer error shape reads the same.
     let newer = serde_json::from_value::<ErrorBody>(serde_json::json!({
         "errorCode": "E400", "description": "Bad request", "action": "fix it"

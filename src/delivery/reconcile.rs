@@ -9,7 +9,8 @@ impl Deliverer {
     /// ambiguous answer. `None` when shutdown stopped it. A provider no
     /// longer configured cannot be asked.
     ///
-    /// A provider message id is never read-then-taken. A candidate that
+    /// A provider message id is never read-then-taken (except our own
+    /// message id, which only this message can have). A candidate that
     /// another message already holds is not ours (the provider's single
     /// candidate was someone else's SMS, so nothing of ours was listed). A
     /// candidate that another in-flight message to the same number with the
@@ -40,6 +41,14 @@ impl Deliverer {
         else {
             return Some(answer);
         };
+        // A provider asked by our own message id (Infobip's `messageId`)
+        // answers with it: no other message can hold that id or have
+        // created that SMS, so neither check below applies (the sibling one
+        // would only hold two same-text messages back, each waiting on the
+        // other until both ended `unknown`).
+        if *provider_message_id == sms.message_id.to_string() {
+            return Some(answer);
+        }
         let owner = self
             .store
             .provider_message_owner(provider.name(), provider_message_id)

@@ -6,7 +6,13 @@
 //! - `POST /providers/twilio/status`: Twilio's status callback
 //!   (form-encoded), signed with `X-Twilio-Signature`;
 //! - `POST /providers/http/status`: the `http` provider's JSON receipt, with
-//!   the shared secret `SENDONCE_RECEIPT_SECRET` in `X-Receipt-Secret`.
+//!   the shared secret `SENDONCE_RECEIPT_SECRET` in `X-Receipt-Secret`;
+//! - `POST /providers/infobip/status`: Infobip's delivery reports, several
+//!   per request (`results[]`), carrying `INFOBIP_RECEIPT_SECRET` in the URL
+//!   Infobip was given.
+//!
+//! A request carrying one receipt is answered with its acknowledgement; one
+//! carrying several (or none) with `{"receipts": [...]}`, one per receipt.
 //!
 //! A message's history, receipts included, is `GET /messages/{key}/events`
 //! (`history.rs`).
@@ -104,13 +110,12 @@ struct Ack {
     applied: bool,
 }
 
-fn ack(outcome: ReceiptOutcome) -> Response {
-    let body = Ack {
+fn ack(outcome: ReceiptOutcome) -> Ack {
+    Ack {
         duplicate: outcome.duplicate,
         message_id: outcome.message_id.map(|id| id.to_string()),
         applied: outcome.applied,
-    };
-    (StatusCode::OK, axum::Json(body)).into_response()
+    }
 }
 
 impl From<ReceiptError> for ApiError {
@@ -146,28 +151,45 @@ async fn receive(
     };
     route.admit(&req)?;
     let body = read_body(body, state.body_read_timeout).await?;
-    let receipt = route.read(&req, &body)?;
-    let receipt = NewReceipt {
-        provider: provider.into(),
-        event_id: receipt_identity(
-            &receipt.provider_message_id,
-            &receipt.status,
-            receipt.error_code.as_deref(),
-        ),
-        provider_message_id: receipt.provider_message_id,
-        status: route.delivery_status(&receipt.status),
-        provider_status: receipt.status,
-        error_code: receipt.error_code,
-        received_at: state.clock.now(),
-    };
-    record(&state, provider, &receipt).await
+    let receipts = route.read_all(&req, &body)?;
+    let mut outcomes = Vec::with_capacity(receipts.len());
+    for receipt in receipts {
+        let receipt = NewReceipt {
+            provider: provider.into(),
+            event_id: receipt_identity(
+                &receipt.provider_message_id,
+                &receipt.status,
+                receipt.error_code.as_deref(),
+            ),
+            provider_message_id: receipt.provider_message_id,
+            status: route.delivery_status(&receipt.status),
+            provider_status: receipt.status,
+            error_code: receipt.error_code,
+            received_at: state.clock.now(),
+        };
+        // One that fails to be recorded fails the request (5xx): the
+        // provider posts it again, and those already recorded are then
+        // duplicates that change nothing.
+        outcomes.push(record(&state, provider, &receipt).await?);
+    }
+    Ok(match <[Ack; 1]>::try_from(outcomes) {
+        Ok([one]) => (StatusCode::OK, axum::Json(one)).into_response(),
+        Err(many) => (StatusCode::OK, axum::Json(Acks { receipts: many })).into_response(),
+    })
+}
+
+/// The answer to a request that carried other than one receipt (a batch
+/// of Infobip reports): one entry per receipt, in order.
+#[derive(Serialize)]
+struct Acks {
+    receipts: Vec<Ack>,
 }
 
 async fn record(
     state: &SharedState,
     provider: &'static str,
     receipt: &NewReceipt,
-) -> Result<Response, ApiError> {
+) -> Result<Ack, ApiError> {
     let mut outcome = state.store.record_receipt(receipt).await?;
     if !outcome.duplicate && outcome.message_id.is_none() {
         // The send may have recorded this provider id after our lookup and

@@ -39,9 +39,10 @@ macro_rules! adapters {
     };
 }
 
-adapters!(simulated, http, twilio);
+adapters!(simulated, http, twilio, infobip);
 
 pub use http::HttpProvider;
+pub use infobip::{InfobipProvider, InfobipSettings};
 pub use registry::{Adapter, Configured};
 pub use simulated::SimulatedProvider;
 pub use twilio::{TwilioProvider, TwilioSettings};

@@ -61,6 +61,18 @@ pub trait ReceiptRoute: std::fmt::Debug + Send + Sync + 'static {
     /// Authenticates the request with its body and reads the receipt.
     fn read(&self, req: &ReceiptRequest<'_>, body: &[u8]) -> Result<Receipt, ReceiptError>;
 
+    /// Authenticates the request with its body and reads every receipt in
+    /// it, in order: a provider that batches reports (Infobip's `results[]`)
+    /// says so here; the others carry one ([`ReceiptRoute::read`]). All are
+    /// read before any is recorded, so a request is taken or refused whole.
+    fn read_all(
+        &self,
+        req: &ReceiptRequest<'_>,
+        body: &[u8],
+    ) -> Result<Vec<Receipt>, ReceiptError> {
+        self.read(req, body).map(|r| vec![r])
+    }
+
     /// What an operator should hear at start about this endpoint's
     /// settings, though they are allowed (a published demo secret).
     fn warnings(&self) -> Vec<String> {

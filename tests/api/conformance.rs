@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use sendonce::domain::MessageId;
 use sendonce::provider::{
-    AttemptRef, HttpProvider, OutgoingSms, Provider, Reconciled, SendOutcome, SimulatedProvider,
-    TwilioProvider, TwilioSettings,
+    AttemptRef, HttpProvider, InfobipProvider, InfobipSettings, OutgoingSms, Provider, Reconciled,
+    SendOutcome, SimulatedProvider, TwilioProvider, TwilioSettings,
 };
 use serde_json::json;
 use testkit::mock_provider::{Behaviour, Dedup, MockProvider};
@@ -35,9 +35,18 @@ enum Adapter {
     Simulated,
     Http,
     Twilio,
+    Infobip,
 }
 
-const ADAPTERS: [Adapter; 3] = [Adapter::Simulated, Adapter::Http, Adapter::Twilio];
+const ADAPTERS: [Adapter; 4] = [
+    Adapter::Simulated,
+    Adapter::Http,
+    Adapter::Twilio,
+    Adapter::Infobip,
+];
+
+/// The Infobip adapter's lookup delay in the table.
+const INFOBIP_LOOKUP_AFTER: Duration = Duration::from_secs(60);
 
 impl Adapter {
     fn name(self) -> &'static str {
@@ -45,6 +54,19 @@ impl Adapter {
             Adapter::Simulated => "simulated",
             Adapter::Http => "http",
             Adapter::Twilio => "twilio",
+            Adapter::Infobip => "infobip",
+        }
+    }
+
+    /// The provider ids of the messages the mock created for this adapter.
+    fn created_ids(self, mock: &MockProvider) -> Vec<String> {
+        match self {
+            Adapter::Infobip => mock
+                .infobip_messages()
+                .into_iter()
+                .map(|m| m.message_id)
+                .collect(),
+            _ => mock.twilio_sids(),
         }
     }
 
@@ -68,6 +90,18 @@ impl Adapter {
                     connect_timeout: t,
                 })
                 .expect("twilio"),
+            ),
+            Adapter::Infobip => Arc::new(
+                InfobipProvider::new(InfobipSettings {
+                    base_url: format!("http://{addr}"),
+                    api_key: crate::infobip::API_KEY.into(),
+                    from: Some(crate::infobip::DEFAULT_FROM.into()),
+                    delivery_url: None,
+                    lookup_after: INFOBIP_LOOKUP_AFTER,
+                    timeout: t,
+                    connect_timeout: t,
+                })
+                .expect("infobip"),
             ),
         }
     }
@@ -94,6 +128,13 @@ enum Then {
     /// It cannot be asked, and it de-duplicates on our key instead: resent
     /// under the same `Idempotency-Key`, the bridge answers the one message.
     ResentUnderTheSameKey,
+    /// Reconciled: nothing yet, ask again later (`Pending`); once the
+    /// adapter's lookup delay has passed since the attempt, certainly not
+    /// sent (Infobip's logs lag behind its answers).
+    NotFoundOnceTheDelayPassed,
+    /// The lookup failed: not known yet, asked again later (`Pending`),
+    /// never resent.
+    AskAgain,
 }
 
 /// One adapter's expected outcome of a row.
@@ -127,8 +168,8 @@ struct Row {
     first: fn() -> Behaviour,
     /// Make the next reconciliation lookup fail.
     lookups_fail: bool,
-    /// simulated, http, twilio.
-    want: [Want; 3],
+    /// simulated, http, twilio, infobip.
+    want: [Want; 4],
 }
 
 fn fail(status: u16, code: u32, retry_after: Option<u64>) -> Behaviour {
@@ -147,26 +188,26 @@ fn fail(status: u16, code: u32, retry_after: Option<u64>) -> Behaviour {
 #[rustfmt::skip]
 const SEND_TABLE: &[Row] = &[
     Row { name: "accepted", first: || Behaviour::Accept, lookups_fail: false,
-          want: [SIMULATED, want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1)] },
+          want: [SIMULATED, want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1)] },
     // An invalid number (Twilio 21211): a refusal of the message.
     Row { name: "rejected", first: || fail(400, 21211, None), lookups_fail: false,
-          want: [SIMULATED, want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0)] },
+          want: [SIMULATED, want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0)] },
     // Bad credentials (Twilio 20003): a refusal of the account.
     Row { name: "refused", first: || fail(401, 20003, None), lookups_fail: false,
-          want: [SIMULATED, want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0)] },
+          want: [SIMULATED, want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0)] },
     Row { name: "retryable with Retry-After", first: || fail(429, 20429, Some(7)), lookups_fail: false,
-          want: [SIMULATED, want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0)] },
+          want: [SIMULATED, want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0)] },
     Row { name: "retryable without Retry-After", first: || fail(429, 20429, None), lookups_fail: false,
-          want: [SIMULATED, want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0)] },
+          want: [SIMULATED, want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0)] },
     // The provider created the message, and the answer was a 500.
     Row { name: "ambiguous, then reconciled: found", first: || Behaviour::AcceptThenFail { status: 500 }, lookups_fail: false,
-          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::Found, 1)] },
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::Found, 1), want("ambiguous", None, Then::Found, 1)] },
     // A 500 without creating anything.
     Row { name: "ambiguous, then reconciled: not found", first: || fail(500, 20500, None), lookups_fail: false,
-          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::NotFound, 0)] },
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::NotFound, 0), want("ambiguous", None, Then::NotFoundOnceTheDelayPassed, 0)] },
     // Created, a 500, and the lookup fails: nobody can tell.
     Row { name: "ambiguous, then reconciliation not possible", first: || Behaviour::AcceptThenFail { status: 500 }, lookups_fail: true,
-          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::CannotTell, 1)] },
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::CannotTell, 1), want("ambiguous", None, Then::AskAgain, 1)] },
 ];
 
 fn retry_after(outcome: &SendOutcome) -> Option<u64> {
@@ -185,6 +226,7 @@ async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
     mock.push([(row.first)()]);
     if row.lookups_fail {
         mock.fail_lookups(1);
+        mock.infobip_fail_lookups(1);
     }
     if want.then == Then::ResentUnderTheSameKey {
         assert!(provider.dedupes_by_key(), "{what}");
@@ -224,7 +266,11 @@ async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
             let ours = Some(sms.message_id.to_string());
             assert_eq!(keys, [ours.clone(), ours], "{what}");
         }
-        Then::Found | Then::NotFound | Then::CannotTell => {
+        Then::Found
+        | Then::NotFound
+        | Then::CannotTell
+        | Then::NotFoundOnceTheDelayPassed
+        | Then::AskAgain => {
             assert!(!provider.dedupes_by_key(), "{what}");
             let got = provider.reconcile(&sms, &attempt).await;
             let ok = match (want.then, &got) {
@@ -233,12 +279,21 @@ async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
                     Reconciled::Sent {
                         provider_message_id,
                     },
-                ) => mock.twilio_sids() == [provider_message_id.clone()],
+                ) => adapter.created_ids(&mock) == [provider_message_id.clone()],
                 (Then::NotFound, Reconciled::NotSent) => true,
                 (Then::CannotTell, Reconciled::Unknown(_)) => true,
+                (Then::NotFoundOnceTheDelayPassed | Then::AskAgain, Reconciled::Pending(_)) => true,
                 _ => false,
             };
             assert!(ok, "{what}: wanted {:?}, got {got:?}", want.then);
+            if want.then == Then::NotFoundOnceTheDelayPassed {
+                let later = AttemptRef {
+                    age: attempt.age + INFOBIP_LOOKUP_AFTER,
+                    ..attempt.clone()
+                };
+                let got = provider.reconcile(&sms, &later).await;
+                assert_eq!(got, Reconciled::NotSent, "{what}: after the delay");
+            }
         }
     }
     if adapter == Adapter::Simulated {
@@ -316,6 +371,7 @@ async fn spawn_adapter(backend: Backend, adapter: Adapter) -> TestApp {
         Adapter::Simulated => Some(Box::new(|_, _, _| Arc::new(SimulatedProvider::default()))),
         Adapter::Http => None,
         Adapter::Twilio => Some(crate::twilio::twilio()),
+        Adapter::Infobip => Some(crate::infobip::infobip()),
     };
     spawn_with(TestOptions {
         backend,
@@ -376,6 +432,28 @@ async fn post_receipt(
                 .header("Content-Type", "application/x-www-form-urlencoded")
                 .header("X-Twilio-Signature", signature)
                 .body(sendonce::provider::twilio::encode_form(&params))
+        }
+        Adapter::Infobip => {
+            let secret = match auth {
+                Auth::Authentic => crate::infobip::RECEIPT_SECRET,
+                Auth::Forged => "a-forged-secret-0123456789",
+            };
+            let (group, name) = match status {
+                "delivered" => ("DELIVERED", "DELIVERED_TO_HANDSET"),
+                "sent" => ("PENDING", "PENDING_ENROUTE"),
+                other => ("UNDELIVERABLE", other),
+            };
+            app.client
+                .post(format!("{url}?secret={secret}"))
+                .header("Content-Type", "application/json")
+                .body(
+                    json!({"results": [{
+                        "messageId": id,
+                        "to": "14155550100",
+                        "status": {"groupName": group, "name": name},
+                    }]})
+                    .to_string(),
+                )
         }
     };
     answer(req.send().await.expect("receipt POST")).await

@@ -65,6 +65,7 @@ mod hardening2;
 mod hardening3;
 mod hardening4;
 mod helpers;
+mod infobip;
 mod lifecycle;
 mod observability;
 mod outage;

@@ -1,0 +1,657 @@
+//! The `infobip` provider: Infobip's SMS API (v3).
+//!
+//! Send: `POST {base}/sms/3/messages`, JSON, `Authorization: App <key>`, one
+//! message to one destination: `{"messages":[{"sender", "destinations":
+//! [{"to", "messageId"}], "content":{"text"}, "options":{"validityPeriod"},
+//! "webhooks":{"delivery":{"url"}}}]}`. The destination's `messageId` is our
+//! message id, the same on every attempt, so Infobip's id of the message is
+//! ours and an unanswered send can be asked about by that id. The delivery
+//! URL (our receipt endpoint carrying `INFOBIP_RECEIPT_SECRET`) goes with
+//! each message when `SENDONCE_PUBLIC_URL` is set.
+//!
+//! Classes: a 2xx whose message status is in the `PENDING` group (or any
+//! other group that says Infobip has the message) accepted, under the
+//! answer's `messageId`; a status of the `REJECTED` group about the message
+//! (`REJECTED_DESTINATION`, `REJECTED_INVALID_DESTINATION`, `MISSING_TO`,
+//! `REJECTED_DND`, ...) rejected; `REJECTED_NOT_ENOUGH_CREDITS` and
+//! `REJECTED_PREPAID_PACKAGE_EXPIRED` refused (the account, not the message);
+//! `REJECTED_SYSTEM_ERROR` retryable (Infobip asks for a resubmission);
+//! `REJECTED_DUPLICATE_MESSAGE_ID` ambiguous: Infobip already has a message
+//! with our id, so it is looked up and never resent blindly (see
+//! [`InfobipProvider::reconcile`]). HTTP 401/403 refused; 429 retryable with
+//! `Retry-After` when given; other 4xx and 3xx rejected; 5xx, timeouts and
+//! resets after the request was written ambiguous; connection failures
+//! before it retryable. Infobip's error body
+//! `{"requestError":{"serviceException":{"messageId","text"}}}` becomes the
+//! provider code and message.
+//!
+//! Infobip answers a repeated `messageId` with `REJECTED_DUPLICATE_MESSAGE_ID`
+//! rather than a second message, but its documentation says only that ids
+//! "should be unique": it does not say for how long, nor whether the answer
+//! is always synchronous. So [`Provider::dedupes_by_key`] is `false`: an
+//! ambiguous answer is reconciled, never simply resent, and the duplicate
+//! refusal is a second line of defence only.
+//!
+//! Reconcile: `GET {base}/sms/3/logs?messageId=<our id>` (logs are kept 48
+//! hours; `/sms/3/reports` is not used: each report is returned only once,
+//! and taking it would steal it from whoever else reads them). A log entry
+//! with our id: sent, under that id, whatever its status. No entry, once
+//! `INFOBIP_LOOKUP_AFTER` has passed since the attempt started: not sent (a
+//! resend goes under the same id, so should the log merely have lagged,
+//! Infobip refuses the resend as a duplicate). No entry before that, or
+//! after Infobip called the id a duplicate: not known yet, asked again
+//! later. A lookup that fails (5xx, 401, a timeout, an unreadable answer):
+//! asked again later, never resent.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use reqwest::StatusCode;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use serde::Deserialize;
+
+use super::{AttemptRef, OutgoingSms, Provider, Reconciled, SendOutcome, parse_retry_after};
+use crate::domain::Phone;
+
+pub mod receipts;
+mod settings;
+
+pub use receipts::InfobipReceipts;
+pub use settings::{
+    ADAPTER, DEFAULT_LOOKUP_AFTER, MAX_LOOKUP_AFTER, MIN_LOOKUP_AFTER, base_url, delivery_url,
+    lookup_after,
+};
+
+/// Where this service receives Infobip's delivery reports.
+pub const STATUS_PATH: &str = "/providers/infobip/status";
+
+/// The send endpoint, under the account's base URL.
+pub const SEND_PATH: &str = "/sms/3/messages";
+
+/// The log lookup, under the account's base URL.
+pub const LOGS_PATH: &str = "/sms/3/logs";
+
+/// The status Infobip answers a `messageId` it already has with.
+pub const DUPLICATE_MESSAGE_ID: &str = "REJECTED_DUPLICATE_MESSAGE_ID";
+
+/// How long Infobip keeps message logs.
+pub const LOG_RETENTION: Duration = Duration::from_secs(48 * 3600);
+
+/// An attempt older than this is not looked up as if its log could still
+/// be there: an empty answer would mean nothing.
+pub const LOOKUP_HORIZON: Duration = Duration::from_secs(47 * 3600);
+
+/// The largest log answer read (bytes).
+pub const MAX_LOG_BYTES: usize = 256 * 1024;
+
+/// Message ids Infobip called duplicates, remembered per process (at most).
+const REMEMBERED_DUPLICATES: usize = 10_000;
+
+/// What the adapter needs to know.
+#[derive(Clone)]
+pub struct InfobipSettings {
+    /// `https://xxxxx.api.infobip.com` (no trailing slash), or a stand-in.
+    pub base_url: String,
+    pub api_key: String,
+    /// The default sender when the request names none.
+    pub from: Option<String>,
+    /// Our receipt endpoint with its secret, sent as `webhooks.delivery.url`.
+    pub delivery_url: Option<String>,
+    /// How long after an attempt started an empty log means "not sent".
+    pub lookup_after: Duration,
+    /// Upper bound of one call.
+    pub timeout: Duration,
+    /// Upper bound of connecting: until then, nothing was sent.
+    pub connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for InfobipSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InfobipSettings")
+            .field("base_url", &self.base_url)
+            .field("api_key", &"***")
+            .field("from", &self.from)
+            .field("delivery_url", &self.delivery_url.as_ref().map(|_| "***"))
+            .field("lookup_after", &self.lookup_after)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+#[derive(Debug)]
+pub struct InfobipProvider {
+    client: reqwest::Client,
+    settings: InfobipSettings,
+    send_url: reqwest::Url,
+    logs_url: reqwest::Url,
+    /// Our message ids Infobip answered `REJECTED_DUPLICATE_MESSAGE_ID` for
+    /// in this process: it has them, so an empty log never makes them "not
+    /// sent" here. Oldest first, bounded.
+    duplicates: Mutex<(HashSet<String>, VecDeque<String>)>,
+}
+
+/// A message status object (send answer, log, report).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub group_id: Option<i64>,
+    pub group_name: Option<String>,
+    pub id: Option<i64>,
+    pub name: Option<String>,
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SendAnswer {
+    #[serde(default)]
+    messages: Vec<SentMessage>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SentMessage {
+    message_id: Option<String>,
+    status: Option<Status>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LogsAnswer {
+    results: Vec<LogEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LogEntry {
+    message_id: Option<String>,
+}
+
+/// Infobip's error body, in its two shapes: `requestError.serviceException`
+/// and the newer `{errorCode, description}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ErrorBody {
+    request_error: Option<RequestError>,
+    error_code: Option<String>,
+    description: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestError {
+    service_exception: Option<ServiceException>,
+    policy_exception: Option<ServiceException>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ServiceException {
+    message_id: Option<String>,
+    text: Option<String>,
+}
+
+impl ErrorBody {
+    /// The error's code and text, if it had any.
+    fn parts(&self) -> (Option<String>, Option<String>) {
+        let exception = self
+            .request_error
+            .as_ref()
+            .and_then(|r| r.service_exception.as_ref().or(r.policy_exception.as_ref()));
+        let code = exception
+            .and_then(|e| e.message_id.clone())
+            .or_else(|| self.error_code.clone())
+            .filter(|c| !c.is_empty());
+        let text = exception
+            .and_then(|e| e.text.clone())
+            .or_else(|| self.description.clone())
+            .filter(|t| !t.is_empty());
+        (code, text)
+    }
+}
+
+impl InfobipProvider {
+    pub fn new(settings: InfobipSettings) -> Result<Self, super::ProviderError> {
+        let what = "Infobip base";
+        let base =
+            reqwest::Url::parse(&settings.base_url).map_err(|e| super::ProviderError::Url {
+                what,
+                source: e.into(),
+            })?;
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            return Err(super::ProviderError::NotHttp { what });
+        }
+        let at = |path: &str| {
+            base.join(path).map_err(|e| super::ProviderError::Url {
+                what,
+                source: e.into(),
+            })
+        };
+        let send_url = at(SEND_PATH)?;
+        let logs_url = at(LOGS_PATH)?;
+        crate::install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .timeout(settings.timeout)
+            .connect_timeout(settings.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            // A POST must not silently turn into a GET elsewhere, and the
+            // API key must not follow a redirect.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(super::ProviderError::Client)?;
+        Ok(Self {
+            client,
+            settings,
+            send_url,
+            logs_url,
+            duplicates: Mutex::new((HashSet::new(), VecDeque::new())),
+        })
+    }
+
+    fn authorization(&self) -> String {
+        format!("App {}", self.settings.api_key)
+    }
+
+    /// Who `from` (the request's) is sent as: it, else `INFOBIP_FROM`.
+    fn sender_for(&self, from: Option<&str>) -> Option<String> {
+        from.map(str::to_string)
+            .or_else(|| self.settings.from.clone())
+    }
+
+    /// The request body Infobip gets for `sms`.
+    pub fn body(&self, sms: &OutgoingSms, to: &Phone) -> serde_json::Value {
+        let mut message = serde_json::json!({
+            // E.164 without the `+`, as Infobip's examples write numbers.
+            "destinations": [{
+                "to": to.trim_start_matches('+'),
+                "messageId": sms.message_id.to_string(),
+            }],
+            "content": { "text": sms.body },
+        });
+        if let Some(sender) = self.sender_for(sms.from.as_deref()) {
+            message["sender"] = serde_json::Value::String(sender);
+        }
+        if let Some(validity) = sms.validity {
+            message["options"] = serde_json::json!({
+                "validityPeriod": { "amount": validity_seconds(validity), "timeUnit": "SECONDS" }
+            });
+        }
+        if let Some(url) = &self.settings.delivery_url {
+            message["webhooks"] = serde_json::json!({ "delivery": { "url": url } });
+        }
+        serde_json::json!({ "messages": [message] })
+    }
+
+    fn remember_duplicate(&self, id: &str) {
+        let mut guard = self
+            .duplicates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (set, order) = &mut *guard;
+        if set.insert(id.to_string()) {
+            order.push_back(id.to_string());
+            while order.len() > REMEMBERED_DUPLICATES {
+                if let Some(old) = order.pop_front() {
+                    set.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn called_duplicate(&self, id: &str) -> bool {
+        self.duplicates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+            .contains(id)
+    }
+
+    /// Infobip's log entries for message `id`, or why they could not be read.
+    async fn logs(&self, id: &str) -> Result<Vec<LogEntry>, String> {
+        let mut url = self.logs_url.clone();
+        url.query_pairs_mut()
+            .append_pair("messageId", id)
+            .append_pair("limit", "10");
+        let resp = self
+            .client
+            .get(url)
+            .header(AUTHORIZATION, self.authorization())
+            .header(ACCEPT, "application/json")
+            .send()
+            .await
+            .map_err(|e| format!("looking up the message at Infobip failed: {}", transport(&e)))?;
+        let status = resp.status();
+        let body = super::read_body(resp, MAX_LOG_BYTES)
+            .await
+            .map_err(|e| format!("reading Infobip's logs failed: {}", e.describe()))?;
+        if !status.is_success() {
+            let (code, text) = serde_json::from_slice::<ErrorBody>(&body)
+                .unwrap_or_default()
+                .parts();
+            let detail = [code, text.map(|t| super::cut_error_text(&t))]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(": ");
+            return Err(
+                format!("looking up the message at Infobip answered {status} {detail}")
+                    .trim_end()
+                    .to_string(),
+            );
+        }
+        serde_json::from_slice::<LogsAnswer>(&body)
+            .map(|a| a.results)
+            .map_err(|e| format!("Infobip's logs could not be read: {e}"))
+    }
+}
+
+/// `validityPeriod` in whole seconds, rounded up so that a message is never
+/// given less time than it has (Infobip's validity runs up to 48 hours).
+fn validity_seconds(validity: Duration) -> u64 {
+    let secs = validity.as_secs() + u64::from(validity.subsec_nanos() > 0);
+    secs.clamp(1, 48 * 3600)
+}
+
+fn transport(e: &reqwest::Error) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "could not connect"
+    } else {
+        "connection error"
+    }
+}
+
+/// Classifies a transport error of the send.
+fn classify_error(e: &reqwest::Error) -> SendOutcome {
+    if e.is_connect() || e.is_builder() {
+        // Never connected (or never built): Infobip cannot have seen it.
+        SendOutcome::Retryable {
+            http_status: None,
+            provider_code: None,
+            retry_after: None,
+            message: "could not connect to Infobip".into(),
+        }
+    } else if e.is_timeout() {
+        SendOutcome::Ambiguous {
+            http_status: None,
+            retry_after: None,
+            message: "Infobip did not answer in time".into(),
+        }
+    } else {
+        SendOutcome::Ambiguous {
+            http_status: None,
+            retry_after: None,
+            message: "the connection failed before Infobip answered".into(),
+        }
+    }
+}
+
+/// `REJECTED` statuses that refuse the account rather than the message:
+/// another provider may send it.
+const ACCOUNT_REJECTIONS: [&str; 2] = [
+    "REJECTED_NOT_ENOUGH_CREDITS",
+    "REJECTED_PREPAID_PACKAGE_EXPIRED",
+];
+
+/// `REJECTED` statuses Infobip asks to submit again: it did not act.
+const RETRY_REJECTIONS: [&str; 1] = ["REJECTED_SYSTEM_ERROR"];
+
+/// Classifies a 2xx answer's message: its id and status.
+fn classify_accepted(
+    http_status: u16,
+    message_id: Option<String>,
+    status: Option<&Status>,
+    ours: &str,
+) -> SendOutcome {
+    let http_status = Some(http_status);
+    let name = status.and_then(|s| s.name.clone()).unwrap_or_default();
+    let group = status
+        .and_then(|s| s.group_name.clone())
+        .unwrap_or_default()
+        .to_ascii_uppercase();
+    let text = || {
+        let description = status.and_then(|s| s.description.clone());
+        super::cut_error_text(&match description {
+            Some(d) if !d.is_empty() => format!("{name}: {d}"),
+            _ => format!("Infobip answered {name}"),
+        })
+    };
+    if name == DUPLICATE_MESSAGE_ID {
+        return SendOutcome::Ambiguous {
+            http_status,
+            retry_after: None,
+            message: format!(
+                "Infobip already has a message with our id {ours} ({DUPLICATE_MESSAGE_ID}): \
+                 looked up, never resent"
+            ),
+        };
+    }
+    let rejected = group == "REJECTED" || (group.is_empty() && name.starts_with("REJECTED"));
+    if rejected {
+        let code = (!name.is_empty()).then(|| name.clone());
+        return if ACCOUNT_REJECTIONS.contains(&name.as_str()) {
+            SendOutcome::Refused {
+                http_status,
+                provider_code: code,
+                message: text(),
+            }
+        } else if RETRY_REJECTIONS.contains(&name.as_str()) {
+            SendOutcome::Retryable {
+                http_status,
+                provider_code: code,
+                retry_after: None,
+                message: text(),
+            }
+        } else {
+            SendOutcome::Rejected {
+                http_status,
+                provider_code: code,
+                message: text(),
+            }
+        };
+    }
+    // The send answer is an acceptance (`PENDING`); any other group still
+    // says Infobip has the message.
+    let known = matches!(
+        group.as_str(),
+        "PENDING" | "ACCEPTED" | "DELIVERED" | "UNDELIVERABLE" | "EXPIRED"
+    );
+    match message_id.filter(|id| !id.is_empty()) {
+        Some(id) if known => SendOutcome::Accepted {
+            provider_message_id: id,
+            http_status,
+        },
+        _ => SendOutcome::Ambiguous {
+            http_status,
+            retry_after: None,
+            message: format!(
+                "Infobip answered 2xx without a message id and a status it documents ({})",
+                if group.is_empty() { "none" } else { &group }
+            ),
+        },
+    }
+}
+
+/// Classifies a non-2xx answer with Infobip's error body, if it had one.
+fn classify_status(
+    status: StatusCode,
+    error: Option<ErrorBody>,
+    retry_after: Option<Duration>,
+) -> SendOutcome {
+    let http_status = Some(status.as_u16());
+    let (code, text) = error.map(|e| e.parts()).unwrap_or_default();
+    // Should Infobip ever put the duplicate refusal in an error answer
+    // (its documentation shows it only as a message status): it has the
+    // message all the same.
+    let says_duplicate = |s: &Option<String>| s.as_deref().is_some_and(|s| s.contains(DUPLICATE_MESSAGE_ID));
+    if says_duplicate(&code) || says_duplicate(&text) {
+        return SendOutcome::Ambiguous {
+            http_status,
+            retry_after,
+            message: format!(
+                "Infobip answered {status}: it already has a message with our id \
+                 ({DUPLICATE_MESSAGE_ID}): looked up, never resent"
+            ),
+        };
+    }
+    let message = super::cut_error_text(&match (&code, text) {
+        (_, Some(t)) => t,
+        (Some(c), None) => format!("Infobip answered {status} {c}"),
+        (None, None) => format!("Infobip answered {status}"),
+    });
+    match status.as_u16() {
+        429 => SendOutcome::Retryable {
+            http_status,
+            provider_code: code,
+            retry_after,
+            message,
+        },
+        401 | 403 => SendOutcome::Refused {
+            http_status,
+            provider_code: code,
+            message,
+        },
+        // A refusal of this request (BAD_REQUEST, ...), or a redirect:
+        // Infobip did not create a message.
+        300..=499 => SendOutcome::Rejected {
+            http_status,
+            provider_code: code,
+            message,
+        },
+        _ => SendOutcome::Ambiguous {
+            http_status,
+            retry_after,
+            message: match code {
+                Some(c) => format!("{message} (Infobip error {c})"),
+                None => message,
+            },
+        },
+    }
+}
+
+#[async_trait]
+impl Provider for InfobipProvider {
+    fn name(&self) -> &'static str {
+        ADAPTER.name
+    }
+
+    fn dedupes_by_key(&self) -> bool {
+        // Infobip refuses a repeated `messageId`, but documents neither for
+        // how long nor that the refusal is always in the answer: an
+        // ambiguous send is reconciled by its id, not resent.
+        false
+    }
+
+    fn sender(&self, from: Option<&str>) -> Option<String> {
+        self.sender_for(from)
+    }
+
+    async fn send(&self, sms: &OutgoingSms) -> SendOutcome {
+        let to = match sms.phone() {
+            Ok(to) => to,
+            Err(refused) => return refused,
+        };
+        let ours = sms.message_id.to_string();
+        let req = self
+            .client
+            .post(self.send_url.clone())
+            .header(AUTHORIZATION, self.authorization())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json")
+            .body(self.body(sms, to).to_string());
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => return classify_error(&e),
+        };
+        let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        let bytes = match super::read_body(resp, super::MAX_ANSWER_BYTES).await {
+            Ok(b) => b,
+            Err(e) => {
+                return if status.is_success() || status.is_server_error() {
+                    SendOutcome::Ambiguous {
+                        http_status: Some(status.as_u16()),
+                        retry_after,
+                        message: format!("reading Infobip's answer failed: {}", e.describe()),
+                    }
+                } else {
+                    classify_status(status, None, retry_after)
+                };
+            }
+        };
+        if !status.is_success() {
+            return classify_status(status, serde_json::from_slice(&bytes).ok(), retry_after);
+        }
+        let answer = serde_json::from_slice::<SendAnswer>(&bytes).ok();
+        let first = answer.and_then(|a| a.messages.into_iter().next());
+        let outcome = match first {
+            Some(m) => classify_accepted(status.as_u16(), m.message_id, m.status.as_ref(), &ours),
+            None => SendOutcome::Ambiguous {
+                http_status: Some(status.as_u16()),
+                retry_after: None,
+                message: "Infobip answered 2xx without the message".into(),
+            },
+        };
+        if matches!(&outcome, SendOutcome::Ambiguous { message, .. } if message.contains(DUPLICATE_MESSAGE_ID))
+        {
+            self.remember_duplicate(&ours);
+        }
+        outcome
+    }
+
+    /// Asks Infobip's logs for our id: found, sent; none, not sent only once
+    /// the lookup delay has passed since the attempt started (and Infobip
+    /// never called the id a duplicate here); a failing lookup, ask again.
+    async fn reconcile(&self, sms: &OutgoingSms, attempt: &AttemptRef) -> Reconciled {
+        // A recipient Infobip cannot reach was refused before any request.
+        if sms.phone().is_err() {
+            return Reconciled::NotSent;
+        }
+        let ours = sms.message_id.to_string();
+        if attempt.age > LOOKUP_HORIZON {
+            return Reconciled::Unknown(format!(
+                "the attempt started more than {} hours ago and Infobip keeps logs for {} hours: \
+                 its logs cannot tell any more",
+                LOOKUP_HORIZON.as_secs() / 3600,
+                LOG_RETENTION.as_secs() / 3600
+            ));
+        }
+        let entries = match self.logs(&ours).await {
+            Ok(entries) => entries,
+            Err(reason) => {
+                return Reconciled::Pending(format!("{reason}; asking again, never resending"));
+            }
+        };
+        if let Some(entry) = entries
+            .iter()
+            .find(|e| e.message_id.as_deref() == Some(ours.as_str()))
+        {
+            return Reconciled::Sent {
+                provider_message_id: entry.message_id.clone().unwrap_or_else(|| ours.clone()),
+            };
+        }
+        if self.called_duplicate(&ours) {
+            return Reconciled::Pending(format!(
+                "Infobip called message id {ours} a duplicate but its logs do not show it yet"
+            ));
+        }
+        if attempt.age < self.settings.lookup_after {
+            return Reconciled::Pending(format!(
+                "Infobip's logs show no message {ours} yet; it counts as not sent only {}s after \
+                 the attempt started (INFOBIP_LOOKUP_AFTER)",
+                self.settings.lookup_after.as_secs()
+            ));
+        }
+        Reconciled::NotSent
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,174 @@
+//! The `infobip` adapter's variables and settings.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::super::registry::{Adapter, Configured, Context, Receipts, Var, VarError, Vars};
+use super::super::{Provider, ProviderError};
+use super::receipts::{RECEIPT_SECRET, SECRET_PARAM};
+use super::{InfobipProvider, InfobipSettings, STATUS_PATH};
+
+/// The `infobip` adapter in the registry.
+pub const ADAPTER: Adapter = Adapter {
+    name: "infobip",
+    vars: &VARS,
+    configure,
+    receipts: Some(Receipts {
+        path: STATUS_PATH,
+        configure: super::receipts::configure,
+    }),
+};
+
+pub const API_KEY: &str = "INFOBIP_API_KEY";
+pub const BASE_URL: &str = "INFOBIP_BASE_URL";
+pub const FROM: &str = "INFOBIP_FROM";
+pub const LOOKUP_AFTER: &str = "INFOBIP_LOOKUP_AFTER";
+
+/// How long after an attempt started Infobip's logs must still show no
+/// message with our id before that counts as "not sent", unless
+/// `INFOBIP_LOOKUP_AFTER` says otherwise.
+pub const DEFAULT_LOOKUP_AFTER: Duration = Duration::from_secs(60);
+
+/// The longest `INFOBIP_LOOKUP_AFTER` accepted. Infobip keeps logs for 48
+/// hours; a lookup delay anywhere near that would ask after the log is gone
+/// (and a message's retry deadline ends it long before).
+pub const MAX_LOOKUP_AFTER: Duration = Duration::from_secs(3600);
+
+/// The shortest: Infobip's logs lag behind its answers, so a lookup made at
+/// once could miss a message it just created.
+pub const MIN_LOOKUP_AFTER: Duration = Duration::from_secs(1);
+
+const VARS: [Var; 5] = [
+    Var {
+        env: API_KEY,
+        flag: "infobip-api-key",
+        help: "Infobip API key, sent as `Authorization: App <key>`",
+        secret: true,
+    },
+    Var {
+        env: BASE_URL,
+        flag: "infobip-base-url",
+        help: "Your Infobip account's base URL (xxxxx.api.infobip.com; https:// when no scheme)",
+        secret: false,
+    },
+    Var {
+        env: FROM,
+        flag: "infobip-from",
+        help: "Default Infobip sender when a request names none",
+        secret: false,
+    },
+    Var {
+        env: RECEIPT_SECRET,
+        flag: "infobip-receipt-secret",
+        help: "Secret carried by the delivery report URL given to Infobip; reports without it are refused",
+        secret: true,
+    },
+    Var {
+        env: LOOKUP_AFTER,
+        flag: "infobip-lookup-after",
+        help: "How long Infobip's logs must show no message before an unanswered send counts as not sent (default 60s, 1s to 1h)",
+        secret: false,
+    },
+];
+
+/// The account's base URL as `scheme://host[:port]`, without a trailing
+/// slash: `value` with or without a scheme (`https://` when none; `http://`
+/// only for stand-ins in tests). Anything but a bare host is refused: a
+/// path, a query, a fragment or credentials would end up in every request.
+pub fn base_url(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let with_scheme = if value.contains("://") {
+        value.to_string()
+    } else {
+        format!("https://{value}")
+    };
+    let url = reqwest::Url::parse(&with_scheme)
+        .map_err(|e| format!("is not a base URL (xxxxx.api.infobip.com): {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("must be an https URL, or a host name".into());
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("has no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("must not carry credentials (the API key is INFOBIP_API_KEY)".into());
+    }
+    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
+        return Err("must be the account's base URL only, without a path or query".into());
+    }
+    Ok(url.as_str().trim_end_matches('/').to_string())
+}
+
+/// `INFOBIP_LOOKUP_AFTER`, in humantime syntax (`60s`, `2m`), within
+/// [`MIN_LOOKUP_AFTER`] and [`MAX_LOOKUP_AFTER`].
+pub fn lookup_after(value: Option<&str>) -> Result<Duration, VarError> {
+    let Some(v) = value else {
+        return Ok(DEFAULT_LOOKUP_AFTER);
+    };
+    let d = humantime::parse_duration(v.trim()).map_err(|e| {
+        VarError::invalid(LOOKUP_AFTER, format!("is not a duration ({v:?}): {e}"))
+    })?;
+    if !(MIN_LOOKUP_AFTER..=MAX_LOOKUP_AFTER).contains(&d) {
+        return Err(VarError::invalid(
+            LOOKUP_AFTER,
+            "must be between 1s and 1h (Infobip keeps logs for 48 hours)",
+        ));
+    }
+    Ok(d)
+}
+
+/// Where Infobip posts delivery reports for a message: our endpoint under
+/// the public URL, with the receipt secret as the `secret` query parameter.
+pub fn delivery_url(public_url: &str, secret: &str) -> String {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    q.append_pair(SECRET_PARAM, secret);
+    format!(
+        "{}{STATUS_PATH}?{}",
+        public_url.trim_end_matches('/'),
+        q.finish()
+    )
+}
+
+fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError> {
+    let needed_by = "SENDONCE_PROVIDER=infobip";
+    let api_key = vars.get(API_KEY).ok_or(VarError::Missing {
+        var: API_KEY,
+        needed_by,
+    })?;
+    let base = vars.get(BASE_URL).ok_or(VarError::Missing {
+        var: BASE_URL,
+        needed_by,
+    })?;
+    let base_url = base_url(base).map_err(|reason| VarError::invalid(BASE_URL, reason))?;
+    let lookup_after = lookup_after(vars.get(LOOKUP_AFTER))?;
+    // Checked (length) by the receipt route's own configuration.
+    let secret = vars.get(RECEIPT_SECRET);
+    let delivery_url = match (&ctx.public_url, secret) {
+        (Some(public), Some(secret)) => Some(delivery_url(public, secret)),
+        _ => None,
+    };
+    Ok(Arc::new(InfobipSettings {
+        base_url,
+        api_key: api_key.trim().to_string(),
+        from: vars.get(FROM).map(str::to_string),
+        delivery_url,
+        lookup_after,
+        timeout: ctx.timeout,
+        connect_timeout: ctx.connect_timeout,
+    }))
+}
+
+impl Configured for InfobipSettings {
+    fn name(&self) -> &'static str {
+        ADAPTER.name
+    }
+
+    fn build(&self) -> Result<Arc<dyn Provider>, ProviderError> {
+        Ok(Arc::new(InfobipProvider::new(self.clone())?))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -6,7 +6,9 @@
 //! - `POST /providers/twilio/status`: Twilio's status callback
 //!   (form-encoded), signed with `X-Twilio-Signature`;
 //! - `POST /providers/http/status`: the `http` provider's JSON receipt, with
-//!   the shared secret `SENDONCE_RECEIPT_SECRET` in `X-Receipt-Secret`.
+//!   the shared secret `SENDONCE_RECEIPT_SECRET` in `X-Receipt-Secret`;
+//! - `POST` and `GET /providers/vonage/status`: Vonage's delivery receipt
+//!   (form, JSON or query string), signed with `sig`.
 //!
 //! A message's history, receipts included, is `GET /messages/{key}/events`
 //! (`history.rs`).
@@ -30,9 +32,9 @@
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{OriginalUri, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{MethodRouter, post};
 use serde::Serialize;
 
 use super::SharedState;
@@ -59,17 +61,19 @@ pub fn router() -> Router<SharedState> {
             return router;
         };
         let name = adapter.name;
-        router.route(
-            receipts.path,
-            post(
-                move |State(state): State<SharedState>,
-                      OriginalUri(uri): OriginalUri,
-                      headers: HeaderMap,
-                      body: Body| async move {
-                    receive(name, state, uri, headers, body).await
-                },
-            ),
-        )
+        let handler = move |State(state): State<SharedState>,
+                            method: Method,
+                            OriginalUri(uri): OriginalUri,
+                            headers: HeaderMap,
+                            body: Body| async move {
+            receive(name, state, method, uri, headers, body).await
+        };
+        let route: MethodRouter<SharedState> = if receipts.get {
+            post(handler.clone()).get(handler)
+        } else {
+            post(handler)
+        };
+        router.route(receipts.path, route)
     })
 }
 
@@ -129,6 +133,7 @@ impl From<ReceiptError> for ApiError {
 async fn receive(
     provider: &'static str,
     state: SharedState,
+    method: Method,
     uri: axum::http::Uri,
     headers: HeaderMap,
     body: Body,
@@ -140,6 +145,7 @@ async fn receive(
         .cloned()
         .ok_or(ApiError::Forbidden)?;
     let req = ReceiptRequest {
+        method: &method,
         headers: &headers,
         path_and_query: uri.path_and_query().map_or(uri.path(), |p| p.as_str()),
         public_url: state.receipts.public_url.as_deref(),

@@ -3,12 +3,15 @@
 //! message on are the service's (`src/http/receipts.rs`), the same for
 //! every adapter.
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 
 use crate::domain::{FieldError, Status};
 
 /// A receipt request as it arrived.
 pub struct ReceiptRequest<'a> {
+    /// `POST`, or `GET` on a route that takes it (`Receipts::get`): then
+    /// the receipt is the query string and the body is empty.
+    pub method: &'a Method,
     pub headers: &'a HeaderMap,
     /// The path and query the provider called (what a signature covers).
     pub path_and_query: &'a str,

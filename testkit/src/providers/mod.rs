@@ -24,7 +24,7 @@ macro_rules! protocols {
     };
 }
 
-protocols!(http, twilio);
+protocols!(http, twilio, vonage);
 
 /// `router` with every protocol's routes.
 pub fn routes(router: Router<MockProvider>) -> Router<MockProvider> {

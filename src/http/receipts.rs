@@ -26,7 +26,10 @@
 //! (fresh tokens or not) is answered 200 and changes nothing. Status only
 //! moves forward (`sent` to `delivered` or `undelivered`, never back), and a
 //! receipt for a message we do not know is answered 200 and kept for
-//! inspection. The frozen POST response is never
+//! inspection. A receipt whose provider id matches no message but that
+//! carries our own id under its authentication (Vonage's `client-ref`) is
+//! matched by that id, when the message is on that provider and past its
+//! send. The frozen POST response is never
 //! touched: replays stay byte for byte what they were.
 
 use axum::Router;
@@ -161,6 +164,7 @@ async fn receive(
             receipt.error_code.as_deref(),
         ),
         provider_message_id: receipt.provider_message_id,
+        message_id: receipt.message_id,
         status: route.delivery_status(&receipt.status),
         provider_status: receipt.status,
         error_code: receipt.error_code,

@@ -28,6 +28,9 @@ pub struct Receipt {
     /// The provider's word for the status.
     pub status: String,
     pub error_code: Option<String>,
+    /// Our id of the message, when the provider echoes it in the receipt
+    /// and the receipt's authentication covers it (Vonage's `client-ref`).
+    pub message_id: Option<crate::domain::MessageId>,
 }
 
 /// Why a receipt request was refused; nothing was recorded.

@@ -427,6 +427,80 @@ async fn the_mock_sends_signed_receipts_to_the_callback(backend: Backend) {
     assert_eq!(m["error"]["provider_code"], "6");
 }
 
+async fn receipt_events(app: &TestApp, key: &str) -> Vec<Value> {
+    let e = app.get(&format!("/messages/{key}/events")).await.json();
+    e["data"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e["type"] == "receipt")
+        .collect()
+}
+
+/// Vonage sends a receipt per part, each with its part's id: the parts
+/// after the first find the message by `client-ref` (our id, signed).
+async fn every_parts_receipts_find_the_message_by_client_ref(backend: Backend) {
+    let app = spawn_vonage(backend, Receipts::Signed).await;
+    app.mock.set_receipts(ReceiptConfig {
+        order: ReceiptOrder::InOrder,
+        ..ReceiptConfig::default()
+    });
+    let long = "Your parcel 4711 is on its way. ".repeat(8);
+    let m = app.post("V-PARTS", &sms(TO, &long)).await.json();
+    assert_eq!(m["status"], "sent", "{m}");
+    assert_eq!(app.mock.vonage_messages()[0].part_ids.len(), 2);
+    app.wait_for_status("V-PARTS", "delivered").await;
+    // accepted and delivered for each of the two parts.
+    eventually("every part's receipts on the message", || async {
+        (receipt_events(&app, "V-PARTS").await.len() == 4).then_some(())
+    })
+    .await;
+    let unmatched = app
+        .db
+        .count("SELECT count(*) FROM receipts WHERE message_id IS NULL")
+        .await;
+    assert_eq!(unmatched, 0);
+
+    // A message that ended `unknown` (accepted in part): a receipt for its
+    // accepted part is kept on it, and changes nothing.
+    app.mock.set_receipts(ReceiptConfig::default());
+    app.mock.vonage_partial(1, 1);
+    let m = app.post("V-PARTS-UNKNOWN", &sms(TO, &long)).await.json();
+    assert_eq!(m["status"], "unknown", "{m}");
+    let our = m["id"].as_str().expect("our id").to_string();
+    let part = app.mock.vonage_messages()[1].part_ids[0].clone();
+    let a = post_receipt(
+        &app,
+        ReceiptStyle::Form,
+        &part,
+        &our,
+        "delivered",
+        Some(SIGNATURE_SECRET),
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["message_id"], our.as_str());
+    assert_eq!(a.json()["applied"], false);
+    assert_eq!(receipt_events(&app, "V-PARTS-UNKNOWN").await.len(), 1);
+    assert_eq!(
+        app.get("/messages/V-PARTS-UNKNOWN").await.json()["status"],
+        "unknown"
+    );
+    // A client-ref that is no message of ours: unmatched, kept.
+    let a = post_receipt(
+        &app,
+        ReceiptStyle::Form,
+        "0AFFFFFFFFFFFFFF",
+        "msg_0123456789abcdef0123456789abcdef",
+        "delivered",
+        Some(SIGNATURE_SECRET),
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["message_id"], Value::Null);
+}
+
 async fn unsigned_receipts_are_refused_without_the_flag(backend: Backend) {
     for (receipts, want) in [(Receipts::Closed, 403), (Receipts::UnsignedAllowed, 200)] {
         let app = spawn_vonage(backend, receipts).await;
@@ -462,6 +536,7 @@ on_both_backends!(
     a_message_accepted_in_part_ends_unknown,
     receipts_by_form_json_and_query_are_matched_once,
     the_mock_sends_signed_receipts_to_the_callback,
+    every_parts_receipts_find_the_message_by_client_ref,
     unsigned_receipts_are_refused_without_the_flag,
 );
 

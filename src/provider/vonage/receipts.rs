@@ -26,7 +26,7 @@ use super::super::receipts::{
 };
 use super::super::registry::{Context, VarError, Vars};
 use super::signing::{SignatureMethod, verify};
-use crate::domain::Status;
+use crate::domain::{MessageId, Status};
 
 pub const SIGNATURE_SECRET: &str = "VONAGE_SIGNATURE_SECRET";
 pub const SIGNATURE_METHOD: &str = "VONAGE_SIGNATURE_METHOD";
@@ -204,16 +204,28 @@ impl ReceiptRoute for VonageReceipts {
         let error_code = param("err-code")
             .filter(|c| c.trim_start_matches('0') != "")
             .filter(|c| c.len() <= MAX_STATUS_LEN);
+        // Our id, echoed: authenticated with the rest when signed.
+        let message_id = param("client-ref").and_then(|r| our_id(&r));
         Ok(Receipt {
             provider_message_id: id,
             status,
             error_code,
+            message_id,
         })
     }
 
     fn delivery_status(&self, status: &str) -> Option<Status> {
         delivery_status(status)
     }
+}
+
+/// Our message id as we send it in `client-ref` (`msg_` and 32 hex digits).
+fn our_id(client_ref: &str) -> Option<MessageId> {
+    let hex = client_ref.strip_prefix("msg_")?;
+    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    uuid::Uuid::try_parse(hex).ok().map(MessageId)
 }
 
 /// What Vonage's receipt `status` means: `delivered`; `expired`, `failed`

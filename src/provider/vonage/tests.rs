@@ -320,6 +320,7 @@ fn receipts_are_read_from_a_form_json_or_the_query() {
         provider_message_id: "0A0000001234567B".into(),
         status: "failed".into(),
         error_code: Some("6".into()),
+        message_id: None,
     };
     let path = format!("{STATUS_PATH}?{form}");
     #[rustfmt::skip]
@@ -359,6 +360,15 @@ fn receipts_are_read_from_a_form_json_or_the_query() {
     let got = read(&open, Method::POST, ct, STATUS_PATH, form.as_bytes()).expect("taken");
     assert_eq!(got.status, "delivered");
     assert_eq!(got.error_code, None, "err-code 0 is no error");
+    assert_eq!(got.message_id, None, "a client-ref that is not our id");
+    let ours = MessageId::new();
+    let with_ref = crate::provider::twilio::encode_form(&[
+        ("messageId", "0A01"),
+        ("status", "delivered"),
+        ("client-ref", ours.to_string().as_str()),
+    ]);
+    let got = read(&open, Method::POST, ct, STATUS_PATH, with_ref.as_bytes()).expect("taken");
+    assert_eq!(got.message_id, Some(ours));
     assert_eq!(open.warnings().len(), 1);
     // Another body type.
     assert_eq!(

@@ -72,7 +72,7 @@ pub fn router() -> Router<SharedState> {
             receive(name, state, method, uri, headers, body).await
         };
         let route: MethodRouter<SharedState> = if receipts.get {
-            post(handler.clone()).get(handler)
+            post(handler).get(handler)
         } else {
             post(handler)
         };

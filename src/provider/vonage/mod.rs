@@ -315,7 +315,7 @@ fn classify_error(e: &reqwest::Error) -> SendOutcome {
 /// up, within Vonage's range.
 fn ttl_ms(validity: Duration) -> u64 {
     let ms = u64::try_from(validity.as_millis()).unwrap_or(u64::MAX)
-        + u64::from(validity.subsec_nanos() % 1_000_000 > 0);
+        + u64::from(!validity.subsec_nanos().is_multiple_of(1_000_000));
     ms.clamp(TTL_MS.0, TTL_MS.1)
 }
 

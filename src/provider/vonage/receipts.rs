@@ -202,10 +202,12 @@ impl ReceiptRoute for VonageReceipts {
         }
         // `err-code` 0 is "delivered": no error.
         let error_code = param("err-code")
-            .filter(|c| c.trim_start_matches('0') != "")
+            .filter(|c| !c.trim_start_matches('0').is_empty())
             .filter(|c| c.len() <= MAX_STATUS_LEN);
-        // Our id, echoed: authenticated with the rest when signed.
-        let message_id = param("client-ref").and_then(|r| our_id(&r));
+        // Our id, echoed: matched by only when the signature covers it.
+        let message_id = param("client-ref")
+            .filter(|_| self.secret.is_some())
+            .and_then(|r| our_id(&r));
         Ok(Receipt {
             provider_message_id: id,
             status,

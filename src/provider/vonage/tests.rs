@@ -368,6 +368,14 @@ fn receipts_are_read_from_a_form_json_or_the_query() {
         ("client-ref", ours.to_string().as_str()),
     ]);
     let got = read(&open, Method::POST, ct, STATUS_PATH, with_ref.as_bytes()).expect("taken");
+    assert_eq!(got.message_id, None, "unsigned: not matched by client-ref");
+    let mut signed: Vec<(String, String)> = form_urlencoded::parse(with_ref.as_bytes())
+        .into_owned()
+        .collect();
+    let sig = sign(SignatureMethod::HmacSha256, SECRET, &signed);
+    signed.push(("sig".into(), sig));
+    let signed = crate::provider::twilio::encode_form(&signed);
+    let got = read(&route, Method::POST, ct, STATUS_PATH, signed.as_bytes()).expect("taken");
     assert_eq!(got.message_id, Some(ours));
     assert_eq!(open.warnings().len(), 1);
     // Another body type.

@@ -9,7 +9,9 @@
 //!   the shared secret `SENDONCE_RECEIPT_SECRET` in `X-Receipt-Secret`;
 //! - `POST /providers/infobip/status`: Infobip's delivery reports, several
 //!   per request (`results[]`), carrying `INFOBIP_RECEIPT_SECRET` in the URL
-//!   Infobip was given.
+//!   Infobip was given;
+//! - `POST` and `GET /providers/vonage/status`: Vonage's delivery receipt
+//!   (form, JSON or query string), signed with `sig`.
 //!
 //! A request carrying one receipt is answered with its acknowledgement; one
 //! carrying several (or none) with `{"receipts": [...]}`, one per receipt.
@@ -30,15 +32,18 @@
 //! (fresh tokens or not) is answered 200 and changes nothing. Status only
 //! moves forward (`sent` to `delivered` or `undelivered`, never back), and a
 //! receipt for a message we do not know is answered 200 and kept for
-//! inspection. The frozen POST response is never
+//! inspection. A receipt whose provider id matches no message but that
+//! carries our own id under its authentication (Vonage's `client-ref`) is
+//! matched by that id, when the message is on that provider and past its
+//! send. The frozen POST response is never
 //! touched: replays stay byte for byte what they were.
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{OriginalUri, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{MethodRouter, post};
 use serde::Serialize;
 
 use super::SharedState;
@@ -65,17 +70,19 @@ pub fn router() -> Router<SharedState> {
             return router;
         };
         let name = adapter.name;
-        router.route(
-            receipts.path,
-            post(
-                move |State(state): State<SharedState>,
-                      OriginalUri(uri): OriginalUri,
-                      headers: HeaderMap,
-                      body: Body| async move {
-                    receive(name, state, uri, headers, body).await
-                },
-            ),
-        )
+        let handler = move |State(state): State<SharedState>,
+                            method: Method,
+                            OriginalUri(uri): OriginalUri,
+                            headers: HeaderMap,
+                            body: Body| async move {
+            receive(name, state, method, uri, headers, body).await
+        };
+        let route: MethodRouter<SharedState> = if receipts.get {
+            post(handler).get(handler)
+        } else {
+            post(handler)
+        };
+        router.route(receipts.path, route)
     })
 }
 
@@ -134,6 +141,7 @@ impl From<ReceiptError> for ApiError {
 async fn receive(
     provider: &'static str,
     state: SharedState,
+    method: Method,
     uri: axum::http::Uri,
     headers: HeaderMap,
     body: Body,
@@ -145,6 +153,7 @@ async fn receive(
         .cloned()
         .ok_or(ApiError::Forbidden)?;
     let req = ReceiptRequest {
+        method: &method,
         headers: &headers,
         path_and_query: uri.path_and_query().map_or(uri.path(), |p| p.as_str()),
         public_url: state.receipts.public_url.as_deref(),
@@ -162,6 +171,7 @@ async fn receive(
                 receipt.error_code.as_deref(),
             ),
             provider_message_id: receipt.provider_message_id,
+            message_id: receipt.message_id,
             status: route.delivery_status(&receipt.status),
             provider_status: receipt.status,
             error_code: receipt.error_code,

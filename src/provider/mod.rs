@@ -39,13 +39,14 @@ macro_rules! adapters {
     };
 }
 
-adapters!(simulated, http, twilio, infobip);
+adapters!(simulated, http, twilio, infobip, vonage);
 
 pub use http::HttpProvider;
 pub use infobip::{InfobipProvider, InfobipSettings};
 pub use registry::{Adapter, Configured};
 pub use simulated::SimulatedProvider;
 pub use twilio::{TwilioProvider, TwilioSettings};
+pub use vonage::{VonageProvider, VonageSettings};
 
 /// Why a provider could not be built. `Display` is one line; the cause (a
 /// URL parse error, reqwest's) is the `source()`.

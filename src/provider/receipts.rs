@@ -3,12 +3,15 @@
 //! message on are the service's (`src/http/receipts.rs`), the same for
 //! every adapter.
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 
 use crate::domain::{FieldError, Status};
 
 /// A receipt request as it arrived.
 pub struct ReceiptRequest<'a> {
+    /// `POST`, or `GET` on a route that takes it (`Receipts::get`): then
+    /// the receipt is the query string and the body is empty.
+    pub method: &'a Method,
     pub headers: &'a HeaderMap,
     /// The path and query the provider called (what a signature covers).
     pub path_and_query: &'a str,
@@ -25,6 +28,9 @@ pub struct Receipt {
     /// The provider's word for the status.
     pub status: String,
     pub error_code: Option<String>,
+    /// Our id of the message, when the provider echoes it in the receipt
+    /// and the receipt's authentication covers it (Vonage's `client-ref`).
+    pub message_id: Option<crate::domain::MessageId>,
 }
 
 /// Why a receipt request was refused; nothing was recorded.

@@ -71,6 +71,9 @@ pub struct Receipts {
     /// How receipts are authenticated and read, from the adapter's
     /// variables (set up whether the adapter sends or not).
     pub configure: ConfigureReceiptsFn,
+    /// Whether the provider may also call the path with `GET`, the receipt
+    /// in the query string (Vonage lets the account choose the method).
+    pub get: bool,
 }
 
 /// One variable an adapter reads; also the `--flag` of the same name.

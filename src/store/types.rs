@@ -482,6 +482,11 @@ pub struct NewReceipt {
     /// authenticated (see `http::receipts::receipt_identity`).
     pub event_id: String,
     pub provider_message_id: String,
+    /// Our id of the message, when the provider echoes it and it was
+    /// authenticated with the receipt (Vonage's `client-ref`): the receipt is
+    /// matched by it when its provider message id matches no message (a
+    /// later part of a concatenated message, each part with its own id).
+    pub message_id: Option<MessageId>,
     /// The status as the provider spelled it.
     pub provider_status: String,
     /// What it means for us: `Sent`, `Delivered`, `Undelivered`, or `None`.

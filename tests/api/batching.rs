@@ -238,6 +238,7 @@ async fn concurrent_receipt_looks_each_get_their_own_answer(backend: Backend) {
         status: Some(sendonce::domain::Status::Delivered),
         error_code: None,
         received_at: T0,
+        message_id: None,
     };
     // Every third id has an unlinked receipt under "http"; every fifth one
     // under "twilio" only.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use sendonce::domain::MessageId;
 use sendonce::provider::{
     AttemptRef, HttpProvider, InfobipProvider, InfobipSettings, OutgoingSms, Provider, Reconciled,
-    SendOutcome, SimulatedProvider, TwilioProvider, TwilioSettings,
+    SendOutcome, SimulatedProvider, TwilioProvider, TwilioSettings, VonageProvider,
 };
 use serde_json::json;
 use testkit::mock_provider::{Behaviour, Dedup, MockProvider};
@@ -36,13 +36,15 @@ enum Adapter {
     Http,
     Twilio,
     Infobip,
+    Vonage,
 }
 
-const ADAPTERS: [Adapter; 4] = [
+const ADAPTERS: [Adapter; 5] = [
     Adapter::Simulated,
     Adapter::Http,
     Adapter::Twilio,
     Adapter::Infobip,
+    Adapter::Vonage,
 ];
 
 /// The Infobip adapter's lookup delay in the table.
@@ -55,6 +57,7 @@ impl Adapter {
             Adapter::Http => "http",
             Adapter::Twilio => "twilio",
             Adapter::Infobip => "infobip",
+            Adapter::Vonage => "vonage",
         }
     }
 
@@ -102,6 +105,10 @@ impl Adapter {
                     connect_timeout: t,
                 })
                 .expect("infobip"),
+            ),
+            Adapter::Vonage => Arc::new(
+                VonageProvider::new(crate::vonage::settings(&format!("http://{addr}"), None))
+                    .expect("vonage"),
             ),
         }
     }
@@ -168,8 +175,12 @@ struct Row {
     first: fn() -> Behaviour,
     /// Make the next reconciliation lookup fail.
     lookups_fail: bool,
-    /// simulated, http, twilio, infobip.
-    want: [Want; 4],
+    /// simulated, http, twilio, infobip, vonage. Vonage answers in a `200` with a
+    /// status per part: the mock's Vonage turns a scripted 400 into status
+    /// 3 (invalid parameters), a 401 into 4 (invalid credentials), a 429
+    /// into 1 (throttled, which carries no `Retry-After`), a 5xx into an
+    /// HTTP 5xx; it has no lookup, so every ambiguous answer cannot be told.
+    want: [Want; 5],
 }
 
 fn fail(status: u16, code: u32, retry_after: Option<u64>) -> Behaviour {
@@ -188,26 +199,26 @@ fn fail(status: u16, code: u32, retry_after: Option<u64>) -> Behaviour {
 #[rustfmt::skip]
 const SEND_TABLE: &[Row] = &[
     Row { name: "accepted", first: || Behaviour::Accept, lookups_fail: false,
-          want: [SIMULATED, want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1)] },
+          want: [SIMULATED, want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1)] },
     // An invalid number (Twilio 21211): a refusal of the message.
     Row { name: "rejected", first: || fail(400, 21211, None), lookups_fail: false,
-          want: [SIMULATED, want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0)] },
+          want: [SIMULATED, want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0)] },
     // Bad credentials (Twilio 20003): a refusal of the account.
     Row { name: "refused", first: || fail(401, 20003, None), lookups_fail: false,
-          want: [SIMULATED, want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0)] },
+          want: [SIMULATED, want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0)] },
     Row { name: "retryable with Retry-After", first: || fail(429, 20429, Some(7)), lookups_fail: false,
-          want: [SIMULATED, want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0)] },
+          want: [SIMULATED, want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0), want("retryable", None, Then::Done, 0)] },
     Row { name: "retryable without Retry-After", first: || fail(429, 20429, None), lookups_fail: false,
-          want: [SIMULATED, want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0)] },
+          want: [SIMULATED, want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0)] },
     // The provider created the message, and the answer was a 500.
     Row { name: "ambiguous, then reconciled: found", first: || Behaviour::AcceptThenFail { status: 500 }, lookups_fail: false,
-          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::Found, 1), want("ambiguous", None, Then::Found, 1)] },
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::Found, 1), want("ambiguous", None, Then::Found, 1), want("ambiguous", None, Then::CannotTell, 1)] },
     // A 500 without creating anything.
     Row { name: "ambiguous, then reconciled: not found", first: || fail(500, 20500, None), lookups_fail: false,
-          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::NotFound, 0), want("ambiguous", None, Then::NotFoundOnceTheDelayPassed, 0)] },
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::NotFound, 0), want("ambiguous", None, Then::NotFoundOnceTheDelayPassed, 0), want("ambiguous", None, Then::CannotTell, 0)] },
     // Created, a 500, and the lookup fails: nobody can tell.
     Row { name: "ambiguous, then reconciliation not possible", first: || Behaviour::AcceptThenFail { status: 500 }, lookups_fail: true,
-          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::CannotTell, 1), want("ambiguous", None, Then::AskAgain, 1)] },
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::CannotTell, 1), want("ambiguous", None, Then::AskAgain, 1), want("ambiguous", None, Then::CannotTell, 1)] },
 ];
 
 fn retry_after(outcome: &SendOutcome) -> Option<u64> {
@@ -372,6 +383,7 @@ async fn spawn_adapter(backend: Backend, adapter: Adapter) -> TestApp {
         Adapter::Http => None,
         Adapter::Twilio => Some(crate::twilio::twilio()),
         Adapter::Infobip => Some(crate::infobip::infobip()),
+        Adapter::Vonage => Some(crate::vonage::vonage()),
     };
     spawn_with(TestOptions {
         backend,
@@ -454,6 +466,32 @@ async fn post_receipt(
                     }]})
                     .to_string(),
                 )
+        }
+        Adapter::Vonage => {
+            use sendonce::provider::vonage::{SignatureMethod, sign};
+            // Vonage's word for a message on its way.
+            let status = if status == "sent" { "accepted" } else { status };
+            let mut params: Vec<(String, String)> = [
+                ("msisdn", "14155550100"),
+                ("to", crate::vonage::FROM),
+                ("messageId", id),
+                ("status", status),
+                ("err-code", "0"),
+                ("timestamp", "1764680000"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let key = match auth {
+                Auth::Authentic => crate::vonage::SIGNATURE_SECRET,
+                Auth::Forged => "not-the-signature-secret",
+            };
+            let sig = sign(SignatureMethod::HmacSha256, key, &params);
+            params.push(("sig".into(), sig));
+            app.client
+                .post(&url)
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .body(sendonce::provider::twilio::encode_form(&params))
         }
     };
     answer(req.send().await.expect("receipt POST")).await

@@ -467,6 +467,7 @@ fn receipt(event: &str, pmid: &str, status: Option<Status>, secs: i64) -> NewRec
         status,
         error_code: (status == Some(Status::Undelivered)).then(|| "30003".into()),
         received_at: T0 + time::Duration::seconds(secs),
+        message_id: None,
     }
 }
 

@@ -83,5 +83,6 @@ mod store;
 mod twilio;
 mod twilio_reconcile;
 mod verify;
+mod vonage;
 mod waiters;
 mod webhooks;

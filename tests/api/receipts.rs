@@ -469,6 +469,7 @@ fn receipt(event: &str, pmid: &str, status: &str, at: OffsetDateTime) -> NewRece
         status: sendonce::http::receipts::delivery_status(status),
         error_code: None,
         received_at: at,
+        message_id: None,
     }
 }
 

@@ -124,6 +124,7 @@ async fn run_mix(store: Arc<dyn Store>, tenant: uuid::Uuid) -> Duration {
                                 status: Some(sendonce::domain::Status::Delivered),
                                 error_code: None,
                                 received_at: now,
+                                message_id: None,
                             })
                             .await
                             .expect("receipt");

@@ -258,6 +258,7 @@ async fn a_status_change_is_delivered_signed(backend: Backend) {
             status: Some(Status::Delivered),
             error_code: None,
             received_at: OffsetDateTime::now_utc(),
+            message_id: None,
         })
         .await
         .expect("receipt");

@@ -178,5 +178,6 @@ fn fields(object: &serde_json::Map<String, serde_json::Value>) -> Result<Receipt
         provider_message_id: id,
         status,
         error_code,
+        message_id: None,
     })
 }

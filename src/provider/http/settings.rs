@@ -19,6 +19,7 @@ pub const ADAPTER: Adapter = Adapter {
     receipts: Some(Receipts {
         path: super::receipts::STATUS_PATH,
         configure: super::receipts::configure,
+        get: false,
     }),
 };
 

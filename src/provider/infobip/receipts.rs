@@ -280,5 +280,7 @@ fn receipt(i: usize, r: Report) -> Result<Receipt, ReceiptError> {
         provider_message_id: id,
         status,
         error_code,
+        // Infobip's id is ours already: matching by it is exact.
+        message_id: None,
     })
 }

@@ -16,6 +16,7 @@ pub const ADAPTER: Adapter = Adapter {
     configure,
     receipts: Some(Receipts {
         path: STATUS_PATH,
+        get: false,
         configure: super::receipts::configure,
     }),
 };

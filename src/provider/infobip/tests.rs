@@ -334,6 +334,7 @@ fn configuration_from_the_variables() {
     let route = routes.get("infobip").expect("an endpoint");
     let headers = axum::http::HeaderMap::new();
     let req = super::super::receipts::ReceiptRequest {
+        method: &axum::http::Method::POST,
         headers: &headers,
         path_and_query: "/providers/infobip/status?secret=anything-at-all-0123",
         public_url: None,

@@ -126,6 +126,7 @@ impl ReceiptRoute for TwilioReceipts {
             provider_message_id: sid,
             status,
             error_code: param(&["ErrorCode"]),
+            message_id: None,
         })
     }
 }

@@ -18,6 +18,7 @@ pub const ADAPTER: Adapter = Adapter {
     receipts: Some(Receipts {
         path: STATUS_CALLBACK_PATH,
         configure: super::receipts::configure,
+        get: false,
     }),
 };
 

@@ -54,6 +54,11 @@ const OWNER: &str = "SELECT id, status FROM messages \
 const LINK: &str = "UPDATE receipts SET message_id = $3 \
      WHERE provider = $1 AND provider_message_id = $2 AND message_id IS NULL";
 
+/// The message with our id, when it is on this provider.
+const BY_OUR_ID: &str = "SELECT id, status FROM messages WHERE id = $1 AND provider = $2";
+
+const LINK_ONE: &str = "UPDATE receipts SET message_id = $2 WHERE seq = $1";
+
 const FIRST_FINAL: &str = "SELECT seq, status, provider_status, error_code, received_at \
      FROM receipts WHERE message_id = $1 AND status IN ($2, $3) ORDER BY seq LIMIT 1";
 
@@ -175,8 +180,30 @@ per_backend! {
                 applied: false,
             });
         }
-        let (message_id, applied) =
+        let (mut message_id, mut applied) =
             link_and_apply_receipts(c, &r.provider, &r.provider_message_id, r.received_at).await?;
+        if let (None, Some(ours), Some(seq)) = (message_id, r.message_id, inserted) {
+            // No message holds the provider id: matched by our own id, when
+            // the message is on this provider and past its send (one still
+            // being sent gets its receipts by provider id once it records
+            // the id, which a receipt linked here would escape).
+            let owner: Option<(Uuid, Status)> = sqlx::query_as(BY_OUR_ID)
+                .bind(ours.0)
+                .bind(&r.provider)
+                .fetch_optional(&mut *c)
+                .await?;
+            if let Some((id, status)) = owner
+                && !matches!(status, Status::Scheduled | Status::Processing)
+            {
+                sqlx::query(LINK_ONE)
+                    .bind(seq)
+                    .bind(id)
+                    .execute(&mut *c)
+                    .await?;
+                message_id = Some(MessageId(id));
+                applied = apply_first_final(c, id, status, r.received_at).await?;
+            }
+        }
         Ok(ReceiptOutcome {
             duplicate: false,
             message_id,
@@ -208,8 +235,20 @@ per_backend! {
             .bind(id)
             .execute(&mut *c)
             .await?;
+        let applied = apply_first_final(c, id, status, now).await?;
+        Ok((Some(MessageId(id)), applied))
+    }
+
+    /// Moves message `id` (now `status`) to the first final delivery status
+    /// its receipts reported, with its webhook event, if it is `sent`.
+    async fn apply_first_final(
+        c: &mut Conn,
+        id: Uuid,
+        status: Status,
+        now: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
         if status != Status::Sent {
-            return Ok((Some(MessageId(id)), false));
+            return Ok(false);
         }
         let first: Option<FirstFinalReceipt> = sqlx::query_as(FIRST_FINAL)
             .bind(id)
@@ -218,7 +257,7 @@ per_backend! {
             .fetch_optional(&mut *c)
             .await?;
         let Some(first) = first else {
-            return Ok((Some(MessageId(id)), false));
+            return Ok(false);
         };
         let error = (first.status == Status::Undelivered)
             .then(|| delivery_error(&first.provider_status, first.error_code.as_deref()));
@@ -241,6 +280,6 @@ per_backend! {
             let event_type = format!("message.{}", first.status.as_str());
             Driver::enqueue_message_event(c, id, &event_type, now).await?;
         }
-        Ok((Some(MessageId(id)), applied))
+        Ok(applied)
     }
 }

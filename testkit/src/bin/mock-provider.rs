@@ -2,8 +2,10 @@
 //! demos (docker-compose) and the chaos run. It speaks the `http` provider
 //! protocol on `POST /messages` (de-duplicating on `Idempotency-Key` as
 //! `MOCK_DEDUP` says: `none`, the default, `replay` or `ietf`) and
-//! Twilio's Messages endpoint (`/2010-04-01/Accounts/{sid}/Messages.json`),
-//! and reports messages created per key and per (To, Body) on `GET /stats`.
+//! Twilio's Messages endpoint (`/2010-04-01/Accounts/{sid}/Messages.json`)
+//! and Vonage's SMS API (`POST /sms/json`; its receipts signed with
+//! `MOCK_VONAGE_SIGNATURE_SECRET` and `MOCK_VONAGE_SIGNATURE_METHOD` when
+//! set), and reports messages created per key and per (To, Body) on `GET /stats`.
 //!
 //! `MOCK_LISTEN` (default 127.0.0.1:9090) sets the address; the fault
 //! variables of [`Faults::from_env`] make it misbehave at random; those of
@@ -46,6 +48,23 @@ async fn main() -> std::process::ExitCode {
     tracing::info!(%listen, ?faults, "mock provider listening");
     let mock = MockProvider::with_faults(faults);
     mock.set_receipts(receipts);
+    if let Ok(secret) = std::env::var("MOCK_VONAGE_SIGNATURE_SECRET")
+        && !secret.is_empty()
+    {
+        let method = std::env::var("MOCK_VONAGE_SIGNATURE_METHOD").unwrap_or_default();
+        let method = if method.is_empty() {
+            Some(sendonce::provider::vonage::SignatureMethod::default())
+        } else {
+            sendonce::provider::vonage::SignatureMethod::parse(&method)
+        };
+        let Some(method) = method else {
+            eprintln!(
+                "mock-provider: MOCK_VONAGE_SIGNATURE_METHOD must be md5hash, md5, sha1, sha256 or sha512"
+            );
+            return std::process::ExitCode::from(2);
+        };
+        mock.set_vonage_signing(&secret, method);
+    }
     mock.set_dedup(dedup);
     let task = mock.serve(listener);
     tokio::select! {

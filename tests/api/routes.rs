@@ -139,6 +139,19 @@ async fn a_routes_first_provider_down_sends_on_its_second_once(backend: Backend)
     assert_eq!(r.second.deliveries_to(US, "code 2"), 0);
 }
 
+async fn start_verification(app: &TestApp, key: &str, to: &str) -> Answer {
+    answer(
+        app.request(Method::POST, "/verifications")
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", key)
+            .json(&json!({ "to": to }))
+            .send()
+            .await
+            .expect("POST /verifications"),
+    )
+    .await
+}
+
 /// Without a default, a number no prefix covers is refused up front: a 400
 /// on `to`, nothing stored, nothing sent, for messages, batch items and
 /// verifications alike.
@@ -186,17 +199,7 @@ async fn a_number_no_route_covers_is_refused_and_nothing_is_stored(backend: Back
     );
     assert_eq!(r.app.get("/messages/b-us").await.status, 404);
 
-    let v = answer(
-        r.app
-            .request(Method::POST, "/verifications")
-            .bearer_auth(&r.app.api_key)
-            .header("Idempotency-Key", "v-us")
-            .json(&json!({ "to": US }))
-            .send()
-            .await
-            .expect("POST /verifications"),
-    )
-    .await;
+    let v = start_verification(&r.app, "v-us", US).await;
     assert_eq!(v.status, 400, "{}", String::from_utf8_lossy(&v.bytes));
     assert_eq!(v.json()["errors"][0]["field"], "to");
 
@@ -210,17 +213,7 @@ async fn a_number_no_route_covers_is_refused_and_nothing_is_stored(backend: Back
 /// A verification's messages take the route of its number.
 async fn a_verification_takes_its_numbers_route(backend: Backend) {
     let r = spawn_routed(backend, "+966=twilio; *=http", false).await;
-    let v = answer(
-        r.app
-            .request(Method::POST, "/verifications")
-            .bearer_auth(&r.app.api_key)
-            .header("Idempotency-Key", "v-us")
-            .json(&json!({ "to": US }))
-            .send()
-            .await
-            .expect("POST /verifications"),
-    )
-    .await;
+    let v = start_verification(&r.app, "v-us", US).await;
     assert_eq!(v.status, 201, "{}", String::from_utf8_lossy(&v.bytes));
     within(
         std::time::Duration::from_secs(10),

@@ -3,6 +3,7 @@
 
 use super::receipts::{infobip_status, status_word};
 use super::*;
+use reqwest::StatusCode;
 use crate::domain::Status as MessageStatus;
 
 fn status(group: &str, name: &str) -> Status {

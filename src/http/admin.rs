@@ -60,9 +60,23 @@ fn actor(auth: &TenantAuth) -> Actor {
     }
 }
 
-/// A tenant as shown (spend caps are added with the spend settings).
-pub fn tenant_json(t: &TenantSettings) -> Value {
+/// The rate limits every tenant is under (`SENDONCE_RATE_*`: set per
+/// instance, not per tenant; shown, not changed, here). 0: no limit.
+fn limits_json(l: &crate::ratelimit::Limits) -> Value {
     json!({
+        "requests": {
+            "capacity": l.tenant.capacity,
+            "per_seconds": l.tenant.per.as_secs_f64(),
+        },
+        "new_sends_per_number_per_hour": l.number.per_hour(),
+        "new_sends_per_prefix_per_hour": l.prefix.per_hour(),
+    })
+}
+
+/// A tenant as shown (spend caps are added with the spend settings).
+pub fn tenant_json(t: &TenantSettings, limits: &crate::ratelimit::Limits) -> Value {
+    json!({
+        "limits": limits_json(limits),
         "id": t.id,
         "name": t.name,
         "created_at": rfc3339(t.created_at),
@@ -108,7 +122,11 @@ async fn create_tenant(
     let t = admin
         .create_tenant(&actor(&auth), name, state.clock.now())
         .await?;
-    Ok((StatusCode::CREATED, Json(tenant_json(&t))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(tenant_json(&t, &state.limiter.limits())),
+    )
+        .into_response())
 }
 
 async fn list_tenants(
@@ -120,7 +138,7 @@ async fn list_tenants(
         .tenant_settings()
         .await?
         .iter()
-        .map(tenant_json)
+        .map(|t| tenant_json(t, &state.limiter.limits()))
         .collect();
     Ok(Json(json!({ "data": data, "next_cursor": null })).into_response())
 }
@@ -134,7 +152,8 @@ async fn show_tenant(
     let admin = Admin {
         store: state.store.as_ref(),
     };
-    Ok(Json(tenant_json(&admin.tenant(&name).await?)).into_response())
+    let t = admin.tenant(&name).await?;
+    Ok(Json(tenant_json(&t, &state.limiter.limits())).into_response())
 }
 
 async fn update_tenant(
@@ -153,7 +172,7 @@ async fn update_tenant(
     let t = admin
         .update_tenant(&actor(&auth), &name, &patch, state.clock.now())
         .await?;
-    Ok(Json(tenant_json(&t)).into_response())
+    Ok(Json(tenant_json(&t, &state.limiter.limits())).into_response())
 }
 
 /// Reads `{scopes, label, test}` of a new key.

@@ -134,6 +134,12 @@ async fn a_tenant_and_key_made_over_http_send_and_every_change_is_audited(backen
     assert_eq!(shown["allowed_countries"], json!(["US"]));
     assert_eq!(shown["quiet_hours"], "21:00-08:00");
     assert_eq!(shown["home_country"], "US");
+    let limits = &shown["limits"];
+    assert_eq!(
+        limits["new_sends_per_number_per_hour"].as_u64(),
+        Some(u64::from(test_settings().limits.rates.number.per_hour())),
+        "{limits}"
+    );
     let gb = app
         .request(Method::POST, "/messages")
         .bearer_auth(&secret)

@@ -40,6 +40,8 @@ pub fn stored_form(secret: &str) -> NewApiKey {
         id: Uuid::now_v7(),
         hash: hash(secret),
         prefix: secret.chars().take(PREFIX.len() + 6).collect(),
+        scopes: crate::scopes::Scopes::DEFAULT,
+        label: None,
     }
 }
 

@@ -62,9 +62,20 @@ struct KeyEntry {
     at: Instant,
 }
 
+/// A key's last use is written at most this often (per instance).
+pub const TOUCH_EVERY: time::Duration = time::Duration::MINUTE;
+
+/// Whether a key last written as used at `written` (by this instance) is
+/// written again at `now`.
+pub fn touch_due(written: Option<OffsetDateTime>, now: OffsetDateTime) -> bool {
+    written.is_none_or(|w| now - w >= TOUCH_EVERY || now < w)
+}
+
 /// API keys by hash.
 pub struct KeyCache {
     entries: Mutex<HashMap<Vec<u8>, KeyEntry>>,
+    /// When this instance last wrote each key's last use (service clock).
+    touched: Mutex<HashMap<Uuid, OffsetDateTime>>,
     notifier: Notifier,
     settings: CacheSettings,
 }
@@ -73,6 +84,7 @@ impl KeyCache {
     pub fn new(notifier: Notifier, settings: CacheSettings) -> Arc<Self> {
         let cache = Arc::new(Self {
             entries: Mutex::new(HashMap::new()),
+            touched: Mutex::new(HashMap::new()),
             notifier: notifier.clone(),
             settings,
         });
@@ -132,6 +144,21 @@ impl KeyCache {
                 at: Instant::now(),
             },
         );
+    }
+
+    /// Whether the request using key `id` at `now` writes the key's last
+    /// use: once a minute per key on this instance, whatever the traffic.
+    /// Decided here, so the write happens once and not per request.
+    pub fn touch_due(&self, id: Uuid, now: OffsetDateTime) -> bool {
+        let mut touched = self.touched.lock().unwrap_or_else(PoisonError::into_inner);
+        if !touch_due(touched.get(&id).copied(), now) {
+            return false;
+        }
+        if touched.len() >= self.settings.key_entries {
+            touched.clear();
+        }
+        touched.insert(id, now);
+        true
     }
 
     fn apply(&self, event: &Event) {
@@ -385,11 +412,39 @@ mod tests {
     fn auth(id: Uuid) -> TenantAuth {
         TenantAuth {
             id,
+            key_id: id,
+            key_label: None,
+            scopes: crate::scopes::Scopes::DEFAULT,
+            disabled: false,
             allowed_countries: None,
             allowed_senders: None,
             bootstrap_tenant: false,
             quiet_hours: None,
         }
+    }
+
+    #[test]
+    fn last_use_is_written_once_a_minute() {
+        let t0 = time::macros::datetime!(2026-01-01 00:00 UTC);
+        let s = time::Duration::seconds;
+        // (last written, now, write)
+        for (written, now, want) in [
+            (None, t0, true),
+            (Some(t0), t0, false),
+            (Some(t0), t0 + s(59), false),
+            (Some(t0), t0 + s(60), true),
+            (Some(t0), t0 - s(1), true),
+        ] {
+            assert_eq!(touch_due(written, now), want, "{written:?} {now}");
+        }
+        let c = KeyCache::new(Notifier::local(), CacheSettings::default());
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let writes = (0..100)
+            .filter(|i| c.touch_due(a, t0 + time::Duration::milliseconds(500 * i)))
+            .count();
+        assert_eq!(writes, 1, "100 requests within a minute write once");
+        assert!(c.touch_due(b, t0), "per key");
+        assert!(c.touch_due(a, t0 + s(60)));
     }
 
     #[tokio::test(start_paused = true)]

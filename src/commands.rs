@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, anyhow, bail};
 use tokio::net::TcpListener;
 
+use crate::admin::{Actor, Admin, AdminError, KeySpec, TenantPatch};
 use crate::app::App;
 use crate::clock::Clock;
 use crate::config::{
@@ -15,6 +16,7 @@ use crate::config::{
 };
 use crate::domain::request::parse_sender;
 use crate::provider::Provider;
+use crate::scopes::{Scope, Scopes};
 use crate::store::postgres::PoolSettings;
 use crate::store::{PgStore, SqliteStore, Store, StoreError};
 use crate::{apikey, shutdown};
@@ -145,7 +147,10 @@ pub async fn bootstrap(settings: &Settings, store: &dyn Store) -> Result<(), Com
     if store.tenant_count().await.context("counting tenants")? > 0 {
         return Ok(());
     }
-    let key = apikey::generate();
+    // The first run's key is this install's bootstrap key: it administers.
+    let mut key = apikey::generate();
+    key.stored.scopes = Scopes::ALL;
+    key.stored.label = Some("bootstrap".into());
     match store.create_tenant("default", &key.stored).await {
         Ok(_) => {
             println!(
@@ -164,21 +169,47 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
     let store = migrated_store(settings).await?;
     match command {
         TenantCommand::Create { name } => {
-            if !valid_tenant_name(name) {
-                bail!(
-                    "{name:?} is not a tenant name: 1 to 64 ASCII letters, digits, '.', '_' \
-                     and '-', starting with a letter or digit (e.g. mobile-backend)"
-                );
-            }
-            let key = apikey::generate();
-            match store.create_tenant(name, &key.stored).await {
-                Ok(_) => {
-                    println!("{}", key.secret);
-                    Ok(())
+            let admin = Admin {
+                store: store.as_ref(),
+            };
+            let now = Clock::system().now();
+            let t = admin
+                .create_tenant(&Actor::cli(), name, now)
+                .await
+                .map_err(|e| admin_error(e, name))?;
+            let spec = KeySpec {
+                scopes: Scopes::DEFAULT,
+                label: None,
+            };
+            let (secret, key) = admin
+                .create_key(&Actor::cli(), name, &spec, now)
+                .await
+                .map_err(|e| admin_error(e, name))?;
+            eprintln!(
+                "created tenant {:?} ({}) and key {}",
+                t.name,
+                t.id,
+                key_text(&key)
+            );
+            println!("{secret}");
+            Ok(())
+        }
+        TenantCommand::Disable { name } | TenantCommand::Enable { name } => {
+            let disabled = matches!(command, TenantCommand::Disable { .. });
+            let patch = TenantPatch {
+                disabled: Some(disabled),
+                ..TenantPatch::default()
+            };
+            update(store.as_ref(), name, &patch).await?;
+            println!(
+                "tenant {name:?}: {}",
+                if disabled {
+                    "disabled (its keys are refused)"
+                } else {
+                    "enabled"
                 }
-                Err(StoreError::Conflict { .. }) => bail!("tenant {name:?} already exists"),
-                Err(e) => Err(anyhow!(e).context(format!("creating tenant {name:?}"))),
-            }
+            );
+            Ok(())
         }
         TenantCommand::AllowCountries { name, countries } => {
             let codes: Vec<String> = countries
@@ -191,19 +222,16 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 bail!("{bad:?} is not an ISO 3166-1 alpha-2 country code");
             }
             let countries = (!codes.is_empty()).then_some(codes.as_slice());
-            if store
-                .set_allowed_countries(name, countries)
-                .await
-                .context("setting allowed countries")?
-            {
-                println!(
-                    "tenant {name:?}: allowed countries {}",
-                    countries_text(countries)
-                );
-                Ok(())
-            } else {
-                bail!("no tenant named {name:?}")
-            }
+            let patch = TenantPatch {
+                allowed_countries: Some(countries.map(<[String]>::to_vec)),
+                ..TenantPatch::default()
+            };
+            update(store.as_ref(), name, &patch).await?;
+            println!(
+                "tenant {name:?}: allowed countries {}",
+                countries_text(countries)
+            );
+            Ok(())
         }
         TenantCommand::QuietHours { name, window } => {
             let window = if window.trim().eq_ignore_ascii_case("off") {
@@ -215,16 +243,13 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                     })?,
                 )
             };
-            if store
-                .set_quiet_hours(name, window)
-                .await
-                .context("setting quiet hours")?
-            {
-                println!("tenant {name:?}: quiet hours {}", quiet_text(window));
-                Ok(())
-            } else {
-                bail!("no tenant named {name:?}")
-            }
+            let patch = TenantPatch {
+                quiet_hours: Some(window),
+                ..TenantPatch::default()
+            };
+            update(store.as_ref(), name, &patch).await?;
+            println!("tenant {name:?}: quiet hours {}", quiet_text(window));
+            Ok(())
         }
         TenantCommand::HomeCountry { name, country } => {
             let code = country.trim().to_ascii_uppercase();
@@ -233,21 +258,18 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 c if is_country_code(c) => Some(code.clone()),
                 _ => bail!("{country:?} is not an ISO 3166-1 alpha-2 country code (or off)"),
             };
-            if store
-                .set_home_country(name, country.clone())
-                .await
-                .context("setting the home country")?
-            {
-                println!(
-                    "tenant {name:?}: home country {}",
-                    country
-                        .as_deref()
-                        .unwrap_or("off (only E.164 numbers are read)")
-                );
-                Ok(())
-            } else {
-                bail!("no tenant named {name:?}")
-            }
+            let patch = TenantPatch {
+                home_country: Some(country.clone()),
+                ..TenantPatch::default()
+            };
+            update(store.as_ref(), name, &patch).await?;
+            println!(
+                "tenant {name:?}: home country {}",
+                country
+                    .as_deref()
+                    .unwrap_or("off (only E.164 numbers are read)")
+            );
+            Ok(())
         }
         TenantCommand::Show { name } => {
             let tenants = store.tenant_settings().await.context("reading tenants")?;
@@ -267,6 +289,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 "home country: {}",
                 t.home_country.as_deref().unwrap_or("none")
             );
+            println!("disabled: {}", if t.disabled { "yes" } else { "no" });
             Ok(())
         }
         TenantCommand::Senders { name, command } => senders(store.as_ref(), name, command).await,
@@ -288,14 +311,46 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
     }
 }
 
-/// Whether `name` may name a new tenant: 1 to 64 ASCII letters, digits,
-/// `.`, `_` and `-`, starting with a letter or digit (it goes into command
-/// lines, logs and URLs' query strings unquoted).
-pub fn valid_tenant_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    name.len() <= 64
-        && bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+pub use crate::admin::valid_tenant_name;
+
+/// An admin change refused, as the CLI says it.
+fn admin_error(e: AdminError, name: &str) -> CommandError {
+    match e {
+        AdminError::Invalid(errors) => anyhow!(
+            "{}",
+            errors
+                .iter()
+                .map(|e| format!("{}: {}", e.field, e.message))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        AdminError::NotFound(what) => anyhow!("no {what} named {name:?}"),
+        AdminError::Conflict(what) => anyhow!("{what}"),
+        AdminError::Scope(s) => anyhow!("needs the {s} scope"),
+        AdminError::Store(e) => anyhow!(e).context(format!("changing {name:?}")),
+    }
+}
+
+/// Applies a settings change as the admin API does (audited, acknowledged).
+async fn update(store: &dyn Store, name: &str, patch: &TenantPatch) -> Result<(), CommandError> {
+    Admin { store }
+        .update_tenant(&Actor::cli(), name, patch, Clock::system().now())
+        .await
+        .map(|_| ())
+        .map_err(|e| admin_error(e, name))
+}
+
+fn key_text(k: &crate::store::ApiKeyInfo) -> String {
+    format!(
+        "{} ({}…, scopes {}{})",
+        k.id,
+        k.prefix,
+        k.scopes.to_stored(),
+        k.label
+            .as_deref()
+            .map(|l| format!(", label {l:?}"))
+            .unwrap_or_default()
+    )
 }
 
 fn is_country_code(c: &str) -> bool {
@@ -383,31 +438,50 @@ async fn senders(
 pub async fn key(settings: &Settings, command: &KeyCommand) -> Result<(), CommandError> {
     let store = migrated_store(settings).await?;
     match command {
-        KeyCommand::Create { tenant } => {
-            let key = apikey::generate();
-            match store
-                .add_key(tenant, &key.stored)
-                .await
-                .context("adding an API key")?
-            {
-                Some(_) => {
-                    println!("{}", key.secret);
-                    Ok(())
-                }
-                None => bail!("no tenant named {tenant:?}"),
+        KeyCommand::Create {
+            tenant,
+            scopes,
+            label,
+        } => {
+            let mut named = Vec::new();
+            for s in scopes {
+                named.push(Scope::parse(s.trim()).ok_or_else(|| {
+                    anyhow!("{s:?} is not a scope (send, read, opt-outs, webhooks, admin)")
+                })?);
             }
+            if label
+                .as_deref()
+                .is_some_and(|l| !crate::admin::valid_label(l))
+            {
+                bail!("a label is 1 to 100 characters without control characters");
+            }
+            let spec = KeySpec {
+                scopes: if named.is_empty() {
+                    Scopes::DEFAULT
+                } else {
+                    Scopes::of(&named)
+                },
+                label: label.clone(),
+            };
+            let (secret, key) = Admin {
+                store: store.as_ref(),
+            }
+            .create_key(&Actor::cli(), tenant, &spec, Clock::system().now())
+            .await
+            .map_err(|e| admin_error(e, tenant))?;
+            eprintln!("created key {} for tenant {tenant:?}", key_text(&key));
+            println!("{secret}");
+            Ok(())
         }
         KeyCommand::Revoke { key_id } => {
-            let now = Clock::system().now();
-            if store
-                .revoke_key(*key_id, now)
-                .await
-                .context("revoking the API key")?
-            {
-                Ok(())
-            } else {
-                bail!("no API key with id {key_id}")
+            Admin {
+                store: store.as_ref(),
             }
+            .revoke_key(&Actor::cli(), *key_id, Clock::system().now())
+            .await
+            .map_err(|e| admin_error(e, &key_id.to_string()))?;
+            println!("revoked key {key_id}: refused on every instance from now on");
+            Ok(())
         }
         KeyCommand::List => {
             for k in store.list_keys().await.context("listing API keys")? {
@@ -416,7 +490,17 @@ pub async fn key(settings: &Settings, command: &KeyCommand) -> Result<(), Comman
                 } else {
                     "active"
                 };
-                println!("{}\t{}\t{}…\t{}", k.id, k.tenant_name, k.prefix, state);
+                println!(
+                    "{}\t{}\t{}…\t{}\t{}\t{}\tlast used {}",
+                    k.id,
+                    k.tenant_name,
+                    k.prefix,
+                    state,
+                    k.scopes.to_stored(),
+                    k.label.as_deref().unwrap_or("-"),
+                    k.last_used_at
+                        .map_or_else(|| "never".to_string(), |t| t.to_string()),
+                );
             }
             Ok(())
         }

@@ -18,6 +18,15 @@ pub const PROBLEM_TYPE_PREFIX: &str = "urn:sendonce:problem:";
 pub enum ApiError {
     #[error("missing or invalid API key")]
     Unauthorized,
+    /// The key's tenant was disabled by an operator.
+    #[error("tenant disabled")]
+    TenantDisabled,
+    /// The key lacks the scope the operation needs.
+    #[error("insufficient scope: needs {0}")]
+    InsufficientScope(crate::scopes::Scope),
+    /// A resource of that name already exists (the admin API).
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// A receipt whose signature or shared secret is missing or wrong.
     #[error("receipt not authenticated")]
     Forbidden,
@@ -97,6 +106,9 @@ struct Problem<'a> {
     /// has no header of its own.
     #[serde(skip_serializing_if = "Option::is_none")]
     retry_after: Option<u64>,
+    /// The scope an `insufficient-scope` problem's operation needs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    required_scope: Option<&'static str>,
 }
 
 impl ApiError {
@@ -121,8 +133,9 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::Unauthorized | ApiError::TenantDisabled => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden | ApiError::InsufficientScope(_) => StatusCode::FORBIDDEN,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::MissingIdempotencyKey
             | ApiError::InvalidIdempotencyKey(_)
             | ApiError::Validation(_)
@@ -151,6 +164,9 @@ impl ApiError {
     pub fn slug(&self) -> &'static str {
         match self {
             ApiError::Unauthorized => "unauthorized",
+            ApiError::TenantDisabled => "tenant-disabled",
+            ApiError::InsufficientScope(_) => "insufficient-scope",
+            ApiError::Conflict(_) => "conflict",
             ApiError::Forbidden => "forbidden",
             ApiError::MissingIdempotencyKey => "missing-idempotency-key",
             ApiError::InvalidIdempotencyKey(_) => "invalid-idempotency-key",
@@ -180,6 +196,9 @@ impl ApiError {
     fn title(&self) -> &'static str {
         match self {
             ApiError::Unauthorized => "Unauthorized",
+            ApiError::TenantDisabled => "Tenant disabled",
+            ApiError::InsufficientScope(_) => "Insufficient scope",
+            ApiError::Conflict(_) => "Conflict",
             ApiError::Forbidden => "Forbidden",
             ApiError::MissingIdempotencyKey => "Missing Idempotency-Key",
             ApiError::InvalidIdempotencyKey(_) => "Invalid Idempotency-Key",
@@ -211,6 +230,13 @@ impl ApiError {
             ApiError::Unauthorized => {
                 "send a valid API key as `Authorization: Bearer <key>`".into()
             }
+            ApiError::TenantDisabled => {
+                "this API key's tenant is disabled by the operator; nothing was changed".into()
+            }
+            ApiError::InsufficientScope(scope) => format!(
+                "this API key does not have the `{scope}` scope this operation needs; nothing was changed"
+            ),
+            ApiError::Conflict(what) => format!("{what}; nothing was changed"),
             ApiError::Forbidden => {
                 "the request's signature or receipt secret is missing or wrong; nothing was changed"
                     .into()
@@ -288,6 +314,10 @@ fn problem(e: &ApiError) -> Problem<'_> {
             _ => None,
         },
         retry_after: e.retry_after_secs(),
+        required_scope: match e {
+            ApiError::InsufficientScope(s) => Some(s.as_str()),
+            _ => None,
+        },
     }
 }
 
@@ -307,7 +337,7 @@ pub fn problem_response(e: &ApiError) -> Response {
         HeaderValue::from_static("application/problem+json"),
     );
     match e {
-        ApiError::Unauthorized => {
+        ApiError::Unauthorized | ApiError::TenantDisabled => {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         ApiError::KeyInUse

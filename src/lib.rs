@@ -22,6 +22,7 @@
 //!
 //! See `docs/architecture.md` for the state machine and the failure model.
 
+pub mod admin;
 pub mod apikey;
 pub mod app;
 pub mod body;
@@ -39,6 +40,7 @@ pub mod metrics;
 pub mod notify;
 pub mod provider;
 pub mod ratelimit;
+pub mod scopes;
 pub mod send;
 pub mod shutdown;
 pub mod store;

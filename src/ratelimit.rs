@@ -258,6 +258,15 @@ impl RateLimiter {
         }
     }
 
+    /// The limits this limiter applies (the same to every tenant).
+    pub fn limits(&self) -> Limits {
+        Limits {
+            tenant: self.tenant.rate,
+            number: self.number.rate,
+            prefix: self.prefix.rate,
+        }
+    }
+
     /// One request by `tenant`.
     pub fn request(&self, tenant: Uuid) -> Result<(), Refused> {
         self.tenant

@@ -66,6 +66,11 @@ pub enum TenantCommand {
     /// The country national-format numbers are read in by the console's
     /// search (ISO 3166-1 alpha-2, e.g. `US`), or `off`.
     HomeCountry { name: String, country: String },
+    /// Disable a tenant: its keys are refused (401 `tenant-disabled`) on
+    /// every instance once this returns.
+    Disable { name: String },
+    /// Enable a disabled tenant again.
+    Enable { name: String },
     /// Limit a tenant's destinations to these countries (ISO 3166-1 codes,
     /// e.g. `US CA`); with none, allow every country again.
     AllowCountries {
@@ -99,11 +104,22 @@ pub enum SendersCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum KeyCommand {
-    /// Create another API key for a tenant and print it as the only line on stdout.
-    Create { tenant: String },
+    /// Create another API key for a tenant and print it as the only line on
+    /// stdout (what was created goes to stderr).
+    Create {
+        tenant: String,
+        /// Comma-separated: send, read, opt-outs, webhooks, admin (default:
+        /// all but admin).
+        #[arg(long, value_delimiter = ',')]
+        scopes: Vec<String>,
+        /// A label to recognise the key by in listings and the audit log.
+        #[arg(long)]
+        label: Option<String>,
+    },
     /// Revoke an API key by its id (see `key list`); it is refused at once.
     Revoke { key_id: uuid::Uuid },
-    /// List API keys (id, tenant, prefix, state), never the keys themselves.
+    /// List API keys (id, tenant, prefix, state, scopes, label, last used),
+    /// never the keys themselves.
     List,
 }
 

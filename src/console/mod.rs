@@ -492,6 +492,9 @@ async fn opt_outs(
     )
 }
 
+/// Why an opt-out form was refused to a key without the scope.
+const NO_OPT_OUT_SCOPE: &str = "This API key does not have the opt-outs scope: opt-outs can be viewed, not changed. Nothing was changed.";
+
 fn posted_number(fields: &[(String, String)]) -> Result<String, PageError> {
     field(fields, "number")
         .and_then(phone::parse)
@@ -511,6 +514,9 @@ async fn add_opt_out(
 ) -> Result<Response, PageError> {
     let body = read_form(&state, body).await?;
     let (session, fields) = posted(&state, &headers, &body).await?;
+    if !session.may_edit_opt_outs() {
+        return Err(PageError::Forbidden(NO_OPT_OUT_SCOPE));
+    }
     let number = posted_number(&fields)?;
     let added = state
         .store
@@ -535,6 +541,9 @@ async fn remove_opt_out(
 ) -> Result<Response, PageError> {
     let body = read_form(&state, body).await?;
     let (session, fields) = posted(&state, &headers, &body).await?;
+    if !session.may_edit_opt_outs() {
+        return Err(PageError::Forbidden(NO_OPT_OUT_SCOPE));
+    }
     let number = posted_number(&fields)?;
     let removed = state
         .store

@@ -407,14 +407,18 @@ pub fn opt_outs(
             h1 { "Opt-outs" }
             p { "Numbers on this list get no messages: a send to them ends " code { "failed" } " and never reaches the provider." }
             @if let Some(n) = notice { p.notice role="status" { (n) } }
-            h2 { "Add a number" }
-            form method="post" action="/console/opt-outs" {
-                input type="hidden" name="csrf" value=(session.csrf);
-                label for="number" { "Phone number (international form, e.g. +14155550100)" }
-                div.row {
-                    input #number type="text" name="number" inputmode="tel" autocomplete="off" required;
-                    button.primary type="submit" { "Add to opt-outs" }
+            @if session.may_edit_opt_outs() {
+                h2 { "Add a number" }
+                form method="post" action="/console/opt-outs" {
+                    input type="hidden" name="csrf" value=(session.csrf);
+                    label for="number" { "Phone number (international form, e.g. +14155550100)" }
+                    div.row {
+                        input #number type="text" name="number" inputmode="tel" autocomplete="off" required;
+                        button.primary type="submit" { "Add to opt-outs" }
+                    }
                 }
+            } @else {
+                p { "This key can view opt-outs but not change them (it has no " code { "opt-outs" } " scope)." }
             }
             h2 { "Find" }
             form method="get" action="/console/opt-outs" role="search" {
@@ -430,18 +434,20 @@ pub fn opt_outs(
                 div.table-wrap {
                     table {
                         caption.visually-hidden { "Opted-out numbers" }
-                        thead { tr { th scope="col" { "Number" } th scope="col" { "Added by" } th scope="col" { "When" } th scope="col" { "Remove" } } }
+                        thead { tr { th scope="col" { "Number" } th scope="col" { "Added by" } th scope="col" { "When" } @if session.may_edit_opt_outs() { th scope="col" { "Remove" } } } }
                         tbody {
                             @for o in list {
                                 tr {
                                     td { (o.number) }
                                     td { (who(o)) }
                                     td { (when(o.created_at)) }
-                                    td {
-                                        form method="post" action="/console/opt-outs/remove" {
-                                            input type="hidden" name="csrf" value=(session.csrf);
-                                            input type="hidden" name="number" value=(o.number);
-                                            button type="submit" aria-label={"Remove " (o.number)} { "Remove" }
+                                    @if session.may_edit_opt_outs() {
+                                        td {
+                                            form method="post" action="/console/opt-outs/remove" {
+                                                input type="hidden" name="csrf" value=(session.csrf);
+                                                input type="hidden" name="number" value=(o.number);
+                                                button type="submit" aria-label={"Remove " (o.number)} { "Remove" }
+                                            }
                                         }
                                     }
                                 }

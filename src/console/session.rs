@@ -87,6 +87,15 @@ pub struct Session {
     /// The first characters of the API key signed in with: "who" on changes.
     pub key_prefix: String,
     pub csrf: String,
+    /// The key's scopes: opt-out forms need `opt-outs`.
+    pub scopes: crate::scopes::Scopes,
+}
+
+impl Session {
+    /// Whether this session may add and remove opt-outs.
+    pub fn may_edit_opt_outs(&self) -> bool {
+        self.scopes.contains(crate::scopes::Scope::OptOuts)
+    }
 }
 
 pub(super) fn random_token() -> String {
@@ -142,6 +151,9 @@ pub(super) async fn current(
     let Some(row) = state.store.session(&id_hash).await? else {
         return Ok(None);
     };
+    if !row.scopes.contains(crate::scopes::Scope::Read) {
+        return Ok(None);
+    }
     let now = state.clock.now();
     let idle = Duration::try_from(now - row.last_seen_at).unwrap_or_default();
     let age = Duration::try_from(now - row.created_at).unwrap_or_default();
@@ -157,6 +169,7 @@ pub(super) async fn current(
         tenant_id: row.tenant_id,
         key_prefix: row.key_prefix,
         csrf: row.csrf_token,
+        scopes: row.scopes,
     }))
 }
 
@@ -325,6 +338,9 @@ pub(super) async fn login(
     } else {
         None
     };
+    // The console reads: a key without `read`, or of a disabled tenant, is
+    // refused as an unknown one is.
+    let auth = auth.filter(|a| !a.disabled && a.scopes.contains(crate::scopes::Scope::Read));
     let Some(auth) = auth else {
         signins.failed(peer, now);
         tracing::info!("console sign-in refused");

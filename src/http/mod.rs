@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, FromRequestParts};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
 use uuid::Uuid;
@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
 use crate::store::{Store, TenantAuth};
 
+pub mod admin;
 pub mod batch;
 pub mod health;
 pub mod history;
@@ -82,6 +83,7 @@ pub fn router_with(state: SharedState, pages: Router<SharedState>, serve_metrics
         .merge(history::router())
         .merge(verifications::router())
         .merge(webhooks::router())
+        .merge(admin::router())
         .merge(health::router(serve_metrics))
         .merge(pages);
     if serve_metrics {
@@ -168,17 +170,50 @@ impl FromRequestParts<SharedState> for Authenticated {
             return Err(ApiError::Unauthorized);
         }
         let hash = apikey::hash(key);
-        if let Some(auth) = state.keys.get(&hash) {
-            return Ok(Authenticated(auth));
-        }
-        let ticket = state.keys.ticket();
-        match state.store.tenant_for_key(&hash).await? {
-            Some(auth) => {
+        let auth = match state.keys.get(&hash) {
+            Some(auth) => auth,
+            None => {
+                let ticket = state.keys.ticket();
+                let auth = state
+                    .store
+                    .tenant_for_key(&hash)
+                    .await?
+                    .ok_or(ApiError::Unauthorized)?;
                 state.keys.put(&hash, &auth, ticket);
-                Ok(Authenticated(auth))
+                auth
             }
-            None => Err(ApiError::Unauthorized),
+        };
+        let path = parts
+            .extensions
+            .get::<MatchedPath>()
+            .map_or("", MatchedPath::as_str);
+        admit(&auth, &parts.method, path)?;
+        let now = state.clock.now();
+        if state.keys.touch_due(auth.key_id, now)
+            && let Err(e) = state.store.touch_key(auth.key_id, now).await
+        {
+            tracing::warn!(error = %e, "could not record the API key's last use");
         }
+        Ok(Authenticated(auth))
+    }
+}
+
+/// Whether a key may make this request: its tenant not disabled, and the
+/// scope the route needs held ([`crate::scopes::ROUTES`]; a route missing
+/// there is refused to every key).
+pub fn admit(auth: &TenantAuth, method: &axum::http::Method, path: &str) -> Result<(), ApiError> {
+    if auth.disabled {
+        return Err(ApiError::TenantDisabled);
+    }
+    let Some(scope) = crate::scopes::required(method, path) else {
+        return Err(ApiError::Internal(format!(
+            "route {method} {path} takes an API key but has no scope in scopes::ROUTES"
+        )));
+    };
+    if auth.scopes.contains(scope) {
+        Ok(())
+    } else {
+        Err(ApiError::InsufficientScope(scope))
     }
 }
 

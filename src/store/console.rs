@@ -30,6 +30,8 @@ pub struct SessionRecord {
     /// When it was signed in: it ends a fixed time later, however busy.
     pub created_at: OffsetDateTime,
     pub last_seen_at: OffsetDateTime,
+    /// The signing-in key's scopes (read now: a change holds at once).
+    pub scopes: crate::scopes::Scopes,
 }
 
 /// One line of a message list.

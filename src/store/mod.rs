@@ -19,6 +19,7 @@ use uuid::Uuid;
 
 use crate::domain::{MessageError, MessageId};
 
+pub mod admin;
 pub mod console;
 pub mod error;
 pub mod postgres;
@@ -31,6 +32,7 @@ pub mod types;
 pub mod verification;
 pub mod webhooks;
 
+pub use admin::AdminStore;
 pub use console::{
     ConsoleStore, MessageSummary, MessageWebhookAttempt, MessageWebhookDelivery, NewSession,
     OverviewCounts, SessionRecord,
@@ -52,6 +54,8 @@ pub struct TenantSettings {
     pub allowed_senders: Option<Vec<String>>,
     pub quiet_hours: Option<crate::domain::quiet::QuietHours>,
     pub home_country: Option<String>,
+    /// Its keys are refused (the admin API's `disabled`).
+    pub disabled: bool,
 }
 
 pub use verification::*;
@@ -72,6 +76,7 @@ pub fn delivery_error(provider_status: &str, error_code: Option<&str>) -> Messag
 /// Everything the service runs on: callers hold an `Arc<dyn Store>`.
 pub trait Store:
     TenantStore
+    + AdminStore
     + MessageStore
     + MessageReadStore
     + ReceiptStore
@@ -89,6 +94,7 @@ pub trait Store:
 
 impl<T> Store for T where
     T: TenantStore
+        + AdminStore
         + MessageStore
         + MessageReadStore
         + ReceiptStore

@@ -334,6 +334,9 @@ pub struct ApiKeyRow {
     key_prefix: String,
     created_at: DbTime,
     revoked_at: Option<DbTime>,
+    scopes: String,
+    label: Option<String>,
+    last_used_at: Option<DbTime>,
 }
 
 impl From<ApiKeyRow> for super::types::ApiKeyInfo {
@@ -344,6 +347,9 @@ impl From<ApiKeyRow> for super::types::ApiKeyInfo {
             prefix: r.key_prefix,
             created_at: r.created_at.0,
             revoked_at: t(r.revoked_at),
+            scopes: crate::scopes::Scopes::from_stored(&r.scopes),
+            label: r.label,
+            last_used_at: t(r.last_used_at),
         }
     }
 }

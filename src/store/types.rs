@@ -18,6 +18,8 @@ pub struct NewApiKey {
     pub id: Uuid,
     pub hash: Vec<u8>,
     pub prefix: String,
+    pub scopes: crate::scopes::Scopes,
+    pub label: Option<String>,
 }
 
 /// What a request learns about its tenant from its API key: one lookup.
@@ -33,6 +35,12 @@ pub struct TenantAuth {
     pub bootstrap_tenant: bool,
     /// Quiet hours in the recipient's local time, if the tenant set them.
     pub quiet_hours: Option<crate::domain::quiet::QuietHours>,
+    /// The key itself: its id, label and scopes.
+    pub key_id: Uuid,
+    pub key_label: Option<String>,
+    pub scopes: crate::scopes::Scopes,
+    /// The tenant was disabled by an operator: its keys are refused.
+    pub disabled: bool,
 }
 
 impl TenantAuth {
@@ -82,6 +90,9 @@ pub struct ApiKeyInfo {
     pub prefix: String,
     pub created_at: OffsetDateTime,
     pub revoked_at: Option<OffsetDateTime>,
+    pub scopes: crate::scopes::Scopes,
+    pub label: Option<String>,
+    pub last_used_at: Option<OffsetDateTime>,
 }
 
 /// A message to insert as `processing`, its first attempt started.
@@ -553,6 +564,10 @@ mod tests {
         for (allowed_senders, bootstrap_tenant, from, want) in cases {
             let t = TenantAuth {
                 id: Uuid::nil(),
+                key_id: Uuid::nil(),
+                key_label: None,
+                scopes: crate::scopes::Scopes::DEFAULT,
+                disabled: false,
                 allowed_countries: None,
                 allowed_senders: allowed_senders.clone(),
                 bootstrap_tenant,

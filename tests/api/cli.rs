@@ -89,4 +89,69 @@ async fn tenant_commands_say_what_they_changed(backend: Backend) {
     assert!(ok && out.contains("home country off"), "{out}");
 }
 
-on_both_backends!(tenant_commands_say_what_they_changed);
+/// The key and disable commands (issue 27) go through the admin API's code:
+/// they say what they changed and each change is in the audit log, as the
+/// CLI's.
+async fn key_and_disable_commands_are_audited(backend: Backend) {
+    let db = fresh_database_on(backend).await;
+    let (ok, _, err) = run(&db, &["tenant", "create", "shop"]).await;
+    assert!(ok, "{err}");
+    let (ok, key, err) = run(
+        &db,
+        &[
+            "key",
+            "create",
+            "shop",
+            "--scopes",
+            "read,opt-outs",
+            "--label",
+            "support desk",
+        ],
+    )
+    .await;
+    assert!(ok && key.trim().starts_with("so_"), "{err}");
+    assert!(
+        err.contains("scopes read,opt-outs") && err.contains("support desk"),
+        "{err}"
+    );
+    let (ok, _, err) = run(&db, &["key", "create", "shop", "--scopes", "root"]).await;
+    assert!(!ok && err.contains("not a scope"), "{err}");
+    let (ok, list, _) = run(&db, &["key", "list"]).await;
+    assert!(ok);
+    let line = list
+        .lines()
+        .find(|l| l.contains("support desk"))
+        .expect("the labelled key");
+    assert!(
+        line.contains("read,opt-outs") && line.contains("last used never"),
+        "{line}"
+    );
+    let id = line.split('\t').next().unwrap().to_string();
+    let (ok, out, _) = run(&db, &["tenant", "disable", "shop"]).await;
+    assert!(ok && out.contains("\"shop\": disabled"), "{out}");
+    let (ok, show, _) = run(&db, &["tenant", "show", "shop"]).await;
+    assert!(ok && show.contains("disabled: yes"), "{show}");
+    let (ok, out, _) = run(&db, &["key", "revoke", &id]).await;
+    assert!(ok && out.contains("revoked key"), "{out}");
+
+    let store = open_store(&db, std::time::Duration::from_secs(2)).0;
+    let log = store.audit_log(None, 10).await.expect("audit log");
+    let actions: Vec<&str> = log.iter().map(|r| r.action.as_str()).collect();
+    assert_eq!(
+        actions,
+        [
+            "key.revoke",
+            "tenant.update",
+            "key.create",
+            "key.create",
+            "tenant.create"
+        ]
+    );
+    assert!(log.iter().all(|r| r.via == "cli" && r.key_id.is_none()));
+    assert_eq!(log[1].detail, serde_json::json!({"disabled": true}));
+}
+
+on_both_backends!(
+    tenant_commands_say_what_they_changed,
+    key_and_disable_commands_are_audited,
+);

@@ -70,7 +70,7 @@ impl Browser {
         a
     }
 
-    async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Answer {
+    pub(crate) async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Answer {
         let body: String = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(form)
             .finish();

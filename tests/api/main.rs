@@ -46,6 +46,8 @@ macro_rules! through_pgbouncer {
     };
 }
 
+mod access;
+mod admin;
 mod batch_answers;
 mod batching;
 mod caches;

@@ -17,6 +17,7 @@ pub(crate) struct SessionRow {
     csrf_token: String,
     created_at: DbTime,
     last_seen_at: DbTime,
+    scopes: String,
 }
 
 impl From<SessionRow> for SessionRecord {
@@ -27,6 +28,7 @@ impl From<SessionRow> for SessionRecord {
             csrf_token: r.csrf_token,
             created_at: r.created_at.0,
             last_seen_at: r.last_seen_at.0,
+            scopes: crate::scopes::Scopes::from_stored(&r.scopes),
         }
     }
 }

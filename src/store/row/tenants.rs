@@ -75,6 +75,7 @@ pub(crate) struct TenantSettingsRow {
     allowed_senders: Option<StringList>,
     quiet_hours: Option<String>,
     home_country: Option<String>,
+    disabled: bool,
 }
 
 impl From<TenantSettingsRow> for TenantSettings {
@@ -87,6 +88,7 @@ impl From<TenantSettingsRow> for TenantSettings {
             allowed_senders: r.allowed_senders.map(|l| l.0),
             quiet_hours: r.quiet_hours.as_deref().and_then(QuietHours::parse),
             home_country: r.home_country,
+            disabled: r.disabled,
         }
     }
 }
@@ -99,12 +101,20 @@ pub(crate) struct TenantAuthRow {
     allowed_senders: Option<StringList>,
     bootstrap_tenant: bool,
     quiet_hours: Option<String>,
+    key_id: Uuid,
+    label: Option<String>,
+    scopes: String,
+    disabled: bool,
 }
 
 impl From<TenantAuthRow> for TenantAuth {
     fn from(r: TenantAuthRow) -> Self {
         TenantAuth {
             id: r.tenant_id,
+            key_id: r.key_id,
+            key_label: r.label,
+            scopes: crate::scopes::Scopes::from_stored(&r.scopes),
+            disabled: r.disabled,
             allowed_countries: r.allowed_countries.map(|l| l.0),
             allowed_senders: r.allowed_senders.map(|l| l.0),
             bootstrap_tenant: r.bootstrap_tenant,

@@ -35,10 +35,13 @@ const INSERT_SESSION: &str = "INSERT INTO console_sessions \
      (id_hash, tenant_id, key_hash, key_prefix, csrf_token, created_at, last_seen_at) \
      VALUES ($1, $2, $3, $4, $5, $6, $6)";
 
-/// A session whose key is not revoked.
-const SESSION: &str = "SELECT s.tenant_id, s.key_prefix, s.csrf_token, s.created_at, s.last_seen_at \
+/// A session whose key is not revoked, with the `read` scope, of a tenant
+/// not disabled.
+const SESSION: &str = "SELECT s.tenant_id, s.key_prefix, s.csrf_token, s.created_at, \
+        s.last_seen_at, k.scopes \
      FROM console_sessions s \
      JOIN api_keys k ON k.key_hash = s.key_hash AND k.revoked_at IS NULL \
+     JOIN tenants t ON t.id = k.tenant_id AND NOT t.disabled \
      WHERE s.id_hash = $1";
 
 const TOUCH_SESSION: &str = "UPDATE console_sessions SET last_seen_at = $2 WHERE id_hash = $1";

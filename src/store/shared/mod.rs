@@ -31,6 +31,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+pub(crate) mod admin;
 pub(crate) mod console;
 pub(crate) mod maintenance;
 pub(crate) mod messages;

@@ -46,8 +46,8 @@ const COUNT: &str = "SELECT count(*) FROM tenants";
 
 const INSERT_TENANT: &str = "INSERT INTO tenants (id, name) VALUES ($1, $2)";
 
-const INSERT_KEY: &str =
-    "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) VALUES ($1, $2, $3, $4)";
+const INSERT_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, \
+        scopes, label) VALUES ($1, $2, $3, $4, $5, $6)";
 
 const ENSURE_TENANT: &str =
     "INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
@@ -56,9 +56,9 @@ const ENSURE_TENANT: &str =
 /// after the upgrade that added the flag) becomes the bootstrap key, if it
 /// is this tenant's. Whether it is revoked; no row: another tenant's.
 const ENSURE_BOOTSTRAP_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, \
-        bootstrap) \
-     SELECT $1, t.id, $3, $4, true FROM tenants t WHERE t.name = $2 \
-     ON CONFLICT (key_hash) DO UPDATE SET bootstrap = true \
+        bootstrap, scopes, label) \
+     SELECT $1, t.id, $3, $4, true, $5, 'bootstrap' FROM tenants t WHERE t.name = $2 \
+     ON CONFLICT (key_hash) DO UPDATE SET bootstrap = true, scopes = excluded.scopes \
      WHERE api_keys.tenant_id = excluded.tenant_id \
      RETURNING revoked_at IS NOT NULL";
 
@@ -67,23 +67,25 @@ const REVOKE_OTHER_BOOTSTRAP_KEYS: &str = "UPDATE api_keys SET revoked_at = $2 \
      RETURNING id, key_prefix";
 
 const FOR_KEY: &str = "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, \
-        t.name = 'default' AS bootstrap_tenant, t.quiet_hours \
+        t.name = 'default' AS bootstrap_tenant, t.quiet_hours, k.id AS key_id, k.label, \
+        k.scopes, t.disabled \
      FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
      WHERE k.key_hash = $1 AND k.revoked_at IS NULL";
 
 const LIST_TENANTS: &str = "SELECT id, name, created_at FROM tenants ORDER BY name";
 
 const TENANT_SETTINGS: &str = "SELECT id, name, created_at, allowed_countries, \
-        allowed_senders, quiet_hours, home_country FROM tenants ORDER BY name";
+        allowed_senders, quiet_hours, home_country, disabled FROM tenants ORDER BY name";
 
 const SET_HOME_COUNTRY: &str = "UPDATE tenants SET home_country = $2 WHERE name = $1";
 
-const ADD_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) \
-     SELECT $1, t.id, $3, $4 FROM tenants t WHERE t.name = $2";
+const ADD_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, scopes, label) \
+     SELECT $1, t.id, $3, $4, $5, $6 FROM tenants t WHERE t.name = $2";
 
 const REVOKE_KEY: &str = "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1";
 
-const LIST_KEYS: &str = "SELECT k.id, t.name, k.key_prefix, k.created_at, k.revoked_at \
+const LIST_KEYS: &str = "SELECT k.id, t.name, k.key_prefix, k.created_at, \
+        k.revoked_at, k.scopes, k.label, k.last_used_at \
      FROM api_keys k JOIN tenants t ON t.id = k.tenant_id ORDER BY t.name, k.created_at";
 
 const SET_COUNTRIES: &str = "UPDATE tenants SET allowed_countries = $2 WHERE name = $1";
@@ -123,6 +125,8 @@ per_backend! {
                         .bind(id)
                         .bind(&key.hash)
                         .bind(&key.prefix)
+                        .bind(key.scopes.to_stored())
+                        .bind(&key.label)
                         .execute(&mut *c)
                         .await?;
                     Ok(id)
@@ -154,6 +158,7 @@ per_backend! {
                             .bind(&name)
                             .bind(&key.hash)
                             .bind(&key.prefix)
+                            .bind(crate::scopes::Scopes::ALL.to_stored())
                             .fetch_optional(&mut *c)
                             .await?;
                         let mut outcome = BootstrapOutcome::default();
@@ -211,6 +216,8 @@ per_backend! {
                         .bind(&tenant_name)
                         .bind(&key.hash)
                         .bind(&key.prefix)
+                        .bind(key.scopes.to_stored())
+                        .bind(&key.label)
                         .execute(&mut *c)
                         .await?;
                     Ok((done.rows_affected() == 1).then_some(key.id))

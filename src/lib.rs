@@ -41,6 +41,7 @@ pub mod provider;
 pub mod ratelimit;
 pub mod send;
 pub mod shutdown;
+pub mod spend;
 pub mod store;
 pub mod telemetry;
 pub mod verify;

@@ -25,6 +25,7 @@ pub mod postgres;
 pub mod routing;
 pub(crate) mod row;
 pub(crate) mod shared;
+pub mod spend;
 pub mod sqlite;
 pub mod time;
 pub mod types;
@@ -38,6 +39,7 @@ pub use console::{
 pub use error::{SqlxResultExt, StoreError};
 pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
+pub use spend::{Charged, SpendItem, SpendStore, SpendSummary};
 pub use sqlite::SqliteStore;
 pub use types::*;
 
@@ -52,6 +54,7 @@ pub struct TenantSettings {
     pub allowed_senders: Option<Vec<String>>,
     pub quiet_hours: Option<crate::domain::quiet::QuietHours>,
     pub home_country: Option<String>,
+    pub spend_caps: crate::spend::SpendCaps,
 }
 
 pub use verification::*;
@@ -81,6 +84,7 @@ pub trait Store:
     + VerificationStore
     + ConsoleStore
     + WebhookStore
+    + SpendStore
     + Send
     + Sync
     + 'static
@@ -98,6 +102,7 @@ impl<T> Store for T where
         + VerificationStore
         + ConsoleStore
         + WebhookStore
+        + SpendStore
         + Send
         + Sync
         + 'static

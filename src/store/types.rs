@@ -33,6 +33,11 @@ pub struct TenantAuth {
     pub bootstrap_tenant: bool,
     /// Quiet hours in the recipient's local time, if the tenant set them.
     pub quiet_hours: Option<crate::domain::quiet::QuietHours>,
+    /// Its home country: messages elsewhere count as international.
+    pub home_country: Option<String>,
+    /// Its spend caps; with any set, its sends are counted against them
+    /// in the transaction of their insert.
+    pub spend_caps: crate::spend::SpendCaps,
 }
 
 impl TenantAuth {
@@ -107,6 +112,25 @@ pub struct NewMessage {
     pub created_at: OffsetDateTime,
     pub expires_at: Option<OffsetDateTime>,
     pub deadline_at: OffsetDateTime,
+    /// Its estimated cost, stored with it (`None`: a verification's code).
+    pub cost: Option<crate::spend::Charge>,
+}
+
+impl NewMessage {
+    /// Its cost as the resource shows it.
+    pub fn cost_out(&self) -> Option<crate::spend::Cost> {
+        self.cost
+            .as_ref()
+            .map(|c| crate::spend::Cost::new(c.micros, &c.currency))
+    }
+
+    /// Its cost's amount and currency as the columns hold them.
+    pub fn cost_columns(&self) -> (Option<i64>, Option<&str>) {
+        match &self.cost {
+            Some(c) => (Some(c.micros), Some(c.currency.as_str())),
+            None => (None, None),
+        }
+    }
 }
 
 /// A batch item to insert without a lease: `scheduled` when `due` is later
@@ -233,6 +257,8 @@ pub struct MessageRecord {
     pub recipient_opted_out: bool,
     /// The time the request asked to send at, if it asked.
     pub send_at: Option<OffsetDateTime>,
+    /// Its estimated cost, if it was stored with one.
+    pub cost: Option<crate::spend::Cost>,
 }
 
 impl MessageRecord {
@@ -281,6 +307,7 @@ impl MessageRecord {
             last_attempt_sender: m.sender.clone(),
             recipient_opted_out,
             send_at: None,
+            cost: m.cost_out(),
         }
     }
 
@@ -330,6 +357,7 @@ impl MessageRecord {
             last_attempt_sender: None,
             recipient_opted_out: false,
             send_at,
+            cost: m.cost_out(),
         }
     }
 
@@ -379,6 +407,7 @@ impl MessageRecord {
             next_attempt_at: self.next_attempt_at,
             send_at: self.send_at,
             waiting_for: self.waiting_for(),
+            cost: self.cost.clone(),
         }
     }
 }
@@ -557,6 +586,8 @@ mod tests {
                 allowed_senders: allowed_senders.clone(),
                 bootstrap_tenant,
                 quiet_hours: None,
+                home_country: None,
+                spend_caps: Default::default(),
             };
             assert_eq!(
                 t.may_send_as(from),

@@ -78,6 +78,7 @@ mod routes;
 mod scrubbing;
 mod sealed;
 mod slow_bodies;
+mod spend;
 mod sqlite_writer;
 mod store;
 mod twilio;

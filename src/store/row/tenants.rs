@@ -75,6 +75,9 @@ pub(crate) struct TenantSettingsRow {
     allowed_senders: Option<StringList>,
     quiet_hours: Option<String>,
     home_country: Option<String>,
+    spend_cap_daily_micros: Option<i64>,
+    spend_cap_monthly_micros: Option<i64>,
+    spend_cap_international_daily: Option<i64>,
 }
 
 impl From<TenantSettingsRow> for TenantSettings {
@@ -87,6 +90,11 @@ impl From<TenantSettingsRow> for TenantSettings {
             allowed_senders: r.allowed_senders.map(|l| l.0),
             quiet_hours: r.quiet_hours.as_deref().and_then(QuietHours::parse),
             home_country: r.home_country,
+            spend_caps: crate::spend::SpendCaps {
+                daily: r.spend_cap_daily_micros,
+                monthly: r.spend_cap_monthly_micros,
+                international_daily_messages: r.spend_cap_international_daily,
+            },
         }
     }
 }
@@ -99,6 +107,10 @@ pub(crate) struct TenantAuthRow {
     allowed_senders: Option<StringList>,
     bootstrap_tenant: bool,
     quiet_hours: Option<String>,
+    home_country: Option<String>,
+    spend_cap_daily_micros: Option<i64>,
+    spend_cap_monthly_micros: Option<i64>,
+    spend_cap_international_daily: Option<i64>,
 }
 
 impl From<TenantAuthRow> for TenantAuth {
@@ -109,6 +121,12 @@ impl From<TenantAuthRow> for TenantAuth {
             allowed_senders: r.allowed_senders.map(|l| l.0),
             bootstrap_tenant: r.bootstrap_tenant,
             quiet_hours: r.quiet_hours.as_deref().and_then(QuietHours::parse),
+            home_country: r.home_country,
+            spend_caps: crate::spend::SpendCaps {
+                daily: r.spend_cap_daily_micros,
+                monthly: r.spend_cap_monthly_micros,
+                international_daily_messages: r.spend_cap_international_daily,
+            },
         }
     }
 }

@@ -258,7 +258,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
             let Some(current) = store.spend_caps(name).await.context("reading spend caps")? else {
                 bail!("no tenant named {name:?}")
             };
-            let caps = edited_caps(
+            let caps = crate::spend::edited_caps(
                 current,
                 daily.as_deref(),
                 monthly.as_deref(),
@@ -273,7 +273,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
             {
                 bail!("no tenant named {name:?}")
             }
-            for line in caps_changes(&current, &caps) {
+            for line in crate::spend::caps_changes(&current, &caps) {
                 println!("tenant {name:?}: {line}");
             }
             Ok(())
@@ -296,7 +296,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 "home country: {}",
                 t.home_country.as_deref().unwrap_or("none")
             );
-            for line in caps_changes(&t.spend_caps, &t.spend_caps) {
+            for line in crate::spend::caps_changes(&t.spend_caps, &t.spend_caps) {
                 println!("{}", line.trim_end_matches(" (unchanged)"));
             }
             Ok(())
@@ -318,71 +318,6 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
             Ok(())
         }
     }
-}
-
-/// The caps after the CLI's edits (`off` clears one; `None`: unchanged),
-/// checked as the admin API checks them.
-pub fn edited_caps(
-    current: crate::spend::SpendCaps,
-    daily: Option<&str>,
-    monthly: Option<&str>,
-    international: Option<&str>,
-) -> Result<crate::spend::SpendCaps, String> {
-    let mut input = current.to_input();
-    let set = |v: Option<&str>, slot: &mut Option<String>| match v.map(str::trim) {
-        Some(v) if v.eq_ignore_ascii_case("off") => *slot = None,
-        Some(v) => *slot = Some(v.to_string()),
-        None => {}
-    };
-    set(daily, &mut input.daily);
-    set(monthly, &mut input.monthly);
-    match international.map(str::trim) {
-        Some(v) if v.eq_ignore_ascii_case("off") => input.international_daily_messages = None,
-        Some(v) => {
-            input.international_daily_messages = Some(v.parse().map_err(|_| {
-                format!("--international-daily-messages {v:?} is not a whole number (or off)")
-            })?)
-        }
-        None => {}
-    }
-    crate::spend::SpendCaps::validate(&input).map_err(|errors| {
-        errors
-            .iter()
-            .map(|e| format!("{}: {}", e.field, e.message))
-            .collect::<Vec<_>>()
-            .join("; ")
-    })
-}
-
-/// What the CLI prints for an edit of caps: every cap, said changed or not.
-pub fn caps_changes(
-    before: &crate::spend::SpendCaps,
-    after: &crate::spend::SpendCaps,
-) -> Vec<String> {
-    let money = |v: Option<i64>| v.map_or("off".to_string(), crate::spend::format_amount);
-    let count = |v: Option<i64>| v.map_or("off".to_string(), |n| n.to_string());
-    [
-        ("daily spend cap", money(before.daily), money(after.daily)),
-        (
-            "monthly spend cap",
-            money(before.monthly),
-            money(after.monthly),
-        ),
-        (
-            "international messages per day",
-            count(before.international_daily_messages),
-            count(after.international_daily_messages),
-        ),
-    ]
-    .into_iter()
-    .map(|(what, b, a)| {
-        if a == b {
-            format!("{what} {a} (unchanged)")
-        } else {
-            format!("{what} {b} -> {a}")
-        }
-    })
-    .collect()
 }
 
 /// Whether `name` may name a new tenant: 1 to 64 ASCII letters, digits,
@@ -542,42 +477,6 @@ pub async fn receipts(settings: &Settings, command: &ReceiptsCommand) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn editing_spend_caps() {
-        use crate::spend::SpendCaps;
-        let none = SpendCaps::default();
-        let set = edited_caps(none, Some("5.00"), Some("100"), Some("100")).unwrap();
-        assert_eq!(
-            set,
-            SpendCaps {
-                daily: Some(5_000_000),
-                monthly: Some(100_000_000),
-                international_daily_messages: Some(100),
-            }
-        );
-        // Not given: unchanged; `off`: cleared.
-        let edited = edited_caps(set, Some("off"), None, None).unwrap();
-        assert_eq!(edited.daily, None);
-        assert_eq!(edited.monthly, Some(100_000_000));
-        for (d, m, i, want) in [
-            (Some("five"), None, None, "spend_caps.daily"),
-            (None, Some("-1"), None, "spend_caps.monthly"),
-            (None, None, Some("many"), "not a whole number"),
-            (None, None, Some("-2"), "must be 0 or more"),
-        ] {
-            let e = edited_caps(none, d, m, i).unwrap_err();
-            assert!(e.contains(want), "{e}");
-        }
-        assert_eq!(
-            caps_changes(&set, &edited),
-            [
-                "daily spend cap 5.00 -> off",
-                "monthly spend cap 100.00 (unchanged)",
-                "international messages per day 100 (unchanged)",
-            ]
-        );
-    }
 
     #[test]
     fn tenant_names() {

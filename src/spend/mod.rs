@@ -8,9 +8,11 @@
 //! (1 USD = 1 000 000), never floats.
 
 mod caps;
+mod edit;
 mod prices;
 
 pub use caps::{Cap, Period, SpendCaps, SpendCapsInput, crossed_warning, retry_after};
+pub use edit::{caps_changes, edited_caps};
 pub use prices::{DEFAULT_PRICES, HEADER, Prices, format_amount, parse_amount};
 
 /// An amount in micro-units of a currency.

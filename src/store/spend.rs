@@ -41,6 +41,8 @@ pub struct SpendSummary {
     pub international_today: i64,
     /// The currency of the costs summed (the prices file's).
     pub currency: Option<String>,
+    /// The tenant's caps now.
+    pub caps: SpendCaps,
 }
 
 #[async_trait]

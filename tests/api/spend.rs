@@ -216,7 +216,64 @@ async fn international_messages_count_away_from_home(backend: Backend) {
     assert_eq!(app.message_count().await, 2);
 }
 
+async fn the_console_shows_spend_against_the_caps(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    set_caps(
+        &app,
+        SpendCaps {
+            daily: Some(2 * PRICE),
+            monthly: Some(100 * PRICE),
+            international_daily_messages: None,
+        },
+    )
+    .await;
+    assert_eq!(
+        app.post("c-1", &sms("+14155550106", "Console"))
+            .await
+            .status,
+        201
+    );
+    let mut b = crate::console::Browser::new(&app);
+    b.sign_in(&app.api_key).await;
+    let page = b.get("/console/overview").await;
+    assert_eq!(page.status, 200);
+    let html = String::from_utf8(page.bytes.clone()).expect("UTF-8");
+    assert!(html.contains("Spend"), "{html}");
+    assert!(html.contains("0.10 USD"), "{html}");
+    assert!(html.contains("0.20 (50 % used)"), "{html}");
+    assert!(html.contains("10.00 (1 % used)"), "{html}");
+    assert!(html.contains("no cap"), "{html}");
+}
+
+async fn a_cap_set_mid_day_counts_what_was_sent_before(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    for i in 0..2 {
+        let a = app
+            .post(
+                &format!("pre-{i}"),
+                &sms("+14155550107", &format!("Pre {i}")),
+            )
+            .await;
+        assert_eq!(a.status, 201);
+        assert_eq!(a.json()["cost"]["amount"], "0.10");
+    }
+    set_caps(&app, daily(3)).await;
+    assert_eq!(
+        app.post("post-0", &sms("+14155550107", "Post 0"))
+            .await
+            .status,
+        201
+    );
+    assert_refused(
+        &app.post("post-1", &sms("+14155550107", "Post 1")).await,
+        "daily",
+    );
+    assert_eq!(app.message_count().await, 3);
+}
+
 on_both_backends!(
+    a_cap_set_mid_day_counts_what_was_sent_before,
+    the_console_shows_spend_against_the_caps,
     concurrent_sends_never_pass_the_cap,
     a_replay_is_not_charged_nor_refused,
     a_batch_is_refused_per_item_from_the_cap_on,

@@ -23,6 +23,9 @@ use crate::store::{Claim, KeyState, MessageRecord, StoreError};
 const CAPS: &str = "SELECT spend_cap_daily_micros, spend_cap_monthly_micros, \
         spend_cap_international_daily FROM tenants WHERE name = $1";
 
+const CAPS_BY_ID: &str = "SELECT spend_cap_daily_micros, spend_cap_monthly_micros, \
+        spend_cap_international_daily FROM tenants WHERE id = $1";
+
 const SET_CAPS: &str = "UPDATE tenants SET spend_cap_daily_micros = $2, \
         spend_cap_monthly_micros = $3, spend_cap_international_daily = $4 WHERE name = $1";
 
@@ -36,7 +39,7 @@ const KEY_STATE: &str = concat!(
 /// the period) with what the tenant's messages already cost in it.
 const SEED: &str = "INSERT INTO tenant_spend (tenant_id, period, spent_micros, \
         international_messages) \
-     SELECT $1, $2, COALESCE(SUM(cost_micros), 0), 0 FROM messages \
+     SELECT $1, $2, CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT), 0 FROM messages \
      WHERE tenant_id = $1 AND created_at >= $3 AND id <> $4 \
      ON CONFLICT (tenant_id, period) DO NOTHING";
 
@@ -51,7 +54,7 @@ const CHARGE: &str = "UPDATE tenant_spend SET spent_micros = spent_micros + $3, 
 const COUNTER: &str = "SELECT spent_micros, international_messages FROM tenant_spend \
      WHERE tenant_id = $1 AND period = $2";
 
-const SPENT_SINCE: &str = "SELECT COALESCE(SUM(cost_micros), 0), MAX(cost_currency) \
+const SPENT_SINCE: &str = "SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT), MAX(cost_currency) \
      FROM messages WHERE tenant_id = $1 AND created_at >= $2";
 
 /// Which counter a cap is held in.
@@ -166,7 +169,18 @@ per_backend! {
                 .bind(&p.day)
                 .fetch_optional(self.pool())
                 .await?;
+            let caps: Option<(Option<i64>, Option<i64>, Option<i64>)> =
+                sqlx::query_as(CAPS_BY_ID)
+                    .bind(tenant_id)
+                    .fetch_optional(self.pool())
+                    .await?;
+            let (daily, monthly, intl) = caps.unwrap_or_default();
             Ok(SpendSummary {
+                caps: SpendCaps {
+                    daily,
+                    monthly,
+                    international_daily_messages: intl,
+                },
                 today_micros: today,
                 month_micros: month,
                 international_today: counter.map(|c| c.1).unwrap_or(0),

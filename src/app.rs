@@ -134,7 +134,7 @@ impl App {
             Arc::clone(&replays),
             Arc::clone(&waiters),
             clock.clone(),
-            settings.limits.max_segments,
+            (settings.limits.max_segments, Arc::clone(&settings.prices)),
         );
         let state = Arc::new(AppState {
             keys: KeyCache::new(notifier.clone(), key_cache),

@@ -420,6 +420,8 @@ mod tests {
             allowed_senders: None,
             bootstrap_tenant: false,
             quiet_hours: None,
+            home_country: None,
+            spend_caps: Default::default(),
         }
     }
 

@@ -271,6 +271,41 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
             );
             Ok(())
         }
+        TenantCommand::SpendCaps {
+            name,
+            daily,
+            monthly,
+            international_daily_messages,
+        } => {
+            let patch = crate::spend::caps_patch(
+                daily.as_deref(),
+                monthly.as_deref(),
+                international_daily_messages.as_deref(),
+            )
+            .map_err(|e| anyhow!(e))?;
+            let Some(before) = store.spend_caps(name).await.context("reading spend caps")? else {
+                bail!("no tenant named {name:?}")
+            };
+            let after = if patch == crate::spend::SpendCapsPatch::default() {
+                before
+            } else {
+                let patch = TenantPatch {
+                    spend_caps: Some(patch),
+                    ..TenantPatch::default()
+                };
+                Admin {
+                    store: store.as_ref(),
+                }
+                .update_tenant(&Actor::cli(), name, &patch, Clock::system().now())
+                .await
+                .map_err(|e| admin_error(e, name))?
+                .spend_caps
+            };
+            for line in crate::spend::caps_changes(&before, &after) {
+                println!("tenant {name:?}: {line}");
+            }
+            Ok(())
+        }
         TenantCommand::Show { name } => {
             let tenants = store.tenant_settings().await.context("reading tenants")?;
             let Some(t) = tenants.iter().find(|t| &t.name == name) else {
@@ -290,6 +325,9 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                 t.home_country.as_deref().unwrap_or("none")
             );
             println!("disabled: {}", if t.disabled { "yes" } else { "no" });
+            for line in crate::spend::caps_changes(&t.spend_caps, &t.spend_caps) {
+                println!("{}", line.trim_end_matches(" (unchanged)"));
+            }
             Ok(())
         }
         TenantCommand::Senders { name, command } => senders(store.as_ref(), name, command).await,

@@ -69,6 +69,12 @@ pub enum ApiError {
     ResendTooSoon(std::time::Duration),
     #[error("max sends reached")]
     MaxSendsReached,
+    /// A send that would take the tenant's total past a spend cap.
+    #[error("spend cap reached: {cap}")]
+    SpendCapReached {
+        cap: &'static str,
+        retry_after: std::time::Duration,
+    },
     /// The SMS-pumping defence paused the destination prefix or country.
     #[error("destination paused")]
     DestinationPaused(std::time::Duration),
@@ -123,6 +129,7 @@ impl ApiError {
         match self {
             ApiError::RateLimited { retry_after, .. }
             | ApiError::ResendTooSoon(retry_after)
+            | ApiError::SpendCapReached { retry_after, .. }
             | ApiError::DestinationPaused(retry_after) => {
                 let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
                 Some(secs.max(1))
@@ -146,7 +153,9 @@ impl ApiError {
             ApiError::KeyInUse | ApiError::TooManyWaiters | ApiError::NotCancelable => {
                 StatusCode::CONFLICT
             }
-            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited { .. } | ApiError::SpendCapReached { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::VerificationNotPending(_) => StatusCode::CONFLICT,
             ApiError::ResendTooSoon(_)
@@ -184,6 +193,7 @@ impl ApiError {
             ApiError::VerificationNotPending(_) => "verification-not-pending",
             ApiError::ResendTooSoon(_) => "resend-too-soon",
             ApiError::MaxSendsReached => "max-sends-reached",
+            ApiError::SpendCapReached { .. } => "spend-cap-reached",
             ApiError::DestinationPaused(_) => "destination-paused",
             ApiError::UriTooLong => "uri-too-long",
             ApiError::NotFound => "not-found",
@@ -216,6 +226,7 @@ impl ApiError {
             ApiError::VerificationNotPending(_) => "Verification not pending",
             ApiError::ResendTooSoon(_) => "Resend too soon",
             ApiError::MaxSendsReached => "Max sends reached",
+            ApiError::SpendCapReached { .. } => "Spend cap reached",
             ApiError::DestinationPaused(_) => "Destination paused",
             ApiError::UriTooLong => "URI too long",
             ApiError::NotFound => "Not found",
@@ -283,6 +294,10 @@ impl ApiError {
             ApiError::ResendTooSoon(_) => {
                 "the last code was sent too recently; retry after the time in Retry-After".into()
             }
+            ApiError::SpendCapReached { cap, .. } => format!(
+                "this send would take the account past its {cap} spend cap: nothing was sent \
+                 or stored; retry after the cap's period ends (UTC)"
+            ),
             ApiError::MaxSendsReached => {
                 "this verification was sent the most times allowed; start a new one".into()
             }
@@ -348,6 +363,7 @@ pub fn problem_response(e: &ApiError) -> Response {
         }
         ApiError::RateLimited { .. }
         | ApiError::ResendTooSoon(_)
+        | ApiError::SpendCapReached { .. }
         | ApiError::DestinationPaused(_) => {
             if let Some(secs) = e.retry_after_secs() {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));

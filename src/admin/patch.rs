@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 use crate::domain::FieldError;
 use crate::domain::quiet::QuietHours;
 use crate::domain::request::parse_sender;
+use crate::spend::SpendCapsPatch;
 
 /// What a PATCH sets. `Some(None)` clears a setting.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -19,6 +20,7 @@ pub struct TenantPatch {
     pub allowed_countries: Option<Option<Vec<String>>>,
     pub home_country: Option<Option<String>>,
     pub disabled: Option<bool>,
+    pub spend_caps: Option<SpendCapsPatch>,
 }
 
 /// The fields a PATCH may name.
@@ -28,6 +30,7 @@ pub const FIELDS: &[&str] = &[
     "allowed_countries",
     "home_country",
     "disabled",
+    "spend_caps",
 ];
 
 fn country(v: &str) -> Option<String> {
@@ -126,6 +129,7 @@ impl TenantPatch {
                     Value::Bool(b) => p.disabled = Some(*b),
                     _ => errors.push(FieldError::new(field, "must be true or false")),
                 },
+                "spend_caps" => p.spend_caps = SpendCapsPatch::from_json(v, &mut errors),
                 other => errors.push(FieldError::new(
                     other,
                     format!("is not a tenant setting (one of {})", FIELDS.join(", ")),
@@ -163,6 +167,9 @@ impl TenantPatch {
         if let Some(d) = self.disabled {
             m.insert("disabled".into(), json!(d));
         }
+        if let Some(c) = &self.spend_caps {
+            m.insert("spend_caps".into(), c.to_json());
+        }
         Value::Object(m)
     }
 }
@@ -198,6 +205,25 @@ mod tests {
             Some(Some(vec!["ACME".into(), "+14155550100".into()]))
         );
         assert_eq!(ok(json!({"senders": []})).senders, Some(Some(vec![])));
+        assert_eq!(
+            ok(json!({"spend_caps": {"daily": "5.00", "monthly": null}})).spend_caps,
+            Some(SpendCapsPatch {
+                daily: Some(Some(5_000_000)),
+                monthly: Some(None),
+                international_daily_messages: None,
+            })
+        );
+        assert_eq!(
+            ok(json!({"spend_caps": {"international_daily_messages": 100}})).spend_caps,
+            Some(SpendCapsPatch {
+                international_daily_messages: Some(Some(100)),
+                ..SpendCapsPatch::default()
+            })
+        );
+        assert_eq!(
+            ok(json!({"spend_caps": null})).spend_caps,
+            Some(SpendCapsPatch::CLEAR)
+        );
         assert!(
             ok(json!({"quiet_hours": "21:00-08:00"}))
                 .quiet_hours
@@ -222,6 +248,23 @@ mod tests {
                 vec!["senders"],
             ),
             (json!({"quiet_hours": "late"}), vec!["quiet_hours"]),
+            (json!({"spend_caps": 5}), vec!["spend_caps"]),
+            (json!({"spend_caps": {}}), vec!["body"]),
+            (
+                json!({"spend_caps": {"daily": 5, "weekly": "1"}}),
+                vec!["spend_caps.daily", "spend_caps.weekly"],
+            ),
+            (
+                json!({"spend_caps": {"monthly": "-1", "international_daily_messages": -1}}),
+                vec![
+                    "spend_caps.international_daily_messages",
+                    "spend_caps.monthly",
+                ],
+            ),
+            (
+                json!({"spend_caps": {"daily": "0.1234567"}}),
+                vec!["spend_caps.daily"],
+            ),
             (
                 json!({"quiet_hours": 5, "disabled": 1}),
                 vec!["disabled", "quiet_hours"],
@@ -237,5 +280,11 @@ mod tests {
     fn the_audit_detail_says_what_was_set() {
         let p = read(json!({"disabled": true, "home_country": null})).unwrap();
         assert_eq!(p.to_json(), json!({"disabled": true, "home_country": null}));
+        let p = read(json!({"spend_caps": {"daily": "5", "international_daily_messages": null}}))
+            .unwrap();
+        assert_eq!(
+            p.to_json(),
+            json!({"spend_caps": {"daily": "5.00", "international_daily_messages": null}})
+        );
     }
 }

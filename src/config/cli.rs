@@ -71,6 +71,19 @@ pub enum TenantCommand {
     Disable { name: String },
     /// Enable a disabled tenant again.
     Enable { name: String },
+    /// A tenant's spend caps: amounts in the prices file's currency
+    /// (`5.00`) per UTC day and month, and messages per UTC day to countries
+    /// other than its home country; `off` clears one, one not given stays.
+    /// Without an option, prints the caps.
+    SpendCaps {
+        name: String,
+        #[arg(long)]
+        daily: Option<String>,
+        #[arg(long)]
+        monthly: Option<String>,
+        #[arg(long)]
+        international_daily_messages: Option<String>,
+    },
     /// Limit a tenant's destinations to these countries (ISO 3166-1 codes,
     /// e.g. `US CA`); with none, allow every country again.
     AllowCountries {
@@ -240,6 +253,11 @@ pub struct ConfigArgs {
     /// winning, `*` the default (e.g. `+966=infobip,twilio; *=twilio`).
     #[arg(long, env = "SENDONCE_ROUTES", global = true)]
     pub routes: Option<String>,
+    /// A CSV file of prices per SMS segment (header
+    /// `country,provider,price_per_segment,currency`, `*` wildcards, one
+    /// currency); unset: every segment USD 0.10.
+    #[arg(long, env = "SENDONCE_PRICES", global = true)]
+    pub prices: Option<String>,
     /// Provider failures in a row that open its circuit (0: never).
     #[arg(long, env = "SENDONCE_CIRCUIT_FAILURES", global = true)]
     pub circuit_failures: Option<String>,

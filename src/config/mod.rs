@@ -51,6 +51,8 @@ pub struct Settings {
     pub verify: VerifySettings,
     /// Webhook deliveries.
     pub webhooks: WebhookSettings,
+    /// The price table messages' costs are estimated with (`SENDONCE_PRICES`).
+    pub prices: std::sync::Arc<crate::spend::Prices>,
 }
 
 /// The only place defaults live: what an empty environment and command line
@@ -69,6 +71,7 @@ impl Default for Settings {
             caches: crate::cache::CacheSettings::default(),
             verify: VerifySettings::default(),
             webhooks: WebhookSettings::default(),
+            prices: std::sync::Arc::default(),
         }
     }
 }
@@ -90,8 +93,25 @@ impl Settings {
             caches: caches::from_args(a, &d.caches)?,
             verify: VerifySettings::from_args(a, &d.verify)?,
             webhooks: WebhookSettings::from_args(a, &d.webhooks),
+            prices: prices_from_args(a, d.prices)?,
         })
     }
+}
+
+/// The price table of `SENDONCE_PRICES` (a file's path), or the default.
+fn prices_from_args(
+    a: &ConfigArgs,
+    d: std::sync::Arc<crate::spend::Prices>,
+) -> Result<std::sync::Arc<crate::spend::Prices>, ConfigError> {
+    let Some(path) = a.prices.as_deref().map(str::trim).filter(|p| !p.is_empty()) else {
+        return Ok(d);
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::invalid("SENDONCE_PRICES", format!("cannot read {path:?}: {e}"))
+    })?;
+    crate::spend::Prices::parse(&text)
+        .map(std::sync::Arc::new)
+        .map_err(|e| ConfigError::invalid("SENDONCE_PRICES", format!("{path:?} is refused: {e}")))
 }
 
 impl ConfigArgs {

@@ -543,3 +543,40 @@ fn a_transaction_pooler_needs_a_direct_url() {
         "statement mode (no transactions at all) is not offered"
     );
 }
+
+#[test]
+fn prices_come_from_a_file_or_the_default() {
+    let dir = std::env::temp_dir().join(format!("sendonce-prices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.csv");
+    std::fs::write(
+        &good,
+        "country,provider,price_per_segment,currency\n*,*,0.05,EUR\nGB,*,0.04,EUR\n",
+    )
+    .unwrap();
+    let two = dir.join("two.csv");
+    std::fs::write(
+        &two,
+        "country,provider,price_per_segment,currency\n*,*,0.05,EUR\nGB,*,0.04,USD\n",
+    )
+    .unwrap();
+    let s = args(&["--prices", good.to_str().unwrap()]).unwrap();
+    assert_eq!(s.prices.currency(), "EUR");
+    assert_eq!(s.prices.per_segment(Some("GB"), "http"), Some(40_000));
+    assert_eq!(
+        args(&[]).unwrap().prices.per_segment(None, "x"),
+        Some(100_000)
+    );
+    for (path, want) in [
+        (two.to_str().unwrap(), "SENDONCE_PRICES"),
+        (
+            two.to_str().unwrap(),
+            "line 3: currency USD differs from EUR",
+        ),
+        ("/nonexistent/prices.csv", "cannot read"),
+    ] {
+        let e = args(&["--prices", path]).unwrap_err();
+        assert!(e.to_string().contains(want), "{path}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

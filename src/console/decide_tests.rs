@@ -53,6 +53,7 @@ fn message(status: Status) -> MessageRecord {
         last_attempt_started_at: None,
         last_attempt_sender: None,
         recipient_opted_out: false,
+        cost: None,
     }
 }
 

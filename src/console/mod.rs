@@ -430,7 +430,8 @@ async fn overview(
         .store
         .overview(session.tenant_id, now - time::Duration::DAY)
         .await?;
-    Ok(Html(pages::overview(&session, &counts, now).into_string()).into_response())
+    let spend = state.store.spend_summary(session.tenant_id, now).await?;
+    Ok(Html(pages::overview(&session, &counts, &spend, now).into_string()).into_response())
 }
 
 #[derive(Deserialize)]

@@ -311,7 +311,56 @@ fn chart(totals: &BTreeMap<String, i64>) -> Markup {
     }
 }
 
-pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> Markup {
+/// One line of the overview's spend table: what was spent (or sent) and
+/// the cap with the share of it used, or "no cap".
+pub fn spend_line(spent: i64, cap: Option<i64>, money: bool) -> (String, String) {
+    let shown = |v: i64| {
+        if money {
+            crate::spend::format_amount(v)
+        } else {
+            v.to_string()
+        }
+    };
+    let cap_text = match cap {
+        None => "no cap".to_string(),
+        Some(0) => format!("{} (nothing allowed)", shown(0)),
+        Some(c) => format!(
+            "{} ({} % used)",
+            shown(c),
+            i128::from(spent) * 100 / i128::from(c)
+        ),
+    };
+    (shown(spent), cap_text)
+}
+
+pub fn overview(
+    session: &Session,
+    c: &OverviewCounts,
+    spend: &crate::store::SpendSummary,
+    now: OffsetDateTime,
+) -> Markup {
+    let currency = spend.currency.clone().unwrap_or_default();
+    let spend_rows = [
+        (
+            "Today (UTC)",
+            spend_line(spend.today_micros, spend.caps.daily, true),
+            true,
+        ),
+        (
+            "This month (UTC)",
+            spend_line(spend.month_micros, spend.caps.monthly, true),
+            true,
+        ),
+        (
+            "International messages today",
+            spend_line(
+                spend.international_today,
+                spend.caps.international_daily_messages,
+                false,
+            ),
+            false,
+        ),
+    ];
     let mut totals: BTreeMap<String, i64> = BTreeMap::new();
     let mut providers: BTreeMap<&str, BTreeMap<&str, i64>> = BTreeMap::new();
     for (s, p, n) in &c.by_status_provider {
@@ -372,6 +421,22 @@ pub fn overview(session: &Session, c: &OverviewCounts, now: OffsetDateTime) -> M
                                 td { (attempts) }
                                 td { (errors) }
                                 td { (rate(*errors, *attempts)) }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Spend" }
+            div.table-wrap {
+                table {
+                    caption.visually-hidden { "Estimated spend against the account's caps" }
+                    thead { tr { th scope="col" { "Period" } th scope="col" { "Spent" } th scope="col" { "Cap" } } }
+                    tbody {
+                        @for (label, (spent, cap), money) in &spend_rows {
+                            tr {
+                                th scope="row" { (label) }
+                                td { (spent) @if *money && !currency.is_empty() { " " (currency) } }
+                                td { (cap) }
                             }
                         }
                     }
@@ -514,4 +579,22 @@ pub fn verification(
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn spend_lines() {
+        #[rustfmt::skip]
+        let cases = [
+            (100_000, Some(200_000), true, ("0.10", "0.20 (50 % used)")),
+            (0, None, true, ("0.00", "no cap")),
+            (3, Some(4), false, ("3", "4 (75 % used)")),
+            (0, Some(0), true, ("0.00", "0.00 (nothing allowed)")),
+        ];
+        for (spent, cap, money, (a, b)) in cases {
+            let (x, y) = super::spend_line(spent, cap, money);
+            assert_eq!((x.as_str(), y.as_str()), (a, b));
+        }
+    }
 }

@@ -259,6 +259,7 @@ fn a_resumed_message_reconciles_from_its_current_attempt() {
             created_at: PREVIOUS_START,
             expires_at: None,
             deadline_at: NOW + time::Duration::minutes(10),
+            cost: None,
         },
         &crate::store::Lease::new("o", std::time::Duration::from_secs(30)),
         NOW,

@@ -150,6 +150,10 @@ pub struct MessageOut {
     pub send_at: Option<OffsetDateTime>,
     /// Why a `scheduled` message waits (`null` otherwise).
     pub waiting_for: Option<WaitingFor>,
+    /// Its estimated cost (segments × the price of `SENDONCE_PRICES`);
+    /// absent for messages stored before costs were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::spend::Cost>,
 }
 
 /// Why a `scheduled` message waits until `next_attempt_at`.

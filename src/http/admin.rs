@@ -20,6 +20,7 @@ use crate::admin::{Actor, Admin, AdminError, KeySpec, TenantPatch, valid_label};
 use crate::domain::FieldError;
 use crate::error::ApiError;
 use crate::scopes::{Scope, Scopes};
+use crate::spend::format_amount;
 use crate::store::webhooks::rfc3339;
 use crate::store::{ApiKeyInfo, TenantAuth, TenantSettings};
 
@@ -73,9 +74,16 @@ fn limits_json(l: &crate::ratelimit::Limits) -> Value {
     })
 }
 
-/// A tenant as shown (spend caps are added with the spend settings).
-pub fn tenant_json(t: &TenantSettings, limits: &crate::ratelimit::Limits) -> Value {
+/// A tenant as shown; its spend caps in the price table's `currency`.
+pub fn tenant_json(t: &TenantSettings, limits: &crate::ratelimit::Limits, currency: &str) -> Value {
+    let caps = &t.spend_caps;
     json!({
+        "spend_caps": {
+            "daily": caps.daily.map(format_amount),
+            "monthly": caps.monthly.map(format_amount),
+            "international_daily_messages": caps.international_daily_messages,
+            "currency": currency,
+        },
         "limits": limits_json(limits),
         "id": t.id,
         "name": t.name,
@@ -124,7 +132,11 @@ async fn create_tenant(
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(tenant_json(&t, &state.limiter.limits())),
+        Json(tenant_json(
+            &t,
+            &state.limiter.limits(),
+            state.sends.currency(),
+        )),
     )
         .into_response())
 }
@@ -138,7 +150,7 @@ async fn list_tenants(
         .tenant_settings()
         .await?
         .iter()
-        .map(|t| tenant_json(t, &state.limiter.limits()))
+        .map(|t| tenant_json(t, &state.limiter.limits(), state.sends.currency()))
         .collect();
     Ok(Json(json!({ "data": data, "next_cursor": null })).into_response())
 }
@@ -153,7 +165,12 @@ async fn show_tenant(
         store: state.store.as_ref(),
     };
     let t = admin.tenant(&name).await?;
-    Ok(Json(tenant_json(&t, &state.limiter.limits())).into_response())
+    Ok(Json(tenant_json(
+        &t,
+        &state.limiter.limits(),
+        state.sends.currency(),
+    ))
+    .into_response())
 }
 
 async fn update_tenant(
@@ -172,7 +189,12 @@ async fn update_tenant(
     let t = admin
         .update_tenant(&actor(&auth), &name, &patch, state.clock.now())
         .await?;
-    Ok(Json(tenant_json(&t, &state.limiter.limits())).into_response())
+    Ok(Json(tenant_json(
+        &t,
+        &state.limiter.limits(),
+        state.sends.currency(),
+    ))
+    .into_response())
 }
 
 /// Reads `{scopes, label, test}` of a new key.

@@ -184,12 +184,20 @@ async fn create_batch(
         })
         .collect();
     let queued: Vec<Queued> = valid.iter().map(|v| v.queued.clone()).collect();
-    let claims = if queued.is_empty() {
+    let claims: Vec<Result<Claim, ApiError>> = if queued.is_empty() {
         Vec::new()
+    } else if tenant.spend_caps.any() {
+        capped_claims(&state, &tenant, queued).await?
     } else {
-        state.store.insert_batch(&queued).await?
+        state
+            .store
+            .insert_batch(&queued)
+            .await?
+            .into_iter()
+            .map(Ok)
+            .collect()
     };
-    let mut by_index: HashMap<usize, (&Valid, &Claim)> = HashMap::new();
+    let mut by_index: HashMap<usize, (&Valid, &Result<Claim, ApiError>)> = HashMap::new();
     for (v, claim) in valid.iter().zip(&claims) {
         by_index.insert(v.index, (v, claim));
     }
@@ -208,7 +216,13 @@ async fn create_batch(
                 };
                 let key = v.queued.message.idempotency_key.to_string();
                 match claim {
-                    Claim::Created(record) => {
+                    Err(e) => {
+                        if let Some(permit) = permits.remove(&v.index) {
+                            state.limiter.refund(permit);
+                        }
+                        ItemResult::refused(key, e)
+                    }
+                    Ok(Claim::Created(record)) => {
                         if let Some(at) = record.next_attempt_at {
                             wake = Some(wake.map_or(at, |w| w.min(at)));
                         }
@@ -219,7 +233,7 @@ async fn create_batch(
                             false,
                         )
                     }
-                    Claim::Existing(existing) => {
+                    Ok(Claim::Existing(existing)) => {
                         if let Some(permit) = permits.remove(&v.index) {
                             state.limiter.refund(permit);
                         }
@@ -234,7 +248,8 @@ async fn create_batch(
             } => {
                 // What a POST right after the first item would get.
                 match by_index.get(first) {
-                    Some((v, Claim::Created(record))) => {
+                    Some((_, Err(e))) => ItemResult::refused(key.clone(), e),
+                    Some((v, Ok(Claim::Created(record)))) => {
                         let state_now = KeyState {
                             id: record.id,
                             fingerprint: v.fingerprint.to_vec(),
@@ -244,7 +259,7 @@ async fn create_batch(
                         existing_result(&state, tenant.id, key.clone(), fingerprint, &state_now)
                             .await?
                     }
-                    Some((_, Claim::Existing(existing))) => {
+                    Some((_, Ok(Claim::Existing(existing)))) => {
                         existing_result(&state, tenant.id, key.clone(), fingerprint, existing)
                             .await?
                     }
@@ -280,6 +295,60 @@ async fn create_batch(
         );
     }
     Ok(response)
+}
+
+/// A capped tenant's batch: each item charged in its own transaction, in
+/// order. Once a cap refuses one, every later new item is refused with the
+/// same 429 (nothing past it is sent); a later item whose key is already
+/// taken still gets its stored answer.
+async fn capped_claims(
+    state: &SharedState,
+    tenant: &crate::store::TenantAuth,
+    queued: Vec<Queued>,
+) -> Result<Vec<Result<Claim, ApiError>>, ApiError> {
+    let mut out = Vec::with_capacity(queued.len());
+    let mut refused: Option<ApiError> = None;
+    for q in queued {
+        if let Some(e) = &refused {
+            let m = &q.message;
+            out.push(
+                match state
+                    .store
+                    .key_state(m.tenant_id, m.idempotency_key.as_str())
+                    .await?
+                {
+                    Some(existing) => Ok(Claim::Existing(existing)),
+                    None => Err(same_refusal(e)),
+                },
+            );
+            continue;
+        }
+        let item = crate::store::SpendItem {
+            due: q.due,
+            send_at: q.send_at,
+            message: q.message,
+            lease: None,
+        };
+        match state.sends.insert_capped(tenant, item).await {
+            Err(e @ ApiError::SpendCapReached { .. }) => {
+                refused = Some(same_refusal(&e));
+                out.push(Err(e));
+            }
+            other => out.push(Ok(other?)),
+        }
+    }
+    Ok(out)
+}
+
+/// A copy of a spend refusal for the items after it.
+fn same_refusal(e: &ApiError) -> ApiError {
+    match e {
+        ApiError::SpendCapReached { cap, retry_after } => ApiError::SpendCapReached {
+            cap,
+            retry_after: *retry_after,
+        },
+        _ => ApiError::Internal("not a spend refusal".into()),
+    }
 }
 
 /// The `messages` array, 1 to [`BATCH_MAX_ITEMS`] items.

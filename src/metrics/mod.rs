@@ -50,6 +50,7 @@ const BATCH_SIZE: &str = "sendonce_store_batch_size";
 const VERIFY: &str = "sendonce_verify_events_total";
 const DB_CONNECTS: &str = "sendonce_db_connections_opened_total";
 const DB_SWITCHES: &str = "sendonce_db_host_switches_total";
+const SPEND: &str = "sendonce_spend_cap_events_total";
 
 /// The reasons of [`Metrics::delivery_interrupted`], in its counters' order.
 const INTERRUPTIONS: [&str; 3] = ["lease_lost", "store_down", "stopped"];
@@ -85,6 +86,7 @@ pub struct Metrics {
     failovers: Handles<(), Counter>,
     circuits: Handles<(), Gauge>,
     verify: Handles<&'static str, Counter>,
+    spend: Handles<&'static str, Counter>,
     /// The store's coalesced writes, when the store batches (Postgres).
     batch_sizes: OnceLock<Arc<BatchSizes>>,
 }
@@ -258,6 +260,10 @@ impl Metrics {
                 VERIFY,
                 "Verification events (start, send, check, approval, expiry, max_attempts, pause), by destination country",
             ),
+            (
+                SPEND,
+                "Spend cap events: `warning` (a send crossed 80 % of a cap) and `refused` (a send the cap refused), by cap (daily, monthly, international_daily_messages)",
+            ),
         ] {
             recorder.describe_counter(KeyName::from_const_str(name), None, text(what));
         }
@@ -317,6 +323,7 @@ impl Metrics {
             circuits: Handles::new(),
             batch_sizes: OnceLock::new(),
             verify: Handles::new(),
+            spend: Handles::new(),
         };
         // The series a dashboard looks for first exist from the start, at 0.
         for outcome in ["created", "replayed"] {
@@ -413,6 +420,22 @@ impl Metrics {
                     vec![
                         Label::from_static_parts("event", event),
                         Label::new("country", country.to_owned()),
+                    ],
+                )
+            })
+            .increment(1);
+    }
+
+    /// A spend cap event (`warning`, `refused`) for `cap` (a bounded set:
+    /// [`crate::spend::Cap::as_str`]).
+    pub fn spend_event(&self, event: &'static str, cap: &'static str) {
+        self.spend
+            .get(event, cap, || {
+                self.counter(
+                    SPEND,
+                    vec![
+                        Label::from_static_parts("event", event),
+                        Label::from_static_parts("cap", cap),
                     ],
                 )
             })

@@ -38,8 +38,10 @@ use crate::domain::schedule;
 use crate::domain::{FieldError, IdempotencyKey, MessageId, Recipient, SendRequest, Status};
 use crate::error::ApiError;
 use crate::ratelimit::RateLimiter;
+use crate::spend::{Charge, Prices};
 use crate::store::{
-    Claim, KeyState, MessageRecord, NewMessage, Queued, Store, StoredResponse, TenantAuth,
+    Charged, Claim, KeyState, MessageRecord, NewMessage, Queued, SpendItem, Store, StoredResponse,
+    TenantAuth,
 };
 
 /// What became of a send.
@@ -69,6 +71,8 @@ pub struct Prepared {
     /// When it starts, if not at once (a future `send_at`, quiet hours).
     due: Option<OffsetDateTime>,
     now: OffsetDateTime,
+    /// Its estimated cost.
+    charge: Charge,
 }
 
 impl Prepared {
@@ -95,9 +99,13 @@ pub struct Sends {
     clock: Clock,
     /// Most SMS segments one message may take.
     max_segments: u32,
+    /// The price table costs are estimated with.
+    prices: Arc<Prices>,
 }
 
 impl Sends {
+    /// `max_segments`: most SMS segments one message may take; `prices`:
+    /// the table costs are estimated with.
     pub fn new(
         store: Arc<dyn Store>,
         deliverer: Arc<Deliverer>,
@@ -105,7 +113,7 @@ impl Sends {
         replays: Arc<ReplayCache>,
         waiters: Arc<Waiters>,
         clock: Clock,
-        max_segments: u32,
+        (max_segments, prices): (u32, Arc<Prices>),
     ) -> Self {
         Self {
             store,
@@ -115,6 +123,60 @@ impl Sends {
             waiters,
             clock,
             max_segments,
+            prices,
+        }
+    }
+
+    /// The currency of the price table (every cost and cap is in it).
+    pub fn currency(&self) -> &str {
+        self.prices.currency()
+    }
+
+    /// What a message to `request`'s number through `provider` is
+    /// estimated to cost this tenant.
+    fn charge(&self, tenant: &TenantAuth, request: &SendRequest, provider: &str) -> Charge {
+        let country = request.to_country.as_deref();
+        Charge {
+            micros: self
+                .prices
+                .cost(country, provider, request.segments.segments),
+            currency: self.prices.currency().to_string(),
+            international: crate::spend::is_international(tenant.home_country.as_deref(), country),
+        }
+    }
+
+    /// The charged insert of a capped tenant's send (see `store::spend`):
+    /// its claim, or the 429 of the cap it would pass. Warnings crossed are
+    /// counted in the metrics (their events are rows already).
+    pub async fn insert_capped(
+        &self,
+        tenant: &TenantAuth,
+        item: SpendItem,
+    ) -> Result<Claim, ApiError> {
+        let now = self.clock.now();
+        match self
+            .store
+            .insert_charged(&item, tenant.spend_caps, now)
+            .await?
+        {
+            Charged::Created { claim, warned } => {
+                for cap in warned {
+                    self.deliverer
+                        .metrics()
+                        .spend_event("warning", cap.as_str());
+                }
+                Ok(claim)
+            }
+            Charged::Existing(state) => Ok(Claim::Existing(state)),
+            Charged::Refused(cap) => {
+                self.deliverer
+                    .metrics()
+                    .spend_event("refused", cap.as_str());
+                Err(ApiError::SpendCapReached {
+                    cap: cap.as_str(),
+                    retry_after: crate::spend::retry_after(cap, now),
+                })
+            }
         }
     }
 
@@ -136,6 +198,7 @@ impl Sends {
             schedule::start_at(request.send_at, now).map_err(|e| ApiError::Validation(vec![e]))?;
         let due = start_with_quiet_hours(&request, tenant, due, now);
         let fingerprint = request.fingerprint();
+        let charge = self.charge(tenant, &request, &via.provider);
         Ok(Prepared {
             key,
             request,
@@ -143,6 +206,7 @@ impl Sends {
             via,
             due,
             now,
+            charge,
         })
     }
 
@@ -210,9 +274,21 @@ impl Sends {
             permit.ok()
         };
         crate::failpoint::hit("claim.before");
-        let claim = match due {
-            Some(due) => self.store.schedule_message(&new, due, queued.send_at).await,
-            None => self.store.insert_message(&new, &lease).await,
+        let claim = if tenant.spend_caps.any() {
+            // Counted against the caps in the insert's transaction.
+            let item = SpendItem {
+                message: new.clone(),
+                lease: due.is_none().then(|| lease.clone()),
+                due: due.unwrap_or(queued.due),
+                send_at: queued.send_at,
+            };
+            self.insert_capped(tenant, item).await
+        } else {
+            match due {
+                Some(due) => self.store.schedule_message(&new, due, queued.send_at).await,
+                None => self.store.insert_message(&new, &lease).await,
+            }
+            .map_err(ApiError::from)
         };
         crate::failpoint::hit("claim.after");
         if !matches!(claim, Ok(Claim::Created(_)))
@@ -288,6 +364,7 @@ impl Sends {
                 .validity_seconds
                 .map(|s| starts + time::Duration::seconds(i64::from(s))),
             deadline_at: starts + to_time(self.deliverer.settings().retry.deadline),
+            cost: Some(p.charge),
         };
         Queued {
             message,

@@ -28,6 +28,10 @@ pub enum StoreError {
     /// The database answered, but not as the store expects (a broken invariant).
     #[error("unexpected database state: {0}")]
     Invariant(&'static str),
+    /// A capped send's charge would pass this cap: its transaction is
+    /// rolled back (the store answers `Charged::Refused`).
+    #[error("the {} spend cap is reached", .0.as_str())]
+    SpendCap(crate::spend::Cap),
 }
 
 impl StoreError {

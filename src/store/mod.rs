@@ -26,6 +26,7 @@ pub mod postgres;
 pub mod routing;
 pub(crate) mod row;
 pub(crate) mod shared;
+pub mod spend;
 pub mod sqlite;
 pub mod time;
 pub mod types;
@@ -40,6 +41,7 @@ pub use console::{
 pub use error::{SqlxResultExt, StoreError};
 pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
+pub use spend::{Charged, SpendItem, SpendStore, SpendSummary};
 pub use sqlite::SqliteStore;
 pub use types::*;
 
@@ -56,6 +58,7 @@ pub struct TenantSettings {
     pub home_country: Option<String>,
     /// Its keys are refused (the admin API's `disabled`).
     pub disabled: bool,
+    pub spend_caps: crate::spend::SpendCaps,
 }
 
 pub use verification::*;
@@ -86,6 +89,7 @@ pub trait Store:
     + VerificationStore
     + ConsoleStore
     + WebhookStore
+    + SpendStore
     + Send
     + Sync
     + 'static
@@ -104,6 +108,7 @@ impl<T> Store for T where
         + VerificationStore
         + ConsoleStore
         + WebhookStore
+        + SpendStore
         + Send
         + Sync
         + 'static

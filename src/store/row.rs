@@ -32,7 +32,7 @@ macro_rules! message_columns {
         m.validity_seconds, m.provider, m.route, m.provider_message_id, m.attempts, m.maybe_sent, m.error, \
         m.response_code, m.response_body, m.lease_token, m.lease_owner, m.lease_expires_at, \
         m.next_attempt_at, m.created_at, m.updated_at, m.sent_at, m.delivery_status_at, \
-        m.expires_at, m.deadline_at, m.send_at, \
+        m.expires_at, m.deadline_at, m.send_at, m.cost_micros, m.cost_currency, \
         (SELECT a.started_at FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
             AS last_attempt_started_at, \
         (SELECT a.sender FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
@@ -160,6 +160,8 @@ pub struct MessageRow {
     expires_at: Option<DbTime>,
     deadline_at: DbTime,
     send_at: Option<DbTime>,
+    cost_micros: Option<i64>,
+    cost_currency: Option<String>,
     last_attempt_started_at: Option<DbTime>,
     last_attempt_sender: Option<String>,
     last_attempt_open: bool,
@@ -227,6 +229,10 @@ impl From<MessageRow> for MessageRecord {
             last_attempt_sender: r.last_attempt_sender,
             recipient_opted_out: r.recipient_opted_out,
             send_at: t(r.send_at),
+            cost: match (r.cost_micros, r.cost_currency) {
+                (Some(m), Some(c)) => Some(crate::spend::Cost::new(m, &c)),
+                _ => None,
+            },
         }
     }
 }

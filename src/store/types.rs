@@ -41,6 +41,11 @@ pub struct TenantAuth {
     pub scopes: crate::scopes::Scopes,
     /// The tenant was disabled by an operator: its keys are refused.
     pub disabled: bool,
+    /// Its home country: messages elsewhere count as international.
+    pub home_country: Option<String>,
+    /// Its spend caps; with any set, its sends are counted against them
+    /// in the transaction of their insert.
+    pub spend_caps: crate::spend::SpendCaps,
 }
 
 impl TenantAuth {
@@ -118,6 +123,25 @@ pub struct NewMessage {
     pub created_at: OffsetDateTime,
     pub expires_at: Option<OffsetDateTime>,
     pub deadline_at: OffsetDateTime,
+    /// Its estimated cost, stored with it (`None`: a verification's code).
+    pub cost: Option<crate::spend::Charge>,
+}
+
+impl NewMessage {
+    /// Its cost as the resource shows it.
+    pub fn cost_out(&self) -> Option<crate::spend::Cost> {
+        self.cost
+            .as_ref()
+            .map(|c| crate::spend::Cost::new(c.micros, &c.currency))
+    }
+
+    /// Its cost's amount and currency as the columns hold them.
+    pub fn cost_columns(&self) -> (Option<i64>, Option<&str>) {
+        match &self.cost {
+            Some(c) => (Some(c.micros), Some(c.currency.as_str())),
+            None => (None, None),
+        }
+    }
 }
 
 /// A batch item to insert without a lease: `scheduled` when `due` is later
@@ -244,6 +268,8 @@ pub struct MessageRecord {
     pub recipient_opted_out: bool,
     /// The time the request asked to send at, if it asked.
     pub send_at: Option<OffsetDateTime>,
+    /// Its estimated cost, if it was stored with one.
+    pub cost: Option<crate::spend::Cost>,
 }
 
 impl MessageRecord {
@@ -292,6 +318,7 @@ impl MessageRecord {
             last_attempt_sender: m.sender.clone(),
             recipient_opted_out,
             send_at: None,
+            cost: m.cost_out(),
         }
     }
 
@@ -341,6 +368,7 @@ impl MessageRecord {
             last_attempt_sender: None,
             recipient_opted_out: false,
             send_at,
+            cost: m.cost_out(),
         }
     }
 
@@ -390,6 +418,7 @@ impl MessageRecord {
             next_attempt_at: self.next_attempt_at,
             send_at: self.send_at,
             waiting_for: self.waiting_for(),
+            cost: self.cost.clone(),
         }
     }
 }
@@ -572,6 +601,8 @@ mod tests {
                 allowed_senders: allowed_senders.clone(),
                 bootstrap_tenant,
                 quiet_hours: None,
+                home_country: None,
+                spend_caps: Default::default(),
             };
             assert_eq!(
                 t.may_send_as(from),

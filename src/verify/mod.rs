@@ -299,6 +299,7 @@ pub fn send_message(
         created_at: now,
         expires_at: Some(v.expires_at),
         deadline_at: (now + to_time(retry_deadline)).min(v.expires_at),
+        cost: None,
     })
 }
 

@@ -27,6 +27,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "verification.max_attempts_reached",
     "verification.expired",
     "verification.canceled",
+    "tenant.spend_warning",
 ];
 
 /// Whether `t` is an event type an endpoint may subscribe to.

@@ -39,6 +39,7 @@ fn message(tenant_id: Uuid, i: usize) -> NewMessage {
         created_at: T0,
         expires_at: None,
         deadline_at: T0 + time::Duration::hours(1),
+        cost: None,
     }
 }
 
@@ -159,6 +160,7 @@ async fn a_crash_between_batch_commit_and_answer_loses_nothing(backend: Backend)
         .map(|i| NewMessage {
             created_at: now,
             deadline_at: now + time::Duration::hours(1),
+            cost: None,
             ..message(tenant, i)
         })
         .collect();

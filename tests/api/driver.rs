@@ -63,6 +63,7 @@ fn message(tenant_id: Uuid, key: &str) -> NewMessage {
         created_at: T0,
         expires_at: None,
         deadline_at: T0 + time::Duration::hours(1),
+        cost: None,
     }
 }
 

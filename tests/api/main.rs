@@ -80,6 +80,7 @@ mod routes;
 mod scrubbing;
 mod sealed;
 mod slow_bodies;
+mod spend;
 mod sqlite_writer;
 mod store;
 mod twilio;

@@ -37,6 +37,7 @@ fn message(tenant_id: uuid::Uuid, key: &str, n: u32) -> NewMessage {
         created_at: now,
         expires_at: None,
         deadline_at: now + time::Duration::hours(1),
+        cost: None,
     }
 }
 

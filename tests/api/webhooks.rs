@@ -781,6 +781,7 @@ async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
             created_at: now,
             expires_at: None,
             deadline_at: now + time::Duration::hours(1),
+            cost: None,
         };
         let lease = Lease::new("burst", Duration::from_secs(30));
         let claim = store.insert_message(&m, &lease).await.expect("claim");

@@ -227,6 +227,8 @@ async fn claim_statement(
     let mut deadline = Vec::with_capacity(n);
     let mut sender = Vec::with_capacity(n);
     let mut route = Vec::with_capacity(n);
+    let mut cost = Vec::with_capacity(n);
+    let mut currency = Vec::with_capacity(n);
     for (m, lease) in rows {
         id.push(m.id.0);
         tenant.push(m.tenant_id);
@@ -251,28 +253,33 @@ async fn claim_statement(
         deadline.push(m.deadline_at);
         sender.push(m.sender.as_deref());
         route.push(m.route.as_deref());
+        let (c, cur) = m.cost_columns();
+        cost.push(c);
+        currency.push(cur);
     }
     let answers: Vec<PgRow> = sqlx::query(
         "WITH input AS ( \
             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], \
                 $6::text[], $7::text[], $8::int4[], $9::text[], $10::text[], $11::int4[], \
                 $12::text[], $13::uuid[], $14::text[], $15::int8[], $16::timestamptz[], \
-                $17::timestamptz[], $18::timestamptz[], $19::text[], $20::text[]) \
+                $17::timestamptz[], $18::timestamptz[], $19::text[], $20::text[], $21::int8[], \
+                $22::text[]) \
             WITH ORDINALITY \
             AS t(id, tenant_id, idempotency_key, fingerprint, to_number, from_sender, body, \
                 segments, encoding, metadata, validity_seconds, provider, lease_token, \
                 lease_owner, lease_ttl, created_at, expires_at, deadline_at, sender, route, \
-                ord)), \
+                cost_micros, cost_currency, ord)), \
          ins AS ( \
             INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, \
                 validity_seconds, provider, attempts, lease_token, lease_owner, \
-                lease_expires_at, created_at, updated_at, expires_at, deadline_at, route) \
+                lease_expires_at, created_at, updated_at, expires_at, deadline_at, route, \
+                cost_micros, cost_currency) \
             SELECT id, tenant_id, idempotency_key, fingerprint, 'processing', to_number, \
                 from_sender, body, segments, encoding, metadata::jsonb, validity_seconds, \
                 provider, 1, lease_token, lease_owner, \
                 now() + lease_ttl * interval '1 microsecond', created_at, \
-                created_at, expires_at, deadline_at, route \
+                created_at, expires_at, deadline_at, route, cost_micros, cost_currency \
             FROM input ORDER BY ord \
             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
             RETURNING id, lease_owner, created_at, lease_expires_at), \
@@ -313,6 +320,8 @@ async fn claim_statement(
     .bind(&deadline)
     .bind(&sender)
     .bind(&route)
+    .bind(&cost)
+    .bind(&currency)
     .fetch_all(pool)
     .await?;
     if answers.len() != n {

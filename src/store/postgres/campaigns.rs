@@ -79,6 +79,8 @@ impl PgStore {
         let mut expires = Vec::with_capacity(n);
         let mut deadline = Vec::with_capacity(n);
         let mut route = Vec::with_capacity(n);
+        let mut cost = Vec::with_capacity(n);
+        let mut currency = Vec::with_capacity(n);
         for q in rows {
             let m = &q.message;
             id.push(m.id.0);
@@ -103,6 +105,9 @@ impl PgStore {
             expires.push(m.expires_at);
             deadline.push(m.deadline_at);
             route.push(m.route.as_deref());
+            let (c, cur) = m.cost_columns();
+            cost.push(c);
+            currency.push(cur);
         }
         let answers: Vec<PgRow> = sqlx::query(
             "WITH input AS ( \
@@ -110,19 +115,21 @@ impl PgStore {
                     $5::text[], $6::text[], $7::text[], $8::text[], $9::int4[], $10::text[], \
                     $11::text[], $12::int4[], $13::text[], $14::timestamptz[], \
                     $15::timestamptz[], $16::timestamptz[], $17::timestamptz[], \
-                    $18::timestamptz[], $19::text[]) WITH ORDINALITY \
+                    $18::timestamptz[], $19::text[], $20::int8[], $21::text[]) WITH ORDINALITY \
                 AS t(id, tenant_id, idempotency_key, fingerprint, status, to_number, \
                     from_sender, body, segments, encoding, metadata, validity_seconds, \
-                    provider, due, send_at, created_at, expires_at, deadline_at, route, ord)), \
+                    provider, due, send_at, created_at, expires_at, deadline_at, route, \
+                    cost_micros, cost_currency, ord)), \
              ins AS ( \
                 INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                     to_number, from_sender, body, segments, encoding, metadata, \
                     validity_seconds, provider, attempts, next_attempt_at, send_at, \
-                    created_at, updated_at, expires_at, deadline_at, route) \
+                    created_at, updated_at, expires_at, deadline_at, route, cost_micros, \
+                    cost_currency) \
                 SELECT id, tenant_id, idempotency_key, fingerprint, status, to_number, \
                     from_sender, body, segments, encoding, metadata::jsonb, validity_seconds, \
                     provider, 0, due, send_at, created_at, created_at, expires_at, deadline_at, \
-                    route \
+                    route, cost_micros, cost_currency \
                 FROM input ORDER BY idempotency_key \
                 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                 RETURNING id) \
@@ -153,6 +160,8 @@ impl PgStore {
         .bind(&expires)
         .bind(&deadline)
         .bind(&route)
+        .bind(&cost)
+        .bind(&currency)
         .fetch_all(&self.pool)
         .await?;
         if answers.len() != n {

@@ -51,9 +51,11 @@ impl PgStore {
                     INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                         to_number, from_sender, body, segments, encoding, metadata, \
                         validity_seconds, provider, attempts, lease_token, lease_owner, \
-                        lease_expires_at, created_at, updated_at, expires_at, deadline_at, route) \
+                        lease_expires_at, created_at, updated_at, expires_at, deadline_at, route, \
+                        cost_micros, cost_currency) \
                     VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $8, $9, $10, $11, $12, 1, \
-                        $13, $14, now() + $15 * interval '1 microsecond', $16, $16, $17, $18, $20) \
+                        $13, $14, now() + $15 * interval '1 microsecond', $16, $16, $17, $18, $20, \
+                        $21, $22) \
                     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                     RETURNING id, lease_expires_at), \
                  att AS ( \
@@ -92,6 +94,8 @@ impl PgStore {
             .bind(db(m.deadline_at))
             .bind(&m.sender)
             .bind(&m.route)
+            .bind(m.cost_columns().0)
+            .bind(m.cost_columns().1)
             .fetch_optional(&self.pool)
             .await?;
             if let Some(row) = row {
@@ -143,9 +147,10 @@ impl PgStore {
                     INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                         to_number, from_sender, body, segments, encoding, metadata, \
                         validity_seconds, provider, attempts, next_attempt_at, send_at, \
-                        created_at, updated_at, expires_at, deadline_at, route) \
+                        created_at, updated_at, expires_at, deadline_at, route, cost_micros, \
+                        cost_currency) \
                     VALUES ($1, $2, $3, $4, 'scheduled', $5, $6, $7, $8, $9, $10, $11, $12, 0, \
-                        $13, $14, $15, $15, $16, $17, $18) \
+                        $13, $14, $15, $15, $16, $17, $18, $19, $20) \
                     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                     RETURNING id) \
                  SELECT true AS created, ins.id, NULL::bytea AS fingerprint, \
@@ -178,6 +183,8 @@ impl PgStore {
             .bind(m.expires_at.map(db))
             .bind(db(m.deadline_at))
             .bind(&m.route)
+            .bind(m.cost_columns().0)
+            .bind(m.cost_columns().1)
             .fetch_optional(&self.pool)
             .await?;
             if let Some(row) = row {

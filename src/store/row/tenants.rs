@@ -76,6 +76,9 @@ pub(crate) struct TenantSettingsRow {
     quiet_hours: Option<String>,
     home_country: Option<String>,
     disabled: bool,
+    spend_cap_daily_micros: Option<i64>,
+    spend_cap_monthly_micros: Option<i64>,
+    spend_cap_international_daily: Option<i64>,
 }
 
 impl From<TenantSettingsRow> for TenantSettings {
@@ -89,6 +92,11 @@ impl From<TenantSettingsRow> for TenantSettings {
             quiet_hours: r.quiet_hours.as_deref().and_then(QuietHours::parse),
             home_country: r.home_country,
             disabled: r.disabled,
+            spend_caps: crate::spend::SpendCaps {
+                daily: r.spend_cap_daily_micros,
+                monthly: r.spend_cap_monthly_micros,
+                international_daily_messages: r.spend_cap_international_daily,
+            },
         }
     }
 }
@@ -105,6 +113,10 @@ pub(crate) struct TenantAuthRow {
     label: Option<String>,
     scopes: String,
     disabled: bool,
+    home_country: Option<String>,
+    spend_cap_daily_micros: Option<i64>,
+    spend_cap_monthly_micros: Option<i64>,
+    spend_cap_international_daily: Option<i64>,
 }
 
 impl From<TenantAuthRow> for TenantAuth {
@@ -119,6 +131,12 @@ impl From<TenantAuthRow> for TenantAuth {
             allowed_senders: r.allowed_senders.map(|l| l.0),
             bootstrap_tenant: r.bootstrap_tenant,
             quiet_hours: r.quiet_hours.as_deref().and_then(QuietHours::parse),
+            home_country: r.home_country,
+            spend_caps: crate::spend::SpendCaps {
+                daily: r.spend_cap_daily_micros,
+                monthly: r.spend_cap_monthly_micros,
+                international_daily_messages: r.spend_cap_international_daily,
+            },
         }
     }
 }

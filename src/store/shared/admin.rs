@@ -26,7 +26,11 @@ const UPDATE_TENANT: &str = "UPDATE tenants SET \
         allowed_senders = CASE WHEN $4 THEN $5 ELSE allowed_senders END, \
         allowed_countries = CASE WHEN $6 THEN $7 ELSE allowed_countries END, \
         home_country = CASE WHEN $8 THEN $9 ELSE home_country END, \
-        disabled = CASE WHEN $10 THEN $11 ELSE disabled END \
+        disabled = CASE WHEN $10 THEN $11 ELSE disabled END, \
+        spend_cap_daily_micros = CASE WHEN $12 THEN $13 ELSE spend_cap_daily_micros END, \
+        spend_cap_monthly_micros = CASE WHEN $14 THEN $15 ELSE spend_cap_monthly_micros END, \
+        spend_cap_international_daily = \
+            CASE WHEN $16 THEN $17 ELSE spend_cap_international_daily END \
      WHERE name = $1";
 
 const ADD_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, scopes, label) \
@@ -71,7 +75,8 @@ fn audit_record(r: AuditRow) -> AuditRecord {
 }
 
 const TENANT_BY_NAME: &str = "SELECT id, name, created_at, allowed_countries, \
-        allowed_senders, quiet_hours, home_country, disabled FROM tenants WHERE name = $1";
+        allowed_senders, quiet_hours, home_country, disabled, spend_cap_daily_micros, \
+        spend_cap_monthly_micros, spend_cap_international_daily FROM tenants WHERE name = $1";
 
 per_backend! {
     async fn write_audit(c: &mut Conn, a: &AuditEntry) -> Result<(), sqlx::Error> {
@@ -129,6 +134,7 @@ per_backend! {
         ) -> Result<Option<TenantSettings>, StoreError> {
             let acks = self.start_acks().await;
             let (name, p, audit) = (name.to_string(), patch.clone(), audit.clone());
+            let caps = p.spend_caps.unwrap_or_default();
             let updated = self
                 .write_tx(move |c| {
                     Box::pin(async move {
@@ -144,6 +150,12 @@ per_backend! {
                             .bind(p.home_country.clone().flatten())
                             .bind(p.disabled.is_some())
                             .bind(p.disabled.unwrap_or(false))
+                            .bind(caps.daily.is_some())
+                            .bind(caps.daily.flatten())
+                            .bind(caps.monthly.is_some())
+                            .bind(caps.monthly.flatten())
+                            .bind(caps.international_daily_messages.is_some())
+                            .bind(caps.international_daily_messages.flatten())
                             .execute(&mut *c)
                             .await?;
                         if done.rows_affected() == 0 {

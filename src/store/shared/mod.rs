@@ -38,6 +38,7 @@ pub(crate) mod messages;
 pub(crate) mod opt_outs;
 pub(crate) mod receipts;
 pub(crate) mod routing;
+pub(crate) mod spend;
 pub(crate) mod tenants;
 pub(crate) mod verifications;
 pub(crate) mod webhooks;

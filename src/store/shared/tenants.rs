@@ -68,14 +68,15 @@ const REVOKE_OTHER_BOOTSTRAP_KEYS: &str = "UPDATE api_keys SET revoked_at = $2 \
 
 const FOR_KEY: &str = "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, \
         t.name = 'default' AS bootstrap_tenant, t.quiet_hours, k.id AS key_id, k.label, \
-        k.scopes, t.disabled \
+        k.scopes, t.disabled, t.home_country, t.spend_cap_daily_micros, t.spend_cap_monthly_micros, t.spend_cap_international_daily \
      FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
      WHERE k.key_hash = $1 AND k.revoked_at IS NULL";
 
 const LIST_TENANTS: &str = "SELECT id, name, created_at FROM tenants ORDER BY name";
 
 const TENANT_SETTINGS: &str = "SELECT id, name, created_at, allowed_countries, \
-        allowed_senders, quiet_hours, home_country, disabled FROM tenants ORDER BY name";
+        allowed_senders, quiet_hours, home_country, disabled, spend_cap_daily_micros, \
+        spend_cap_monthly_micros, spend_cap_international_daily FROM tenants ORDER BY name";
 
 const SET_HOME_COUNTRY: &str = "UPDATE tenants SET home_country = $2 WHERE name = $1";
 

@@ -22,8 +22,8 @@ async fn schedule(
         "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
                 provider, attempts, next_attempt_at, send_at, created_at, updated_at, \
-                expires_at, deadline_at, route) \
-             VALUES (?, ?, ?, ?, 'scheduled', ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?) \
+                expires_at, deadline_at, route, cost_micros, cost_currency) \
+             VALUES (?, ?, ?, ?, 'scheduled', ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id",
     )
     .bind(m.id.0)
@@ -45,6 +45,8 @@ async fn schedule(
     .bind(m.expires_at.map(db))
     .bind(db(m.deadline_at))
     .bind(&m.route)
+    .bind(m.cost_columns().0)
+    .bind(m.cost_columns().1)
     .fetch_optional(&mut *c)
     .await?;
     if inserted.is_some() {
@@ -75,8 +77,8 @@ async fn insert_rows(c: &mut SqliteConnection, items: &[Queued]) -> Result<Vec<C
             "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                     to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
                     provider, attempts, next_attempt_at, send_at, created_at, updated_at, \
-                    expires_at, deadline_at, route) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?) \
+                    expires_at, deadline_at, route, cost_micros, cost_currency) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
                  ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id",
         )
         .bind(m.id.0)
@@ -99,6 +101,8 @@ async fn insert_rows(c: &mut SqliteConnection, items: &[Queued]) -> Result<Vec<C
         .bind(m.expires_at.map(db))
         .bind(db(m.deadline_at))
         .bind(&m.route)
+        .bind(m.cost_columns().0)
+        .bind(m.cost_columns().1)
         .fetch_optional(&mut *c)
         .await?;
         if inserted.is_some() {

@@ -52,10 +52,10 @@ async fn insert(
         "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
                 provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
-                updated_at, expires_at, deadline_at, route) \
+                updated_at, expires_at, deadline_at, route, cost_micros, cost_currency) \
              VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ",
         db_now!(),
-        " + ?, ?, ?, ?, ?, ?) \
+        " + ?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
              RETURNING lease_expires_at, \
                 EXISTS (SELECT 1 FROM opt_outs o \
@@ -81,6 +81,8 @@ async fn insert(
     .bind(m.expires_at.map(db))
     .bind(db(m.deadline_at))
     .bind(&m.route)
+    .bind(m.cost_columns().0)
+    .bind(m.cost_columns().1)
     .fetch_optional(&mut *c)
     .await?;
     if let Some((lease_expires_at, opted_out)) = inserted {

@@ -210,7 +210,7 @@ fn key_spec(map: &serde_json::Map<String, Value>) -> Result<KeySpec, ApiError> {
         }
     };
     match map.get("test") {
-        None | Some(Value::Null | Value::Bool(false)) => {}
+        None | Some(Value::Bool(false)) => {}
         Some(Value::Bool(true)) => errors.push(FieldError::new(
             "test",
             "test-mode keys are not available in this version",

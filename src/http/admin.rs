@@ -179,7 +179,7 @@ async fn update_tenant(
 fn key_spec(map: &serde_json::Map<String, Value>) -> Result<KeySpec, ApiError> {
     let mut errors = Vec::new();
     let scopes = match map.get("scopes") {
-        None | Some(Value::Null) => Scopes::DEFAULT,
+        None => Scopes::DEFAULT,
         Some(Value::Array(items)) => {
             let named: Vec<Option<Scope>> = items
                 .iter()

@@ -201,7 +201,7 @@ async fn update_tenant(
 fn key_spec(map: &serde_json::Map<String, Value>) -> Result<KeySpec, ApiError> {
     let mut errors = Vec::new();
     let scopes = match map.get("scopes") {
-        None | Some(Value::Null) => Scopes::DEFAULT,
+        None => Scopes::DEFAULT,
         Some(Value::Array(items)) => {
             let named: Vec<Option<Scope>> = items
                 .iter()
@@ -232,7 +232,7 @@ fn key_spec(map: &serde_json::Map<String, Value>) -> Result<KeySpec, ApiError> {
         }
     };
     match map.get("test") {
-        None | Some(Value::Null | Value::Bool(false)) => {}
+        None | Some(Value::Bool(false)) => {}
         Some(Value::Bool(true)) => errors.push(FieldError::new(
             "test",
             "test-mode keys are not available in this version",

@@ -282,6 +282,42 @@ mod tests {
     }
 
     #[test]
+    fn who_is_admitted() {
+        use crate::scopes::{Scope, Scopes};
+        let auth = |scopes: Scopes, disabled: bool| TenantAuth {
+            id: Uuid::nil(),
+            key_id: Uuid::nil(),
+            key_label: None,
+            scopes,
+            disabled,
+            allowed_countries: None,
+            allowed_senders: None,
+            bootstrap_tenant: false,
+            quiet_hours: None,
+        };
+        let send = Scopes::of(&[Scope::Send]);
+        let post = axum::http::Method::POST;
+        let slug = |r: Result<(), ApiError>| r.err().map(|e| e.slug());
+        // (key, route, refusal)
+        for (a, path, want) in [
+            (auth(send, false), "/messages", None),
+            (auth(send, false), "/opt-outs", Some("insufficient-scope")),
+            (
+                auth(Scopes::ALL, true),
+                "/messages",
+                Some("tenant-disabled"),
+            ),
+            (
+                auth(Scopes::ALL, false),
+                "/no-scope-given",
+                Some("internal"),
+            ),
+        ] {
+            assert_eq!(slug(admit(&a, &post, path)), want, "{path}");
+        }
+    }
+
+    #[test]
     fn prefer_header() {
         assert_eq!(wait(&[]), Duration::from_secs(10));
         assert_eq!(wait(&["wait=3"]), Duration::from_secs(3));

@@ -1,0 +1,738 @@
+//! The `smpp` provider: an SMPP v3.4 client (ESME) holding bound
+//! transceiver sessions to an SMSC.
+//!
+//! Each instance keeps `SMPP_BINDS` sessions open (`bind_transceiver`),
+//! each with at most `SMPP_WINDOW` requests awaiting their response, sends
+//! `enquire_link` every `SMPP_ENQUIRE_LINK_INTERVAL` (no answer within
+//! `SMPP_RESPONSE_TIMEOUT` ends the session) and reconnects with backoff
+//! when a session drops or a bind fails. The sessions are started and
+//! stopped with the service ([`Provider::start`]).
+//!
+//! A message is one `submit_sm` per part ([`text::parts`]: GSM-7 or UCS-2,
+//! concatenated with a UDH past one segment), all on one session, with
+//! `registered_delivery` 1 on the last part: the message's provider id is
+//! the last part's `message_id`, whose receipt is the message's.
+//!
+//! Classes ([`classify`]): `ESME_ROK` for every part accepted; throttled
+//! (0x58), message queue full (0x14), system error (0x08) and "not bound"
+//! (0x04) retryable (the SMSC answered that it did not take it); bind
+//! failures (0x0D, 0x0E, 0x0F) refused; any other status rejected. No
+//! session bound (nothing written) is retryable, or refused while the SMSC
+//! refuses our bind for the account. No response within the timeout, or a
+//! session lost after the PDU was handed to it, is ambiguous, and so is any
+//! failure after a first part was accepted (parts are on the phone). SMPP
+//! has no lookup by our id and does not de-duplicate: an ambiguous message
+//! ends `unknown`, never resent.
+//!
+//! `deliver_sm` receipts (`esm_class` 0x04; `receipted_message_id` and
+//! `message_state` TLVs, else the `id:… stat:… err:…` text) go to the
+//! service's shared receipt handling and are answered `deliver_sm_resp`
+//! (`ESME_RSYSERR` when it could not be stored, so the SMSC sends it
+//! again). A PDU that cannot be read is answered, never a crash.
+
+pub mod pdu;
+pub mod settings;
+pub mod text;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::receipts::{Receipt, ReceiptSink};
+use super::{OutgoingSms, Provider, ProviderRuntime, SendOutcome};
+use crate::domain::Status;
+use pdu::{id, status};
+
+pub use settings::{ADAPTER, SmppSettings};
+
+/// Shortest and longest wait before reconnecting.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How long an `unbind` at shutdown waits for its answer.
+const UNBIND_WAIT: Duration = Duration::from_secs(2);
+/// Retries of a throttled later part of a long message (the first parts
+/// are on the phone: giving up then ends it `unknown`).
+const PART_RETRIES: u32 = 5;
+
+/// What the SMSC's receipt status words mean.
+pub fn delivery_status(stat: &str) -> Option<Status> {
+    match stat.to_ascii_uppercase().as_str() {
+        "DELIVRD" => Some(Status::Delivered),
+        "ENROUTE" | "ACCEPTD" => Some(Status::Sent),
+        "EXPIRED" | "DELETED" | "UNDELIV" | "REJECTD" => Some(Status::Undelivered),
+        _ => None,
+    }
+}
+
+/// The class of a `submit_sm_resp` (or `generic_nack`) status other than
+/// `ESME_ROK`.
+pub fn classify(command_status: u32) -> SendOutcome {
+    let code = Some(format!("0x{command_status:08X}"));
+    let message = format!("SMSC answered command_status 0x{command_status:08X}");
+    match command_status {
+        status::RTHROTTLED | status::RMSGQFUL | status::RSYSERR | 0x04 => SendOutcome::Retryable {
+            http_status: None,
+            provider_code: code,
+            retry_after: None,
+            message,
+        },
+        status::RBINDFAIL | status::RINVPASWD | status::RINVSYSID => SendOutcome::Refused {
+            http_status: None,
+            provider_code: code,
+            message,
+        },
+        _ => SendOutcome::Rejected {
+            http_status: None,
+            provider_code: code,
+            message,
+        },
+    }
+}
+
+/// A bind answered with one of these is a refusal of the account.
+fn refuses_account(command_status: u32) -> bool {
+    matches!(
+        command_status,
+        status::RBINDFAIL | status::RINVPASWD | status::RINVSYSID
+    )
+}
+
+#[derive(Debug)]
+pub struct SmppProvider {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    settings: SmppSettings,
+    /// One slot per bind: the session when bound.
+    sessions: Mutex<Vec<Option<Arc<Session>>>>,
+    /// Woken when a session is bound or lost, or a bind refused.
+    changed: Notify,
+    /// The status of the last bind refused for the account, until a bind
+    /// succeeds.
+    refused: Mutex<Option<u32>>,
+    next: AtomicUsize,
+    reference: AtomicU8,
+    /// When the next submit may go (`SMPP_RATE`).
+    pace: tokio::sync::Mutex<Instant>,
+}
+
+impl SmppProvider {
+    pub fn new(settings: SmppSettings) -> Self {
+        let binds = settings.binds.max(1);
+        SmppProvider {
+            inner: Arc::new(Inner {
+                settings,
+                sessions: Mutex::new(vec![None; binds]),
+                changed: Notify::new(),
+                refused: Mutex::new(None),
+                next: AtomicUsize::new(0),
+                reference: AtomicU8::new(rand::random()),
+                pace: tokio::sync::Mutex::new(Instant::now()),
+            }),
+        }
+    }
+
+    /// Sessions bound now.
+    pub fn bound(&self) -> usize {
+        lock(&self.inner.sessions).iter().flatten().count()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn retryable(message: impl Into<String>) -> SendOutcome {
+    SendOutcome::Retryable {
+        http_status: None,
+        provider_code: None,
+        retry_after: None,
+        message: message.into(),
+    }
+}
+
+fn ambiguous(message: impl Into<String>) -> SendOutcome {
+    SendOutcome::Ambiguous {
+        http_status: None,
+        retry_after: None,
+        message: message.into(),
+    }
+}
+
+impl Inner {
+    fn pick(&self) -> Option<Arc<Session>> {
+        let sessions = lock(&self.sessions);
+        let n = sessions.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n)
+            .filter_map(|k| sessions[(start + k) % n].as_ref())
+            .find(|s| !s.closed.is_cancelled())
+            .cloned()
+    }
+
+    /// A bound session, waiting up to the connect timeout for one.
+    async fn session(&self) -> Result<Arc<Session>, SendOutcome> {
+        let deadline = Instant::now() + self.settings.connect_timeout;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(s) = self.pick() {
+                return Ok(s);
+            }
+            if let Some(code) = *lock(&self.refused) {
+                return Err(SendOutcome::Refused {
+                    http_status: None,
+                    provider_code: Some(format!("0x{code:08X}")),
+                    message: format!("the SMSC refuses our bind (command_status 0x{code:08X})"),
+                });
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(retryable("no SMPP session is bound; nothing was written"));
+            }
+        }
+    }
+
+    /// Waits for this submit's turn under `SMPP_RATE`.
+    async fn pace(&self) {
+        let rate = self.settings.rate.max(1);
+        let step = Duration::from_secs(1) / rate;
+        let at = {
+            let mut next = self.pace.lock().await;
+            let at = (*next).max(Instant::now());
+            *next = at + step;
+            at
+        };
+        tokio::time::sleep_until(at).await;
+    }
+
+    fn set(&self, slot: usize, session: Option<Arc<Session>>) {
+        if let Some(s) = lock(&self.sessions).get_mut(slot) {
+            *s = session;
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+#[async_trait]
+impl Provider for SmppProvider {
+    fn name(&self) -> &'static str {
+        ADAPTER.name
+    }
+
+    fn dedupes_by_key(&self) -> bool {
+        // SMPP carries no key of ours, and an SMSC creates a message for
+        // every submit_sm.
+        false
+    }
+
+    fn sender(&self, from: Option<&str>) -> Option<String> {
+        from.map(str::to_string)
+            .or_else(|| self.inner.settings.source_addr.clone())
+    }
+
+    fn start(&self, runtime: ProviderRuntime) -> Option<tokio::task::JoinHandle<()>> {
+        let inner = Arc::clone(&self.inner);
+        Some(tokio::spawn(async move {
+            let binds = lock(&inner.sessions).len();
+            let tasks: Vec<_> = (0..binds)
+                .map(|slot| tokio::spawn(bind_loop(Arc::clone(&inner), slot, runtime.clone())))
+                .collect();
+            for t in tasks {
+                let _ = t.await;
+            }
+        }))
+    }
+
+    async fn send(&self, sms: &OutgoingSms) -> SendOutcome {
+        let to = match sms.phone() {
+            Ok(p) => p.as_str().to_string(),
+            Err(outcome) => return outcome,
+        };
+        let inner = &self.inner;
+        let source = self.sender(sms.from.as_deref()).unwrap_or_default();
+        let reference = inner.reference.fetch_add(1, Ordering::Relaxed);
+        let parts = text::parts(&sms.body, reference);
+        let session = match inner.session().await {
+            Ok(s) => s,
+            Err(outcome) => return outcome,
+        };
+        let total = parts.len();
+        let mut last_id = String::new();
+        for (i, part) in parts.into_iter().enumerate() {
+            let submit = pdu::Submit {
+                source_addr: source.clone(),
+                destination_addr: to.clone(),
+                esm_class: part.esm_class,
+                registered_delivery: u8::from(i + 1 == total),
+                data_coding: part.data_coding,
+                short_message: part.short_message,
+            };
+            let body = submit.body();
+            let mut tries = 0;
+            let answer = loop {
+                inner.pace().await;
+                let answer = session
+                    .request(id::SUBMIT_SM, &body, inner.settings.response_timeout)
+                    .await;
+                let throttled = matches!(&answer, Ok(r)
+                    if matches!(r.status, status::RTHROTTLED | status::RMSGQFUL));
+                if i > 0 && throttled && tries < PART_RETRIES {
+                    tries += 1;
+                    tokio::time::sleep(BACKOFF_MIN * 2u32.pow(tries)).await;
+                    continue;
+                }
+                break answer;
+            };
+            let after = if i == 0 {
+                String::new()
+            } else {
+                format!(" after {i} of {total} parts were accepted (they are on the phone)")
+            };
+            match answer {
+                Ok(r) if r.status == status::ROK => last_id = pdu::resp_id(&r.body),
+                Ok(r) if i == 0 => return classify(r.status),
+                Ok(r) => {
+                    return ambiguous(format!(
+                        "the SMSC answered command_status 0x{:08X}{after}",
+                        r.status
+                    ));
+                }
+                Err(Lost::NotWritten) if i == 0 => {
+                    return retryable("the SMPP session closed before the submit was written");
+                }
+                Err(Lost::NotWritten | Lost::Dropped) => {
+                    return ambiguous(format!("the SMPP session dropped{after}"));
+                }
+                Err(Lost::Timeout) => {
+                    return ambiguous(format!("no submit_sm_resp within the timeout{after}"));
+                }
+            }
+        }
+        if last_id.is_empty() {
+            // Accepted without an id: receipts cannot be matched, but the
+            // message is sent.
+            last_id = format!("smpp-{}", sms.message_id);
+        }
+        SendOutcome::Accepted {
+            provider_message_id: last_id,
+            http_status: None,
+        }
+    }
+}
+
+/// A response to one of our requests.
+#[derive(Debug)]
+struct Resp {
+    status: u32,
+    body: Vec<u8>,
+}
+
+/// Why a request got no response.
+#[derive(Debug, PartialEq, Eq)]
+enum Lost {
+    /// It never left: the session closed first.
+    NotWritten,
+    /// The session ended after it was handed over.
+    Dropped,
+    /// No response within the timeout.
+    Timeout,
+}
+
+/// A frame for the writer, with the sequence of the request it carries.
+struct Out {
+    frame: Vec<u8>,
+    seq: Option<u32>,
+}
+
+type Pending = Mutex<HashMap<u32, oneshot::Sender<Result<Resp, Lost>>>>;
+
+/// One connection to the SMSC.
+#[derive(Debug)]
+struct Session {
+    out: mpsc::Sender<Out>,
+    pending: Arc<Pending>,
+    seq: AtomicU32,
+    window: Semaphore,
+    /// Cancelled when the connection is done.
+    closed: CancellationToken,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Out").field("seq", &self.seq).finish()
+    }
+}
+
+impl Session {
+    fn next_seq(&self) -> u32 {
+        // 1..=0x7FFFFFFF.
+        (self.seq.fetch_add(1, Ordering::Relaxed) % 0x7FFF_FFFF) + 1
+    }
+
+    async fn request(&self, command_id: u32, body: &[u8], timeout: Duration) -> Result<Resp, Lost> {
+        let deadline = Instant::now() + timeout;
+        let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.window.acquire()).await else {
+            return Err(Lost::NotWritten);
+        };
+        if self.closed.is_cancelled() {
+            return Err(Lost::NotWritten);
+        }
+        let seq = self.next_seq();
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(seq, tx);
+        let frame = pdu::encode(command_id, 0, seq, body);
+        if self
+            .out
+            .send(Out {
+                frame,
+                seq: Some(seq),
+            })
+            .await
+            .is_err()
+        {
+            lock(&self.pending).remove(&seq);
+            return Err(Lost::NotWritten);
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Lost::Dropped),
+            Err(_) => {
+                lock(&self.pending).remove(&seq);
+                Err(Lost::Timeout)
+            }
+        }
+    }
+
+    /// Sends a frame that expects no answer (a response of ours).
+    async fn reply(&self, command_id: u32, command_status: u32, seq: u32, body: &[u8]) {
+        let frame = pdu::encode(command_id, command_status, seq, body);
+        let _ = self.out.send(Out { frame, seq: None }).await;
+    }
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+async fn connect(s: &SmppSettings) -> Result<Box<dyn Io>, String> {
+    let addr = (s.host.as_str(), s.port);
+    let tcp = tokio::time::timeout(s.connect_timeout, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| format!("connect: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    if !s.tls {
+        return Ok(Box::new(tcp));
+    }
+    let config = tls_config()?;
+    let name = rustls::pki_types::ServerName::try_from(s.host.clone())
+        .map_err(|e| format!("SMPP_HOST is not a TLS server name: {e}"))?;
+    let tls = tokio::time::timeout(
+        s.connect_timeout,
+        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| "TLS handshake timed out".to_string())?
+    .map_err(|e| format!("TLS handshake: {e}"))?;
+    Ok(Box::new(tls))
+}
+
+/// The platform's roots, as reqwest verifies the HTTP providers.
+fn tls_config() -> Result<rustls::ClientConfig, String> {
+    use rustls_platform_verifier::ConfigVerifierExt;
+    rustls::ClientConfig::with_platform_verifier().map_err(|e| format!("TLS setup: {e}"))
+}
+
+/// How one session ended.
+enum Ended {
+    /// The service is stopping.
+    Stopped,
+    /// The connection was lost or refused; reconnect.
+    Lost(String),
+}
+
+/// Keeps bind `slot` bound until `runtime.stop`.
+async fn bind_loop(inner: Arc<Inner>, slot: usize, runtime: ProviderRuntime) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        if runtime.stop.is_cancelled() {
+            return;
+        }
+        let attempt = tokio::select! {
+            () = runtime.stop.cancelled() => return,
+            c = connect(&inner.settings) => c,
+        };
+        match attempt {
+            Err(e) => tracing::warn!(slot, error = %e, "SMPP connect failed"),
+            Ok(io) => match session(&inner, slot, io, &runtime, &mut backoff).await {
+                Ended::Stopped => return,
+                Ended::Lost(why) => tracing::warn!(slot, reason = %why, "SMPP session ended"),
+            },
+        }
+        tokio::select! {
+            () = runtime.stop.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Binds over `io` and serves the session until it ends.
+async fn session(
+    inner: &Arc<Inner>,
+    slot: usize,
+    io: Box<dyn Io>,
+    runtime: &ProviderRuntime,
+    backoff: &mut Duration,
+) -> Ended {
+    let s = &inner.settings;
+    let (read, write) = tokio::io::split(io);
+    let (out_tx, out_rx) = mpsc::channel(s.window.max(1) * 2 + 8);
+    let session = Arc::new(Session {
+        out: out_tx,
+        pending: Arc::default(),
+        seq: AtomicU32::new(0),
+        window: Semaphore::new(s.window.max(1)),
+        closed: CancellationToken::new(),
+    });
+    let writer = tokio::spawn(write_loop(write, out_rx, Arc::clone(&session)));
+    let reader = tokio::spawn(read_loop(
+        read,
+        Arc::clone(&session),
+        Arc::clone(&runtime.receipts),
+    ));
+    let ended = serve(inner, slot, &session, runtime, backoff).await;
+    inner.set(slot, None);
+    session.closed.cancel();
+    let _ = writer.await;
+    reader.abort();
+    let _ = reader.await;
+    // Whatever still waits was handed over and never answered.
+    let pending: Vec<_> = lock(&session.pending).drain().collect();
+    for (_, tx) in pending {
+        let _ = tx.send(Err(Lost::Dropped));
+    }
+    ended
+}
+
+async fn serve(
+    inner: &Arc<Inner>,
+    slot: usize,
+    session: &Arc<Session>,
+    runtime: &ProviderRuntime,
+    backoff: &mut Duration,
+) -> Ended {
+    let s = &inner.settings;
+    let bind = pdu::Bind {
+        system_id: s.system_id.clone(),
+        password: s.password.clone(),
+        system_type: s.system_type.clone(),
+    };
+    let bind = bind.body();
+    let answer = tokio::select! {
+        () = runtime.stop.cancelled() => return Ended::Stopped,
+        a = session.request(id::BIND_TRANSCEIVER, &bind, s.response_timeout) => a,
+    };
+    match answer {
+        Ok(r) if r.status == status::ROK => {}
+        Ok(r) => {
+            if refuses_account(r.status) {
+                *lock(&inner.refused) = Some(r.status);
+                inner.changed.notify_waiters();
+            }
+            return Ended::Lost(format!(
+                "bind_transceiver refused: command_status 0x{:08X}",
+                r.status
+            ));
+        }
+        Err(e) => return Ended::Lost(format!("no bind_transceiver_resp: {e:?}")),
+    }
+    *lock(&inner.refused) = None;
+    *backoff = BACKOFF_MIN;
+    inner.set(slot, Some(Arc::clone(session)));
+    tracing::info!(slot, "SMPP session bound");
+    let mut tick = tokio::time::interval_at(
+        Instant::now() + s.enquire_link_interval,
+        s.enquire_link_interval,
+    );
+    loop {
+        tokio::select! {
+            () = runtime.stop.cancelled() => {
+                inner.set(slot, None);
+                // In-flight submits finished before the stop (the service
+                // drains its sends first); say goodbye.
+                let _ = session.request(id::UNBIND, &[], UNBIND_WAIT).await;
+                return Ended::Stopped;
+            }
+            () = session.closed.cancelled() => return Ended::Lost("connection closed".into()),
+            _ = tick.tick() => {
+                let s2 = Arc::clone(session);
+                let timeout = s.response_timeout;
+                tokio::spawn(async move {
+                    if s2.request(id::ENQUIRE_LINK, &[], timeout).await.is_err() {
+                        tracing::warn!("no enquire_link_resp: ending the session");
+                        s2.closed.cancel();
+                    }
+                });
+            }
+        }
+    }
+}
+
+async fn write_loop(
+    mut write: tokio::io::WriteHalf<Box<dyn Io>>,
+    mut rx: mpsc::Receiver<Out>,
+    session: Arc<Session>,
+) {
+    loop {
+        let out = tokio::select! {
+            biased;
+            o = rx.recv() => o,
+            () = session.closed.cancelled() => None,
+        };
+        let Some(out) = out else { break };
+        let ok = write.write_all(&out.frame).await.is_ok() && write.flush().await.is_ok();
+        if !ok {
+            // Some of it may have left: its request waits as Dropped.
+            session.closed.cancel();
+            break;
+        }
+    }
+    rx.close();
+    while let Ok(out) = rx.try_recv() {
+        if let Some(tx) = out.seq.and_then(|seq| lock(&session.pending).remove(&seq)) {
+            let _ = tx.send(Err(Lost::NotWritten));
+        }
+    }
+    let _ = write.shutdown().await;
+}
+
+async fn read_loop(
+    mut read: tokio::io::ReadHalf<Box<dyn Io>>,
+    session: Arc<Session>,
+    receipts: Arc<dyn ReceiptSink>,
+) {
+    let mut head = [0u8; pdu::HEADER_LEN];
+    loop {
+        if read.read_exact(&mut head).await.is_err() {
+            break;
+        }
+        let h = match pdu::header(&head) {
+            Ok(h) => h,
+            Err(e) => {
+                // Framing is lost: answer and end the session.
+                tracing::warn!(error = %e, "unreadable SMPP PDU");
+                session
+                    .reply(id::GENERIC_NACK, status::RINVMSGLEN, 0, &[])
+                    .await;
+                break;
+            }
+        };
+        let mut body = vec![0u8; h.command_length as usize - pdu::HEADER_LEN];
+        if read.read_exact(&mut body).await.is_err() {
+            break;
+        }
+        handle(&session, h, body, &receipts).await;
+    }
+    session.closed.cancel();
+}
+
+async fn handle(
+    session: &Arc<Session>,
+    h: pdu::Header,
+    body: Vec<u8>,
+    receipts: &Arc<dyn ReceiptSink>,
+) {
+    if h.command_id & id::RESPONSE != 0 {
+        let waiting = lock(&session.pending).remove(&h.sequence);
+        match waiting {
+            Some(tx) => {
+                let _ = tx.send(Ok(Resp {
+                    status: h.command_status,
+                    body,
+                }));
+            }
+            None => tracing::debug!(
+                sequence = h.sequence,
+                "SMPP response for no request waiting (late, after its timeout)"
+            ),
+        }
+        return;
+    }
+    match h.command_id {
+        id::ENQUIRE_LINK => {
+            session
+                .reply(id::ENQUIRE_LINK_RESP, status::ROK, h.sequence, &[])
+                .await;
+        }
+        id::UNBIND => {
+            session
+                .reply(id::UNBIND_RESP, status::ROK, h.sequence, &[])
+                .await;
+            // Let the writer send it, then end.
+            let s = Arc::clone(session);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                s.closed.cancel();
+            });
+        }
+        id::DELIVER_SM => {
+            let s = Arc::clone(session);
+            let receipts = Arc::clone(receipts);
+            tokio::spawn(async move {
+                let code = deliver(&body, receipts.as_ref()).await;
+                s.reply(id::DELIVER_SM_RESP, code, h.sequence, &pdu::id_body(""))
+                    .await;
+            });
+        }
+        _ => {
+            session
+                .reply(id::GENERIC_NACK, status::RINVCMDID, h.sequence, &[])
+                .await;
+        }
+    }
+}
+
+/// Takes one `deliver_sm`: a receipt is stored; the status to answer.
+async fn deliver(body: &[u8], receipts: &dyn ReceiptSink) -> u32 {
+    let sm = match pdu::Sm::decode(body) {
+        Ok(sm) => sm,
+        Err(e) => {
+            tracing::warn!(error = %e, "unreadable deliver_sm acknowledged");
+            return status::ROK;
+        }
+    };
+    let Some(r) = pdu::receipt(&sm) else {
+        tracing::info!(
+            esm_class = sm.esm_class,
+            "deliver_sm that is not a receipt acknowledged"
+        );
+        return status::ROK;
+    };
+    let receipt = Receipt {
+        provider_message_id: r.message_id,
+        status: r.stat,
+        error_code: r.err,
+        message_id: None,
+    };
+    let mapped = delivery_status(&receipt.status);
+    match receipts.take(ADAPTER.name, receipt, mapped).await {
+        Ok(()) => status::ROK,
+        Err(e) => {
+            tracing::warn!(error = %e, "SMPP receipt not stored: the SMSC is asked to resend");
+            status::RSYSERR
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

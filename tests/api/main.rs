@@ -78,6 +78,7 @@ mod routes;
 mod scrubbing;
 mod sealed;
 mod slow_bodies;
+mod smpp;
 mod smsc;
 mod sqlite_writer;
 mod store;

@@ -13,6 +13,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub enum Smsc {
     /// `ESME_ROK` with a fresh message_id (created).
     Accept,
+    /// As `Accept`, then a `deliver_sm` receipt `DELIVRD` for it and one
+    /// for an id it never gave.
+    AcceptAndReceipt,
     /// This status, nothing created.
     Answer(u32),
     /// The bind is refused with this status.
@@ -61,6 +64,39 @@ async fn serve(mut sock: tokio::net::TcpStream, behaviour: Smsc, created: Arc<At
                 ),
             },
             id::SUBMIT_SM => match behaviour {
+                Smsc::AcceptAndReceipt => {
+                    let n = created.fetch_add(1, Ordering::SeqCst) + 1;
+                    let mut out = pdu::encode(
+                        id::SUBMIT_SM_RESP,
+                        status::ROK,
+                        h.sequence,
+                        &pdu::id_body(&format!("smsc-{n}")),
+                    );
+                    for (k, rid) in [format!("smsc-{n}"), format!("never-given-{n}")]
+                        .iter()
+                        .enumerate()
+                    {
+                        let text = format!(
+                            "id:{rid} sub:001 dlvrd:001 submit date:2601011200 done date:2601011201 stat:DELIVRD err:000 text:"
+                        );
+                        let body = pdu::Submit {
+                            source_addr: "+14155550100".into(),
+                            destination_addr: "sendonce".into(),
+                            esm_class: pdu::ESM_RECEIPT,
+                            registered_delivery: 0,
+                            data_coding: 0,
+                            short_message: text.into_bytes(),
+                        }
+                        .body();
+                        out.extend(pdu::encode(
+                            id::DELIVER_SM,
+                            0,
+                            1000 + n * 2 + k as u32,
+                            &body,
+                        ));
+                    }
+                    out
+                }
                 Smsc::Accept => {
                     let n = created.fetch_add(1, Ordering::SeqCst) + 1;
                     pdu::encode(

@@ -80,6 +80,7 @@ mod scrubbing;
 mod sealed;
 mod slow_bodies;
 mod smpp;
+mod smpp_load;
 mod smpp_npm;
 mod smsc;
 mod sqlite_writer;

@@ -179,9 +179,8 @@ impl Inner {
             .cloned()
     }
 
-    /// A bound session, waiting up to the connect timeout for one.
-    async fn session(&self) -> Result<Arc<Session>, SendOutcome> {
-        let deadline = Instant::now() + self.settings.connect_timeout;
+    /// A bound session, waiting until `deadline` for one.
+    async fn session(&self, deadline: Instant) -> Result<Arc<Session>, SendOutcome> {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -202,17 +201,23 @@ impl Inner {
         }
     }
 
-    /// Waits for this submit's turn under `SMPP_RATE`.
-    async fn pace(&self) {
+    /// Waits for this submit's turn under `SMPP_RATE`. A turn later than
+    /// `by` is not taken: `Err` says how far away it is (nothing written).
+    async fn pace(&self, by: Option<Instant>) -> Result<(), Duration> {
         let rate = self.settings.rate.max(1);
         let step = Duration::from_secs(1) / rate;
         let at = {
             let mut next = self.pace.lock().await;
-            let at = (*next).max(Instant::now());
+            let now = Instant::now();
+            let at = (*next).max(now);
+            if by.is_some_and(|by| at > by) {
+                return Err(at - now);
+            }
             *next = at + step;
             at
         };
         tokio::time::sleep_until(at).await;
+        Ok(())
     }
 
     fn set(&self, slot: usize, session: Option<Arc<Session>>) {
@@ -262,7 +267,12 @@ impl Provider for SmppProvider {
         let source = self.sender(sms.from.as_deref()).unwrap_or_default();
         let reference = inner.reference.fetch_add(1, Ordering::Relaxed);
         let parts = text::parts(&sms.body, reference);
-        let session = match inner.session().await {
+        // Waiting for a session, a turn under SMPP_RATE or room in the
+        // window ends by then with nothing written (retryable): past the
+        // service's own call timeout a wait would read as "no answer" and
+        // end a message that was never sent `unknown`.
+        let write_by = Instant::now() + inner.settings.queue_wait;
+        let session = match inner.session(write_by).await {
             Ok(s) => s,
             Err(outcome) => return outcome,
         };
@@ -280,9 +290,24 @@ impl Provider for SmppProvider {
             let body = submit.body();
             let mut tries = 0;
             let answer = loop {
-                inner.pace().await;
+                // The first part may give up before it is written; a
+                // later one may not (the first parts are on the phone).
+                let by = (i == 0).then_some(write_by);
+                if let Err(wait) = inner.pace(by).await {
+                    return SendOutcome::Retryable {
+                        http_status: None,
+                        provider_code: None,
+                        retry_after: Some(wait),
+                        message: "SMPP_RATE reached; nothing was written".into(),
+                    };
+                }
                 let answer = session
-                    .request(id::SUBMIT_SM, &body, inner.settings.response_timeout)
+                    .request(
+                        id::SUBMIT_SM,
+                        &body,
+                        by,
+                        inner.settings.response_timeout,
+                    )
                     .await;
                 let throttled = matches!(&answer, Ok(r)
                     if matches!(r.status, status::RTHROTTLED | status::RMSGQFUL));
@@ -379,9 +404,18 @@ impl Session {
         (self.seq.fetch_add(1, Ordering::Relaxed) % 0x7FFF_FFFF) + 1
     }
 
-    async fn request(&self, command_id: u32, body: &[u8], timeout: Duration) -> Result<Resp, Lost> {
+    /// One request and its response. Room in the window is waited for
+    /// until `write_by` (if any, else the timeout): `NotWritten` past it.
+    async fn request(
+        &self,
+        command_id: u32,
+        body: &[u8],
+        write_by: Option<Instant>,
+        timeout: Duration,
+    ) -> Result<Resp, Lost> {
         let deadline = Instant::now() + timeout;
-        let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.window.acquire()).await else {
+        let room_by = write_by.map_or(deadline, |w| w.min(deadline));
+        let Ok(Ok(_permit)) = tokio::time::timeout_at(room_by, self.window.acquire()).await else {
             return Err(Lost::NotWritten);
         };
         if self.closed.is_cancelled() {
@@ -540,7 +574,7 @@ async fn serve(
     let bind = bind.body();
     let answer = tokio::select! {
         () = runtime.stop.cancelled() => return Ended::Stopped,
-        a = session.request(id::BIND_TRANSCEIVER, &bind, s.response_timeout) => a,
+        a = session.request(id::BIND_TRANSCEIVER, &bind, None, s.response_timeout) => a,
     };
     match answer {
         Ok(r) if r.status == status::ROK => {}
@@ -570,7 +604,7 @@ async fn serve(
                 inner.set(slot, None);
                 // In-flight submits finished before the stop (the service
                 // drains its sends first); say goodbye.
-                let _ = session.request(id::UNBIND, &[], UNBIND_WAIT).await;
+                let _ = session.request(id::UNBIND, &[], None, UNBIND_WAIT).await;
                 return Ended::Stopped;
             }
             () = session.closed.cancelled() => return Ended::Lost("connection closed".into()),
@@ -578,7 +612,7 @@ async fn serve(
                 let s2 = Arc::clone(session);
                 let timeout = s.response_timeout;
                 tokio::spawn(async move {
-                    if s2.request(id::ENQUIRE_LINK, &[], timeout).await.is_err() {
+                    if s2.request(id::ENQUIRE_LINK, &[], None, timeout).await.is_err() {
                         tracing::warn!("no enquire_link_resp: ending the session");
                         s2.closed.cancel();
                     }

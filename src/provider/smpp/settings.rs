@@ -95,8 +95,13 @@ pub struct SmppSettings {
     pub rate: u32,
     pub response_timeout: Duration,
     pub enquire_link_interval: Duration,
-    /// Connecting, and how long a send waits for a bound session.
+    /// Connecting.
     pub connect_timeout: Duration,
+    /// The most a send waits before its first submit is written (a bound
+    /// session, a turn under the rate, room in the window); past it the
+    /// send is retryable, nothing written. A quarter of the service's
+    /// provider call timeout, so the wait never reads as "no answer".
+    pub queue_wait: Duration,
 }
 
 impl SmppSettings {
@@ -116,6 +121,7 @@ impl SmppSettings {
             response_timeout: Duration::from_secs(30),
             enquire_link_interval: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            queue_wait: Duration::from_millis(500),
         }
     }
 }
@@ -135,6 +141,7 @@ impl std::fmt::Debug for SmppSettings {
             .field("rate", &self.rate)
             .field("response_timeout", &self.response_timeout)
             .field("enquire_link_interval", &self.enquire_link_interval)
+            .field("queue_wait", &self.queue_wait)
             .finish()
     }
 }
@@ -198,6 +205,7 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
         response_timeout: secs(RESPONSE_TIMEOUT, 30)?,
         enquire_link_interval: secs(ENQUIRE_LINK_INTERVAL, 30)?,
         connect_timeout: ctx.connect_timeout.max(Duration::from_secs(1)),
+        queue_wait: ctx.timeout / 4,
     }))
 }
 

@@ -302,6 +302,118 @@ async fn the_service_starts_with_the_smsc_down(backend: Backend) {
     assert_eq!(smsc.created("+14155550109", "when it is up"), 1);
 }
 
+/// A CA and a certificate for 127.0.0.1 signed by it, made now with the
+/// openssl command line: (ca.pem, key.pem, cert.pem) in `dir`.
+fn test_certificates(dir: &std::path::Path) -> (String, String, String) {
+    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("the openssl command (apt-get install openssl)");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("write leaf.ext");
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=sendonce test CA",
+    ]
+    .iter()
+    .copied()
+    .chain(["-keyout", &p("ca-key.pem"), "-out", &p("ca.pem")])
+    .collect::<Vec<_>>());
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        &p("key.pem"),
+        "-out",
+        &p("leaf.csr"),
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &p("leaf.csr"),
+        "-CA",
+        &p("ca.pem"),
+        "-CAkey",
+        &p("ca-key.pem"),
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        &p("leaf.ext"),
+        "-out",
+        &p("cert.pem"),
+    ]);
+    (p("ca.pem"), p("key.pem"), p("cert.pem"))
+}
+
+/// SMPP_TLS=true against the npm server in TLS mode, its certificate from
+/// a CA made for the test and trusted by SMPP_TLS_CA_FILE: sent and its
+/// receipt delivered over TLS. Without the CA the handshake fails and
+/// nothing is written (the platform's roots do not know it).
+async fn over_tls_with_a_ca_of_its_own(backend: Backend) {
+    if !available("the smpp TLS test") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sendonce-smpp-tls-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let (ca, key, cert) = test_certificates(&dir);
+    let mut smsc = NpmSmsc::start(Start {
+        port: 0,
+        tls: Some((key, cert)),
+    })
+    .await;
+    let ca2 = ca.clone();
+    let app = app_at(
+        backend,
+        smpp_at(smsc.port, move |s| {
+            s.tls = true;
+            s.tls_ca_file = Some(ca2);
+        }),
+    )
+    .await;
+    app.post("S-TLS", &sms("+14155550111", "over tls")).await;
+    let m = app.wait_for_status("S-TLS", "sent").await;
+    let id = m["provider_message_id"]
+        .as_str()
+        .expect("an id")
+        .to_string();
+    smsc.deliver(&id, "DELIVRD").await;
+    app.wait_for_status("S-TLS", "delivered").await;
+    assert_eq!(smsc.created("+14155550111", "over tls"), 1);
+
+    let untrusted = app_at(backend, smpp_at(smsc.port, |s| s.tls = true)).await;
+    untrusted
+        .post("S-TLS-2", &sms("+14155550112", "not trusted"))
+        .await;
+    eventually("attempts without a session", || async {
+        let m = untrusted.get("/messages/S-TLS-2").await.json();
+        (m["attempts"].as_u64().unwrap_or(0) >= 1).then_some(())
+    })
+    .await;
+    assert!(smsc.submits_to("+14155550112").is_empty());
+    assert_eq!(smsc.binds().len(), 1, "only the trusting instance bound");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 on_both_backends!(
     accepted_then_delivered_by_its_receipt,
     throttled_then_sent_once,
@@ -312,4 +424,5 @@ on_both_backends!(
     long_messages_are_parts_with_one_reference,
     an_unknown_receipt_is_acknowledged_and_kept,
     the_service_starts_with_the_smsc_down,
+    over_tls_with_a_ca_of_its_own,
 );

@@ -116,7 +116,7 @@ async fn connect(s: &SmppSettings) -> Result<Box<dyn Io>, String> {
     if !s.tls {
         return Ok(Box::new(tcp));
     }
-    let config = tls_config()?;
+    let config = tls_config(s)?;
     let name = rustls::pki_types::ServerName::try_from(s.host.clone())
         .map_err(|e| format!("SMPP_HOST is not a TLS server name: {e}"))?;
     let tls = tokio::time::timeout(
@@ -129,10 +129,26 @@ async fn connect(s: &SmppSettings) -> Result<Box<dyn Io>, String> {
     Ok(Box::new(tls))
 }
 
-/// The platform's roots, as reqwest verifies the HTTP providers.
-fn tls_config() -> Result<rustls::ClientConfig, String> {
+/// The platform's roots, as reqwest verifies the HTTP providers, or only
+/// the CA certificates of `SMPP_TLS_CA_FILE`.
+fn tls_config(s: &SmppSettings) -> Result<rustls::ClientConfig, String> {
     use rustls_platform_verifier::ConfigVerifierExt;
-    rustls::ClientConfig::with_platform_verifier().map_err(|e| format!("TLS setup: {e}"))
+    let Some(path) = &s.tls_ca_file else {
+        return rustls::ClientConfig::with_platform_verifier()
+            .map_err(|e| format!("TLS setup: {e}"));
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in settings::ca_certificates(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| format!("{path}: not a CA certificate: {e}"))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// How one session ended.

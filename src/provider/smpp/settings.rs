@@ -24,6 +24,7 @@ pub const PASSWORD: &str = "SMPP_PASSWORD";
 pub const SYSTEM_TYPE: &str = "SMPP_SYSTEM_TYPE";
 pub const SOURCE_ADDR: &str = "SMPP_SOURCE_ADDR";
 pub const TLS: &str = "SMPP_TLS";
+pub const TLS_CA_FILE: &str = "SMPP_TLS_CA_FILE";
 pub const BINDS: &str = "SMPP_BINDS";
 pub const WINDOW: &str = "SMPP_WINDOW";
 pub const RATE: &str = "SMPP_RATE";
@@ -39,7 +40,7 @@ const fn var(env: &'static str, flag: &'static str, help: &'static str) -> Var {
     }
 }
 
-const VARS: [Var; 12] = [
+const VARS: [Var; 13] = [
     var(HOST, "smpp-host", "SMSC host name or address"),
     var(PORT, "smpp-port", "SMSC port (default 2775)"),
     var(SYSTEM_ID, "smpp-system-id", "SMPP system_id of the account"),
@@ -56,6 +57,11 @@ const VARS: [Var; 12] = [
         "Default source address when a request names no from",
     ),
     var(TLS, "smpp-tls", "Connect with TLS: true or false (default false)"),
+    var(
+        TLS_CA_FILE,
+        "smpp-tls-ca-file",
+        "PEM file of the CA certificates to trust for SMPP_TLS instead of the platform's roots",
+    ),
     var(
         BINDS,
         "smpp-binds",
@@ -89,6 +95,9 @@ pub struct SmppSettings {
     pub system_type: String,
     pub source_addr: Option<String>,
     pub tls: bool,
+    /// `SMPP_TLS_CA_FILE`: trust these CA certificates (PEM) instead of
+    /// the platform's roots (an SMSC with a private CA; the tests' own).
+    pub tls_ca_file: Option<String>,
     pub binds: usize,
     pub window: usize,
     /// Submits per second per instance.
@@ -115,6 +124,7 @@ impl SmppSettings {
             system_type: String::new(),
             source_addr: None,
             tls: false,
+            tls_ca_file: None,
             binds: 1,
             window: 10,
             rate: 50,
@@ -136,6 +146,7 @@ impl std::fmt::Debug for SmppSettings {
             .field("system_type", &self.system_type)
             .field("source_addr", &self.source_addr)
             .field("tls", &self.tls)
+            .field("tls_ca_file", &self.tls_ca_file)
             .field("binds", &self.binds)
             .field("window", &self.window)
             .field("rate", &self.rate)
@@ -187,6 +198,10 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
         Some("true") => true,
         Some(_) => return Err(VarError::invalid(TLS, "must be true or false")),
     };
+    let tls_ca_file = vars.get(TLS_CA_FILE).map(str::to_string);
+    if let Some(path) = &tls_ca_file {
+        ca_certificates(path).map_err(|e| VarError::invalid(TLS_CA_FILE, e))?;
+    }
     let secs = |var, default| -> Result<Duration, VarError> {
         number::<u64>(vars, var, default, 1, 3600, "whole seconds from 1 to 3600")
             .map(Duration::from_secs)
@@ -199,6 +214,7 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
         system_type: system_type.to_string(),
         source_addr: vars.get(SOURCE_ADDR).map(str::to_string),
         tls,
+        tls_ca_file,
         binds: number(vars, BINDS, 1, 1, 64, "from 1 to 64")?,
         window: number(vars, WINDOW, 10, 1, 1000, "from 1 to 1000")?,
         rate: number(vars, RATE, 50, 1, 100_000, "from 1 to 100000")?,
@@ -221,4 +237,19 @@ impl Configured for SmppSettings {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// The certificates of a PEM file, at least one.
+pub fn ca_certificates(
+    path: &str,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read {path}: {e}"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{path} is not PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{path} holds no certificate"));
+    }
+    Ok(certs)
 }

@@ -213,6 +213,22 @@ impl App {
             .change_feed(self.notifier.clone(), stop.clone())
             .map(tokio::spawn);
         let deliverer = Arc::clone(&self.state.deliverer);
+        // What providers keep running (SMPP's sessions) starts first and
+        // stops last, once the sends have drained.
+        let providers_stop = CancellationToken::new();
+        let runtime = crate::provider::ProviderRuntime {
+            stop: providers_stop.clone(),
+            receipts: Arc::new(http::receipts::StoreReceipts {
+                store: Arc::clone(&self.state.store),
+                clock: self.clock.clone(),
+                metrics: Arc::clone(self.state.deliverer.metrics()),
+            }),
+        };
+        let provider_tasks: Vec<_> = deliverer
+            .providers()
+            .iter()
+            .filter_map(|p| p.start(runtime.clone()))
+            .collect();
         let scheduler = Arc::clone(&self.scheduler);
         let scheduler_stop = stop.clone();
         let scheduler_task = tokio::spawn(async move { scheduler.run(scheduler_stop).await });
@@ -290,7 +306,12 @@ impl App {
         if let Some(task) = listen_task {
             let _ = task.await;
         }
-        let released = deliverer.shutdown(deadline).await?;
+        let released = deliverer.shutdown(deadline).await;
+        providers_stop.cancel();
+        for task in provider_tasks {
+            let _ = task.await;
+        }
+        let released = released?;
         if released > 0 {
             tracing::info!(released, "released leases for another instance to resume");
         }

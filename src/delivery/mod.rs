@@ -232,6 +232,11 @@ impl Deliverer {
         })
     }
 
+    /// Every provider this deliverer sends through.
+    pub fn providers(&self) -> &[Arc<dyn Provider>] {
+        &self.calls.providers
+    }
+
     fn provider_named_ref(&self, name: &str) -> Option<&Arc<dyn Provider>> {
         self.calls.providers.iter().find(|p| p.name() == name)
     }

@@ -200,14 +200,78 @@ async fn record(
     provider: &'static str,
     receipt: &NewReceipt,
 ) -> Result<Ack, ApiError> {
-    let mut outcome = state.store.record_receipt(receipt).await?;
+    let outcome = record_receipt(
+        state.store.as_ref(),
+        &state.clock,
+        &state.metrics,
+        provider,
+        receipt,
+    )
+    .await?;
+    Ok(ack(outcome))
+}
+
+/// Receipts that do not come over HTTP (SMPP's `deliver_sm`), handled as
+/// those that do: [`record_receipt`].
+pub struct StoreReceipts {
+    pub store: std::sync::Arc<dyn crate::store::Store>,
+    pub clock: crate::clock::Clock,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+#[async_trait::async_trait]
+impl crate::provider::receipts::ReceiptSink for StoreReceipts {
+    async fn take(
+        &self,
+        provider: &'static str,
+        receipt: crate::provider::receipts::Receipt,
+        status: Option<crate::domain::Status>,
+    ) -> Result<(), String> {
+        let receipt = NewReceipt {
+            provider: provider.into(),
+            event_id: receipt_identity(
+                &receipt.provider_message_id,
+                &receipt.status,
+                receipt.error_code.as_deref(),
+            ),
+            provider_message_id: receipt.provider_message_id,
+            message_id: None,
+            status,
+            provider_status: receipt.status,
+            error_code: receipt.error_code,
+            received_at: self.clock.now(),
+        };
+        record_receipt(
+            self.store.as_ref(),
+            &self.clock,
+            &self.metrics,
+            provider,
+            &receipt,
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// Stores one authenticated receipt once, matches it to its message by
+/// (provider, provider message id) and moves the message on; a receipt for
+/// no known message is kept as unmatched. The same for every adapter, with
+/// or without an HTTP request.
+pub async fn record_receipt(
+    store: &dyn crate::store::Store,
+    clock: &crate::clock::Clock,
+    metrics: &crate::metrics::Metrics,
+    provider: &'static str,
+    receipt: &NewReceipt,
+) -> Result<ReceiptOutcome, crate::store::StoreError> {
+    let mut outcome = store.record_receipt(receipt).await?;
     if !outcome.duplicate && outcome.message_id.is_none() {
         // The send may have recorded this provider id after our lookup and
         // before our commit; it checks for early receipts only after its own
         // commit, so one of the two looks always comes after both commits.
-        let now = state.clock.now();
-        if state
-            .store
+        let now = clock.now();
+        if store
             .attach_receipts(&receipt.provider, &receipt.provider_message_id, now)
             .await?
         {
@@ -223,7 +287,7 @@ async fn record(
     } else {
         "recorded"
     };
-    state.metrics.receipt(provider, counted);
+    metrics.receipt(provider, counted);
     if outcome.duplicate {
         tracing::debug!(provider = %receipt.provider, "duplicate receipt ignored");
     } else if outcome.message_id.is_none() {
@@ -241,7 +305,7 @@ async fn record(
             "receipt recorded"
         );
     }
-    Ok(ack(outcome))
+    Ok(outcome)
 }
 
 #[cfg(test)]

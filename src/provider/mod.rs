@@ -39,7 +39,7 @@ macro_rules! adapters {
     };
 }
 
-adapters!(simulated, http, twilio, infobip, vonage);
+adapters!(simulated, http, twilio, infobip, vonage, smpp);
 
 pub use http::HttpProvider;
 pub use infobip::{InfobipProvider, InfobipSettings};
@@ -231,6 +231,16 @@ pub struct AttemptRef {
     pub sender: Option<String>,
 }
 
+/// What the service hands a provider when it starts it ([`Provider::start`]).
+#[derive(Clone)]
+pub struct ProviderRuntime {
+    /// Cancelled when the service stops, after its sends have drained.
+    pub stop: tokio_util::sync::CancellationToken,
+    /// Where receipts that do not arrive over HTTP (SMPP's `deliver_sm`)
+    /// are handed: the service's shared receipt handling.
+    pub receipts: std::sync::Arc<dyn receipts::ReceiptSink>,
+}
+
 #[async_trait]
 pub trait Provider: Send + Sync + 'static {
     /// The name stored with each message (`simulated`, `http`, ...).
@@ -249,6 +259,14 @@ pub trait Provider: Send + Sync + 'static {
     /// recorded with each attempt, so that whoever reconciles the attempt
     /// later, under another configuration, matches what was really sent.
     fn sender(&self, _from: Option<&str>) -> Option<String> {
+        None
+    }
+
+    /// Starts what the provider keeps running beside its calls (SMPP's
+    /// sessions), when the service starts; it must end once `runtime.stop`
+    /// is cancelled, which the service does after its sends have drained.
+    /// Most providers keep nothing running: `None`.
+    fn start(&self, _runtime: ProviderRuntime) -> Option<tokio::task::JoinHandle<()>> {
         None
     }
 

@@ -109,3 +109,19 @@ pub fn delivery_status(provider_status: &str) -> Option<Status> {
         _ => None,
     }
 }
+
+/// Where an adapter whose receipts do not come over HTTP hands them: the
+/// service stores, de-duplicates and matches them as it does the HTTP
+/// ones (`src/http/receipts.rs`), and a receipt for no known message is
+/// kept as unmatched.
+#[async_trait::async_trait]
+pub trait ReceiptSink: Send + Sync + 'static {
+    /// Records `receipt` of `provider`, whose status word means `status`.
+    /// `Err`: it could not be stored (the caller may have it sent again).
+    async fn take(
+        &self,
+        provider: &'static str,
+        receipt: Receipt,
+        status: Option<Status>,
+    ) -> Result<(), String>;
+}

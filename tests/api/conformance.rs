@@ -19,12 +19,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sendonce::domain::MessageId;
+use sendonce::provider::smpp::pdu::status;
+use sendonce::provider::smpp::{SmppProvider, SmppSettings};
 use sendonce::provider::{
     AttemptRef, HttpProvider, InfobipProvider, InfobipSettings, OutgoingSms, Provider, Reconciled,
     SendOutcome, SimulatedProvider, TwilioProvider, TwilioSettings, VonageProvider,
 };
 use serde_json::json;
 use testkit::mock_provider::{Behaviour, Dedup, MockProvider};
+
+use crate::smsc::Smsc;
 
 use crate::helpers::*;
 use crate::twilio::{ACCOUNT, AUTH_TOKEN, DEFAULT_FROM};
@@ -37,14 +41,16 @@ enum Adapter {
     Twilio,
     Infobip,
     Vonage,
+    Smpp,
 }
 
-const ADAPTERS: [Adapter; 5] = [
+const ADAPTERS: [Adapter; 6] = [
     Adapter::Simulated,
     Adapter::Http,
     Adapter::Twilio,
     Adapter::Infobip,
     Adapter::Vonage,
+    Adapter::Smpp,
 ];
 
 /// The Infobip adapter's lookup delay in the table.
@@ -58,6 +64,7 @@ impl Adapter {
             Adapter::Twilio => "twilio",
             Adapter::Infobip => "infobip",
             Adapter::Vonage => "vonage",
+            Adapter::Smpp => "smpp",
         }
     }
 
@@ -110,7 +117,33 @@ impl Adapter {
                 VonageProvider::new(crate::vonage::settings(&format!("http://{addr}"), None))
                     .expect("vonage"),
             ),
+            Adapter::Smpp => Arc::new(SmppProvider::new(smpp_settings(addr))),
         }
+    }
+}
+
+/// The `smpp` adapter's settings against the SMSC at `addr`, with a short
+/// response timeout.
+fn smpp_settings(addr: std::net::SocketAddr) -> SmppSettings {
+    let mut s = SmppSettings::new(&addr.ip().to_string(), addr.port(), "sendonce", "secret");
+    s.response_timeout = Duration::from_secs(1);
+    s.connect_timeout = Duration::from_secs(2);
+    s
+}
+
+/// Receipts the conformance sends never reach (the SMPP rows have no
+/// `deliver_sm`).
+struct NoReceipts;
+
+#[async_trait::async_trait]
+impl sendonce::provider::receipts::ReceiptSink for NoReceipts {
+    async fn take(
+        &self,
+        _: &'static str,
+        _: sendonce::provider::receipts::Receipt,
+        _: Option<sendonce::domain::Status>,
+    ) -> Result<(), String> {
+        Ok(())
     }
 }
 
@@ -175,12 +208,14 @@ struct Row {
     first: fn() -> Behaviour,
     /// Make the next reconciliation lookup fail.
     lookups_fail: bool,
-    /// simulated, http, twilio, infobip, vonage. Vonage answers in a `200` with a
+    /// What the SMSC does in the `smpp` column (its wire format is SMPP).
+    smpp: Smsc,
+    /// simulated, http, twilio, infobip, vonage, smpp. Vonage answers in a `200` with a
     /// status per part: the mock's Vonage turns a scripted 400 into status
     /// 3 (invalid parameters), a 401 into 4 (invalid credentials), a 429
     /// into 1 (throttled, which carries no `Retry-After`), a 5xx into an
     /// HTTP 5xx; it has no lookup, so every ambiguous answer cannot be told.
-    want: [Want; 5],
+    want: [Want; 6],
 }
 
 fn fail(status: u16, code: u32, retry_after: Option<u64>) -> Behaviour {
@@ -198,27 +233,27 @@ fn fail(status: u16, code: u32, retry_after: Option<u64>) -> Behaviour {
 
 #[rustfmt::skip]
 const SEND_TABLE: &[Row] = &[
-    Row { name: "accepted", first: || Behaviour::Accept, lookups_fail: false,
-          want: [SIMULATED, want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1)] },
+    Row { name: "accepted", first: || Behaviour::Accept, smpp: Smsc::Accept, lookups_fail: false,
+          want: [SIMULATED, want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1), want("ok", None, Then::Done, 1)] },
     // An invalid number (Twilio 21211): a refusal of the message.
-    Row { name: "rejected", first: || fail(400, 21211, None), lookups_fail: false,
-          want: [SIMULATED, want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0)] },
+    Row { name: "rejected", first: || fail(400, 21211, None), smpp: Smsc::Answer(status::RINVDSTADR), lookups_fail: false,
+          want: [SIMULATED, want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0), want("permanent", None, Then::Done, 0)] },
     // Bad credentials (Twilio 20003): a refusal of the account.
-    Row { name: "refused", first: || fail(401, 20003, None), lookups_fail: false,
-          want: [SIMULATED, want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0)] },
-    Row { name: "retryable with Retry-After", first: || fail(429, 20429, Some(7)), lookups_fail: false,
-          want: [SIMULATED, want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0), want("retryable", None, Then::Done, 0)] },
-    Row { name: "retryable without Retry-After", first: || fail(429, 20429, None), lookups_fail: false,
-          want: [SIMULATED, want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0)] },
+    Row { name: "refused", first: || fail(401, 20003, None), smpp: Smsc::RefuseBind(status::RINVPASWD), lookups_fail: false,
+          want: [SIMULATED, want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0), want("refused", None, Then::Done, 0)] },
+    Row { name: "retryable with Retry-After", first: || fail(429, 20429, Some(7)), smpp: Smsc::Answer(status::RTHROTTLED), lookups_fail: false,
+          want: [SIMULATED, want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0), want("retryable", Some(7), Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0)] },
+    Row { name: "retryable without Retry-After", first: || fail(429, 20429, None), smpp: Smsc::Answer(status::RMSGQFUL), lookups_fail: false,
+          want: [SIMULATED, want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0), want("retryable", None, Then::Done, 0)] },
     // The provider created the message, and the answer was a 500.
-    Row { name: "ambiguous, then reconciled: found", first: || Behaviour::AcceptThenFail { status: 500 }, lookups_fail: false,
-          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::Found, 1), want("ambiguous", None, Then::Found, 1), want("ambiguous", None, Then::CannotTell, 1)] },
+    Row { name: "ambiguous, then reconciled: found", first: || Behaviour::AcceptThenFail { status: 500 }, smpp: Smsc::AcceptSilently, lookups_fail: false,
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::Found, 1), want("ambiguous", None, Then::Found, 1), want("ambiguous", None, Then::CannotTell, 1), want("ambiguous", None, Then::CannotTell, 1)] },
     // A 500 without creating anything.
-    Row { name: "ambiguous, then reconciled: not found", first: || fail(500, 20500, None), lookups_fail: false,
-          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::NotFound, 0), want("ambiguous", None, Then::NotFoundOnceTheDelayPassed, 0), want("ambiguous", None, Then::CannotTell, 0)] },
+    Row { name: "ambiguous, then reconciled: not found", first: || fail(500, 20500, None), smpp: Smsc::Silent, lookups_fail: false,
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::NotFound, 0), want("ambiguous", None, Then::NotFoundOnceTheDelayPassed, 0), want("ambiguous", None, Then::CannotTell, 0), want("ambiguous", None, Then::CannotTell, 0)] },
     // Created, a 500, and the lookup fails: nobody can tell.
-    Row { name: "ambiguous, then reconciliation not possible", first: || Behaviour::AcceptThenFail { status: 500 }, lookups_fail: true,
-          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::CannotTell, 1), want("ambiguous", None, Then::AskAgain, 1), want("ambiguous", None, Then::CannotTell, 1)] },
+    Row { name: "ambiguous, then reconciliation not possible", first: || Behaviour::AcceptThenFail { status: 500 }, smpp: Smsc::AcceptSilently, lookups_fail: true,
+          want: [SIMULATED, want("ambiguous", None, Then::ResentUnderTheSameKey, 1), want("ambiguous", None, Then::CannotTell, 1), want("ambiguous", None, Then::AskAgain, 1), want("ambiguous", None, Then::CannotTell, 1), want("ambiguous", None, Then::CannotTell, 1)] },
 ];
 
 fn retry_after(outcome: &SendOutcome) -> Option<u64> {
@@ -230,7 +265,51 @@ fn retry_after(outcome: &SendOutcome) -> Option<u64> {
     }
 }
 
+/// The `smpp` column: the real adapter against an SMSC doing `row.smpp`.
+async fn run_smpp_row(row: &Row, want: Want) {
+    let what = format!("smpp / {}", row.name);
+    let (addr, created) = crate::smsc::start(row.smpp).await;
+    let provider = SmppProvider::new(smpp_settings(addr));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = provider.start(sendonce::provider::ProviderRuntime {
+        stop: stop.clone(),
+        receipts: Arc::new(NoReceipts),
+    });
+    let sms = OutgoingSms {
+        message_id: MessageId::new(),
+        to: sendonce::domain::Recipient::from_stored("+14155550100").expect("E.164"),
+        from: None,
+        body: format!("conformance: {}", row.name),
+        validity: None,
+    };
+    let outcome = provider.send(&sms).await;
+    assert_eq!(outcome.class(), want.class, "{what}: {outcome:?}");
+    assert_eq!(retry_after(&outcome), want.retry_after, "{what}");
+    assert!(!provider.dedupes_by_key(), "{what}");
+    if want.then == Then::CannotTell {
+        let attempt = AttemptRef {
+            started_at: time::OffsetDateTime::now_utc(),
+            age: Duration::ZERO,
+            sender: None,
+        };
+        let got = provider.reconcile(&sms, &attempt).await;
+        assert!(matches!(got, Reconciled::Unknown(_)), "{what}: {got:?}");
+    }
+    assert_eq!(
+        created.load(std::sync::atomic::Ordering::SeqCst),
+        want.created,
+        "{what}"
+    );
+    stop.cancel();
+    if let Some(t) = task {
+        let _ = t.await;
+    }
+}
+
 async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
+    if adapter == Adapter::Smpp {
+        return run_smpp_row(row, want).await;
+    }
     let what = format!("{} / {}", adapter.name(), row.name);
     let (mock, _, addr) = MockProvider::start().await.expect("mock");
     let provider = adapter.build(addr);
@@ -384,6 +463,12 @@ async fn spawn_adapter(backend: Backend, adapter: Adapter) -> TestApp {
         Adapter::Twilio => Some(crate::twilio::twilio()),
         Adapter::Infobip => Some(crate::infobip::infobip()),
         Adapter::Vonage => Some(crate::vonage::vonage()),
+        Adapter::Smpp => {
+            let (addr, _) = crate::smsc::start(Smsc::Accept).await;
+            Some(Box::new(move |_, _, _| {
+                Arc::new(SmppProvider::new(smpp_settings(addr)))
+            }))
+        }
     };
     spawn_with(TestOptions {
         backend,
@@ -406,7 +491,7 @@ async fn post_receipt(
     let path = format!("/providers/{}/status", adapter.name());
     let url = format!("{}{path}", app.base);
     let req = match adapter {
-        Adapter::Simulated => app
+        Adapter::Simulated | Adapter::Smpp => app
             .client
             .post(&url)
             .header("Content-Type", "application/json")
@@ -515,7 +600,9 @@ fn ack(a: &Answer) -> Option<Ack> {
 async fn every_adapter_answers_the_receipt_table(backend: Backend) {
     for adapter in ADAPTERS {
         let app = spawn_adapter(backend, adapter).await;
-        let has_endpoint = adapter != Adapter::Simulated;
+        // Simulated has no receipts; SMPP's come as deliver_sm on its
+        // session (tests/api/smpp.rs), not over HTTP.
+        let has_endpoint = !matches!(adapter, Adapter::Simulated | Adapter::Smpp);
         for (i, row) in RECEIPT_TABLE.iter().enumerate() {
             let what = format!("{} / {}", adapter.name(), row.name);
             let key = format!("CONFORMANCE-{i}");
@@ -541,7 +628,7 @@ async fn every_adapter_answers_the_receipt_table(backend: Backend) {
                 assert_eq!(status.as_deref(), Some(row.status), "{what}");
                 assert_eq!(stored, row.stored, "{what}");
             } else {
-                // Simulated has no receipts: no endpoint, nothing changes.
+                // No HTTP endpoint: 404, nothing changes.
                 assert!(
                     answers.iter().all(|a| *a == Ack::NoEndpoint),
                     "{what}: {answers:?}"

@@ -294,6 +294,8 @@ mod tests {
             allowed_senders: None,
             bootstrap_tenant: false,
             quiet_hours: None,
+            home_country: None,
+            spend_caps: crate::spend::SpendCaps::default(),
         };
         let send = Scopes::of(&[Scope::Send]);
         let post = axum::http::Method::POST;

@@ -249,7 +249,11 @@ mod tests {
             ),
             (json!({"quiet_hours": "late"}), vec!["quiet_hours"]),
             (json!({"spend_caps": 5}), vec!["spend_caps"]),
-            (json!({"spend_caps": {}}), vec!["body"]),
+            (json!({"spend_caps": {}}), vec!["spend_caps"]),
+            (
+                json!({"disabled": false, "spend_caps": {}}),
+                vec!["spend_caps"],
+            ),
             (
                 json!({"spend_caps": {"daily": 5, "weekly": "1"}}),
                 vec!["spend_caps.daily", "spend_caps.weekly"],

@@ -84,7 +84,13 @@ impl SpendCapsPatch {
                 )),
             }
         }
-        (errors.len() == before && p != SpendCapsPatch::default()).then_some(p)
+        if errors.len() == before && p == SpendCapsPatch::default() {
+            errors.push(FieldError::new(
+                "spend_caps",
+                "names no cap (one of daily, monthly, international_daily_messages)",
+            ));
+        }
+        (errors.len() == before).then_some(p)
     }
 
     /// What it sets, for the audit log.

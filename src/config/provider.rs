@@ -30,6 +30,9 @@ pub struct ProviderSettings {
     /// when `TELEGRAM_BOT_TOKEN` is set): each carries its channel's
     /// addresses only, beside the SMS providers above.
     pub channels: Vec<ProviderConfig>,
+    /// The Telegram bot's inbound updates: who owns them and their secret
+    /// (a bot token and `TELEGRAM_WEBHOOK_SECRET`; else refused).
+    pub telegram: Option<crate::provider::telegram::updates::Inbound>,
     /// Every adapter's receipt endpoint (whether it sends or not: receipts
     /// arrive after a provider left the list).
     pub receipts: ReceiptRoutes,
@@ -47,6 +50,7 @@ impl Default for ProviderSettings {
             fallbacks: Vec::new(),
             routes: None,
             channels: Vec::new(),
+            telegram: None,
             receipts: ReceiptRoutes::default(),
             circuit: CircuitPolicy::default(),
             connect_timeout: Duration::from_secs(3),
@@ -154,6 +158,7 @@ impl ProviderSettings {
         let kind = kinds.remove(0);
         let fallbacks = kinds;
         let channels = registry::channel_adapters(vars, &ctx)?;
+        let telegram = crate::provider::telegram::updates::Inbound::configure(vars)?;
         let receipts = ReceiptRoutes::configure(vars, &ctx)?;
         let circuit = circuit(a, &d.circuit)?;
         Ok(Self {
@@ -161,6 +166,7 @@ impl ProviderSettings {
             fallbacks,
             routes,
             channels,
+            telegram,
             receipts,
             circuit,
             connect_timeout,

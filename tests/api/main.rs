@@ -89,6 +89,7 @@ mod spend;
 mod sqlite_writer;
 mod store;
 mod telegram;
+mod telegram_updates;
 mod twilio;
 mod twilio_reconcile;
 mod verify;

@@ -22,6 +22,7 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 use super::{OutgoingSms, Provider, ProviderError, SendOutcome, parse_retry_after};
 
 pub mod classify;
+pub mod updates;
 mod settings;
 
 pub use settings::{

@@ -134,7 +134,17 @@ impl Sends {
 
     /// What a message to `request`'s number through `provider` is
     /// estimated to cost this tenant.
+    /// A Telegram chat's message costs nothing (bot messages are free) and
+    /// is not international (the cap guards against SMS pumping; a chat has
+    /// no country): it counts toward no cap.
     fn charge(&self, tenant: &TenantAuth, request: &SendRequest, provider: &str) -> Charge {
+        if request.to.phone().is_none() {
+            return Charge {
+                micros: 0,
+                currency: self.prices.currency().to_string(),
+                international: false,
+            };
+        }
         let country = request.to_country.as_deref();
         Charge {
             micros: self

@@ -89,6 +89,10 @@ async fn a_chat_gets_one_message_through_the_bot(backend: Backend) {
     assert_eq!(m["provider_message_id"], "42:1");
     assert_eq!(m["segments"], 1, "one Telegram message whatever its length");
     assert_eq!(m["encoding"], "utf8");
+    assert_eq!(
+        m["cost"]["amount"], "0.00",
+        "a bot message is free, whatever the price table's `*,*` row says"
+    );
     assert_eq!(app.mock.deliveries_to("42", text), 1);
     let sent = app.mock.telegram_messages();
     assert_eq!(sent.len(), 1);
@@ -116,6 +120,7 @@ async fn a_chat_gets_one_message_through_the_bot(backend: Backend) {
         (m["status"].as_str(), m["provider"].as_str()),
         (Some("sent"), Some("http"))
     );
+    assert_eq!(m["cost"]["amount"], "0.10", "an SMS costs what the table says");
     assert_eq!(calls(&app, "telegram"), 1);
     // The next message to the chat has the chat's next message id.
     let m = app

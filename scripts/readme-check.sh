@@ -97,6 +97,13 @@ wait_listening() {
 if curl -fs http://127.0.0.1:8080/healthz >/dev/null 2>&1; then
     fail "something already answers on 127.0.0.1:8080; stop it first"
 fi
+# `cargo run --release` builds before it serves, and a cold release build on
+# a busy machine takes longer than the wait for the key below (900 s: it
+# measured over 17 minutes with two other builds on 2 cores), which then
+# failed with "no API key printed" while cargo was still compiling. So the
+# build comes first, with no deadline: the wait covers the start alone.
+say "building: cargo build --release (what '$serve_cmd' would build first)"
+cargo build --release --quiet || fail "the release build failed"
 say "running: $serve_cmd"
 bash -c "$serve_cmd" >"$work/serve.out" 2>"$work/serve.err" &
 server_pid=$!

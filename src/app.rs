@@ -152,6 +152,7 @@ impl App {
                 public_url: settings.server.public_url.clone(),
                 routes: settings.provider.receipts.clone(),
             },
+            telegram: settings.provider.telegram.clone(),
             verify,
             webhooks: settings.webhooks.clone(),
             webhook_dispatcher: Arc::clone(&webhooks),

@@ -26,6 +26,13 @@ pub struct ProviderSettings {
     /// Routes by destination (`SENDONCE_ROUTES`): then `kind` and
     /// `fallbacks` are every provider the routes name.
     pub routes: Option<Routes>,
+    /// The adapters of channels of their own that are on (a Telegram bot,
+    /// when `TELEGRAM_BOT_TOKEN` is set): each carries its channel's
+    /// addresses only, beside the SMS providers above.
+    pub channels: Vec<ProviderConfig>,
+    /// The Telegram bot's inbound updates: who owns them and their secret
+    /// (a bot token and `TELEGRAM_WEBHOOK_SECRET`; else refused).
+    pub telegram: Option<crate::provider::telegram::updates::Inbound>,
     /// Every adapter's receipt endpoint (whether it sends or not: receipts
     /// arrive after a provider left the list).
     pub receipts: ReceiptRoutes,
@@ -42,6 +49,8 @@ impl Default for ProviderSettings {
             kind: Arc::new(crate::provider::SimulatedProvider::default()),
             fallbacks: Vec::new(),
             routes: None,
+            channels: Vec::new(),
+            telegram: None,
             receipts: ReceiptRoutes::default(),
             circuit: CircuitPolicy::default(),
             connect_timeout: Duration::from_secs(3),
@@ -104,9 +113,9 @@ impl ProviderSettings {
                 ));
             }
             Some(v) => Some(
-                Routes::parse(v, |name| registry::adapter(name).map(|a| a.name)).map_err(|e| {
-                    ConfigError::invalid("SENDONCE_ROUTES", format!("is refused: {e}"))
-                })?,
+                Routes::parse(v, |name| registry::sms_adapter(name).map(|a| a.name)).map_err(
+                    |e| ConfigError::invalid("SENDONCE_ROUTES", format!("is refused: {e}")),
+                )?,
             ),
             None => None,
         };
@@ -128,8 +137,15 @@ impl ProviderSettings {
                     "names a provider twice",
                 ));
             }
-            let adapter = registry::adapter(name).ok_or_else(|| {
-                ConfigError::invalid("SENDONCE_PROVIDER", format!("names no provider {name:?}"))
+            let adapter = registry::sms_adapter(name).ok_or_else(|| {
+                let why = match registry::adapter(name).map(|a| a.channel) {
+                    Some(registry::Channel::Own { enabled_by, .. }) => format!(
+                        "names {name:?}, a channel of its own and not an SMS provider: \
+                         it is on when {enabled_by} is set"
+                    ),
+                    _ => format!("names no provider {name:?}"),
+                };
+                ConfigError::invalid("SENDONCE_PROVIDER", why)
             })?;
             kinds.push((adapter.configure)(vars, &ctx)?);
         }
@@ -141,21 +157,28 @@ impl ProviderSettings {
         }
         let kind = kinds.remove(0);
         let fallbacks = kinds;
+        let channels = registry::channel_adapters(vars, &ctx)?;
+        let telegram = crate::provider::telegram::updates::Inbound::configure(vars)?;
         let receipts = ReceiptRoutes::configure(vars, &ctx)?;
         let circuit = circuit(a, &d.circuit)?;
         Ok(Self {
             kind,
             fallbacks,
             routes,
+            channels,
+            telegram,
             receipts,
             circuit,
             connect_timeout,
         })
     }
 
-    /// Every provider, the primary first.
+    /// Every provider, the primary first, then the channels of their own.
     pub fn all(&self) -> Vec<&ProviderConfig> {
-        std::iter::once(&self.kind).chain(&self.fallbacks).collect()
+        std::iter::once(&self.kind)
+            .chain(&self.fallbacks)
+            .chain(&self.channels)
+            .collect()
     }
 }
 

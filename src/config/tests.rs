@@ -580,3 +580,55 @@ fn prices_come_from_a_file_or_the_default() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_telegram_bot_is_a_channel_on_when_its_token_is_set() {
+    let c = args(&[]).unwrap();
+    assert!(c.provider.channels.is_empty(), "off without a token");
+    let c = args(&["--telegram-bot-token", "123456:secret-part"]).unwrap();
+    let channels: Vec<&str> = c.provider.channels.iter().map(|p| p.name()).collect();
+    assert_eq!(channels, ["telegram"]);
+    assert_eq!(c.provider.kind.name(), "simulated", "SMS goes as before");
+    let names: Vec<&str> = c.provider.all().iter().map(|p| p.name()).collect();
+    assert_eq!(
+        names,
+        ["simulated", "telegram"],
+        "the channel after the SMS list"
+    );
+    let s = c.provider.channels[0]
+        .as_any()
+        .downcast_ref::<crate::provider::TelegramSettings>()
+        .expect("telegram settings");
+    assert_eq!(s.api_url, "https://api.telegram.org");
+    assert!(
+        !format!("{c:?}").contains("secret-part"),
+        "the token is never shown"
+    );
+    // (arguments, the variable the error names)
+    let refused: &[(&[&str], &str)] = &[
+        (
+            &["--telegram-bot-token", "not-a-token"],
+            "TELEGRAM_BOT_TOKEN",
+        ),
+        (
+            &[
+                "--telegram-bot-token",
+                "12:x",
+                "--telegram-bot-api-url",
+                "ftp://x",
+            ],
+            "TELEGRAM_BOT_API_URL",
+        ),
+        (&["--provider", "telegram"], "SENDONCE_PROVIDER"),
+        (&["--routes", "+1=telegram"], "SENDONCE_ROUTES"),
+    ];
+    for (argv, var) in refused {
+        let e = args(argv).unwrap_err();
+        assert!(e.to_string().contains(var), "{argv:?}: {e}");
+    }
+    let e = args(&["--provider", "telegram"]).unwrap_err();
+    assert!(
+        e.to_string().contains("TELEGRAM_BOT_TOKEN"),
+        "says what turns it on: {e}"
+    );
+}

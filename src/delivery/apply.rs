@@ -112,6 +112,16 @@ impl Deliverer {
                     msg.sent_at = Some(now);
                 }
                 let response = msg.final_response();
+                let opt_out = attempt
+                    .as_ref()
+                    .filter(|a| {
+                        crate::provider::telegram::classify::opts_out(
+                            &msg.to,
+                            a.outcome,
+                            a.provider_code.as_deref(),
+                        )
+                    })
+                    .map(|_| msg.to.as_str().to_string());
                 let f = Finish {
                     id: msg.id,
                     lease_token: lease.token,
@@ -122,6 +132,7 @@ impl Deliverer {
                     updated_at: now,
                     response: response.clone(),
                     attempt,
+                    opt_out,
                 };
                 crate::failpoint::hit("finish.before");
                 match self.write(lease, || self.store.finish(&f)).await {

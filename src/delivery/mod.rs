@@ -213,9 +213,29 @@ impl Deliverer {
     /// Where a new message to `to` with this `from` starts: the first
     /// provider of its route (without routes, the primary), and who its
     /// first attempt sends as there. `None`: no route covers `to`.
+    ///
+    /// An address of a channel of its own (a Telegram chat) starts, and
+    /// stays, on that channel's adapter; `None` when none is configured.
+    /// Routes and the SMS providers are for numbers only.
     pub fn first_route(&self, to: &str, from: Option<&str>) -> Option<crate::verify::Via> {
+        let channel = channel_of(to);
+        if channel != SMS {
+            let first = self
+                .calls
+                .providers
+                .iter()
+                .find(|p| p.channel() == channel)?;
+            return Some(crate::verify::Via {
+                provider: first.name().to_string(),
+                sender: first.sender(from),
+                route: None,
+            });
+        }
         let (route, first) = match &self.calls.routes {
-            None => (None, &self.calls.providers[0]),
+            None => (
+                None,
+                self.calls.providers.iter().find(|p| p.channel() == SMS)?,
+            ),
             Some(routes) => {
                 let r = routes.lookup(to)?;
                 let first = r
@@ -244,8 +264,19 @@ impl Deliverer {
     /// The providers `msg` may use, in order: its route's (the stored one,
     /// else the one its number takes now), without routes all of them.
     pub(super) fn providers_of(&self, msg: &MessageRecord) -> Vec<&Arc<dyn Provider>> {
+        let channel = msg.to.channel();
+        let of_channel = || {
+            self.calls
+                .providers
+                .iter()
+                .filter(|p| p.channel() == channel)
+                .collect()
+        };
+        if channel != SMS {
+            return of_channel();
+        }
         let Some(routes) = &self.calls.routes else {
-            return self.calls.providers.iter().collect();
+            return of_channel();
         };
         let route = msg
             .route
@@ -258,7 +289,7 @@ impl Deliverer {
                 .iter()
                 .filter_map(|n| self.provider_named_ref(n))
                 .collect(),
-            None => self.calls.providers.iter().collect(),
+            None => of_channel(),
         }
     }
 
@@ -499,4 +530,12 @@ pub const LEASE_FRESHNESS: Duration = Duration::from_secs(1);
 /// [`LEASE_FRESHNESS`] old.
 pub fn needs_renewal(age: Duration) -> bool {
     age >= LEASE_FRESHNESS
+}
+
+/// The SMS channel's name (`Recipient::channel`, `Provider::channel`).
+const SMS: &str = "sms";
+
+/// The channel of a stored address (`to_number`): a number's is SMS.
+fn channel_of(to: &str) -> &'static str {
+    crate::domain::Recipient::from_stored(to).map_or(SMS, |r| r.channel())
 }

@@ -2,18 +2,22 @@
 //! above a channel carries (the send layer, delivery, the provider call, the
 //! message record).
 //!
-//! Today there is one channel, SMS, and its address is a [`Phone`]. What only
+//! Two channels: SMS, whose address is a [`Phone`], and Telegram, whose
+//! address is a bot's chat id (`telegram:<chat_id>`, issue 28). What only
 //! SMS has (segments and their encoding, the numbering plan and the
-//! destination's country, limits per number prefix, opt-outs by number) is
-//! reached through the [`Recipient::Sms`] variant ([`Recipient::phone`]), not
-//! spread across layers. A new channel (Telegram's chat ids, issue 28) adds a
-//! variant, its parsing in [`Recipient::parse`] and [`Recipient::from_stored`],
-//! and an adapter that speaks it; an adapter asks [`Recipient::phone`] (or its
-//! own accessor) and refuses what it cannot carry.
+//! destination's country, limits per number prefix, quiet hours by the
+//! number's zone) is reached through the [`Recipient::Sms`] variant
+//! ([`Recipient::phone`]), not spread across layers. A channel is a variant,
+//! its parsing in [`Recipient::parse`] and [`Recipient::from_stored`], and an
+//! adapter that speaks it ([`Recipient::channel`] is the adapter's channel,
+//! `src/provider/registry.rs`); an adapter asks [`Recipient::phone`] (or
+//! [`Recipient::telegram_chat`]) and refuses what it cannot carry.
 //!
 //! The address is stored, shown and fingerprinted as one string
 //! ([`Recipient::as_str`]): an SMS recipient is its E.164 number, exactly as
 //! before this type existed, so stored rows, replays and fingerprints are
+//! unchanged; a chat is `telegram:<chat_id>`, so that opt-outs, limits per
+//! address and everything else keyed on the stored address work for it
 //! unchanged. [`Recipient::from_stored`] is the one conversion back from a
 //! row's `to_number` column.
 
@@ -25,6 +29,56 @@ use super::segments::{self, SegmentCount};
 pub enum Recipient {
     /// A phone number, reached by SMS.
     Sms(Phone),
+    /// A Telegram chat, reached by the configured bot.
+    Telegram(TelegramChat),
+}
+
+/// A Telegram chat id (a user's, a group's `-100…`), with its stored form.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TelegramChat {
+    id: i64,
+    /// `telegram:<id>`, the id in its canonical decimal form.
+    stored: String,
+}
+
+impl TelegramChat {
+    pub fn new(id: i64) -> Self {
+        Self {
+            id,
+            stored: format!("{TELEGRAM_PREFIX}{id}"),
+        }
+    }
+
+    /// The chat id the Bot API takes as `chat_id`.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// `telegram:<id>`.
+    pub fn as_str(&self) -> &str {
+        &self.stored
+    }
+}
+
+/// What a Telegram address starts with.
+pub const TELEGRAM_PREFIX: &str = "telegram:";
+
+/// The longest text one Telegram message carries (`sendMessage`'s `text`,
+/// characters): more than a message's body may have (1600), so a body
+/// always goes as one Telegram message.
+pub const TELEGRAM_MAX_TEXT: usize = 4096;
+
+/// A chat id in its canonical form (an optional `-`, digits, no leading
+/// zero), within `i64`, not zero.
+fn chat_id(s: &str) -> Option<i64> {
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    if digits.is_empty()
+        || !digits.bytes().all(|b| b.is_ascii_digit())
+        || (digits.len() > 1 && digits.starts_with('0'))
+    {
+        return None;
+    }
+    s.parse::<i64>().ok().filter(|id| *id != 0)
 }
 
 /// A recipient parsed from a request, with what the request's checks need.
@@ -43,16 +97,33 @@ pub struct InvalidRecipient(pub &'static str);
 impl Recipient {
     /// How many parts `body` goes out as on this recipient's channel: for
     /// SMS, its GSM-7 or UCS-2 segments (what `SENDONCE_MAX_SEGMENTS`
-    /// bounds and the provider bills).
+    /// bounds and the provider bills); for a Telegram chat, one message in
+    /// UTF-8 (a body is at most 1600 characters, within
+    /// [`TELEGRAM_MAX_TEXT`]).
     pub fn segments(&self, body: &str) -> SegmentCount {
         match self {
             Recipient::Sms(_) => segments::count(body),
+            Recipient::Telegram(_) => SegmentCount {
+                encoding: segments::Encoding::Utf8,
+                segments: 1,
+            },
         }
     }
 
-    /// Parses a request's `to`. Today every address is a phone number in
-    /// international form, checked against its numbering plan.
+    /// Parses a request's `to`: a phone number in international form,
+    /// checked against its numbering plan, or `telegram:<chat_id>`.
     pub fn parse(input: &str) -> Result<ParsedRecipient, InvalidRecipient> {
+        if let Some(id) = input.trim().strip_prefix(TELEGRAM_PREFIX) {
+            return match chat_id(id) {
+                Some(id) => Ok(ParsedRecipient {
+                    recipient: Recipient::Telegram(TelegramChat::new(id)),
+                    country: None,
+                }),
+                None => Err(InvalidRecipient(
+                    "a Telegram address is telegram:<chat_id>, the chat id a number, e.g. telegram:123456789",
+                )),
+            };
+        }
         match phone::parse(input) {
             Some(p) => {
                 let (phone, country) = p.into_parts();
@@ -70,6 +141,9 @@ impl Recipient {
     /// The address as a stored row holds it ([`Recipient::as_str`]): its
     /// shape is checked, not the numbering plan (that was done on the way in).
     pub fn from_stored(s: &str) -> Option<Self> {
+        if let Some(id) = s.strip_prefix(TELEGRAM_PREFIX) {
+            return chat_id(id).map(|id| Recipient::Telegram(TelegramChat::new(id)));
+        }
         Phone::from_e164(s).map(Recipient::Sms)
     }
 
@@ -77,13 +151,16 @@ impl Recipient {
     pub fn as_str(&self) -> &str {
         match self {
             Recipient::Sms(p) => p.as_str(),
+            Recipient::Telegram(c) => c.as_str(),
         }
     }
 
-    /// The channel's name, as a label: `sms`.
+    /// The channel's name, as a label and as the adapter's channel
+    /// (`registry::Channel`): `sms` or `telegram`.
     pub fn channel(&self) -> &'static str {
         match self {
             Recipient::Sms(_) => "sms",
+            Recipient::Telegram(_) => "telegram",
         }
     }
 
@@ -92,6 +169,15 @@ impl Recipient {
     pub fn phone(&self) -> Option<&Phone> {
         match self {
             Recipient::Sms(p) => Some(p),
+            Recipient::Telegram(_) => None,
+        }
+    }
+
+    /// The chat, if this recipient is a Telegram chat.
+    pub fn telegram_chat(&self) -> Option<&TelegramChat> {
+        match self {
+            Recipient::Telegram(c) => Some(c),
+            Recipient::Sms(_) => None,
         }
     }
 
@@ -163,7 +249,6 @@ mod tests {
             ("+1415555", None),
             ("+999123456789", None),
             ("+1 415 555 2671a", None),
-            ("telegram:12345", None),
             ("", None),
             ("+", None),
         ];
@@ -190,6 +275,61 @@ mod tests {
     }
 
     #[test]
+    fn telegram_addresses_parse_as_a_table() {
+        // (input, Some(stored) or None: refused as a Telegram address)
+        let cases: &[(&str, Option<&str>)] = &[
+            ("telegram:123456789", Some("telegram:123456789")),
+            (" telegram:42 ", Some("telegram:42")),
+            ("telegram:-1001234567890", Some("telegram:-1001234567890")),
+            (
+                "telegram:9223372036854775807",
+                Some("telegram:9223372036854775807"),
+            ),
+            ("telegram:9223372036854775808", None),
+            ("telegram:", None),
+            ("telegram:0", None),
+            ("telegram:007", None),
+            ("telegram:+42", None),
+            ("telegram:-", None),
+            ("telegram:12a", None),
+            ("telegram:@channel", None),
+            ("telegram: 42", None),
+        ];
+        for (input, want) in cases {
+            let got = Recipient::parse(input);
+            match want {
+                Some(stored) => {
+                    let p = got.unwrap_or_else(|e| panic!("{input}: {e:?}"));
+                    assert_eq!(p.recipient.as_str(), *stored, "{input}");
+                    assert_eq!(p.recipient.channel(), "telegram", "{input}");
+                    assert_eq!(p.country, None, "{input}");
+                    assert_eq!(p.recipient.phone(), None, "{input}");
+                    assert_eq!(p.recipient.prefix(), None, "{input}: no number range");
+                    assert_eq!(
+                        Recipient::from_stored(stored),
+                        Some(p.recipient.clone()),
+                        "{input}"
+                    );
+                }
+                None => assert!(
+                    matches!(got, Err(InvalidRecipient(m)) if m.contains("telegram:<chat_id>")),
+                    "{input}: {got:?}"
+                ),
+            }
+        }
+        let chat = Recipient::parse("telegram:42").map(|p| p.recipient);
+        let chat = chat.expect("a chat");
+        assert_eq!(chat.telegram_chat().map(TelegramChat::id), Some(42));
+        // One message, UTF-8, whatever SMS would make of the text.
+        let one = chat.segments(&"я".repeat(300));
+        assert_eq!((one.encoding, one.segments), (segments::Encoding::Utf8, 1));
+        assert!(
+            crate::domain::request::BODY_MAX_CHARS <= TELEGRAM_MAX_TEXT as u64,
+            "every body fits one Telegram message"
+        );
+    }
+
+    #[test]
     fn stored_addresses_round_trip_as_a_table() {
         let cases: &[(&str, bool)] = &[
             ("+14155550100", true),
@@ -197,7 +337,10 @@ mod tests {
             ("14155550100", false),
             ("+0123", false),
             ("+1234567890123456", false),
-            ("telegram:12345", false),
+            ("telegram:12345", true),
+            ("telegram:-100123", true),
+            ("telegram:012", false),
+            ("telegram:x", false),
             ("", false),
         ];
         for (stored, ok) in cases {

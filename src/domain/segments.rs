@@ -15,6 +15,8 @@ use serde::Serialize;
 pub enum Encoding {
     Gsm7,
     Ucs2,
+    /// A channel that carries text as UTF-8, whole (a Telegram chat).
+    Utf8,
 }
 
 impl Encoding {
@@ -22,6 +24,7 @@ impl Encoding {
         match self {
             Encoding::Gsm7 => "gsm7",
             Encoding::Ucs2 => "ucs2",
+            Encoding::Utf8 => "utf8",
         }
     }
 
@@ -29,6 +32,7 @@ impl Encoding {
         match s {
             "gsm7" => Some(Encoding::Gsm7),
             "ucs2" => Some(Encoding::Ucs2),
+            "utf8" => Some(Encoding::Utf8),
             _ => None,
         }
     }

@@ -30,6 +30,7 @@ pub mod opt_outs;
 pub mod page;
 pub mod receipts;
 pub mod server;
+pub mod telegram;
 pub mod verifications;
 pub mod webhooks;
 
@@ -53,6 +54,8 @@ pub struct AppState {
     pub body_read_timeout: Duration,
     /// Every adapter's receipt endpoint, and this service's public URL.
     pub receipts: receipts::ReceiptSettings,
+    /// The Telegram bot's inbound updates, when taken.
+    pub telegram: Option<crate::provider::telegram::updates::Inbound>,
     /// API keys, so most requests authenticate without the database.
     pub keys: Arc<KeyCache>,
     /// Final responses, so most replays touch no database.
@@ -80,6 +83,7 @@ pub fn router_with(state: SharedState, pages: Router<SharedState>, serve_metrics
         .merge(batch::router())
         .merge(opt_outs::router())
         .merge(receipts::router())
+        .merge(telegram::router())
         .merge(history::router())
         .merge(verifications::router())
         .merge(webhooks::router())

@@ -20,6 +20,7 @@ use super::page::Page;
 use super::{SharedState, Tenant};
 use crate::domain::FieldError;
 use crate::domain::phone;
+use crate::domain::recipient::{InvalidRecipient, Recipient};
 use crate::domain::request::{duplicate_key, unknown_fields};
 use crate::error::ApiError;
 
@@ -108,6 +109,22 @@ fn number_field(map: &serde_json::Map<String, Value>, field: &str) -> Result<Str
     }
 }
 
+/// A number, or another channel's address (`telegram:<chat_id>`): what a
+/// message's `to` takes.
+fn address_field(map: &serde_json::Map<String, Value>, field: &str) -> Result<String, ApiError> {
+    match map.get(field) {
+        Some(Value::String(s))
+            if s.trim()
+                .starts_with(crate::domain::recipient::TELEGRAM_PREFIX) =>
+        {
+            Recipient::parse(s)
+                .map(|p| p.recipient.as_str().to_string())
+                .map_err(|InvalidRecipient(m)| ApiError::invalid(field, m))
+        }
+        _ => number_field(map, field),
+    }
+}
+
 async fn add(
     State(state): State<SharedState>,
     Tenant(tenant_id): Tenant,
@@ -115,7 +132,7 @@ async fn add(
     body: Body,
 ) -> Result<Response, ApiError> {
     let map = json_object(&state, &headers, body, &["number"]).await?;
-    let number = number_field(&map, "number")?;
+    let number = address_field(&map, "number")?;
     let now = state.clock.now();
     let created = state
         .store
@@ -135,7 +152,11 @@ async fn remove(
     number: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(number) = number.map_err(|_| ApiError::NotFound)?;
-    let number = phone::parse(&number).ok_or(ApiError::NotFound)?.e164;
+    let number = Recipient::parse(&number)
+        .map_err(|_| ApiError::NotFound)?
+        .recipient
+        .as_str()
+        .to_string();
     if state.store.remove_opt_out(tenant_id, &number).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {

@@ -39,12 +39,13 @@ macro_rules! adapters {
     };
 }
 
-adapters!(simulated, http, twilio, infobip, vonage, smpp);
+adapters!(simulated, http, twilio, infobip, vonage, smpp, telegram);
 
 pub use http::HttpProvider;
 pub use infobip::{InfobipProvider, InfobipSettings};
 pub use registry::{Adapter, Configured};
 pub use simulated::SimulatedProvider;
+pub use telegram::{TelegramProvider, TelegramSettings};
 pub use twilio::{TwilioProvider, TwilioSettings};
 pub use vonage::{VonageProvider, VonageSettings};
 
@@ -245,6 +246,13 @@ pub struct ProviderRuntime {
 pub trait Provider: Send + Sync + 'static {
     /// The name stored with each message (`simulated`, `http`, ...).
     fn name(&self) -> &'static str;
+
+    /// The channel whose addresses it carries ([`Recipient::channel`]):
+    /// delivery hands it only messages to those (`sms` unless the adapter
+    /// is a channel of its own, `registry::Channel`).
+    fn channel(&self) -> &'static str {
+        "sms"
+    }
 
     /// Whether the provider de-duplicates on the idempotency key we pass it,
     /// so that resending after an ambiguous outcome cannot send twice.

@@ -40,6 +40,25 @@ pub fn adapter(name: &str) -> Option<&'static Adapter> {
     ADAPTERS.iter().find(|a| a.name == name)
 }
 
+/// The SMS adapter called `name` (what `SENDONCE_PROVIDER` and routes may
+/// name), if there is one.
+pub fn sms_adapter(name: &str) -> Option<&'static Adapter> {
+    adapter(name).filter(|a| a.channel == Channel::Sms)
+}
+
+/// The adapters of channels of their own whose variable is set, configured.
+pub fn channel_adapters(vars: &Vars, ctx: &Context) -> Result<Vec<Arc<dyn Configured>>, VarError> {
+    let mut on = Vec::new();
+    for a in ADAPTERS {
+        if let Channel::Own { enabled_by, .. } = a.channel
+            && vars.get(enabled_by).is_some()
+        {
+            on.push((a.configure)(vars, ctx)?);
+        }
+    }
+    Ok(on)
+}
+
 /// Every adapter's name, in order.
 pub fn names() -> impl Iterator<Item = &'static str> {
     ADAPTERS.iter().map(|a| a.name)
@@ -56,6 +75,39 @@ pub struct Adapter {
     pub configure: ConfigureFn,
     /// Its receipt endpoint, if it has one.
     pub receipts: Option<Receipts>,
+    /// Which addresses it carries, and what turns it on.
+    pub channel: Channel,
+}
+
+/// Which addresses an adapter carries ([`Recipient::channel`]), and what
+/// turns it on.
+///
+/// [`Recipient::channel`]: crate::domain::Recipient::channel
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    /// Phone numbers: on when `SENDONCE_PROVIDER` (or a route of
+    /// `SENDONCE_ROUTES`) names it, in the order named.
+    Sms,
+    /// The addresses of a channel of its own (`telegram:<chat_id>`): on
+    /// when its variable `enabled_by` is set, and then the one adapter of
+    /// that channel. `SENDONCE_PROVIDER` and routes cannot name it: a chat
+    /// never falls back to SMS, nor a number to a chat.
+    Own {
+        name: &'static str,
+        enabled_by: &'static str,
+    },
+}
+
+impl Channel {
+    /// The channel's name, as [`Recipient::channel`] says it.
+    ///
+    /// [`Recipient::channel`]: crate::domain::Recipient::channel
+    pub fn name(self) -> &'static str {
+        match self {
+            Channel::Sms => "sms",
+            Channel::Own { name, .. } => name,
+        }
+    }
 }
 
 /// Parses an adapter's settings from its variables.

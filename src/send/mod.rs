@@ -134,7 +134,17 @@ impl Sends {
 
     /// What a message to `request`'s number through `provider` is
     /// estimated to cost this tenant.
+    /// A Telegram chat's message costs nothing (bot messages are free) and
+    /// is not international (the cap guards against SMS pumping; a chat has
+    /// no country): it counts toward no cap.
     fn charge(&self, tenant: &TenantAuth, request: &SendRequest, provider: &str) -> Charge {
+        if request.to.phone().is_none() {
+            return Charge {
+                micros: 0,
+                currency: self.prices.currency().to_string(),
+                international: false,
+            };
+        }
         let country = request.to_country.as_deref();
         Charge {
             micros: self
@@ -193,7 +203,7 @@ impl Sends {
             .deliverer
             .first_route(request.to.as_str(), request.from.as_deref());
         check_policy(&request, tenant, self.max_segments, via.is_some())?;
-        let via = via.ok_or_else(no_route)?;
+        let via = via.ok_or_else(|| ApiError::invalid("to", unreachable(&request.to)))?;
         let due =
             schedule::start_at(request.send_at, now).map_err(|e| ApiError::Validation(vec![e]))?;
         let due = start_with_quiet_hours(&request, tenant, due, now);
@@ -458,6 +468,18 @@ fn start_with_quiet_hours(
 pub const NO_ROUTE: &str =
     "no route covers this number: this service sends only to the prefixes its operator routes";
 
+/// Why the service has no way to `to`: no route covers the number, or a
+/// Telegram chat with no bot configured.
+pub fn unreachable(to: &Recipient) -> &'static str {
+    match to {
+        Recipient::Sms(_) => NO_ROUTE,
+        Recipient::Telegram(_) => NO_BOT,
+    }
+}
+
+/// Why a `telegram:` address is refused when no bot is configured.
+pub const NO_BOT: &str = "this service has no Telegram bot (TELEGRAM_BOT_TOKEN is not set): telegram: addresses are refused";
+
 /// The 400 for a number no route covers.
 pub fn no_route() -> ApiError {
     ApiError::invalid("to", NO_ROUTE)
@@ -486,7 +508,7 @@ fn check_policy(
 ) -> Result<(), ApiError> {
     let mut errors = Vec::new();
     if !routed {
-        errors.push(FieldError::new("to", NO_ROUTE));
+        errors.push(FieldError::new("to", unreachable(&request.to)));
     }
     if request.segments.segments > max_segments {
         errors.push(FieldError {
@@ -497,8 +519,18 @@ fn check_policy(
             ),
         });
     }
-    errors.extend(country_refused(tenant, request.to_country.as_deref()));
-    if !tenant.may_send_as(request.from.as_deref()) {
+    // Country allow-lists and senders are about numbers: a Telegram chat
+    // has no country, and goes as the bot.
+    let sms = request.to.phone().is_some();
+    if sms {
+        errors.extend(country_refused(tenant, request.to_country.as_deref()));
+    } else if request.from.is_some() {
+        errors.push(FieldError::new(
+            "from",
+            "a Telegram message is sent as the bot: leave `from` out",
+        ));
+    }
+    if sms && !tenant.may_send_as(request.from.as_deref()) {
         errors.push(FieldError {
             field: "from".into(),
             message: if tenant.allowed_senders.is_some() {

@@ -20,6 +20,7 @@ use uuid::Uuid;
 use crate::domain::{MessageError, MessageId};
 
 pub mod admin;
+pub mod channels;
 pub mod console;
 pub mod error;
 pub mod postgres;
@@ -34,6 +35,7 @@ pub mod verification;
 pub mod webhooks;
 
 pub use admin::AdminStore;
+pub use channels::{ChannelStore, TakeUpdate, Taken};
 pub use console::{
     ConsoleStore, MessageSummary, MessageWebhookAttempt, MessageWebhookDelivery, NewSession,
     OverviewCounts, SessionRecord,
@@ -90,6 +92,7 @@ pub trait Store:
     + ConsoleStore
     + WebhookStore
     + SpendStore
+    + ChannelStore
     + Send
     + Sync
     + 'static
@@ -109,6 +112,7 @@ impl<T> Store for T where
         + ConsoleStore
         + WebhookStore
         + SpendStore
+        + ChannelStore
         + Send
         + Sync
         + 'static

@@ -473,6 +473,10 @@ pub struct Finish {
     pub response: StoredResponse,
     /// The attempt this closes, if one is open.
     pub attempt: Option<AttemptResult>,
+    /// An address to add to the tenant's opt-outs with this write (source
+    /// `provider`): a Telegram chat whose user blocked the bot, recorded in
+    /// the same transaction as the refusal that says so.
+    pub opt_out: Option<String>,
 }
 
 /// A fenced write that records an attempt and waits for the next one without

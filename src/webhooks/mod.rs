@@ -23,6 +23,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "message.unknown",
     "message.delivered",
     "message.undelivered",
+    "message.received",
     "verification.approved",
     "verification.max_attempts_reached",
     "verification.expired",

@@ -452,6 +452,7 @@ async fn sent(f: &Fixture, key: &str, pmid: &str) -> MessageId {
                 body: b"{}".to_vec(),
             },
             attempt: None,
+            opt_out: None,
         })
         .await
         .unwrap();

@@ -88,6 +88,8 @@ mod smsc;
 mod spend;
 mod sqlite_writer;
 mod store;
+mod telegram;
+mod telegram_updates;
 mod twilio;
 mod twilio_reconcile;
 mod verify;

@@ -507,6 +507,7 @@ async fn a_receipt_that_overtakes_the_send_is_applied_when_the_send_is_recorded(
                 body: b"{}".to_vec(),
             },
             attempt: None,
+            opt_out: None,
         })
         .await
         .unwrap();

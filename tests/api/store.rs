@@ -125,6 +125,7 @@ async fn finishing_writes_are_fenced_on_the_lease(backend: Backend) {
             body: body.as_bytes().to_vec(),
         },
         attempt: None,
+        opt_out: None,
     };
     assert!(
         a.start_attempt(m.id, &old, later, None)
@@ -173,6 +174,7 @@ async fn purge_keeps_what_is_still_processing(backend: Backend) {
             body: b"{}".to_vec(),
         },
         attempt: None,
+        opt_out: None,
     })
     .await
     .unwrap();

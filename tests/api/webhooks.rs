@@ -494,6 +494,7 @@ async fn the_outbox_survives_a_crash_before_delivery(backend: Backend) {
                 body: b"{}".to_vec(),
             },
             attempt: None,
+            opt_out: None,
         })
         .await
         .expect("finish");
@@ -807,6 +808,7 @@ async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
                 body: serde_json::to_vec(&json!({ "n": i })).expect("json"),
             },
             attempt: None,
+            opt_out: None,
         });
     }
     let before = store.batch_sizes().map(|s| s.totals(BatchKind::Finish));

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::registry::{
+use super::super::registry::{Channel, 
     Adapter, Configured, Context, Receipts, Var, VarError, Vars, http_url,
 };
 use super::super::{Provider, ProviderError};
@@ -21,6 +21,7 @@ pub const ADAPTER: Adapter = Adapter {
         configure: super::receipts::configure,
         get: false,
     }),
+    channel: Channel::Sms,
 };
 
 pub const URL: &str = "SENDONCE_HTTP_PROVIDER_URL";

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::registry::{Adapter, Configured, Context, Receipts, Var, VarError, Vars};
+use super::super::registry::{Channel, Adapter, Configured, Context, Receipts, Var, VarError, Vars};
 use super::super::{Provider, ProviderError};
 use super::receipts::{RECEIPT_SECRET, SECRET_PARAM};
 use super::{InfobipProvider, InfobipSettings, STATUS_PATH};
@@ -19,6 +19,7 @@ pub const ADAPTER: Adapter = Adapter {
         get: false,
         configure: super::receipts::configure,
     }),
+    channel: Channel::Sms,
 };
 
 pub const API_KEY: &str = "INFOBIP_API_KEY";

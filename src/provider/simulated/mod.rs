@@ -7,7 +7,7 @@ use uuid::Uuid;
 use std::any::Any;
 use std::sync::Arc;
 
-use super::registry::{Adapter, Configured, Context, VarError, Vars};
+use super::registry::{Channel, Adapter, Configured, Context, VarError, Vars};
 use super::{OutgoingSms, Provider, ProviderError, SendOutcome};
 
 /// The `simulated` adapter in the registry: no variables, no receipts.
@@ -16,6 +16,7 @@ pub const ADAPTER: Adapter = Adapter {
     vars: &[],
     configure,
     receipts: None,
+    channel: Channel::Sms,
 };
 
 fn configure(_vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError> {

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::registry::{Adapter, Configured, Context, Var, VarError, Vars};
+use super::super::registry::{Adapter, Channel, Configured, Context, Var, VarError, Vars};
 use super::super::{Provider, ProviderError};
 use super::SmppProvider;
 
@@ -15,6 +15,7 @@ pub const ADAPTER: Adapter = Adapter {
     vars: &VARS,
     configure,
     receipts: None,
+    channel: Channel::Sms,
 };
 
 pub const HOST: &str = "SMPP_HOST";

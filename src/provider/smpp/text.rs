@@ -75,7 +75,9 @@ pub fn parts(body: &str, reference: u8) -> Vec<Part> {
                 None => (8, ucs2_units(body), 140, 134),
             }
         }
-        Encoding::Ucs2 => (8, ucs2_units(body), 140, 134),
+        // `count` never answers UTF-8 for a body (that is a Telegram
+        // chat's, counted elsewhere); were it to, UCS-2 carries any text.
+        Encoding::Ucs2 | Encoding::Utf8 => (8, ucs2_units(body), 140, 134),
     };
     let total: usize = units.iter().map(Vec::len).sum();
     if total <= single {

@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use super::super::registry::{
+use super::super::registry::{Channel, 
     Adapter, Configured, Context, Receipts, Var, VarError, Vars, http_url,
 };
 use super::super::{Provider, ProviderError};
@@ -20,6 +20,7 @@ pub const ADAPTER: Adapter = Adapter {
         configure: super::receipts::configure,
         get: false,
     }),
+    channel: Channel::Sms,
 };
 
 pub const BASE_URL: &str = "TWILIO_BASE_URL";

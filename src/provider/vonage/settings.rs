@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use super::super::registry::{
+use super::super::registry::{Channel, 
     Adapter, Configured, Context, Receipts, Var, VarError, Vars, http_url,
 };
 use super::super::{Provider, ProviderError};
@@ -22,6 +22,7 @@ pub const ADAPTER: Adapter = Adapter {
         // GET (query string) or POST (form or JSON).
         get: true,
     }),
+    channel: Channel::Sms,
 };
 
 pub const API_KEY: &str = "VONAGE_API_KEY";

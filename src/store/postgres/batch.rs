@@ -371,7 +371,9 @@ async fn finish_batch(store: &PgStore, items: Vec<Finish>) -> Vec<Result<bool, S
     let mut seen = std::collections::HashSet::new();
     let (mut batch, mut alone): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
     for (i, f) in items.iter().enumerate() {
-        if seen.insert(f.id.0) {
+        // One that also opts its address out goes alone (`finish_one`
+        // writes both in one statement).
+        if f.opt_out.is_none() && seen.insert(f.id.0) {
             batch.push(i);
         } else {
             alone.push(i);

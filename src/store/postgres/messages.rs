@@ -234,6 +234,10 @@ impl PgStore {
                 UPDATE attempts SET finished_at = $11, outcome = $12, http_status = $13, \
                     provider_code = $14, error = $15, provider_message_id = $16 \
                 WHERE message_id = (SELECT id FROM m) AND number = $10 AND finished_at IS NULL), \
+             o AS ( \
+                INSERT INTO opt_outs (tenant_id, number, source, created_at) \
+                SELECT tenant_id, $17::text, 'provider', $7 FROM m WHERE $17::text IS NOT NULL \
+                ON CONFLICT (tenant_id, number) DO NOTHING), \
              {EVENT_FROM_M} \
              SELECT count(*) FROM m",
         )))
@@ -253,6 +257,7 @@ impl PgStore {
         .bind(a.and_then(|a| a.provider_code.clone()))
         .bind(a.and_then(|a| a.error.clone()))
         .bind(a.and_then(|a| a.provider_message_id.clone()))
+        .bind(&f.opt_out)
         .fetch_one(&self.pool)
         .await?;
         Ok(n == 1)

@@ -32,6 +32,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub(crate) mod admin;
+pub(crate) mod channels;
 pub(crate) mod console;
 pub(crate) mod maintenance;
 pub(crate) mod messages;

@@ -213,6 +213,17 @@ async fn finish(c: &mut SqliteConnection, f: &Finish) -> Result<bool, StoreError
     if let Some(a) = &f.attempt {
         close_attempt(c, f.id, a).await?;
     }
+    if let Some(address) = &f.opt_out {
+        sqlx::query(
+            "INSERT INTO opt_outs (tenant_id, number, source, created_at) VALUES (?, ?, 'provider', ?) \
+             ON CONFLICT (tenant_id, number) DO NOTHING",
+        )
+        .bind(tenant_id)
+        .bind(address)
+        .bind(db(f.updated_at))
+        .execute(&mut *c)
+        .await?;
+    }
     // The outbox row, in the same transaction as the final write.
     super::webhooks::enqueue_event(
         c,

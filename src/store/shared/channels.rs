@@ -1,0 +1,91 @@
+//! Taking a channel's inbound update once: once for both backends.
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::per_backend;
+use crate::provider::telegram::updates::Effect;
+use crate::store::time::db;
+use crate::store::{ChannelStore, StoreError, TakeUpdate, Taken};
+
+const TENANT: &str = "SELECT id FROM tenants WHERE name = $1";
+
+/// Inserts the row, or takes over one older than `$4` (a restarted id);
+/// a row back means the update is new. On Postgres a concurrent insert of
+/// the same key waits for the first transaction and then finds it.
+const TAKE: &str = "INSERT INTO telegram_updates (bot_id, update_id, received_at) \
+     VALUES ($1, $2, $3) ON CONFLICT (bot_id, update_id) DO UPDATE \
+     SET received_at = excluded.received_at WHERE telegram_updates.received_at < $4 \
+     RETURNING update_id";
+
+const OPT_OUT: &str = "INSERT INTO opt_outs (tenant_id, number, source, created_at) \
+     VALUES ($1, $2, 'inbound', $3) ON CONFLICT (tenant_id, number) DO NOTHING";
+
+const OPT_IN: &str = "DELETE FROM opt_outs WHERE tenant_id = $1 AND number = $2";
+
+const PURGE: &str = "DELETE FROM telegram_updates WHERE (bot_id, update_id) IN ( \
+     SELECT bot_id, update_id FROM telegram_updates WHERE received_at < $1 \
+     ORDER BY received_at LIMIT $2)";
+
+per_backend! {
+    #[async_trait]
+    impl ChannelStore for Driver {
+        async fn take_telegram_update(&self, u: &TakeUpdate) -> Result<Taken, StoreError> {
+            let u = u.clone();
+            self.write_tx(move |c| {
+                Box::pin(async move {
+                    let tenant: Option<Uuid> = sqlx::query_scalar(TENANT)
+                        .bind(&u.tenant)
+                        .fetch_optional(&mut *c)
+                        .await?;
+                    let Some(tenant) = tenant else {
+                        return Ok(Taken::NoTenant);
+                    };
+                    let taken: Option<i64> = sqlx::query_scalar(TAKE)
+                        .bind(u.bot_id)
+                        .bind(u.update_id)
+                        .bind(db(u.received_at))
+                        .bind(db(u.restarted_before))
+                        .fetch_optional(&mut *c)
+                        .await?;
+                    if taken.is_none() {
+                        return Ok(Taken::Repeat);
+                    }
+                    if let Effect::Received { address, event, opt_out } = &u.effect {
+                        Driver::enqueue_event(c, tenant, "message.received", None, event, u.received_at)
+                            .await?;
+                        match opt_out {
+                            Some(true) => {
+                                sqlx::query(OPT_OUT)
+                                    .bind(tenant)
+                                    .bind(address)
+                                    .bind(db(u.received_at))
+                                    .execute(&mut *c)
+                                    .await?;
+                            }
+                            Some(false) => {
+                                sqlx::query(OPT_IN)
+                                    .bind(tenant)
+                                    .bind(address)
+                                    .execute(&mut *c)
+                                    .await?;
+                            }
+                            None => {}
+                        }
+                    }
+                    Ok(Taken::New)
+                })
+            })
+            .await
+        }
+
+        async fn purge_telegram_updates(
+            &self,
+            cutoff: OffsetDateTime,
+            batch: u32,
+        ) -> Result<u64, StoreError> {
+            self.purge_rows(PURGE, cutoff, batch).await
+        }
+    }
+}

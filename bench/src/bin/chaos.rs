@@ -1939,6 +1939,67 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_over_smpp_needs_a_cut_off_submit() {
+        let submit = |session: u64, answer: &str, udh, at_ms| Submit {
+            session,
+            dest: "14155550001".into(),
+            text: "x".into(),
+            udh,
+            answer: answer.into(),
+            at_ms,
+        };
+        let attempt = |outcome: &str, error: &str, started, finished| AttemptTimes {
+            outcome: Some(outcome.into()),
+            error: Some(error.into()),
+            started,
+            finished: Some(finished),
+        };
+        let none = HashMap::new();
+        let ok = submit(1, "ok", None, 10_000);
+        // Answered at once on a session that stayed up, with nothing else
+        // going on: nothing cut it off.
+        let amb = attempt("ambiguous", "the SMPP session dropped", 9_990, 10_050);
+        assert_eq!(unknown_cause(&[&ok], &none, &[amb], &[]), None);
+        // A submit taken and never answered.
+        let silent = submit(1, "silent", None, 10_000);
+        assert!(unknown_cause(&[&silent], &none, &[], &[]).is_some());
+        // Its session closed right after it, or long after it.
+        let soon = HashMap::from([(1, 10_500)]);
+        let late = HashMap::from([(1, 15_000)]);
+        assert!(unknown_cause(&[&ok], &soon, &[], &[]).is_some());
+        assert_eq!(unknown_cause(&[&ok], &late, &[], &[]), None);
+        // An attempt left open, taken over.
+        let lost = attempt("lost", "cannot be asked", 9_990, 14_000);
+        assert!(unknown_cause(&[&ok], &none, &[lost], &[]).is_some());
+        // A hit during the ambiguous attempt, and one long before it.
+        let amb = || {
+            attempt(
+                "ambiguous",
+                "no submit_sm_resp within the timeout",
+                9_990,
+                10_200,
+            )
+        };
+        assert!(unknown_cause(&[&ok], &none, &[amb()], &[(10_100, 10_100)]).is_some());
+        assert_eq!(
+            unknown_cause(&[&ok], &none, &[amb()], &[(1_000, 2_000)]),
+            None
+        );
+        // A later part refused after the first was taken.
+        let p1 = submit(1, "ok", Some((7, 2, 1)), 10_000);
+        let p2 = submit(1, "0x0B", Some((7, 2, 2)), 10_010);
+        assert!(unknown_cause(&[&p1, &p2], &none, &[], &[]).is_some());
+        // A timeout that took the whole second.
+        let slow = attempt(
+            "ambiguous",
+            "no submit_sm_resp within the timeout",
+            9_990,
+            11_000,
+        );
+        assert!(unknown_cause(&[&ok], &none, &[slow], &[]).is_some());
+    }
+
+    #[test]
     fn every_key_has_a_body_of_its_own() {
         assert_ne!(body_of(1), body_of(10_001));
         assert_eq!(to_of(1), to_of(10_001));

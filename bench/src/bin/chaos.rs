@@ -347,6 +347,11 @@ impl Run {
         } else {
             0
         };
+        // A request waits this long for its send before answering 202.
+        // Over SMPP sends wait for binds after every drop: a request
+        // waiting 2 s would be cut by the next hit on its instance (every
+        // ~2 s at CI's fault rate) again and again, never answered.
+        let sync_wait = if self.args.smpp() { "500" } else { "2000" };
         cmd.env("DATABASE_URL", &self.database_url)
             .env("SENDONCE_BOOTSTRAP_API_KEY", &self.api_key)
             .env(
@@ -360,7 +365,7 @@ impl Run {
             .env("SENDONCE_RETRY_MAX_ATTEMPTS", "30")
             .env("SENDONCE_RETRY_DEADLINE_SECS", (600 + stepped).to_string())
             .env("SENDONCE_RETRY_AFTER_MAX_SECS", "2")
-            .env("SENDONCE_SYNC_WAIT_MS", "2000")
+            .env("SENDONCE_SYNC_WAIT_MS", sync_wait)
             .env("SENDONCE_SHUTDOWN_GRACE_SECS", "1")
             .env("SENDONCE_DB_MAX_CONNECTIONS", "8")
             // The run is one tenant hammering one number range on purpose.

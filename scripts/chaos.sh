@@ -3,7 +3,9 @@
 # hits instances under load with SIGKILLs, SIGTERMs and pauses, and with
 # --clock-step steps the database's clock (see bench/src/bin/chaos.rs).
 # Arguments go to the driver, e.g. scripts/chaos.sh --keys 5000 --restart-postgres,
-# scripts/chaos.sh --clock-step, scripts/chaos.sh --provider http.
+# scripts/chaos.sh --clock-step, scripts/chaos.sh --provider http,
+# scripts/chaos.sh --provider smpp (the npm smpp SMSC, testkit/smsc/, which
+# scripts/smsc.sh installs on first use: needs Node.js and npm).
 # CHAOS_PROFILE=debug uses a debug build (CI's smoke run).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,13 +10,19 @@
 //   {"event":"submit","session":S,"seq":..,"source":..,"dest":..,
 //    "data_coding":..,"esm_class":..,"registered_delivery":..,
 //    "udh":{"ref":..,"total":..,"part":..}|null,"short_message":"hex",
-//    "text":"decoded body part","answer":"ok"|"0x..."|"silent",
+//    "text":"decoded body part","answer":"ok"|"0x..."|"silent"|"drop",
 //    "message_id":..|null,"at_ms":wall clock,"outstanding":n}
 //   {"event":"deliver_sm_resp","session":S,"seq":..,"status":..}
-//   {"event":"closed","session":S}
+//   {"event":"closed","session":S,"at_ms":wall clock}
 //   {"event":"done","cmd":n}  after each command
 // In (stdin):
-//   {"cmd":"config","password":..,"answer":"ok"|"0x58"|..|"silent","delay_ms":n}
+//   {"cmd":"config","password":..,"answer":"ok"|"0x58"|..|"silent"|"drop","delay_ms":n,
+//    "faults":[["0x58",0.05],["silent",0.01],..]}
+//     answers: "ok" accepts (a message_id); "0x.." answers that status;
+//     "silent" takes the submit and never answers; "drop" takes it and
+//     destroys its session without answering (dropped mid-window).
+//     "faults": for each submit with no queued answer, each answer of the
+//     list is drawn with its probability, else the configured one.
 //   {"cmd":"queue","answers":["0x58","ok",..]}  one-shot answers first
 //   {"cmd":"drop"}        destroys every session
 //   {"cmd":"deliver","message_id":..,"stat":"DELIVRD","err":"000"}
@@ -40,7 +46,7 @@ const arg = (name) => {
   const i = args.indexOf(name);
   return i >= 0 ? args[i + 1] : undefined;
 };
-const config = { password: 'secret', answer: 'ok', delay_ms: 0 };
+const config = { password: 'secret', answer: 'ok', delay_ms: 0, faults: [] };
 const queue = [];
 const sessions = new Set();
 let nextSession = 0;
@@ -95,6 +101,17 @@ function readSubmit(raw) {
   return { source, dest, esm_class, registered_delivery, data_coding, udh, short_message: sm.toString('hex'), text };
 }
 
+// The answer to a submit: one of the faults drawn by its probability, else
+// the configured answer.
+function draw() {
+  let roll = Math.random();
+  for (const [answer, p] of config.faults) {
+    if (roll < p) return answer;
+    roll -= p;
+  }
+  return config.answer;
+}
+
 function onSession(session) {
   const id = ++nextSession;
   session.id = id;
@@ -103,7 +120,7 @@ function onSession(session) {
   session.on('error', () => {});
   session.on('close', () => {
     sessions.delete(session);
-    out({ event: 'closed', session: id });
+    out({ event: 'closed', session: id, at_ms: Date.now() });
   });
   session.on('bind_transceiver', (pdu) => {
     const ok = pdu.password === config.password;
@@ -122,13 +139,18 @@ function onSession(session) {
   });
   session.on('submit_sm', (pdu) => {
     const s = readSubmit(pdu._raw);
-    const answer = queue.length ? queue.shift() : config.answer;
+    const answer = queue.length ? queue.shift() : draw();
     session.outstanding += 1;
     const ev = Object.assign({ event: 'submit', session: id, seq: pdu.sequence_number }, s, {
       answer, message_id: null, at_ms: Date.now(), outstanding: session.outstanding,
     });
     if (answer === 'silent') {
       out(ev);
+      return;
+    }
+    if (answer === 'drop') {
+      out(ev);
+      session.destroy();
       return;
     }
     const status = answer === 'ok' ? 0 : parseInt(answer, 16);
@@ -156,7 +178,7 @@ readline.createInterface({ input: process.stdin }).on('line', (line) => {
   cmds += 1;
   switch (c.cmd) {
     case 'config':
-      for (const k of ['password', 'answer', 'delay_ms']) if (k in c) config[k] = c[k];
+      for (const k of ['password', 'answer', 'delay_ms', 'faults']) if (k in c) config[k] = c[k];
       break;
     case 'queue':
       queue.push(...c.answers);

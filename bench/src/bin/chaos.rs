@@ -23,6 +23,26 @@
 //! close; a phone getting one SMS twice through either or both providers
 //! counts as a duplicate.
 //!
+//! `--provider smpp` runs every instance as an SMPP client
+//! (`SENDONCE_PROVIDER=smpp`, two binds each) of the npm `smpp` package's
+//! server (`testkit/smsc/smsc.js`, the SMPP adapter's test SMSC, started
+//! through `scripts/smsc.sh`), which never de-duplicates and reports every
+//! `submit_sm` it receives. Messages created are counted there per
+//! destination and body: a single-part submit it took (accepted, or held
+//! without an answer) is one message, the parts taken under one
+//! concatenation reference are one message, and a part taken twice under one
+//! reference counts again (every fifth key's body is a three-part UCS-2
+//! message, every fifth a two-part GSM-7 one). Faults at the SMSC: throttled
+//! (0x58, `--rate-limit`), message queue full (0x14, `--fail-500`), a submit
+//! taken and never answered (`--hang`), one taken and its session destroyed
+//! without an answer (`--accept-then-drop`; `--accept-then-500` has no SMPP
+//! meaning), and every session dropped at once every ~`--smsc-drop-every-ms`.
+//! SMPP cannot be asked whether a message was sent, so a message cut off
+//! mid-submit ends `unknown`, never resent: each `unknown` key must have a
+//! cause the run can show (a submit the SMSC held unanswered, a session that
+//! closed within seconds of its submit, an attempt left open by an instance
+//! the run hit, or a fault that overlapped its attempt), else the run fails.
+//!
 //! The mock runs inside this process (testkit's [`MockProvider`], the one
 //! the `mock-provider` binary serves), so that at the end the run reads its
 //! counts per (To, Body). After the load it waits for every key to be final
@@ -50,6 +70,7 @@ use rand::seq::SliceRandom;
 use sendonce_bench::db::{Database, create_database, drop_database};
 use sendonce_bench::pg::{Cluster, clock_ahead, find_libfaketime};
 use sendonce_bench::procs::{self, free_port};
+use sendonce_bench::smsc::{self, Smsc, Submit};
 use sqlx::{Connection, PgConnection};
 use testkit::mock_provider::{Dedup, Faults, MockProvider};
 use tokio::process::{Child, Command};
@@ -76,6 +97,9 @@ enum ProviderChoice {
     Twilio,
     /// The mock's `/messages`, de-duplicating as the IETF draft says.
     Http,
+    /// SMPP v3.4 to the npm `smpp` package's SMSC: no de-duplication, no
+    /// lookup.
+    Smpp,
 }
 
 #[derive(Parser, Debug)]
@@ -111,8 +135,9 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     max_paused: usize,
     /// The provider: `twilio` (Twilio's API at the mock, which never
-    /// de-duplicates) or `http` (the mock's `/messages`, de-duplicating on
-    /// `Idempotency-Key` as the `http` contract requires). Ignored with
+    /// de-duplicates), `http` (the mock's `/messages`, de-duplicating on
+    /// `Idempotency-Key` as the `http` contract requires) or `smpp` (the npm
+    /// SMSC, which never de-duplicates and cannot be asked). Ignored with
     /// --two-providers.
     #[arg(long, value_enum, default_value_t = ProviderChoice::Twilio)]
     provider: ProviderChoice,
@@ -172,6 +197,10 @@ struct Args {
     accept_then_drop: f64,
     #[arg(long, default_value_t = 0.02)]
     accept_then_500: f64,
+    /// With --provider smpp: mean time between two drops of every session
+    /// at the SMSC, in ms (0: none).
+    #[arg(long, default_value_t = 3000)]
+    smsc_drop_every_ms: u64,
     /// Run every instance with two providers (Twilio first, then http),
     /// both on the mock, with a circuit that opens after 3 failures in a
     /// row and probes after 2 s.
@@ -212,6 +241,11 @@ impl Args {
         if self.clock_step && self.hosts.is_some() {
             return Err("--clock-step runs a cluster of its own: not with --hosts".into());
         }
+        if self.smpp() && self.keys > 10_000 {
+            // Each key has a number of its own: the SMSC's counts are per
+            // destination (a long message's parts carry no key).
+            return Err("--provider smpp: at most 10000 --keys".into());
+        }
         if self.clock_step && Duration::from_secs(self.clock_step_secs) <= LEASE {
             return Err(format!(
                 "--clock-step-secs must be more than the lease ({} s)",
@@ -227,7 +261,12 @@ impl Args {
             (true, _) => "twilio,http",
             (false, ProviderChoice::Twilio) => "twilio",
             (false, ProviderChoice::Http) => "http",
+            (false, ProviderChoice::Smpp) => "smpp",
         }
+    }
+
+    fn smpp(&self) -> bool {
+        self.providers() == "smpp"
     }
 
     fn uses_http(&self) -> bool {
@@ -259,6 +298,11 @@ struct Run {
     /// The run's own cluster (with --restart-postgres or --clock-step): the
     /// only one it restarts or whose clock it steps.
     cluster: Option<Cluster>,
+    /// With --provider smpp: the SMSC.
+    smsc: Option<Smsc>,
+    /// When the run hit an instance (this machine's wall clock, ms): a
+    /// SIGKILL or SIGTERM as (at, at), a pause as (SIGSTOP, SIGCONT).
+    hit_at: std::sync::Mutex<Vec<(i64, i64)>>,
 }
 
 impl Run {
@@ -270,6 +314,21 @@ impl Run {
                 .env("TWILIO_ACCOUNT_SID", "AC0123456789abcdef0123456789abcdef")
                 .env("TWILIO_AUTH_TOKEN", "chaos-twilio-token")
                 .env("TWILIO_FROM", "+14155550000");
+        }
+        if let Some(smsc) = &self.smsc {
+            cmd.env("SMPP_HOST", "127.0.0.1")
+                .env("SMPP_PORT", smsc.port.to_string())
+                .env("SMPP_SYSTEM_ID", "chaos")
+                .env("SMPP_PASSWORD", "secret")
+                .env("SMPP_SOURCE_ADDR", "sendonce")
+                .env("SMPP_BINDS", "2")
+                .env("SMPP_WINDOW", "10")
+                .env("SMPP_RATE", "10000")
+                // 1 s is the least SMPP_RESPONSE_TIMEOUT takes (the
+                // provider timeout is 1 s too: whichever ends the call
+                // first, no answer is ambiguous).
+                .env("SMPP_RESPONSE_TIMEOUT", "1")
+                .env("SMPP_ENQUIRE_LINK_INTERVAL", "5");
         }
         if self.args.uses_http() {
             cmd.env(
@@ -288,6 +347,11 @@ impl Run {
         } else {
             0
         };
+        // A request waits this long for its send before answering 202.
+        // Over SMPP sends wait for binds after every drop: a request
+        // waiting 2 s would be cut by the next hit on its instance (every
+        // ~2 s at CI's fault rate) again and again, never answered.
+        let sync_wait = if self.args.smpp() { "500" } else { "2000" };
         cmd.env("DATABASE_URL", &self.database_url)
             .env("SENDONCE_BOOTSTRAP_API_KEY", &self.api_key)
             .env(
@@ -301,7 +365,7 @@ impl Run {
             .env("SENDONCE_RETRY_MAX_ATTEMPTS", "30")
             .env("SENDONCE_RETRY_DEADLINE_SECS", (600 + stepped).to_string())
             .env("SENDONCE_RETRY_AFTER_MAX_SECS", "2")
-            .env("SENDONCE_SYNC_WAIT_MS", "2000")
+            .env("SENDONCE_SYNC_WAIT_MS", sync_wait)
             .env("SENDONCE_SHUTDOWN_GRACE_SECS", "1")
             .env("SENDONCE_DB_MAX_CONNECTIONS", "8")
             // The run is one tenant hammering one number range on purpose.
@@ -313,6 +377,23 @@ impl Run {
             .stdin(Stdio::null())
             .kill_on_drop(true);
         cmd
+    }
+
+    /// Key `k`'s body (see [`body_of`]; over SMPP every fifth is three
+    /// UCS-2 parts and every fifth two GSM-7 parts).
+    fn body(&self, k: usize) -> String {
+        if self.args.smpp() {
+            smpp_body_of(k)
+        } else {
+            body_of(k)
+        }
+    }
+
+    /// Notes that the run hit an instance from `from` to `to` (ms).
+    fn hit(&self, from: i64, to: i64) {
+        if let Ok(mut h) = self.hit_at.lock() {
+            h.push((from, to));
+        }
     }
 
     fn log_path(&self, n: usize) -> PathBuf {
@@ -481,6 +562,10 @@ struct Outcome {
     keys: Vec<(usize, u32, Verdict)>,
     /// Messages the mock created that are no key's (To, Body).
     unmatched: i64,
+    /// With --provider smpp: the times the SMSC dropped every session, and
+    /// per `unknown` key the cause the run found (None: none found).
+    drops: usize,
+    causes: Vec<(usize, Option<&'static str>)>,
 }
 
 async fn run(args: Args) -> Result<bool, String> {
@@ -548,6 +633,16 @@ async fn run_on(
         Dedup::None
     });
     let mock_task = mock.serve(listener);
+    let smsc = if args.smpp() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .ok_or("no repository root")?;
+        let smsc = Smsc::start(root).await?;
+        smsc.set_faults(&smsc_faults(&args)).await?;
+        Some(smsc)
+    } else {
+        None
+    };
     let run = Arc::new(Run {
         sendonce,
         log_dir,
@@ -561,6 +656,8 @@ async fn run_on(
             .map_err(|e| e.to_string())?,
         args,
         cluster,
+        smsc,
+        hit_at: std::sync::Mutex::new(Vec::new()),
     });
     procs::migrate(run.sendonce()).await?;
     let instances = start_instances(&run).await?;
@@ -582,8 +679,10 @@ async fn run_on(
         started,
     ));
     let switcher = tokio::spawn(switch(Arc::clone(&run), Arc::clone(&load)));
+    let dropper = tokio::spawn(drop_sessions(Arc::clone(&run), Arc::clone(&load_done)));
     send_load(&run, &ports, &load).await;
     load_done.store(true, Ordering::SeqCst);
+    let drops = dropper.await.unwrap_or_default();
     let load_ended = Instant::now();
     let load_secs = started.elapsed().as_secs_f64();
     // Every pause is over and every stopped instance started again once
@@ -624,6 +723,7 @@ async fn run_on(
         load_secs,
         hits,
         steps,
+        drops,
         ..outcome
     };
     let ok = report(&run, &load, &outcome) && switch_ok && clock_ok;
@@ -657,12 +757,21 @@ fn print_setup(run: &Run) {
     );
     let dedup = match (a.providers(), a.uses_http()) {
         ("twilio", _) => "Twilio's API never de-duplicates",
+        ("smpp", _) => "the npm smpp SMSC never de-duplicates and cannot be asked",
         (_, true) if a.two_providers => {
             "Twilio's API never de-duplicates; /messages de-duplicates (MOCK_DEDUP=ietf)"
         }
         _ => "/messages de-duplicates (MOCK_DEDUP=ietf)",
     };
-    println!("chaos: provider {} at the mock ({dedup})", a.providers());
+    match &run.smsc {
+        Some(smsc) => println!(
+            "chaos: provider smpp at the npm smpp SMSC on port {} ({dedup}); faults {:?}; every session dropped every ~{} ms",
+            smsc.port,
+            smsc_faults(a),
+            a.smsc_drop_every_ms
+        ),
+        None => println!("chaos: provider {} at the mock ({dedup})", a.providers()),
+    }
     if a.kill_every_ms > 0 {
         let kill = 1.0 - a.sigterm_share - a.pause_share;
         println!(
@@ -696,6 +805,50 @@ fn mock_faults(args: &Args) -> Faults {
         accept_then_drop: args.accept_then_drop,
         accept_then_500: args.accept_then_500,
     }
+}
+
+/// The SMSC's answers other than `ok`, with their probabilities.
+fn smsc_faults(args: &Args) -> Vec<(&'static str, f64)> {
+    vec![
+        ("0x58", args.rate_limit),
+        ("0x14", args.fail_500),
+        ("silent", args.hang),
+        ("drop", args.accept_then_drop),
+    ]
+}
+
+/// With --provider smpp, until the load is done: every so often (a random
+/// half to one and a half --smsc-drop-every-ms) the SMSC destroys every
+/// session, each instance's binds included. The drops made.
+async fn drop_sessions(run: Arc<Run>, load_done: Arc<AtomicBool>) -> usize {
+    let Some(smsc) = &run.smsc else { return 0 };
+    let mean = run.args.smsc_drop_every_ms;
+    if mean == 0 {
+        return 0;
+    }
+    let mut drops = 0;
+    loop {
+        let wait = rand::rng().random_range(mean / 2..=mean * 3 / 2);
+        // Checked every 100 ms, so the load's end is not held up.
+        let until = Instant::now() + Duration::from_millis(wait);
+        while Instant::now() < until && !load_done.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if load_done.load(Ordering::SeqCst) {
+            return drops;
+        }
+        match smsc.drop_sessions().await {
+            Ok(()) => drops += 1,
+            Err(e) => eprintln!("chaos: smsc drop: {e}"),
+        }
+    }
+}
+
+/// This machine's wall clock in ms since the epoch.
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Starts every instance on a free port and waits for each to be healthy.
@@ -833,9 +986,11 @@ async fn kill_loop(
                 let lease = LEASE.as_millis() as u64;
                 let pause = rand::rng().random_range(lease / 2..=lease * 2);
                 run.mark(n, &format!("SIGSTOP pid {pid} for {pause} ms"));
+                let from = now_ms();
                 let stopped = signal(pid, "STOP").await;
                 tokio::time::sleep(Duration::from_millis(pause)).await;
                 let resumed = signal(pid, "CONT").await;
+                run.hit(from, now_ms());
                 run.mark(n, &format!("SIGCONT pid {pid}"));
                 instances.lock().await[n].paused = false;
                 Ended::Resumed {
@@ -864,6 +1019,7 @@ async fn kill_loop(
                     return Ended::Died;
                 }
                 run.mark(n, &format!("SIGTERM pid {pid}"));
+                let from = now_ms();
                 let signalled = signal(pid, "TERM").await;
                 let (slow, clean) = match tokio::time::timeout(TERM_WAIT, child.wait()).await {
                     Ok(status) => {
@@ -879,6 +1035,7 @@ async fn kill_loop(
                         (true, false)
                     }
                 };
+                run.hit(from, now_ms());
                 if let Ok(child) = run.start_instance(port, n).await {
                     instances.lock().await[n].child = Some(child);
                 }
@@ -895,6 +1052,7 @@ async fn kill_loop(
                     &format!("SIGKILL pid {}", child.id().unwrap_or_default()),
                 );
                 procs::kill(&mut child).await; // SIGKILL
+                run.hit(now_ms(), now_ms());
                 hits.sigkills += 1;
             }
             let port = list[n].port;
@@ -1083,13 +1241,32 @@ fn body_of(k: usize) -> String {
     format!("chaos message {}", key_of(k))
 }
 
+/// Key `k`'s body over SMPP: as [`body_of`], except that every fifth is a
+/// long UCS-2 message (three parts of at most 67 characters) and every
+/// fifth a long GSM-7 one (two parts of at most 153).
+fn smpp_body_of(k: usize) -> String {
+    match k % 5 {
+        1 => format!(
+            "chaos message {} \u{2713} {}",
+            key_of(k),
+            "долгое сообщение ".repeat(9)
+        ),
+        3 => format!(
+            "chaos message {} {}",
+            key_of(k),
+            "long gsm text ".repeat(15)
+        ),
+        _ => body_of(k),
+    }
+}
+
 /// One request as a real client makes it: on a refused connection, a 5xx
 /// or a 409, try again (maybe on another instance) until it gets an answer.
 async fn send_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
     let key = key_of(k);
     let body = serde_json::json!({
         "to": to_of(k),
-        "body": body_of(k),
+        "body": run.body(k),
     });
     let deadline = Instant::now() + Duration::from_secs(run.args.client_deadline_secs);
     loop {
@@ -1185,7 +1362,9 @@ async fn settle(run: &Run, database_url: &str, load: &Load) -> Result<Outcome, S
             .map_err(|e| e.to_string())?
             .into_iter()
             .collect();
-    let stats = serde_json::to_value(run.mock.stats()).map_err(|e| e.to_string())?;
+    let mut stats = serde_json::to_value(run.mock.stats()).map_err(|e| e.to_string())?;
+    // With --provider smpp: every submit the SMSC reported, by destination.
+    let submits = run.smsc.as_ref().map(Smsc::submits).unwrap_or_default();
     let by_provider: Vec<(String, i64)> = sqlx::query_as(
         "SELECT provider, count(*) FROM messages GROUP BY provider ORDER BY provider",
     )
@@ -1206,12 +1385,34 @@ async fn settle(run: &Run, database_url: &str, load: &Load) -> Result<Outcome, S
     let mut matched = 0i64;
     for k in 0..run.args.keys {
         let key = key_of(k);
-        let created = run.mock.deliveries_to(&to_of(k), &body_of(k));
+        let created = if run.smsc.is_some() {
+            submits_to(&submits, &to_of(k)).map_or(0, |list| {
+                smsc::created(&list.iter().collect::<Vec<_>>(), &run.body(k)).0
+            })
+        } else {
+            run.mock.deliveries_to(&to_of(k), &body_of(k))
+        };
         matched += i64::from(created);
         let verdict = judge(rows.get(&key).map(String::as_str), created, || {
             acknowledged.contains(&key)
         });
         keys.push((k, created, verdict));
+    }
+    let mut causes = Vec::new();
+    if let Some(smsc) = &run.smsc {
+        stats = smsc_stats(run, &submits, &keys);
+        let closed = smsc.closed();
+        let hits = run.hit_at.lock().map(|h| h.clone()).unwrap_or_default();
+        for (k, _, verdict) in &keys {
+            if !matches!(verdict, Verdict::Unknown { .. }) {
+                continue;
+            }
+            let attempts = attempts_of(&mut db, &key_of(*k)).await?;
+            let mine: Vec<&Submit> = submits_to(&submits, &to_of(*k))
+                .map(|l| l.iter().collect())
+                .unwrap_or_default();
+            causes.push((*k, unknown_cause(&mine, &closed, &attempts, &hits)));
+        }
     }
     let created_total = stats["created"].as_i64().unwrap_or(-1);
     Ok(Outcome {
@@ -1226,7 +1427,146 @@ async fn settle(run: &Run, database_url: &str, load: &Load) -> Result<Outcome, S
         stats,
         keys,
         unmatched: created_total - matched,
+        drops: 0,
+        causes,
     })
+}
+
+/// The submits made to `to` (E.164; on the wire without the `+`).
+fn submits_to<'a>(submits: &'a HashMap<String, Vec<Submit>>, to: &str) -> Option<&'a Vec<Submit>> {
+    submits.get(to.trim_start_matches('+'))
+}
+
+/// The SMSC's counts in the mock's words (`calls`, `created`,
+/// `duplicate_recipient_bodies`, `duplicate_keys`), and its own: submits
+/// taken, refused and left unanswered.
+fn smsc_stats(
+    run: &Run,
+    submits: &HashMap<String, Vec<Submit>>,
+    keys: &[(usize, u32, Verdict)],
+) -> serde_json::Value {
+    let all: Vec<&Submit> = submits.values().flatten().collect();
+    // Every message created, a key's or not: a destination no key has
+    // counts all it took as unmatched.
+    let mut created = 0u64;
+    for (dest, list) in submits {
+        let k = dest
+            .strip_prefix("1415555")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|k| *k < run.args.keys);
+        let list: Vec<&Submit> = list.iter().collect();
+        let (c, unmatched) = match k {
+            Some(k) => smsc::created(&list, &run.body(k)),
+            None => (0, list.iter().filter(|s| s.taken()).count() as u32),
+        };
+        created += u64::from(c) + u64::from(unmatched);
+    }
+    serde_json::json!({
+        "calls": all.len(),
+        "created": created,
+        "duplicate_recipient_bodies": keys.iter().filter(|(_, c, _)| *c > 1).count(),
+        "duplicate_keys": 0,
+        "taken": all.iter().filter(|s| s.taken()).count(),
+        "unanswered": all.iter().filter(|s| s.unanswered()).count(),
+        "refused": all.iter().filter(|s| !s.taken()).count(),
+        "parts": all.iter().filter(|s| s.udh.is_some()).count(),
+        "binds": run.smsc.as_ref().map_or(0, Smsc::binds),
+    })
+}
+
+/// One attempt as the cause of an `unknown` needs it: outcome, error, and
+/// its start and end on this machine's wall clock (ms).
+struct AttemptTimes {
+    outcome: Option<String>,
+    error: Option<String>,
+    started: i64,
+    finished: Option<i64>,
+}
+
+async fn attempts_of(db: &mut PgConnection, key: &str) -> Result<Vec<AttemptTimes>, String> {
+    type Row = (Option<String>, Option<String>, i64, Option<i64>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT a.outcome, a.error, (extract(epoch FROM a.started_at) * 1000)::bigint, \
+         (extract(epoch FROM a.finished_at) * 1000)::bigint \
+         FROM attempts a JOIN messages m ON m.id = a.message_id \
+         WHERE m.idempotency_key = $1 ORDER BY a.number",
+    )
+    .bind(key)
+    .fetch_all(&mut *db)
+    .await
+    .map_err(|e| format!("attempts of {key}: {e}"))?;
+    Ok(rows
+        .into_iter()
+        .map(|(outcome, error, started, finished)| AttemptTimes {
+            outcome,
+            error,
+            started,
+            finished,
+        })
+        .collect())
+}
+
+/// Why a key over SMPP ended `unknown`: the first cause found of those SMPP
+/// allows (a submit cut off), or None. `submits` are those to its number,
+/// `closed` when each SMSC session closed, `hits` when the run hit an
+/// instance (all in ms on this machine's wall clock).
+fn unknown_cause(
+    submits: &[&Submit],
+    closed: &HashMap<u64, i64>,
+    attempts: &[AttemptTimes],
+    hits: &[(i64, i64)],
+) -> Option<&'static str> {
+    /// A session that closed this soon after a submit on it (the 1 s
+    /// response timeout and some slack) cut that submit off; later, the
+    /// client had its answer or had given up on it.
+    const CUT_MS: i64 = 1100;
+    if submits.iter().any(|s| s.unanswered()) {
+        return Some("the SMSC took a submit and never answered it");
+    }
+    if submits.iter().any(|s| {
+        closed
+            .get(&s.session)
+            .is_some_and(|c| *c >= s.at_ms && *c - s.at_ms <= CUT_MS)
+    }) {
+        return Some(
+            "its session closed within 1.1 s of its submit (an SMSC drop or an instance hit)",
+        );
+    }
+    let outcome = |a: &AttemptTimes, o: &str| a.outcome.as_deref() == Some(o);
+    if attempts.iter().any(|a| outcome(a, "lost")) {
+        return Some("an attempt left open by an instance the run hit");
+    }
+    let ambiguous: Vec<&AttemptTimes> = attempts
+        .iter()
+        .filter(|a| outcome(a, "ambiguous"))
+        .collect();
+    if ambiguous.iter().any(|a| {
+        let end = a.finished.unwrap_or(i64::MAX);
+        hits.iter()
+            .any(|(from, to)| a.started <= *to + 1000 && end >= *from)
+    }) {
+        return Some("a SIGKILL, SIGTERM or pause during its attempt");
+    }
+    let parts_cut = submits.iter().any(|s| {
+        s.udh.is_some_and(|(r, _, part)| {
+            !s.taken()
+                && submits
+                    .iter()
+                    .any(|t| t.taken() && t.udh.is_some_and(|(r2, _, p2)| r2 == r && p2 < part))
+        })
+    });
+    if parts_cut {
+        return Some("a later part refused after earlier parts were taken");
+    }
+    if ambiguous.iter().any(|a| {
+        a.error
+            .as_deref()
+            .is_some_and(|e| e.contains("no submit_sm_resp"))
+            && a.finished.is_some_and(|f| f - a.started >= 900)
+    }) {
+        return Some("no submit_sm_resp within the 1 s timeout (a slow answer)");
+    }
+    None
 }
 
 /// One key's verdict from its final status (None: no row) and the messages
@@ -1331,6 +1671,30 @@ fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
     if !unknown_keys.is_empty() {
         println!("unknown keys:       {}", unknown_keys.join(", "));
     }
+    // Over SMPP an `unknown` must be a submit cut off: each one's cause.
+    let mut by_cause: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (_, cause) in &o.causes {
+        *by_cause.entry(cause.unwrap_or("NONE FOUND")).or_default() += 1;
+    }
+    let unexplained = by_cause.get("NONE FOUND").copied().unwrap_or(0);
+    for (cause, n) in &by_cause {
+        println!("unknown, cause:     {n}  {cause}");
+    }
+    if run.smsc.is_some() {
+        println!(
+            "SMSC drops:         {}  (every session destroyed at once)",
+            o.drops
+        );
+        println!(
+            "SMSC submits:       {} ({} parts of long messages): {} taken ({} never answered), {} refused; {} binds",
+            o.stats["calls"],
+            o.stats["parts"],
+            o.stats["taken"],
+            o.stats["unanswered"],
+            o.stats["refused"],
+            o.stats["binds"]
+        );
+    }
     println!("provider calls:     {}", o.stats["calls"]);
     println!("creations:          {creations}  (messages the mock created, over both protocols)");
     if o.unmatched != 0 {
@@ -1408,6 +1772,7 @@ fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
     }
 
     let ok = stuck == 0
+        && unexplained == 0
         && duplicates == 0
         && lost == 0
         && false_finals == 0
@@ -1457,8 +1822,9 @@ async fn explain(run: &Run, database_url: &str, o: &Outcome) {
         }
         let key = key_of(*k);
         println!(
-            "chaos: {kind}: {key} (to {}, {created} created at the mock)",
-            to_of(*k)
+            "chaos: {kind}: {key} (to {}, {created} created at the {})",
+            to_of(*k),
+            if run.smsc.is_some() { "SMSC" } else { "mock" }
         );
         let row: Option<(String, String)> = sqlx::query_as(
             "SELECT replace(id::text, '-', ''), format('status=%s attempts=%s maybe_sent=%s provider=%s provider_message_id=%s lease_owner=%s lease_expires_at=%s next_attempt_at=%s created_at=%s finalized_at=%s error=%s', \
@@ -1498,7 +1864,7 @@ async fn explain(run: &Run, database_url: &str, o: &Outcome) {
         for e in events {
             println!("  {e}");
         }
-        let (to, body) = (to_of(*k), body_of(*k));
+        let (to, body) = (to_of(*k), run.body(*k));
         let calls = run.mock.calls();
         let mine: Vec<&testkit::mock_provider::Call> = calls
             .iter()
@@ -1513,6 +1879,20 @@ async fn explain(run: &Run, database_url: &str, o: &Outcome) {
                 field("To", "to") == to && field("Body", "body") == body
             })
             .collect();
+        if let Some(smsc) = &run.smsc {
+            let submits = smsc.submits();
+            for sub in submits_to(&submits, &to).into_iter().flatten() {
+                println!(
+                    "  smsc: session {} at {} ms: udh {:?} answer {} ({} chars; session closed at {:?})",
+                    sub.session,
+                    sub.at_ms,
+                    sub.udh,
+                    sub.answer,
+                    sub.text.chars().count(),
+                    smsc.closed().get(&sub.session)
+                );
+            }
+        }
         println!(
             "  mock: {} calls for it ({} twilio, {} http)",
             mine.len(),
@@ -1561,6 +1941,67 @@ mod tests {
         assert_eq!(judge(None, 0, yes), Verdict::Lost);
         assert_eq!(judge(None, 0, no), Verdict::Ok);
         assert_eq!(judge(None, 1, no), Verdict::FalseFinal);
+    }
+
+    #[test]
+    fn an_unknown_over_smpp_needs_a_cut_off_submit() {
+        let submit = |session: u64, answer: &str, udh, at_ms| Submit {
+            session,
+            dest: "14155550001".into(),
+            text: "x".into(),
+            udh,
+            answer: answer.into(),
+            at_ms,
+        };
+        let attempt = |outcome: &str, error: &str, started, finished| AttemptTimes {
+            outcome: Some(outcome.into()),
+            error: Some(error.into()),
+            started,
+            finished: Some(finished),
+        };
+        let none = HashMap::new();
+        let ok = submit(1, "ok", None, 10_000);
+        // Answered at once on a session that stayed up, with nothing else
+        // going on: nothing cut it off.
+        let amb = attempt("ambiguous", "the SMPP session dropped", 9_990, 10_050);
+        assert_eq!(unknown_cause(&[&ok], &none, &[amb], &[]), None);
+        // A submit taken and never answered.
+        let silent = submit(1, "silent", None, 10_000);
+        assert!(unknown_cause(&[&silent], &none, &[], &[]).is_some());
+        // Its session closed right after it, or long after it.
+        let soon = HashMap::from([(1, 10_500)]);
+        let late = HashMap::from([(1, 15_000)]);
+        assert!(unknown_cause(&[&ok], &soon, &[], &[]).is_some());
+        assert_eq!(unknown_cause(&[&ok], &late, &[], &[]), None);
+        // An attempt left open, taken over.
+        let lost = attempt("lost", "cannot be asked", 9_990, 14_000);
+        assert!(unknown_cause(&[&ok], &none, &[lost], &[]).is_some());
+        // A hit during the ambiguous attempt, and one long before it.
+        let amb = || {
+            attempt(
+                "ambiguous",
+                "no submit_sm_resp within the timeout",
+                9_990,
+                10_200,
+            )
+        };
+        assert!(unknown_cause(&[&ok], &none, &[amb()], &[(10_100, 10_100)]).is_some());
+        assert_eq!(
+            unknown_cause(&[&ok], &none, &[amb()], &[(1_000, 2_000)]),
+            None
+        );
+        // A later part refused after the first was taken.
+        let p1 = submit(1, "ok", Some((7, 2, 1)), 10_000);
+        let p2 = submit(1, "0x0B", Some((7, 2, 2)), 10_010);
+        assert!(unknown_cause(&[&p1, &p2], &none, &[], &[]).is_some());
+        // A timeout that took the whole second.
+        let slow = attempt(
+            "ambiguous",
+            "no submit_sm_resp within the timeout",
+            9_990,
+            11_000,
+        );
+        assert!(unknown_cause(&[&ok], &none, &[slow], &[]).is_some());
     }
 
     #[test]

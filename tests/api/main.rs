@@ -88,6 +88,7 @@ mod smsc;
 mod spend;
 mod sqlite_writer;
 mod store;
+mod test_mode;
 mod twilio;
 mod twilio_reconcile;
 mod verify;

@@ -211,17 +211,40 @@ async fn every_magic_number_ends_as_the_table_says(backend: Backend) {
         }
         events += hooks_of.len();
     }
-    // Each message's webhook events, in order, at the test endpoint.
+    // Each message's webhook events at the test endpoint and in the events
+    // feed, compared as sets: deliveries of one message may overtake each
+    // other, and a receipt that overtakes the write of the provider's id
+    // can be ordered before `message.sent` in the feed (its transaction's
+    // id is older).
     let hits = hooks.wait_for(events).await;
+    // (On Postgres an event shows in the feed once older transactions end.)
+    let feed = eventually("every event in the feed", || async {
+        let feed = get(&app, &test, "/events?limit=100").await.json();
+        let n = feed["data"].as_array().map_or(0, Vec::len);
+        (n >= events).then_some(feed)
+    })
+    .await;
     for (idem, outcome, _) in &firsts {
         let (_, _, _, hooks_of, _) = expected(*outcome);
-        let got: Vec<String> = hits
+        let mut got: Vec<String> = hits
             .iter()
             .map(|h| h.json())
             .filter(|b| b["data"]["idempotency_key"] == idem.as_str())
             .map(|b| b["type"].as_str().expect("type").to_string())
             .collect();
-        assert_eq!(got, hooks_of, "{idem}");
+        got.sort();
+        let mut want = hooks_of.to_vec();
+        want.sort_unstable();
+        assert_eq!(got, want, "{idem}");
+        let mut written: Vec<&str> = feed["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .filter(|e| e["data"]["idempotency_key"] == idem.as_str())
+            .filter_map(|e| e["type"].as_str())
+            .collect();
+        written.sort_unstable();
+        assert_eq!(written, want, "{idem}: the feed");
     }
     // Nothing reached the configured provider.
     assert_eq!(app.mock.call_count(), 0);
@@ -440,6 +463,58 @@ async fn test_and_live_data_never_meet(backend: Backend) {
         .filter_map(|k| k["test"].as_bool())
         .collect();
     assert_eq!(flags, vec![false, true], "{keys}");
+
+    // A batch item of a test key goes to test mode too.
+    let batch = call(
+        &app,
+        &test,
+        Method::POST,
+        "/messages/batch",
+        Some(json!({ "messages": [
+            { "idempotency_key": "B-1", "to": "+12025550101", "body": "batched" },
+        ]})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        batch.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&batch.bytes)
+    );
+    assert_eq!(batch.json()["results"][0]["message"]["provider"], "test");
+    final_status(&app, &test, "B-1", "failed").await;
+    assert_eq!(get(&app, &live, "/messages/B-1").await.status, 404);
+
+    // Spend caps hold live only: a cap below one message's cost refuses a
+    // live send and none of test mode's.
+    let capped = call(
+        &app,
+        &admin,
+        Method::PATCH,
+        "/admin/tenants/acme",
+        Some(json!({ "spend_caps": { "daily": "0.01" } })),
+        None,
+    )
+    .await;
+    assert_eq!(
+        capped.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&capped.bytes)
+    );
+    let refused = send(&app, &live, "ORDER-CAP", "+14155550100").await;
+    assert_eq!(
+        (refused.status, refused.slug()),
+        (429, "spend-cap-reached".into())
+    );
+    let sent = send(&app, &test, "ORDER-CAP", "+14155550100").await;
+    assert_eq!(sent.status, 201, "{}", String::from_utf8_lossy(&sent.bytes));
+    assert_eq!(
+        sent.json()["cost"]["amount"],
+        "0.10",
+        "the cost it would have live"
+    );
 
     // Disabling the tenant stops its test key too; enabling it, both again.
     for (disabled, status) in [(true, 401), (false, 200)] {

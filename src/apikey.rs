@@ -15,6 +15,8 @@ use uuid::Uuid;
 use crate::store::NewApiKey;
 
 pub const PREFIX: &str = "so_";
+/// How a test-mode key starts (issue 27): it is still a key of [`PREFIX`].
+pub const TEST_PREFIX: &str = "so_test_";
 /// Random bytes in a generated key.
 const RANDOM_BYTES: usize = 24;
 /// Shortest key accepted as a bootstrap key: 128 bits of base64url.
@@ -27,21 +29,41 @@ pub struct GeneratedKey {
 }
 
 pub fn generate() -> GeneratedKey {
-    let mut bytes = [0u8; RANDOM_BYTES];
-    rand::rng().fill_bytes(&mut bytes);
-    let secret = format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes));
-    let stored = stored_form(&secret);
+    generate_in(false)
+}
+
+/// A new key, of test mode (`so_test_`) when `test`.
+pub fn generate_in(test: bool) -> GeneratedKey {
+    let prefix = if test { TEST_PREFIX } else { PREFIX };
+    let secret = loop {
+        let mut bytes = [0u8; RANDOM_BYTES];
+        rand::rng().fill_bytes(&mut bytes);
+        let secret = format!("{prefix}{}", URL_SAFE_NO_PAD.encode(bytes));
+        // A live key never looks like a test key (one in 2^30 would).
+        if test || !secret.starts_with(TEST_PREFIX) {
+            break secret;
+        }
+    };
+    let mut stored = stored_form(&secret);
+    stored.test = test;
     GeneratedKey { secret, stored }
 }
 
-/// What is stored for a given key.
+/// What is stored for a given (live) key. Its listed prefix shows six
+/// characters past `so_`, or past `so_test_` for a test-mode key.
 pub fn stored_form(secret: &str) -> NewApiKey {
+    let shown = if secret.starts_with(TEST_PREFIX) {
+        TEST_PREFIX.len()
+    } else {
+        PREFIX.len()
+    };
     NewApiKey {
         id: Uuid::now_v7(),
         hash: hash(secret),
-        prefix: secret.chars().take(PREFIX.len() + 6).collect(),
+        prefix: secret.chars().take(shown + 6).collect(),
         scopes: crate::scopes::Scopes::DEFAULT,
         label: None,
+        test: false,
     }
 }
 
@@ -116,6 +138,20 @@ mod tests {
         assert_ne!(a.secret, b.secret);
         assert_eq!(a.stored.hash, hash(&a.secret));
         assert!(!a.stored.hash.windows(3).any(|w| w == b"so_"));
+    }
+
+    #[test]
+    fn test_keys_are_prefixed_and_flagged() {
+        let t = generate_in(true);
+        assert!(t.secret.starts_with("so_test_"), "{}", t.secret);
+        assert!(well_formed(&t.secret));
+        assert!(t.stored.test);
+        assert_eq!(t.stored.prefix.len(), "so_test_".len() + 6);
+        assert!(t.stored.prefix.starts_with("so_test_"));
+        let live = generate_in(false);
+        assert!(!live.secret.starts_with("so_test_"));
+        assert!(!live.stored.test);
+        assert_eq!(live.stored.prefix.len(), 3 + 6);
     }
 
     #[test]

@@ -92,6 +92,10 @@ impl App {
             settings.delivery.clone(),
             owner,
         );
+        // A slow test-mode number outlasts the instance's default wait.
+        deliverer
+            .test_provider()
+            .set_sync_wait(settings.server.wait.default);
         let secret = Arc::new(crate::verify::SecretSource::new(
             settings.verify.secret.as_ref().map(|s| s.0.clone()),
             Arc::clone(&store),
@@ -230,6 +234,9 @@ impl App {
             .iter()
             .filter_map(|p| p.start(runtime.clone()))
             .collect();
+        // Test mode's provider takes the receipt handling too (it keeps
+        // nothing running).
+        let _ = deliverer.test_provider().start(runtime.clone());
         let scheduler = Arc::clone(&self.scheduler);
         let scheduler_stop = stop.clone();
         let scheduler_task = tokio::spawn(async move { scheduler.run(scheduler_stop).await });

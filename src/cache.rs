@@ -163,7 +163,11 @@ impl KeyCache {
 
     fn apply(&self, event: &Event) {
         match event {
-            Event::TenantChanged(id) => self.lock().retain(|_, e| e.auth.id != *id),
+            // A live tenant's change (disabled, a setting) holds for the
+            // keys of its test namespace too: they read its row.
+            Event::TenantChanged(id) => self
+                .lock()
+                .retain(|_, e| e.auth.id != *id && e.auth.live_id != Some(*id)),
             Event::Flush => self.lock().clear(),
             Event::Purged(_) => {}
         }
@@ -422,6 +426,7 @@ mod tests {
             quiet_hours: None,
             home_country: None,
             spend_caps: Default::default(),
+            live_id: None,
         }
     }
 
@@ -459,6 +464,24 @@ mod tests {
         assert_eq!(c.get(b"h"), Some(auth(t)));
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(c.get(b"h"), None);
+    }
+
+    #[test]
+    fn a_live_tenant_change_drops_its_test_keys_too() {
+        let n = Notifier::local();
+        let c = KeyCache::new(n.clone(), CacheSettings::default());
+        let (live, shadow, other) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let test_key = TenantAuth {
+            live_id: Some(live),
+            ..auth(shadow)
+        };
+        let ticket = c.ticket();
+        c.put(b"test", &test_key, ticket);
+        c.put(b"other", &auth(other), ticket);
+        assert_eq!(c.get(b"test"), Some(test_key));
+        n.publish(Event::TenantChanged(live));
+        assert_eq!(c.get(b"test"), None);
+        assert_eq!(c.get(b"other"), Some(auth(other)));
     }
 
     #[test]

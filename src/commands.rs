@@ -180,6 +180,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
             let spec = KeySpec {
                 scopes: Scopes::DEFAULT,
                 label: None,
+                test: false,
             };
             let (secret, key) = admin
                 .create_key(&Actor::cli(), name, &spec, now)
@@ -380,9 +381,10 @@ async fn update(store: &dyn Store, name: &str, patch: &TenantPatch) -> Result<()
 
 fn key_text(k: &crate::store::ApiKeyInfo) -> String {
     format!(
-        "{} ({}…, scopes {}{})",
+        "{} ({}…, {}scopes {}{})",
         k.id,
         k.prefix,
+        if k.test { "test mode, " } else { "" },
         k.scopes.to_stored(),
         k.label
             .as_deref()
@@ -480,6 +482,7 @@ pub async fn key(settings: &Settings, command: &KeyCommand) -> Result<(), Comman
             tenant,
             scopes,
             label,
+            test,
         } => {
             let mut named = Vec::new();
             for s in scopes {
@@ -500,6 +503,7 @@ pub async fn key(settings: &Settings, command: &KeyCommand) -> Result<(), Comman
                     Scopes::of(&named)
                 },
                 label: label.clone(),
+                test: *test,
             };
             let (secret, key) = Admin {
                 store: store.as_ref(),
@@ -529,10 +533,11 @@ pub async fn key(settings: &Settings, command: &KeyCommand) -> Result<(), Comman
                     "active"
                 };
                 println!(
-                    "{}\t{}\t{}…\t{}\t{}\t{}\tlast used {}",
+                    "{}\t{}\t{}…\t{}\t{}\t{}\t{}\tlast used {}",
                     k.id,
                     k.tenant_name,
                     k.prefix,
+                    if k.test { "test" } else { "live" },
                     state,
                     k.scopes.to_stored(),
                     k.label.as_deref().unwrap_or("-"),

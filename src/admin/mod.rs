@@ -74,6 +74,9 @@ pub struct AuditRecord {
 pub struct KeySpec {
     pub scopes: Scopes,
     pub label: Option<String>,
+    /// A test-mode key (`so_test_`): of the tenant's test namespace, its
+    /// messages never reaching a real provider.
+    pub test: bool,
 }
 
 /// Why an admin change was refused.
@@ -211,7 +214,7 @@ impl Admin<'_> {
         if !crate::scopes::may_grant(actor.scopes, spec.scopes) {
             return Err(AdminError::Scope(Scope::Admin));
         }
-        let mut key = crate::apikey::generate();
+        let mut key = crate::apikey::generate_in(spec.test);
         key.stored.scopes = spec.scopes;
         key.stored.label.clone_from(&spec.label);
         let audit = Self::entry(
@@ -223,6 +226,7 @@ impl Admin<'_> {
                 "key_id": key.stored.id,
                 "scopes": spec.scopes.iter().map(Scope::as_str).collect::<Vec<_>>(),
                 "label": spec.label,
+                "test": spec.test,
             }),
         );
         let info = self

@@ -128,6 +128,10 @@ pub enum KeyCommand {
         /// A label to recognise the key by in listings and the audit log.
         #[arg(long)]
         label: Option<String>,
+        /// A test-mode key (`so_test_`): its messages go to the simulated
+        /// provider only, apart from live data (docs/api.md, "Test mode").
+        #[arg(long)]
+        test: bool,
     },
     /// Revoke an API key by its id (see `key list`); it is refused at once.
     Revoke { key_id: uuid::Uuid },

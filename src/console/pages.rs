@@ -27,6 +27,9 @@ fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
             body {
                 header {
                     a.brand href="/console" { "sendonce console" }
+                    @if session.is_some_and(Session::is_test) {
+                        span.test-mode { "Test mode: test data only; nothing reaches a provider" }
+                    }
                     @if let Some(s) = session {
                         nav aria-label="Console" {
                             a href="/console/overview" { "Overview" }

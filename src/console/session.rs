@@ -92,6 +92,12 @@ pub struct Session {
 }
 
 impl Session {
+    /// Whether it was signed in with a test-mode key (it sees the tenant's
+    /// test data only): the pages say so.
+    pub fn is_test(&self) -> bool {
+        self.key_prefix.starts_with(crate::apikey::TEST_PREFIX)
+    }
+
     /// Whether this session may add and remove opt-outs.
     pub fn may_edit_opt_outs(&self) -> bool {
         self.scopes.contains(crate::scopes::Scope::OptOuts)

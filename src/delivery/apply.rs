@@ -184,12 +184,12 @@ impl Deliverer {
         }
     }
 
-    /// Logs and counts how a run ended.
-    pub(super) fn record(&self, report: &Report) {
+    /// Logs and counts how a run ended; `mode`: `live` or `test`.
+    pub(super) fn record(&self, report: &Report, mode: &'static str) {
         match report {
             Report::Final(status) => {
-                tracing::info!(status = status.as_str(), "message final");
-                self.metrics.message_final(status.as_str());
+                tracing::info!(status = status.as_str(), mode, "message final");
+                self.metrics.message_final(status.as_str(), mode);
             }
             Report::Rescheduled(at) => {
                 tracing::info!(next_attempt_at = %at, "retry scheduled");

@@ -443,6 +443,7 @@ impl Deliverer {
             validity: msg
                 .expires_at
                 .map(|e| Duration::try_from(e - now).unwrap_or(Duration::ZERO)),
+            attempt: msg.attempts,
         };
         if !crate::verify::crypto::is_sealed(&sms.body) {
             return Ok(sms);

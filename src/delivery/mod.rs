@@ -113,6 +113,11 @@ pub struct Deliverer {
 struct CallSide {
     /// In order: the first is the primary. Never empty.
     providers: Vec<Arc<dyn Provider>>,
+    /// Test mode's provider: the only one a test key's messages (stored
+    /// with its name) ever reach, and one no route or failover leads to.
+    test: Arc<crate::provider::testmode::TestProvider>,
+    /// The same, as the providers are held.
+    test_dyn: Arc<dyn Provider>,
     /// Routes by destination: each names some of `providers`, in its own
     /// order. `None`: every message takes `providers` in order.
     routes: Option<destinations::Routes>,
@@ -175,12 +180,16 @@ impl Deliverer {
         }
         let permits = Arc::new(Semaphore::new(settings.max_concurrent_sends.max(1)));
         let hub = Hub::new(Arc::clone(&store));
+        let test = Arc::new(crate::provider::testmode::TestProvider::default());
+        let test_dyn: Arc<dyn Provider> = Arc::clone(&test) as Arc<dyn Provider>;
         Arc::new(Self {
             store,
             owner,
             hub,
             calls: CallSide {
                 providers,
+                test,
+                test_dyn,
                 routes,
                 circuit_policy,
                 circuits: routing::cache(),
@@ -252,18 +261,40 @@ impl Deliverer {
         })
     }
 
-    /// Every provider this deliverer sends through.
+    /// Where a test key's message starts, and stays: test mode's provider.
+    pub fn test_route() -> crate::verify::Via {
+        crate::verify::Via {
+            provider: crate::provider::testmode::NAME.to_string(),
+            sender: None,
+            route: None,
+        }
+    }
+
+    /// Every provider this deliverer sends through (test mode's aside).
     pub fn providers(&self) -> &[Arc<dyn Provider>] {
         &self.calls.providers
     }
 
+    /// Test mode's provider.
+    pub fn test_provider(&self) -> &Arc<crate::provider::testmode::TestProvider> {
+        &self.calls.test
+    }
+
+    /// The provider called `name`: a configured one, or test mode's.
     fn provider_named_ref(&self, name: &str) -> Option<&Arc<dyn Provider>> {
+        if name == crate::provider::testmode::NAME {
+            return Some(&self.calls.test_dyn);
+        }
         self.calls.providers.iter().find(|p| p.name() == name)
     }
 
     /// The providers `msg` may use, in order: its route's (the stored one,
     /// else the one its number takes now), without routes all of them.
     pub(super) fn providers_of(&self, msg: &MessageRecord) -> Vec<&Arc<dyn Provider>> {
+        // A test-mode message stays with test mode's provider.
+        if msg.provider == crate::provider::testmode::NAME {
+            return vec![&self.calls.test_dyn];
+        }
         let channel = msg.to.channel();
         let of_channel = || {
             self.calls
@@ -503,8 +534,9 @@ impl Deliverer {
         permit: Option<OwnedSemaphorePermit>,
         registration: &hub::Registration,
     ) -> Report {
+        let mode = crate::provider::testmode::mode_of(&msg.provider);
         let report = self.run(msg, lease, start, permit, registration).await;
-        self.record(&report);
+        self.record(&report, mode);
         report
     }
 }

@@ -107,6 +107,7 @@ pub fn key_json(k: &ApiKeyInfo) -> Value {
         "created_at": rfc3339(k.created_at),
         "last_used_at": k.last_used_at.map(rfc3339),
         "revoked_at": k.revoked_at.map(rfc3339),
+        "test": k.test,
     })
 }
 
@@ -231,16 +232,20 @@ fn key_spec(map: &serde_json::Map<String, Value>) -> Result<KeySpec, ApiError> {
             None
         }
     };
-    match map.get("test") {
-        None | Some(Value::Bool(false)) => {}
-        Some(Value::Bool(true)) => errors.push(FieldError::new(
-            "test",
-            "test-mode keys are not available in this version",
-        )),
-        Some(_) => errors.push(FieldError::new("test", "must be true or false")),
-    }
+    let test = match map.get("test") {
+        None => false,
+        Some(Value::Bool(test)) => *test,
+        Some(_) => {
+            errors.push(FieldError::new("test", "must be true or false"));
+            false
+        }
+    };
     if errors.is_empty() {
-        Ok(KeySpec { scopes, label })
+        Ok(KeySpec {
+            scopes,
+            label,
+            test,
+        })
     } else {
         Err(ApiError::Validation(errors))
     }

@@ -226,7 +226,10 @@ async fn cancel_message(
             .cancel_message(record.id, record.attempts, now, &response)
             .await?
         {
-            state.metrics.message_final(Status::Canceled.as_str());
+            state.metrics.message_final(
+                Status::Canceled.as_str(),
+                crate::provider::testmode::mode_of(&record.provider),
+            );
             return Ok(stored(response, key.as_str(), false));
         }
         record = state

@@ -300,6 +300,7 @@ mod tests {
             quiet_hours: None,
             home_country: None,
             spend_caps: crate::spend::SpendCaps::default(),
+            live_id: None,
         };
         let send = Scopes::of(&[Scope::Send]);
         let post = axum::http::Method::POST;

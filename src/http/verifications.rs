@@ -157,7 +157,7 @@ async fn show(
 
 async fn check(
     State(state): State<SharedState>,
-    Tenant(tenant_id): Tenant,
+    Authenticated(tenant): Authenticated,
     id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
@@ -169,14 +169,21 @@ async fn check(
     let keys = state.verify.secret.keys().await?;
     let v = state
         .store
-        .verification(tenant_id, id)
+        .verification(tenant.id, id)
         .await?
         .ok_or(ApiError::NotFound)?;
     let country = v.country.as_deref();
     let key = key.as_ref().map(|k| k.as_str());
     let checked = state
         .sends
-        .check_verification(&keys, &state.verify.settings, (tenant_id, id), &code, key)
+        .check_verification(
+            &keys,
+            &state.verify.settings,
+            (tenant.id, id),
+            &code,
+            key,
+            tenant.is_test(),
+        )
         .await?;
     let metrics = &state.metrics;
     match checked {
@@ -216,7 +223,13 @@ async fn resend(
     let country = country.as_deref();
     let resent = state
         .sends
-        .resend_verification(&keys, &state.verify.settings, v, key.as_str())
+        .resend_verification(
+            &keys,
+            &state.verify.settings,
+            v,
+            key.as_str(),
+            tenant.is_test(),
+        )
         .await?;
     match resent {
         Resent::Replay(response) => Ok(stored(response, id)),

@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use super::opt_outs::json_object;
 use super::page::Page;
-use super::{SharedState, Tenant};
+use super::{Authenticated, SharedState, Tenant};
 use crate::domain::FieldError;
 use crate::error::ApiError;
 use crate::store::webhooks::rfc3339;
@@ -58,10 +58,13 @@ fn endpoint_id(id: Result<Path<String>, PathRejection>) -> Result<Uuid, ApiError
     Uuid::try_parse(hex).map_err(|_| ApiError::NotFound)
 }
 
-/// The endpoint resource; the secret only when it was just made.
-fn endpoint_json(e: &WebhookEndpoint, secret: Option<&str>) -> Value {
+/// The endpoint resource; the secret only when it was just made. `mode`:
+/// the mode of the keys that see it (`test`: a test namespace's endpoint,
+/// which gets test events only).
+fn endpoint_json(e: &WebhookEndpoint, secret: Option<&str>, mode: &str) -> Value {
     let mut v = json!({
         "id": public_id(e.id),
+        "mode": mode,
         "url": e.url,
         "events": e.events.clone().unwrap_or_else(|| EVENT_TYPES.iter().map(|s| s.to_string()).collect()),
         "enabled": e.enabled,
@@ -113,7 +116,7 @@ fn events_field(map: &serde_json::Map<String, Value>) -> Result<Option<Vec<Strin
 
 async fn create(
     State(state): State<SharedState>,
-    Tenant(tenant_id): Tenant,
+    Authenticated(auth): Authenticated,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -133,7 +136,7 @@ async fn create(
         .create_webhook_endpoint(
             &NewWebhookEndpoint {
                 id: Uuid::now_v7(),
-                tenant_id,
+                tenant_id: auth.id,
                 url: url.to_string(),
                 events,
                 secret: secret.clone(),
@@ -153,7 +156,7 @@ async fn create(
     state.webhook_dispatcher.endpoint_created();
     Ok((
         StatusCode::CREATED,
-        Json(endpoint_json(&created, Some(&secret))),
+        Json(endpoint_json(&created, Some(&secret), auth.mode())),
     )
         .into_response())
 }
@@ -162,9 +165,10 @@ async fn create(
 /// [`MAX_ENDPOINTS`], read whole and paged here).
 async fn list(
     State(state): State<SharedState>,
-    Tenant(tenant_id): Tenant,
+    Authenticated(auth): Authenticated,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
+    let tenant_id = auth.id;
     let page = Page::of(
         &state,
         tenant_id,
@@ -185,22 +189,25 @@ async fn list(
     let mut all = state.store.webhook_endpoints(tenant_id).await?;
     all.retain(|e| after.as_ref().is_none_or(|a| position(e) > *a));
     let (endpoints, next) = page.finish(all, position);
-    let data: Vec<Value> = endpoints.iter().map(|e| endpoint_json(e, None)).collect();
+    let data: Vec<Value> = endpoints
+        .iter()
+        .map(|e| endpoint_json(e, None, auth.mode()))
+        .collect();
     Ok(Json(json!({ "data": data, "next_cursor": next })).into_response())
 }
 
 async fn show(
     State(state): State<SharedState>,
-    Tenant(tenant_id): Tenant,
+    Authenticated(auth): Authenticated,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = endpoint_id(id)?;
     let e = state
         .store
-        .webhook_endpoint(tenant_id, id)
+        .webhook_endpoint(auth.id, id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    Ok(Json(endpoint_json(&e, None)).into_response())
+    Ok(Json(endpoint_json(&e, None, auth.mode())).into_response())
 }
 
 async fn remove(
@@ -218,9 +225,10 @@ async fn remove(
 
 async fn rotate(
     State(state): State<SharedState>,
-    Tenant(tenant_id): Tenant,
+    Authenticated(auth): Authenticated,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let tenant_id = auth.id;
     let id = endpoint_id(id)?;
     let now = state.clock.now();
     let secret = signing::new_secret();
@@ -229,7 +237,7 @@ async fn rotate(
         .rotate_webhook_secret(tenant_id, id, &secret, now + OLD_SECRET_VALIDITY, now)
         .await?
         .ok_or(ApiError::NotFound)?;
-    Ok(Json(endpoint_json(&e, Some(&secret))).into_response())
+    Ok(Json(endpoint_json(&e, Some(&secret), auth.mode())).into_response())
 }
 
 /// `GET /webhook-endpoints/{id}/attempts`: newest first, paged.

@@ -81,7 +81,7 @@ pub struct Metrics {
     request_seconds: Handles<&'static str, Histogram>,
     provider_attempts: Handles<&'static str, Counter>,
     provider_seconds: Handles<&'static str, Histogram>,
-    finals: Handles<(), Counter>,
+    finals: Handles<&'static str, Counter>,
     receipts: Handles<&'static str, Counter>,
     failovers: Handles<(), Counter>,
     circuits: Handles<(), Gauge>,
@@ -230,7 +230,10 @@ impl Metrics {
                 "Provider calls, by provider and outcome class",
             ),
             (RETRIES, "Provider attempts that ended in a scheduled retry"),
-            (FINAL, "Messages made final by this instance, by status"),
+            (
+                FINAL,
+                "Messages made final by this instance, by status and mode (live, test)",
+            ),
             (
                 TAKEOVERS,
                 "Messages claimed after their owner's lease expired",
@@ -442,11 +445,18 @@ impl Metrics {
             .increment(1);
     }
 
-    /// A message this instance made final with `status`.
-    pub fn message_final(&self, status: &'static str) {
+    /// A message this instance made final with `status`, in `mode`
+    /// (`live`, or `test`: a test key's message).
+    pub fn message_final(&self, status: &'static str, mode: &'static str) {
         self.finals
-            .get((), status, || {
-                self.counter(FINAL, vec![Label::from_static_parts("status", status)])
+            .get(mode, status, || {
+                self.counter(
+                    FINAL,
+                    vec![
+                        Label::from_static_parts("status", status),
+                        Label::from_static_parts("mode", mode),
+                    ],
+                )
             })
             .increment(1);
     }

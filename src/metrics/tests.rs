@@ -4,13 +4,15 @@ use super::*;
 fn renders_counters() {
     let m = Metrics::new();
     m.request("POST", "/messages", "created", Duration::from_millis(3));
-    m.message_final("sent");
+    m.message_final("sent", "live");
+    m.message_final("delivered", "test");
     m.purged(3);
     let text = m.render(2, Some(Duration::from_secs(7)));
     assert!(text.contains(
         r#"sendonce_http_requests_total{method="POST",route="/messages",outcome="created"} 1"#
     ));
-    assert!(text.contains(r#"sendonce_messages_final_total{status="sent"} 1"#));
+    assert!(text.contains(r#"sendonce_messages_final_total{status="sent",mode="live"} 1"#));
+    assert!(text.contains(r#"sendonce_messages_final_total{status="delivered",mode="test"} 1"#));
     assert!(text.contains("sendonce_purged_messages_total 3"));
     assert!(text.contains("sendonce_deliveries_in_flight 2"));
     assert!(text.contains("sendonce_oldest_processing_age_seconds 7"));
@@ -49,7 +51,7 @@ fn the_documented_table_is_what_is_exported() {
     m.request("GET", "/healthz", "ok", Duration::from_millis(1));
     m.provider_attempt("http", "ok", Duration::from_millis(1));
     m.retry_scheduled();
-    m.message_final("sent");
+    m.message_final("sent", "live");
     m.receipt("http", "applied");
     m.takeover();
     m.purged(1);

@@ -26,6 +26,7 @@ use crate::domain::{MessageId, Phone, Recipient};
 
 pub mod receipts;
 pub mod registry;
+pub mod testmode;
 
 /// Declares each adapter's folder and lists it in [`ADAPTERS`]: adding a
 /// provider is its folder and its name here.
@@ -77,6 +78,8 @@ pub struct OutgoingSms {
     pub body: String,
     /// What is left of the message's validity period, if it has one.
     pub validity: Option<Duration>,
+    /// The attempt's number (1 for the first).
+    pub attempt: u32,
 }
 
 impl OutgoingSms {

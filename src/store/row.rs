@@ -343,6 +343,7 @@ pub struct ApiKeyRow {
     scopes: String,
     label: Option<String>,
     last_used_at: Option<DbTime>,
+    test: bool,
 }
 
 impl From<ApiKeyRow> for super::types::ApiKeyInfo {
@@ -356,6 +357,7 @@ impl From<ApiKeyRow> for super::types::ApiKeyInfo {
             scopes: crate::scopes::Scopes::from_stored(&r.scopes),
             label: r.label,
             last_used_at: t(r.last_used_at),
+            test: r.test,
         }
     }
 }

@@ -20,6 +20,9 @@ pub struct NewApiKey {
     pub prefix: String,
     pub scopes: crate::scopes::Scopes,
     pub label: Option<String>,
+    /// A test-mode key (`so_test_`): it goes to the tenant's test
+    /// namespace (its shadow tenant, made with its first test key).
+    pub test: bool,
 }
 
 /// What a request learns about its tenant from its API key: one lookup.
@@ -44,11 +47,25 @@ pub struct TenantAuth {
     /// Its home country: messages elsewhere count as international.
     pub home_country: Option<String>,
     /// Its spend caps; with any set, its sends are counted against them
-    /// in the transaction of their insert.
+    /// in the transaction of their insert (none in test mode).
     pub spend_caps: crate::spend::SpendCaps,
+    /// In test mode: the live tenant whose test namespace `id` is (every
+    /// setting above but the caps is the live tenant's). `None`: live.
+    pub live_id: Option<Uuid>,
 }
 
 impl TenantAuth {
+    /// Whether the key is a test-mode key: its messages go to test mode's
+    /// simulated provider only, and it sees test data only.
+    pub fn is_test(&self) -> bool {
+        self.live_id.is_some()
+    }
+
+    /// The mode, as a metric label and the docs say it.
+    pub fn mode(&self) -> &'static str {
+        if self.is_test() { "test" } else { "live" }
+    }
+
     /// Whether a request naming `from` (already normalised: E.164 or an
     /// alphanumeric id) may be sent: a sender on the tenant's list; without
     /// a list only the provider's default sender (no `from`), except on
@@ -98,6 +115,8 @@ pub struct ApiKeyInfo {
     pub scopes: crate::scopes::Scopes,
     pub label: Option<String>,
     pub last_used_at: Option<OffsetDateTime>,
+    /// A test-mode key (of the tenant's test namespace).
+    pub test: bool,
 }
 
 /// A message to insert as `processing`, its first attempt started.
@@ -607,6 +626,7 @@ mod tests {
                 quiet_hours: None,
                 home_country: None,
                 spend_caps: Default::default(),
+                live_id: None,
             };
             assert_eq!(
                 t.may_send_as(from),

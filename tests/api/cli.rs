@@ -116,8 +116,23 @@ async fn key_and_disable_commands_are_audited(backend: Backend) {
     );
     let (ok, _, err) = run(&db, &["key", "create", "shop", "--scopes", "root"]).await;
     assert!(!ok && err.contains("not a scope"), "{err}");
+    // A test-mode key: `so_test_`, listed under its tenant as `test`.
+    let (ok, test_key, err) = run(&db, &["key", "create", "shop", "--test", "--label", "ci"]).await;
+    assert!(ok && test_key.trim().starts_with("so_test_"), "{err}");
+    assert!(err.contains("test mode"), "{err}");
     let (ok, list, _) = run(&db, &["key", "list"]).await;
     assert!(ok);
+    let line = list
+        .lines()
+        .find(|l| l.contains("\tci\t"))
+        .expect("the test key");
+    assert!(
+        line.contains("\tshop\tso_test_") && line.contains("\ttest\t"),
+        "{line}"
+    );
+    assert!(!list.contains('~'), "no shadow tenant is listed: {list}");
+    let (ok, tenants, _) = run(&db, &["tenant", "list"]).await;
+    assert!(ok && !tenants.contains('~'), "{tenants}");
     let line = list
         .lines()
         .find(|l| l.contains("support desk"))
@@ -144,9 +159,13 @@ async fn key_and_disable_commands_are_audited(backend: Backend) {
             "tenant.update",
             "key.create",
             "key.create",
+            "key.create",
             "tenant.create"
         ]
     );
+    // The test key's creation says so.
+    assert_eq!(log[2].detail["test"], true, "{:?}", log[2].detail);
+    assert_eq!(log[3].detail["test"], false, "{:?}", log[3].detail);
     assert!(log.iter().all(|r| r.via == "cli" && r.key_id.is_none()));
     assert_eq!(log[1].detail, serde_json::json!({"disabled": true}));
 }

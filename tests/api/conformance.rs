@@ -299,6 +299,7 @@ async fn run_smpp_row(row: &Row, want: Want) {
         from: None,
         body: format!("conformance: {}", row.name),
         validity: None,
+        attempt: 1,
     };
     let outcome = provider.send(&sms).await;
     assert_eq!(outcome.class(), want.class, "{what}: {outcome:?}");
@@ -346,6 +347,7 @@ async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
         from: None,
         body: format!("conformance: {}", row.name),
         validity: None,
+        attempt: 1,
     };
     let started_at = time::OffsetDateTime::now_utc();
     let started = Instant::now();

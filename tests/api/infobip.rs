@@ -561,6 +561,7 @@ fn outgoing(body: &str) -> OutgoingSms {
         from: None,
         body: body.into(),
         validity: None,
+        attempt: 1,
     }
 }
 

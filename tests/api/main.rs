@@ -90,6 +90,7 @@ mod sqlite_writer;
 mod store;
 mod telegram;
 mod telegram_updates;
+mod test_mode;
 mod twilio;
 mod twilio_reconcile;
 mod verify;

@@ -383,6 +383,7 @@ async fn prism_accepts_the_adapters_requests() {
         from: from.map(str::to_string),
         body: "Your order 92831 is confirmed.".into(),
         validity,
+        attempt: 1,
     };
     let full = TwilioProvider::new(settings(
         &base,

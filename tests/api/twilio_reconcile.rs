@@ -54,6 +54,7 @@ fn outgoing(body: &str, from: Option<&str>) -> OutgoingSms {
         from: from.map(str::to_string),
         body: body.into(),
         validity: None,
+        attempt: 1,
     }
 }
 

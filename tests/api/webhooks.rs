@@ -23,7 +23,7 @@ use crate::helpers::*;
 
 /// One request the receiver got.
 #[derive(Clone, Debug)]
-struct Hit {
+pub(crate) struct Hit {
     headers: HeaderMap,
     body: Vec<u8>,
 }
@@ -36,7 +36,7 @@ impl Hit {
             .unwrap_or("")
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body).expect("a JSON delivery")
     }
 
@@ -55,13 +55,13 @@ impl Hit {
 
 /// A receiver answering with `status` (0: never answers).
 #[derive(Clone, Default)]
-struct Receiver {
+pub(crate) struct Receiver {
     hits: Arc<Mutex<Vec<Hit>>>,
     status: Arc<AtomicU16>,
 }
 
 impl Receiver {
-    async fn start() -> (Receiver, String) {
+    pub(crate) async fn start() -> (Receiver, String) {
         let r = Receiver::default();
         r.answer(200);
         let app = axum::Router::new()
@@ -81,12 +81,12 @@ impl Receiver {
         self.status.store(status, Ordering::SeqCst);
     }
 
-    fn hits(&self) -> Vec<Hit> {
+    pub(crate) fn hits(&self) -> Vec<Hit> {
         self.hits.lock().expect("hits").clone()
     }
 
     /// Waits until `n` deliveries arrived; returns them.
-    async fn wait_for(&self, n: usize) -> Vec<Hit> {
+    pub(crate) async fn wait_for(&self, n: usize) -> Vec<Hit> {
         eventually(&format!("{n} webhook deliveries"), || async {
             let hits = self.hits();
             (hits.len() >= n).then_some(hits)
@@ -114,7 +114,7 @@ async fn receive(
     )
 }
 
-fn webhook_settings() -> sendonce::config::Settings {
+pub(crate) fn webhook_settings() -> sendonce::config::Settings {
     let mut s = test_settings();
     s.webhooks.allow_private = true;
     s.webhooks.poll_interval = Duration::from_millis(50);

@@ -247,6 +247,7 @@ fn the_body_carries_our_id_the_sender_validity_and_the_delivery_url() {
         from: None,
         body: "Your code is 1234".into(),
         validity: Some(Duration::from_millis(299_500)),
+        attempt: 1,
     };
     let to = sms.phone().unwrap();
     let body = p.body(&sms, to);

@@ -10,6 +10,7 @@ fn sms(body: &str) -> OutgoingSms {
         from: None,
         body: body.into(),
         validity: None,
+        attempt: 1,
     }
 }
 

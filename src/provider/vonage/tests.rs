@@ -138,6 +138,7 @@ fn outgoing(body: &str, validity: Option<Duration>) -> OutgoingSms {
         from: None,
         body: body.into(),
         validity,
+        attempt: 1,
     }
 }
 

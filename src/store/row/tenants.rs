@@ -117,6 +117,7 @@ pub(crate) struct TenantAuthRow {
     spend_cap_daily_micros: Option<i64>,
     spend_cap_monthly_micros: Option<i64>,
     spend_cap_international_daily: Option<i64>,
+    live_tenant_id: Option<Uuid>,
 }
 
 impl From<TenantAuthRow> for TenantAuth {
@@ -137,6 +138,7 @@ impl From<TenantAuthRow> for TenantAuth {
                 monthly: r.spend_cap_monthly_micros,
                 international_daily_messages: r.spend_cap_international_daily,
             },
+            live_id: r.live_tenant_id,
         }
     }
 }

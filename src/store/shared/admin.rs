@@ -31,14 +31,31 @@ const UPDATE_TENANT: &str = "UPDATE tenants SET \
         spend_cap_monthly_micros = CASE WHEN $14 THEN $15 ELSE spend_cap_monthly_micros END, \
         spend_cap_international_daily = \
             CASE WHEN $16 THEN $17 ELSE spend_cap_international_daily END \
-     WHERE name = $1";
+     WHERE name = $1 AND live_tenant_id IS NULL";
 
 const ADD_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, scopes, label) \
-     SELECT $1, t.id, $3, $4, $5, $6 FROM tenants t WHERE t.name = $2";
+     SELECT $1, t.id, $3, $4, $5, $6 FROM tenants t \
+     WHERE t.name = $2 AND t.live_tenant_id IS NULL";
 
-const KEY_BY_ID: &str = "SELECT k.id, t.name, k.key_prefix, k.created_at, \
-        k.revoked_at, k.scopes, k.label, k.last_used_at \
-     FROM api_keys k JOIN tenants t ON t.id = k.tenant_id WHERE k.id = $1";
+/// Makes tenant `$2`'s test namespace (its shadow row, `$1` its id) unless
+/// it has one: the unique index on `live_tenant_id` lets only one in, even
+/// when two first test keys race. The name is never a tenant name (`~` is
+/// outside the pattern) and never looked up.
+const ENSURE_SHADOW: &str = "INSERT INTO tenants (id, name, live_tenant_id) \
+     SELECT $1, t.name || '~test', t.id FROM tenants t \
+     WHERE t.name = $2 AND t.live_tenant_id IS NULL \
+     ON CONFLICT DO NOTHING";
+
+/// A test key goes to the shadow of tenant `$2`.
+const ADD_TEST_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, scopes, label) \
+     SELECT $1, s.id, $3, $4, $5, $6 FROM tenants s JOIN tenants t ON t.id = s.live_tenant_id \
+     WHERE t.name = $2";
+
+const KEY_BY_ID: &str = "SELECT k.id, l.name, k.key_prefix, k.created_at, \
+        k.revoked_at, k.scopes, k.label, k.last_used_at, \
+        t.live_tenant_id IS NOT NULL AS test \
+     FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+     JOIN tenants l ON l.id = COALESCE(t.live_tenant_id, t.id) WHERE k.id = $1";
 
 const REVOKE_KEY: &str = "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1";
 
@@ -76,7 +93,8 @@ fn audit_record(r: AuditRow) -> AuditRecord {
 
 const TENANT_BY_NAME: &str = "SELECT id, name, created_at, allowed_countries, \
         allowed_senders, quiet_hours, home_country, disabled, spend_cap_daily_micros, \
-        spend_cap_monthly_micros, spend_cap_international_daily FROM tenants WHERE name = $1";
+        spend_cap_monthly_micros, spend_cap_international_daily FROM tenants \
+     WHERE name = $1 AND live_tenant_id IS NULL";
 
 per_backend! {
     async fn write_audit(c: &mut Conn, a: &AuditEntry) -> Result<(), sqlx::Error> {
@@ -181,7 +199,14 @@ per_backend! {
             let (tenant_name, key, audit) = (tenant_name.to_string(), key.clone(), audit.clone());
             self.write_tx(move |c| {
                 Box::pin(async move {
-                    let done = sqlx::query(ADD_KEY)
+                    if key.test {
+                        sqlx::query(ENSURE_SHADOW)
+                            .bind(Uuid::now_v7())
+                            .bind(&tenant_name)
+                            .execute(&mut *c)
+                            .await?;
+                    }
+                    let done = sqlx::query(if key.test { ADD_TEST_KEY } else { ADD_KEY })
                         .bind(key.id)
                         .bind(&tenant_name)
                         .bind(&key.hash)

@@ -36,12 +36,13 @@ const INSERT_SESSION: &str = "INSERT INTO console_sessions \
      VALUES ($1, $2, $3, $4, $5, $6, $6)";
 
 /// A session whose key is not revoked, with the `read` scope, of a tenant
-/// not disabled.
+/// not disabled (a test key's: its shadow nor its live tenant).
 const SESSION: &str = "SELECT s.tenant_id, s.key_prefix, s.csrf_token, s.created_at, \
         s.last_seen_at, k.scopes \
      FROM console_sessions s \
      JOIN api_keys k ON k.key_hash = s.key_hash AND k.revoked_at IS NULL \
      JOIN tenants t ON t.id = k.tenant_id AND NOT t.disabled \
+     JOIN tenants l ON l.id = COALESCE(t.live_tenant_id, t.id) AND NOT l.disabled \
      WHERE s.id_hash = $1";
 
 const TOUCH_SESSION: &str = "UPDATE console_sessions SET last_seen_at = $2 WHERE id_hash = $1";
@@ -132,7 +133,9 @@ fn contains_pattern(needle: &str) -> String {
     p
 }
 
-const HOME_COUNTRY: &str = "SELECT home_country FROM tenants WHERE id = $1";
+/// A tenant's home country (a test namespace's is its live tenant's).
+const HOME_COUNTRY: &str = "SELECT l.home_country FROM tenants t \
+     JOIN tenants l ON l.id = COALESCE(t.live_tenant_id, t.id) WHERE t.id = $1";
 
 per_backend! {
     /// Part of a key or of a metadata value, any case, in the tenant's

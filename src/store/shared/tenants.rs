@@ -66,42 +66,62 @@ const REVOKE_OTHER_BOOTSTRAP_KEYS: &str = "UPDATE api_keys SET revoked_at = $2 \
      WHERE bootstrap AND revoked_at IS NULL AND key_hash <> $1 \
      RETURNING id, key_prefix";
 
-const FOR_KEY: &str = "SELECT k.tenant_id, t.allowed_countries, t.allowed_senders, \
-        t.name = 'default' AS bootstrap_tenant, t.quiet_hours, k.id AS key_id, k.label, \
-        k.scopes, t.disabled, t.home_country, t.spend_cap_daily_micros, t.spend_cap_monthly_micros, t.spend_cap_international_daily \
+/// A key's tenant (`t`: its own row, a test namespace's shadow for a test
+/// key) and the settings it sends under (`l`: the live tenant's row, the
+/// same row for a live key): a test key sends as its live tenant would,
+/// refused when either row is disabled, never capped (a shadow has no caps).
+const FOR_KEY: &str = "SELECT k.tenant_id, l.allowed_countries, l.allowed_senders, \
+        l.name = 'default' AS bootstrap_tenant, l.quiet_hours, k.id AS key_id, k.label, \
+        k.scopes, (t.disabled OR l.disabled) AS disabled, l.home_country, \
+        t.spend_cap_daily_micros, t.spend_cap_monthly_micros, \
+        t.spend_cap_international_daily, t.live_tenant_id \
      FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+     JOIN tenants l ON l.id = COALESCE(t.live_tenant_id, t.id) \
      WHERE k.key_hash = $1 AND k.revoked_at IS NULL";
 
-const LIST_TENANTS: &str = "SELECT id, name, created_at FROM tenants ORDER BY name";
+/// Tenants by name: test namespaces (shadows) are their live tenant's.
+const LIST_TENANTS: &str =
+    "SELECT id, name, created_at FROM tenants WHERE live_tenant_id IS NULL ORDER BY name";
 
 const TENANT_SETTINGS: &str = "SELECT id, name, created_at, allowed_countries, \
         allowed_senders, quiet_hours, home_country, disabled, spend_cap_daily_micros, \
-        spend_cap_monthly_micros, spend_cap_international_daily FROM tenants ORDER BY name";
+        spend_cap_monthly_micros, spend_cap_international_daily FROM tenants \
+     WHERE live_tenant_id IS NULL ORDER BY name";
 
-const SET_HOME_COUNTRY: &str = "UPDATE tenants SET home_country = $2 WHERE name = $1";
+const SET_HOME_COUNTRY: &str =
+    "UPDATE tenants SET home_country = $2 WHERE name = $1 AND live_tenant_id IS NULL";
 
 const ADD_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, scopes, label) \
-     SELECT $1, t.id, $3, $4, $5, $6 FROM tenants t WHERE t.name = $2";
+     SELECT $1, t.id, $3, $4, $5, $6 FROM tenants t \
+     WHERE t.name = $2 AND t.live_tenant_id IS NULL";
 
 const REVOKE_KEY: &str = "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1";
 
-const LIST_KEYS: &str = "SELECT k.id, t.name, k.key_prefix, k.created_at, \
-        k.revoked_at, k.scopes, k.label, k.last_used_at \
-     FROM api_keys k JOIN tenants t ON t.id = k.tenant_id ORDER BY t.name, k.created_at";
+/// Keys under their live tenant's name, a test key flagged `test`.
+const LIST_KEYS: &str = "SELECT k.id, l.name, k.key_prefix, k.created_at, \
+        k.revoked_at, k.scopes, k.label, k.last_used_at, \
+        t.live_tenant_id IS NOT NULL AS test \
+     FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+     JOIN tenants l ON l.id = COALESCE(t.live_tenant_id, t.id) \
+     ORDER BY l.name, k.created_at";
 
-const SET_COUNTRIES: &str = "UPDATE tenants SET allowed_countries = $2 WHERE name = $1";
+const SET_COUNTRIES: &str =
+    "UPDATE tenants SET allowed_countries = $2 WHERE name = $1 AND live_tenant_id IS NULL";
 
-const SET_QUIET_HOURS: &str = "UPDATE tenants SET quiet_hours = $2 WHERE name = $1";
+const SET_QUIET_HOURS: &str =
+    "UPDATE tenants SET quiet_hours = $2 WHERE name = $1 AND live_tenant_id IS NULL";
 
-const SENDERS: &str = "SELECT allowed_senders FROM tenants WHERE name = $1";
+const SENDERS: &str =
+    "SELECT allowed_senders FROM tenants WHERE name = $1 AND live_tenant_id IS NULL";
 
-const SET_SENDERS: &str = "UPDATE tenants SET allowed_senders = $2 WHERE name = $1";
+const SET_SENDERS: &str =
+    "UPDATE tenants SET allowed_senders = $2 WHERE name = $1 AND live_tenant_id IS NULL";
 
 per_backend! {
     /// The list to edit, locked until the transaction ends (on SQLite the
     /// single writer's transaction is the lock).
     const SENDERS_FOR_UPDATE: &str = concat!(
-        "SELECT allowed_senders FROM tenants WHERE name = $1",
+        "SELECT allowed_senders FROM tenants WHERE name = $1 AND live_tenant_id IS NULL",
         for_update!()
     );
 
@@ -209,6 +229,11 @@ per_backend! {
             tenant_name: &str,
             key: &NewApiKey,
         ) -> Result<Option<Uuid>, StoreError> {
+            if key.test {
+                return Err(StoreError::Invariant(
+                    "a test key is added with its test namespace (admin_add_key)",
+                ));
+            }
             let (tenant_name, key) = (tenant_name.to_string(), key.clone());
             self.write(move |c| {
                 Box::pin(async move {

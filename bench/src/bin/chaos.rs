@@ -1696,7 +1696,15 @@ fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
         );
     }
     println!("provider calls:     {}", o.stats["calls"]);
-    println!("creations:          {creations}  (messages the mock created, over both protocols)");
+    if run.smsc.is_some() {
+        println!(
+            "creations:          {creations}  (messages the SMSC took: single submits, and long ones once per reference)"
+        );
+    } else {
+        println!(
+            "creations:          {creations}  (messages the mock created, over both protocols)"
+        );
+    }
     if o.unmatched != 0 {
         println!(
             "creations unmatched: {}  (no key's (To, Body))",

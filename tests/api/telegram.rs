@@ -120,7 +120,10 @@ async fn a_chat_gets_one_message_through_the_bot(backend: Backend) {
         (m["status"].as_str(), m["provider"].as_str()),
         (Some("sent"), Some("http"))
     );
-    assert_eq!(m["cost"]["amount"], "0.10", "an SMS costs what the table says");
+    assert_eq!(
+        m["cost"]["amount"], "0.10",
+        "an SMS costs what the table says"
+    );
     assert_eq!(calls(&app, "telegram"), 1);
     // The next message to the chat has the chat's next message id.
     let m = app

@@ -97,6 +97,127 @@ impl Behaviour {
     }
 }
 
+/// A behaviour about what the answer says, which each protocol words in its
+/// own wire format (the rest are about timing and are played out the same
+/// way for every protocol, by [`play`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Answer {
+    /// Accept (or, where the protocol de-duplicates, answer the earlier
+    /// message).
+    Accept,
+    Fail {
+        status: u16,
+        body: serde_json::Value,
+        retry_after: Option<u64>,
+    },
+    AcceptThenFail {
+        status: u16,
+    },
+    AcceptThenRetryLater {
+        status: u16,
+        retry_after: u64,
+    },
+    RejectQuoting {
+        status: u16,
+    },
+}
+
+/// What [`play`] leaves to the protocol.
+pub(crate) enum Played<T, F> {
+    /// The message was created: answer it as the protocol accepts.
+    Accepted(T),
+    /// The processing task was lost before it answered: the protocol's 500.
+    Lost,
+    /// Word this answer; `create` makes the message when the answer says
+    /// it was made.
+    Answer(Answer, F),
+}
+
+/// Plays out `behaviour` (its gates already opened) for one call whose
+/// message `create` makes: every timing behaviour (a gate, a hang, a delay,
+/// a provider still processing after its caller left, a message made and
+/// then never answered or its connection dropped) is the same at every
+/// protocol, so it is written once here. `busy` counts the call as being
+/// processed until the message is made or the call is answered; `switch`
+/// drops the caller's connection.
+pub(crate) async fn play<T, F>(
+    behaviour: Behaviour,
+    create: F,
+    busy: Busy,
+    switch: Option<axum::Extension<DropSwitch>>,
+) -> Played<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    match behaviour {
+        Behaviour::Accept | Behaviour::After(..) => Played::Answer(Answer::Accept, create),
+        Behaviour::Fail {
+            status,
+            body,
+            retry_after,
+        } => Played::Answer(
+            Answer::Fail {
+                status,
+                body,
+                retry_after,
+            },
+            create,
+        ),
+        Behaviour::AcceptThenFail { status } => {
+            Played::Answer(Answer::AcceptThenFail { status }, create)
+        }
+        Behaviour::AcceptThenRetryLater {
+            status,
+            retry_after,
+        } => Played::Answer(
+            Answer::AcceptThenRetryLater {
+                status,
+                retry_after,
+            },
+            create,
+        ),
+        Behaviour::RejectQuoting { status } => {
+            Played::Answer(Answer::RejectQuoting { status }, create)
+        }
+        Behaviour::Gate(gate) => {
+            gate.notified().await;
+            Played::Accepted(create())
+        }
+        Behaviour::Hang => std::future::pending().await,
+        Behaviour::Delay(d) => {
+            tokio::time::sleep(d).await;
+            Played::Accepted(create())
+        }
+        Behaviour::AcceptThenDelay(d) => {
+            let made = create();
+            tokio::time::sleep(d).await;
+            Played::Accepted(made)
+        }
+        Behaviour::Processing(d) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                let _ = tx.send(create());
+                drop(busy);
+            });
+            match rx.await {
+                Ok(made) => Played::Accepted(made),
+                Err(_) => Played::Lost,
+            }
+        }
+        Behaviour::AcceptThenHang => {
+            create();
+            std::future::pending().await
+        }
+        Behaviour::AcceptThenDrop => {
+            create();
+            drop_connection(switch);
+            std::future::pending().await
+        }
+    }
+}
+
 /// How the mock's `http` endpoint treats a repeated `Idempotency-Key`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Dedup {

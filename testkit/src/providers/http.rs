@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
 use crate::mock_provider::{
-    Behaviour, Dedup, Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, drop_connection,
+    Dedup, Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, Answer, Played, play,
     json_answer, receipt_client,
 };
 
@@ -181,12 +181,21 @@ async fn send(
     let quoted = sms["body"].as_str().unwrap_or_default().to_string();
     let create = {
         let mock = mock.clone();
-        move || mock.deliver(key.as_deref(), &sms)
+        // A key stops being in flight once its message is made.
+        move || {
+            let id = mock.deliver(key.as_deref(), &sms);
+            drop(in_flight);
+            id
+        }
     };
-    match behaviour {
-        // (`After` was unwrapped above.)
-        Behaviour::Accept | Behaviour::After(..) => accepted(create()),
-        Behaviour::Fail {
+    let (reply, create) = match play(behaviour, create, busy, switch).await {
+        Played::Accepted(record) => return accepted(record),
+        Played::Lost => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Played::Answer(reply, create) => (reply, create),
+    };
+    match reply {
+        Answer::Accept => accepted(create()),
+        Answer::Fail {
             status,
             body,
             retry_after,
@@ -194,13 +203,13 @@ async fn send(
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             json_answer(status, &body, retry_after)
         }
-        Behaviour::AcceptThenFail { status } => {
+        Answer::AcceptThenFail { status } => {
             create();
             StatusCode::from_u16(status)
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
                 .into_response()
         }
-        Behaviour::RejectQuoting { status } => {
+        Answer::RejectQuoting { status } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
             let text = quoted.clone();
             json_answer(
@@ -209,58 +218,17 @@ async fn send(
                 None,
             )
         }
-        Behaviour::AcceptThenRetryLater {
+        Answer::AcceptThenRetryLater {
             status,
             retry_after,
         } => {
             create();
-            drop(in_flight);
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             json_answer(
                 status,
                 &serde_json::json!({"message": "injected failure after sending"}),
                 Some(retry_after),
             )
-        }
-        Behaviour::Gate(gate) => {
-            gate.notified().await;
-            accepted(create())
-        }
-        Behaviour::Hang => std::future::pending().await,
-        Behaviour::Delay(d) => {
-            tokio::time::sleep(d).await;
-            accepted(create())
-        }
-        Behaviour::AcceptThenDelay(d) => {
-            let id = create();
-            drop(in_flight);
-            tokio::time::sleep(d).await;
-            accepted(id)
-        }
-        Behaviour::Processing(d) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                let id = create();
-                drop(in_flight);
-                drop(busy);
-                let _ = tx.send(id);
-            });
-            match rx.await {
-                Ok(id) => accepted(id),
-                Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-            }
-        }
-        Behaviour::AcceptThenHang => {
-            create();
-            drop(in_flight);
-            std::future::pending().await
-        }
-        Behaviour::AcceptThenDrop => {
-            create();
-            drop(in_flight);
-            drop_connection(switch);
-            std::future::pending().await
         }
     }
 }

@@ -33,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::mock_provider::{
-    Behaviour, Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, drop_connection,
+    Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, Answer, Played, play, drop_connection,
     json_answer, receipt_client,
 };
 
@@ -378,19 +378,23 @@ async fn infobip_send(
         Some(record) => created(&record),
         None => duplicate,
     };
-    match behaviour {
-        // (`After` was unwrapped above.)
-        Behaviour::Accept | Behaviour::After(..) => answer(create()),
-        Behaviour::Fail {
+    let (reply, create) = match play(behaviour, create, busy, switch).await {
+        Played::Accepted(record) => return answer(record),
+        Played::Lost => return infobip_error(500, "GENERAL_ERROR", "Internal Server Error", None),
+        Played::Answer(reply, create) => (reply, create),
+    };
+    match reply {
+        Answer::Accept => answer(create()),
+        Answer::Fail {
             status,
             body,
             retry_after,
         } => infobip_failure(status, &body, retry_after),
-        Behaviour::AcceptThenFail { status } => {
+        Answer::AcceptThenFail { status } => {
             let _ = create();
             infobip_error(status, "GENERAL_ERROR", "Internal Server Error", None)
         }
-        Behaviour::AcceptThenRetryLater {
+        Answer::AcceptThenRetryLater {
             status,
             retry_after,
         } => {
@@ -402,44 +406,9 @@ async fn infobip_send(
                 Some(retry_after),
             )
         }
-        Behaviour::RejectQuoting { status } => {
+        Answer::RejectQuoting { status } => {
             let text = format!("invalid message '{}'", want.text);
             infobip_error(status, "BAD_REQUEST", &text, None)
-        }
-        Behaviour::Gate(gate) => {
-            gate.notified().await;
-            answer(create())
-        }
-        Behaviour::Hang => std::future::pending().await,
-        Behaviour::Delay(d) => {
-            tokio::time::sleep(d).await;
-            answer(create())
-        }
-        Behaviour::AcceptThenDelay(d) => {
-            let r = create();
-            tokio::time::sleep(d).await;
-            answer(r)
-        }
-        Behaviour::Processing(d) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                let _ = tx.send(answer(create()));
-                drop(busy);
-            });
-            match rx.await {
-                Ok(resp) => resp,
-                Err(_) => infobip_error(500, "GENERAL_ERROR", "Internal Server Error", None),
-            }
-        }
-        Behaviour::AcceptThenHang => {
-            let _ = create();
-            std::future::pending().await
-        }
-        Behaviour::AcceptThenDrop => {
-            let _ = create();
-            drop_connection(switch);
-            std::future::pending().await
         }
     }
 }

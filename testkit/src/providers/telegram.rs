@@ -25,7 +25,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
 
-use crate::mock_provider::{Behaviour, Busy, Call, DropSwitch, MockProvider, drop_connection, json_answer};
+use crate::mock_provider::{Busy, Call, DropSwitch, MockProvider, Answer, Played, play, json_answer};
 
 /// The Bot API's routes.
 pub fn routes(router: Router<MockProvider>) -> Router<MockProvider> {
@@ -198,54 +198,24 @@ async fn send_message(
         let (mock, text) = (mock.clone(), text.clone());
         move || mock.telegram_create(chat_id, &text)
     };
-    match behaviour {
-        Behaviour::Accept | Behaviour::After(..) => ok(&create()),
-        Behaviour::Fail { status, retry_after, .. } => failure(status, retry_after),
-        Behaviour::AcceptThenFail { status } => {
+    let (reply, create) = match play(behaviour, create, busy, switch).await {
+        Played::Accepted(record) => return ok(&record),
+        Played::Lost => return failure(500, None),
+        Played::Answer(reply, create) => (reply, create),
+    };
+    match reply {
+        Answer::Accept => ok(&create()),
+        Answer::Fail { status, retry_after, .. } => failure(status, retry_after),
+        Answer::AcceptThenFail { status } => {
             create();
             failure(status.max(500), None)
         }
-        Behaviour::AcceptThenRetryLater { status, .. } => {
+        Answer::AcceptThenRetryLater { status, .. } => {
             create();
             failure(status.max(500), None)
         }
-        Behaviour::RejectQuoting { status } => {
+        Answer::RejectQuoting { status } => {
             error(status, &format!("Bad Request: can't parse entities in '{text}'"), None)
-        }
-        Behaviour::Gate(gate) => {
-            gate.notified().await;
-            ok(&create())
-        }
-        Behaviour::Hang => std::future::pending().await,
-        Behaviour::Delay(d) => {
-            tokio::time::sleep(d).await;
-            ok(&create())
-        }
-        Behaviour::AcceptThenDelay(d) => {
-            let m = create();
-            tokio::time::sleep(d).await;
-            ok(&m)
-        }
-        Behaviour::Processing(d) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                let _ = tx.send(create());
-                drop(busy);
-            });
-            match rx.await {
-                Ok(m) => ok(&m),
-                Err(_) => failure(500, None),
-            }
-        }
-        Behaviour::AcceptThenHang => {
-            create();
-            std::future::pending().await
-        }
-        Behaviour::AcceptThenDrop => {
-            create();
-            drop_connection(switch);
-            std::future::pending().await
         }
     }
 }

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
 use crate::mock_provider::{
-    Behaviour, Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, drop_connection,
+    Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, Answer, Played, play,
     json_answer, receipt_client,
 };
 
@@ -303,63 +303,32 @@ async fn twilio_send(
                 .into_response(),
         )
     };
-    match behaviour {
-        // (`After` was unwrapped above.)
-        Behaviour::Accept | Behaviour::After(..) => created(&create()),
-        Behaviour::Fail {
+    let (reply, create) = match play(behaviour, create, busy, switch).await {
+        Played::Accepted(record) => return created(&record),
+        Played::Lost => return twilio_error(500, 20500, "Internal Server Error", None),
+        Played::Answer(reply, create) => (reply, create),
+    };
+    match reply {
+        Answer::Accept => created(&create()),
+        Answer::Fail {
             status,
             body,
             retry_after,
         } => twilio_failure(status, &body, retry_after),
-        Behaviour::AcceptThenFail { status } => {
+        Answer::AcceptThenFail { status } => {
             create();
             twilio_error(status, 20500, "Internal Server Error", None)
         }
-        Behaviour::AcceptThenRetryLater {
+        Answer::AcceptThenRetryLater {
             status,
             retry_after,
         } => {
             create();
             twilio_error(status, 20500, "Internal Server Error", Some(retry_after))
         }
-        Behaviour::RejectQuoting { status } => {
+        Answer::RejectQuoting { status } => {
             let text = form.get("Body").cloned().unwrap_or_default();
             twilio_error(status, 21617, &format!("invalid message '{text}'"), None)
-        }
-        Behaviour::Gate(gate) => {
-            gate.notified().await;
-            created(&create())
-        }
-        Behaviour::Hang => std::future::pending().await,
-        Behaviour::Delay(d) => {
-            tokio::time::sleep(d).await;
-            created(&create())
-        }
-        Behaviour::AcceptThenDelay(d) => {
-            let record = create();
-            tokio::time::sleep(d).await;
-            created(&record)
-        }
-        Behaviour::Processing(d) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                let _ = tx.send(create());
-                drop(busy);
-            });
-            match rx.await {
-                Ok(record) => created(&record),
-                Err(_) => twilio_error(500, 20500, "Internal Server Error", None),
-            }
-        }
-        Behaviour::AcceptThenHang => {
-            create();
-            std::future::pending().await
-        }
-        Behaviour::AcceptThenDrop => {
-            create();
-            drop_connection(switch);
-            std::future::pending().await
         }
     }
 }

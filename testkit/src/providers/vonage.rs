@@ -30,7 +30,7 @@ use axum::routing::post;
 use sendonce::provider::vonage::{SignatureMethod, sign};
 
 use crate::mock_provider::{
-    Behaviour, Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, drop_connection,
+    Busy, Call, DropSwitch, MockProvider, ReceiptConfig, ReceiptOrder, Answer, Played, play,
     json_answer, receipt_client,
 };
 
@@ -267,8 +267,13 @@ async fn vonage_send(
         let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         json_answer(code, &serde_json::json!({"error": "Internal Server Error"}), retry_after)
     };
-    match behaviour {
-        Behaviour::Accept | Behaviour::After(..) => {
+    let (reply, create) = match play(behaviour, create, busy, switch).await {
+        Played::Accepted(record) => return accepted(&record),
+        Played::Lost => return internal_error(500, None),
+        Played::Answer(reply, create) => (reply, create),
+    };
+    match reply {
+        Answer::Accept => {
             let partial = (parts > 1)
                 .then(|| mock.lock().protocol::<Protocol>().partial.pop_front())
                 .flatten();
@@ -283,60 +288,25 @@ async fn vonage_send(
                 }
             }
         }
-        Behaviour::Fail {
+        Answer::Fail {
             status,
             body,
             retry_after,
         } => failure(&to, parts, status, &body, retry_after),
-        Behaviour::AcceptThenFail { status } => {
+        Answer::AcceptThenFail { status } => {
             create();
             internal_error(status, None)
         }
-        Behaviour::AcceptThenRetryLater {
+        Answer::AcceptThenRetryLater {
             status,
             retry_after,
         } => {
             create();
             internal_error(status, Some(retry_after))
         }
-        Behaviour::RejectQuoting { .. } => {
+        Answer::RejectQuoting { .. } => {
             let text = form.get("text").cloned().unwrap_or_default();
             refusal(&to, parts, 6, &format!("Invalid Message '{text}'"))
-        }
-        Behaviour::Gate(gate) => {
-            gate.notified().await;
-            accepted(&create())
-        }
-        Behaviour::Hang => std::future::pending().await,
-        Behaviour::Delay(d) => {
-            tokio::time::sleep(d).await;
-            accepted(&create())
-        }
-        Behaviour::AcceptThenDelay(d) => {
-            let record = create();
-            tokio::time::sleep(d).await;
-            accepted(&record)
-        }
-        Behaviour::Processing(d) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                let _ = tx.send(create());
-                drop(busy);
-            });
-            match rx.await {
-                Ok(record) => accepted(&record),
-                Err(_) => internal_error(500, None),
-            }
-        }
-        Behaviour::AcceptThenHang => {
-            create();
-            std::future::pending().await
-        }
-        Behaviour::AcceptThenDrop => {
-            create();
-            drop_connection(switch);
-            std::future::pending().await
         }
     }
 }

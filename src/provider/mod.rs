@@ -293,6 +293,52 @@ pub trait Provider: Send + Sync + 'static {
 
 /// `text` without `body` and without any run of four or more digits that
 /// `body` contains.
+/// `url` as the base of an adapter's endpoints: an http or https URL that
+/// can take a path (`what` names it in the error).
+pub(crate) fn base_url(what: &'static str, url: &str) -> Result<reqwest::Url, ProviderError> {
+    let base = reqwest::Url::parse(url).map_err(|e| ProviderError::Url {
+        what,
+        source: e.into(),
+    })?;
+    if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+        return Err(ProviderError::NotHttp { what });
+    }
+    Ok(base)
+}
+
+/// `base` with `segments` after its path (each one escaped as a path
+/// segment; a trailing `/` of the base is dropped first).
+pub(crate) fn endpoint(
+    what: &'static str,
+    base: &reqwest::Url,
+    segments: &[&str],
+) -> Result<reqwest::Url, ProviderError> {
+    let mut url = base.clone();
+    url.path_segments_mut()
+        .map_err(|()| ProviderError::NotHttp { what })?
+        .pop_if_empty()
+        .extend(segments);
+    Ok(url)
+}
+
+/// The HTTP client of an adapter: `timeout` bounds a whole call,
+/// `connect_timeout` the connect (until then nothing was sent), and it
+/// never follows a redirect (a POST must not silently turn into a GET
+/// elsewhere, nor a credential follow it).
+pub(crate) fn http_client(
+    timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<reqwest::Client, ProviderError> {
+    crate::install_crypto_provider();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(ProviderError::Client)
+}
+
 pub fn scrub(text: &str, body: &str) -> String {
     let mut out = if body.is_empty() {
         text.to_string()

@@ -46,22 +46,8 @@ impl HttpProvider {
         connect_timeout: Duration,
     ) -> Result<Self, ProviderError> {
         let what = "provider";
-        let url = reqwest::Url::parse(url).map_err(|e| ProviderError::Url {
-            what,
-            source: e.into(),
-        })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(ProviderError::NotHttp { what });
-        }
-        crate::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            // A POST must not silently turn into a GET elsewhere.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(ProviderError::Client)?;
+        let url = super::base_url(what, url)?;
+        let client = super::http_client(timeout, connect_timeout)?;
         Ok(Self { client, url, token })
     }
 }

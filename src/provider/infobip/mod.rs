@@ -217,14 +217,7 @@ impl ErrorBody {
 impl InfobipProvider {
     pub fn new(settings: InfobipSettings) -> Result<Self, super::ProviderError> {
         let what = "Infobip base";
-        let base =
-            reqwest::Url::parse(&settings.base_url).map_err(|e| super::ProviderError::Url {
-                what,
-                source: e.into(),
-            })?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            return Err(super::ProviderError::NotHttp { what });
-        }
+        let base = super::base_url(what, &settings.base_url)?;
         let at = |path: &str| {
             base.join(path).map_err(|e| super::ProviderError::Url {
                 what,
@@ -233,16 +226,7 @@ impl InfobipProvider {
         };
         let send_url = at(SEND_PATH)?;
         let logs_url = at(LOGS_PATH)?;
-        crate::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(settings.timeout)
-            .connect_timeout(settings.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            // A POST must not silently turn into a GET elsewhere, and the
-            // API key must not follow a redirect.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(super::ProviderError::Client)?;
+        let client = super::http_client(settings.timeout, settings.connect_timeout)?;
         Ok(Self {
             client,
             settings,

@@ -73,27 +73,10 @@ pub struct TelegramProvider {
 impl TelegramProvider {
     pub fn new(settings: TelegramSettings) -> Result<Self, ProviderError> {
         let what = "Telegram Bot API";
-        let base = reqwest::Url::parse(&settings.api_url).map_err(|e| ProviderError::Url {
-            what,
-            source: e.into(),
-        })?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            return Err(ProviderError::NotHttp { what });
-        }
-        let mut send_url = base;
-        send_url
-            .path_segments_mut()
-            .map_err(|()| ProviderError::NotHttp { what })?
-            .pop_if_empty()
-            .extend([format!("bot{}", settings.token).as_str(), "sendMessage"]);
-        crate::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(settings.timeout)
-            .connect_timeout(settings.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(ProviderError::Client)?;
+        let base = super::base_url(what, &settings.api_url)?;
+        let bot = format!("bot{}", settings.token);
+        let send_url = super::endpoint(what, &base, &[&bot, "sendMessage"])?;
+        let client = super::http_client(settings.timeout, settings.connect_timeout)?;
         Ok(Self { client, send_url })
     }
 }

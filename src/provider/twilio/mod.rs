@@ -169,34 +169,18 @@ struct MessagePage {
 impl TwilioProvider {
     pub fn new(settings: TwilioSettings) -> Result<Self, super::ProviderError> {
         let what = "Twilio base";
-        let base_url =
-            reqwest::Url::parse(&settings.base_url).map_err(|e| super::ProviderError::Url {
-                what,
-                source: e.into(),
-            })?;
-        if !matches!(base_url.scheme(), "http" | "https") || base_url.cannot_be_a_base() {
-            return Err(super::ProviderError::NotHttp { what });
-        }
-        let mut messages_url = base_url.clone();
-        messages_url
-            .path_segments_mut()
-            .map_err(|()| super::ProviderError::NotHttp { what })?
-            .pop_if_empty()
-            .extend([
+        let base_url = super::base_url(what, &settings.base_url)?;
+        let messages_url = super::endpoint(
+            what,
+            &base_url,
+            &[
                 "2010-04-01",
                 "Accounts",
                 &settings.account_sid,
                 "Messages.json",
-            ]);
-        crate::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(settings.timeout)
-            .connect_timeout(settings.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            // A POST must not silently turn into a GET elsewhere.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(super::ProviderError::Client)?;
+            ],
+        )?;
+        let client = super::http_client(settings.timeout, settings.connect_timeout)?;
         Ok(Self {
             client,
             settings,

@@ -322,28 +322,9 @@ fn ttl_ms(validity: Duration) -> u64 {
 impl VonageProvider {
     pub fn new(settings: VonageSettings) -> Result<Self, ProviderError> {
         let what = "Vonage base";
-        let base = reqwest::Url::parse(&settings.base_url).map_err(|e| ProviderError::Url {
-            what,
-            source: e.into(),
-        })?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            return Err(ProviderError::NotHttp { what });
-        }
-        let mut send_url = base;
-        send_url
-            .path_segments_mut()
-            .map_err(|()| ProviderError::NotHttp { what })?
-            .pop_if_empty()
-            .extend(["sms", "json"]);
-        crate::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(settings.timeout)
-            .connect_timeout(settings.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            // A POST must not silently turn into a GET elsewhere.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(ProviderError::Client)?;
+        let base = super::base_url(what, &settings.base_url)?;
+        let send_url = super::endpoint(what, &base, &["sms", "json"])?;
+        let client = super::http_client(settings.timeout, settings.connect_timeout)?;
         Ok(Self {
             client,
             settings,

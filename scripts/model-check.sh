@@ -3,7 +3,9 @@
 # (model/sendonce.pml, described in docs/model.md) with spin.
 #
 # Every run is an exhaustive search (no bitstate hashing; only the --deep
-# runs use lossless state compression). The default model must hold every
+# runs use lossless state compression). Runs are independent and go as many
+# at once as there are cores (MODEL_CHECK_JOBS=N to choose; each is bounded
+# by MEMLIM_MB), the table printed in order at the end. The default model must hold every
 # property; each bug or flaw put back with a compile-time switch must give
 # spin a counterexample of the property it breaks. Prints one line per run
 # and a final "N passed, M failed"; exits non-zero if any run did not come
@@ -131,19 +133,11 @@ if [ "$deep" = 1 ] || [ "$only" != " " ]; then
     RUNS=$(printf '%s\n%s\n' "$RUNS" "$RUNS_DEEP")
 fi
 
-passed=0
-failed=0
-printf '%-21s %-9s %-6s %10s %12s %7s %7s  %s\n' run property expect states transitions memory time result
-while IFS='|' read -r name prop expect flags; do
-    name=$(echo "$name" | xargs)
-    prop=$(echo "$prop" | xargs)
-    expect=$(echo "$expect" | xargs)
-    flags=$(echo "$flags" | xargs)
-    [ -n "$name" ] || continue
-    if [ "$only" != " " ]; then
-        case "$only" in *" $name "*) ;; *) continue ;; esac
-    fi
-
+# One run, in a folder of its own: writes its line of the table to
+# $dir/line, PASS or not to $dir/class and its spin flags to $dir/flags.
+run_one() { # name, property, expect, flags
+    local name=$1 prop=$2 expect=$3 flags=$4
+    local dir ccflags panflags result start end rc out elapsed states trans errors mem want
     dir="$build/$name"
     mkdir -p "$dir"
     cp "$build/sendonce.pml" "$dir/"
@@ -215,19 +209,51 @@ while IFS='|' read -r name prop expect flags; do
             fi
         fi
     fi
-    case "$result" in
-        PASS*) passed=$((passed + 1)) ;;
+    printf '%-21s %-9s %-6s %10s %12s %7s %7s  %s\n' "$name" "$prop" "$expect" \
+        "${states:--}" "${trans:--}" "${mem:--}" "${elapsed:--}" "$result" >"$dir/line"
+    printf '%s\n' "${result%% *}" >"$dir/class"
+    printf '%s\n' "$flags" >"$dir/flags"
+}
+
+# The runs are independent: as many at once as there are cores
+# (MODEL_CHECK_JOBS to choose; each run's memory is bounded by MEMLIM_MB).
+jobs_max=${MODEL_CHECK_JOBS:-$(nproc 2>/dev/null || echo 1)}
+names=()
+while IFS='|' read -r name prop expect flags; do
+    name=$(echo "$name" | xargs)
+    prop=$(echo "$prop" | xargs)
+    expect=$(echo "$expect" | xargs)
+    flags=$(echo "$flags" | xargs)
+    [ -n "$name" ] || continue
+    if [ "$only" != " " ]; then
+        case "$only" in *" $name "*) ;; *) continue ;; esac
+    fi
+    names+=("$name")
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+    run_one "$name" "$prop" "$expect" "$flags" &
+done <<<"$RUNS"
+wait
+
+passed=0
+failed=0
+printf '%-21s %-9s %-6s %10s %12s %7s %7s  %s\n' run property expect states transitions memory time result
+for name in "${names[@]}"; do
+    dir="$build/$name"
+    if [ -f "$dir/line" ]; then
+        cat "$dir/line"
+    else
+        printf '%-21s ERROR (the run ended without a result)\n' "$name"
+    fi
+    case "$(cat "$dir/class" 2>/dev/null)" in
+        PASS) passed=$((passed + 1)) ;;
         *) failed=$((failed + 1)) ;;
     esac
-    printf '%-21s %-9s %-6s %10s %12s %7s %7s  %s\n' "$name" "$prop" "$expect" \
-        "${states:--}" "${trans:--}" "${mem:--}" "${elapsed:--}" "$result"
     if [ -n "$trail" ] && [ -f "$dir/sendonce.pml.trail" ]; then
         echo
-        echo "counterexample of $name (spin -t $flags):"
-        show_trail "$dir" "$flags"
+        echo "counterexample of $name (spin -t $(cat "$dir/flags")):"
+        show_trail "$dir" "$(cat "$dir/flags")"
     fi
-    states="" trans="" mem="" elapsed=""
-done <<<"$RUNS"
+done
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

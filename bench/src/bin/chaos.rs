@@ -1540,6 +1540,22 @@ fn unknown_cause(
         .iter()
         .filter(|a| outcome(a, "ambiguous"))
         .collect();
+    // Our side saw its session drop, and the SMSC closed a session then: a
+    // submit written but not yet read when the SMSC dropped every session
+    // (the SMSC keeps no record of it), or a later part never written after
+    // the first ones were taken. Both are cut off.
+    const SLACK_MS: i64 = 200;
+    if ambiguous.iter().any(|a| {
+        let end = a.finished.unwrap_or(i64::MAX);
+        a.error
+            .as_deref()
+            .is_some_and(|e| e.contains("session dropped"))
+            && closed
+                .values()
+                .any(|c| *c >= a.started - SLACK_MS && *c <= end.saturating_add(SLACK_MS))
+    }) {
+        return Some("a session closed during its attempt, which saw its session drop");
+    }
     if ambiguous.iter().any(|a| {
         let end = a.finished.unwrap_or(i64::MAX);
         hits.iter()
@@ -1819,7 +1835,13 @@ async fn explain(run: &Run, database_url: &str, o: &Outcome) {
             Verdict::Lost => "lost",
             Verdict::Stuck => "stuck",
             Verdict::FalseFinal => "false final",
-            // Allowed, and shown: why nobody could tell.
+            // Allowed, and shown: why nobody could tell; over SMPP the
+            // ones with no cause found (what fails the run) first.
+            Verdict::Unknown { .. }
+                if o.causes.iter().any(|(c, cause)| c == k && cause.is_none()) =>
+            {
+                "unknown with no cause found"
+            }
             Verdict::Unknown { .. } => "unknown",
             Verdict::Ok => continue,
         };
@@ -1973,6 +1995,26 @@ mod tests {
         // going on: nothing cut it off.
         let amb = attempt("ambiguous", "the SMPP session dropped", 9_990, 10_050);
         assert_eq!(unknown_cause(&[&ok], &none, &[amb], &[]), None);
+        // Its session dropped during the attempt, with its submit not read
+        // by the SMSC (no record of it) or a later part never written; and
+        // a drop seen by our side with no session closed anywhere near it.
+        let dropped = || attempt("ambiguous", "the SMPP session dropped", 9_990, 10_050);
+        let closed_then = HashMap::from([(2, 10_030)]);
+        assert!(unknown_cause(&[], &closed_then, &[dropped()], &[]).is_some());
+        let after_part = attempt(
+            "ambiguous",
+            "the SMPP session dropped after 1 of 2 parts were accepted (they are on the phone)",
+            9_990,
+            12_500,
+        );
+        let p1 = submit(1, "ok", Some((9, 2, 1)), 10_000);
+        let closed_later = HashMap::from([(1, 12_400)]);
+        assert!(unknown_cause(&[&p1], &closed_later, &[after_part], &[]).is_some());
+        let closed_long_after = HashMap::from([(2, 15_000)]);
+        assert_eq!(
+            unknown_cause(&[], &closed_long_after, &[dropped()], &[]),
+            None
+        );
         // A submit taken and never answered.
         let silent = submit(1, "silent", None, 10_000);
         assert!(unknown_cause(&[&silent], &none, &[], &[]).is_some());

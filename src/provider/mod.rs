@@ -291,8 +291,6 @@ pub trait Provider: Send + Sync + 'static {
     }
 }
 
-/// `text` without `body` and without any run of four or more digits that
-/// `body` contains.
 /// `url` as the base of an adapter's endpoints: an http or https URL that
 /// can take a path (`what` names it in the error).
 pub(crate) fn base_url(what: &'static str, url: &str) -> Result<reqwest::Url, ProviderError> {
@@ -339,6 +337,8 @@ pub(crate) fn http_client(
         .map_err(ProviderError::Client)
 }
 
+/// `text` without `body` and without any run of four or more digits that
+/// `body` contains.
 pub fn scrub(text: &str, body: &str) -> String {
     let mut out = if body.is_empty() {
         text.to_string()

@@ -263,6 +263,18 @@ impl App {
             .run(stop.clone()),
         );
 
+        // A verification's next channel goes on the same beat.
+        let fallback_task = tokio::spawn(
+            crate::verify::fallback::Fallbacks {
+                store: Arc::clone(&self.state.store),
+                deliverer: Arc::clone(&self.state.deliverer),
+                secret: Arc::clone(&self.state.verify.secret),
+                clock: self.clock.clone(),
+                interval: self.settings.scheduler.poll_interval,
+            }
+            .run(stop.clone()),
+        );
+
         let router = http::router_with(
             Arc::clone(&self.state),
             crate::console::router(Arc::clone(&self.state)),
@@ -308,6 +320,7 @@ impl App {
         let _ = upkeep_task.await;
         let _ = webhooks_task.await;
         let _ = expiry_task.await;
+        let _ = fallback_task.await;
         if let Some(task) = metrics_task {
             let _ = task.await;
         }

@@ -54,6 +54,7 @@ fn message(status: Status) -> MessageRecord {
         last_attempt_sender: None,
         recipient_opted_out: false,
         cost: None,
+        prepared_token: None,
     }
 }
 

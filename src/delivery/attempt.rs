@@ -150,7 +150,7 @@ impl Deliverer {
             };
 
             let now = self.clock.now();
-            let sms = match self.outgoing(&msg, now).await {
+            let mut sms = match self.outgoing(&msg, now).await {
                 Ok(sms) => sms,
                 Err(BodyError::Unreadable(why)) => {
                     return match self.decide(&snap, &Event::Unsendable(&why), dedupes, &r) {
@@ -161,7 +161,9 @@ impl Deliverer {
                 Err(BodyError::Unavailable) => return Report::StoreDown,
             };
 
-            let outcome = match self.call(&msg, &mut lease, provider.as_ref(), &sms).await {
+            let outcome = match self
+                .call(&mut msg, &mut lease, provider.as_ref(), &mut sms)
+                .await {
                 Ok(outcome) => outcome,
                 Err(report) => return report,
             };
@@ -444,6 +446,7 @@ impl Deliverer {
                 .expires_at
                 .map(|e| Duration::try_from(e - now).unwrap_or(Duration::ZERO)),
             attempt: msg.attempts,
+            prepared: msg.prepared_token.clone(),
         };
         if !crate::verify::crypto::is_sealed(&sms.body) {
             return Ok(sms);

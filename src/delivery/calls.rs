@@ -71,12 +71,19 @@ impl Deliverer {
     /// a lease renewed after the last wait and checked once more on this
     /// instance's clock, cut off at the provider timeout or when the
     /// shutdown grace ends; the answer scrubbed of the message's text.
+    ///
+    /// A provider whose send carries a token of a first call
+    /// ([`Provider::prepare`]) gets it first, when the message has none
+    /// yet: the token is written with the message, fenced on the lease,
+    /// before the send that carries it starts (and the lease checked again
+    /// after that wait), so that every later attempt, on any instance,
+    /// sends with the same one.
     pub(super) async fn call(
         &self,
-        msg: &MessageRecord,
+        msg: &mut MessageRecord,
         lease: &mut Lease,
         provider: &dyn Provider,
-        sms: &OutgoingSms,
+        sms: &mut OutgoingSms,
     ) -> Result<SendOutcome, Report> {
         // The lease, after the last wait (the slot, the secret): renewed
         // unless it was written within the last second, and with enough
@@ -85,6 +92,12 @@ impl Deliverer {
             return Err(Report::Stopped);
         };
         self.lease_for_call(msg.id, lease).await?;
+        if sms.prepared.is_none()
+            && let Some(prepared) = self.prepare(msg, lease, provider, sms).await?
+        {
+            drop(call);
+            return Ok(prepared.scrubbed(&sms.body));
+        }
         crate::failpoint::hit("call.before_request");
         // Checked once more on this instance's own clock right before the
         // request is built: a pause (GC, SIGSTOP, a VM freeze) since the
@@ -137,5 +150,53 @@ impl Deliverer {
             "provider answered"
         );
         Ok(outcome)
+    }
+
+    /// The first call of a provider that has one, and its token written
+    /// (see [`Deliverer::call`]); `Some(outcome)`: the attempt ends so,
+    /// nothing sent.
+    async fn prepare(
+        &self,
+        msg: &mut MessageRecord,
+        lease: &mut Lease,
+        provider: &dyn Provider,
+        sms: &mut OutgoingSms,
+    ) -> Result<Option<SendOutcome>, Report> {
+        let first = tokio::select! {
+            o = tokio::time::timeout(self.settings.provider_timeout, provider.prepare(sms)) => o,
+            () = self.stop.cancelled() => return Err(Report::Stopped),
+        };
+        let token = match first {
+            Ok(None) => return Ok(None),
+            Ok(Some(Ok(token))) => token,
+            Ok(Some(Err(outcome))) => return Ok(Some(outcome)),
+            // The first call sends nothing: no answer is no harm.
+            Err(_) => {
+                return Ok(Some(SendOutcome::Retryable {
+                    http_status: None,
+                    provider_code: None,
+                    retry_after: None,
+                    message: "the provider did not answer its first call in time".into(),
+                }));
+            }
+        };
+        let written = crate::clock::Stamp::now();
+        match self.store.prepare_send(msg.id, lease, &token).await {
+            // The token the message holds: ours, or one an earlier owner
+            // wrote first (then ours is never used).
+            Ok(Some(stored)) => {
+                lease.written = written;
+                msg.prepared_token = Some(stored.clone());
+                sms.prepared = Some(stored);
+            }
+            Ok(None) => return Err(Report::LeaseLost),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not store the provider's token");
+                return Err(Report::StoreDown);
+            }
+        }
+        // The write was a wait: the lease must still cover the send.
+        self.lease_for_call(msg.id, lease).await?;
+        Ok(None)
     }
 }

@@ -270,6 +270,23 @@ impl Deliverer {
         }
     }
 
+    /// Where a verification's Telegram send starts, and stays: the
+    /// Telegram Gateway, when it is configured.
+    pub fn gateway_route(&self) -> Option<crate::verify::Via> {
+        let name = crate::provider::telegram_gateway::NAME;
+        self.provider_named_ref(name)?;
+        Some(crate::verify::Via {
+            provider: name.to_string(),
+            sender: None,
+            route: None,
+        })
+    }
+
+    /// The configured provider called `name` (or test mode's).
+    pub fn provider(&self, name: &str) -> Option<Arc<dyn Provider>> {
+        self.provider_named_ref(name).cloned()
+    }
+
     /// Every provider this deliverer sends through (test mode's aside).
     pub fn providers(&self) -> &[Arc<dyn Provider>] {
         &self.calls.providers
@@ -294,6 +311,15 @@ impl Deliverer {
         // A test-mode message stays with test mode's provider.
         if msg.provider == crate::provider::testmode::NAME {
             return vec![&self.calls.test_dyn];
+        }
+        // A message on a provider of a channel of its own that its address
+        // is not of (a code to a number through the Telegram Gateway) stays
+        // with it: no SMS provider is its failover (the verification's
+        // next channel is a message of its own).
+        if let Some(own) = self.provider_named_ref(&msg.provider)
+            && own.channel() != msg.to.channel()
+        {
+            return vec![own];
         }
         let channel = msg.to.channel();
         let of_channel = || {

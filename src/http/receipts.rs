@@ -157,6 +157,7 @@ async fn receive(
         headers: &headers,
         path_and_query: uri.path_and_query().map_or(uri.path(), |p| p.as_str()),
         public_url: state.receipts.public_url.as_deref(),
+        now: state.clock.now(),
     };
     route.admit(&req)?;
     let body = read_body(body, state.body_read_timeout).await?;

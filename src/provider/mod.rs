@@ -40,7 +40,7 @@ macro_rules! adapters {
     };
 }
 
-adapters!(simulated, http, twilio, infobip, vonage, smpp, telegram);
+adapters!(simulated, http, twilio, infobip, vonage, smpp, telegram, telegram_gateway);
 
 pub use http::HttpProvider;
 pub use infobip::{InfobipProvider, InfobipSettings};
@@ -80,6 +80,9 @@ pub struct OutgoingSms {
     pub validity: Option<Duration>,
     /// The attempt's number (1 for the first).
     pub attempt: u32,
+    /// What the provider's first call handed out for this message
+    /// ([`Provider::prepare`]), stored with the message before the send.
+    pub prepared: Option<String>,
 }
 
 impl OutgoingSms {
@@ -279,6 +282,25 @@ pub trait Provider: Send + Sync + 'static {
     /// Most providers keep nothing running: `None`.
     fn start(&self, _runtime: ProviderRuntime) -> Option<tokio::task::JoinHandle<()>> {
         None
+    }
+
+    /// The first of two calls, for a provider whose send must carry what
+    /// an earlier call handed out (the Telegram Gateway's
+    /// `checkSendAbility` and its `request_id`). `None`: no such call (the
+    /// default). `Some(Ok(token))`: delivery writes the token with the
+    /// message, fenced on its lease, and only then calls [`Provider::send`]
+    /// with it in [`OutgoingSms::prepared`]; every later attempt reuses it
+    /// without preparing again. `Some(Err(outcome))`: how the attempt ends
+    /// (nothing was sent).
+    async fn prepare(&self, _sms: &OutgoingSms) -> Option<Result<String, SendOutcome>> {
+        None
+    }
+
+    /// Withdraws a message sent under `prepared` (a token of
+    /// [`Provider::prepare`]) that was not delivered yet, best effort:
+    /// whether the provider said it did. Providers that cannot: false.
+    async fn revoke(&self, _prepared: &str) -> bool {
+        false
     }
 
     /// Asks the provider whether `sms` was sent by `attempt`. Providers

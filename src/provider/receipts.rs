@@ -18,6 +18,9 @@ pub struct ReceiptRequest<'a> {
     /// `SENDONCE_PUBLIC_URL`, without a trailing slash: the address the
     /// provider was given, and signs.
     pub public_url: Option<&'a str>,
+    /// When it arrived, by the service's clock (what a signed timestamp is
+    /// judged against).
+    pub now: time::OffsetDateTime,
 }
 
 /// A receipt, authenticated.

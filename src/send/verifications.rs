@@ -18,12 +18,12 @@ use crate::domain::{FieldError, Recipient, segments};
 use crate::error::ApiError;
 use crate::store::TenantAuth;
 use crate::store::{
-    Changed, NewMessage, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy, StoreError,
+    Changed, MessageRecord, NewMessage, fallback_key, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy, StoreError,
     StoredOp, StoredResponse, VerificationRecord, send_key,
 };
 use crate::verify::decide::{self, PausePolicy, VerificationStatus};
 use crate::verify::{
-    Keys, SentMessage, StartRequest, VerificationOut, Verifier, VerifySettings, crypto, next_send,
+    Channel, Keys, SentMessage, StartRequest, VerificationOut, Verifier, VerifySettings, crypto, next_send,
     send_message,
 };
 
@@ -78,10 +78,49 @@ impl Sends {
         let mut out = Vec::new();
         for n in 1..=v.sends {
             if let Some(m) = self.store.message(v.tenant_id, &send_key(v.id, n)).await? {
-                out.push(SentMessage::of(&m, v));
+                let mut sent = SentMessage::of(&m, v);
+                if sent.channel == Channel::Telegram.as_str() {
+                    sent.delivery_report = self.last_report(&m).await?;
+                    out.push(sent);
+                    if let Some(sms) = self.store.message(v.tenant_id, &fallback_key(v.id, n)).await? {
+                        out.push(SentMessage::of(&sms, v));
+                    }
+                } else {
+                    out.push(sent);
+                }
             }
         }
         Ok(out)
+    }
+
+    /// The provider's last word in a receipt of `m`, if any came.
+    async fn last_report(&self, m: &MessageRecord) -> Result<Option<String>, ApiError> {
+        let receipts = self.store.receipts_after(m.id, None, 100).await?;
+        Ok(receipts.into_iter().last().map(|r| r.provider_status))
+    }
+
+    /// Where a verification's first message starts: the first of
+    /// `channels` that can be sent on (test mode's provider for a test
+    /// key, whatever the channels). `Err`: a channel is not configured;
+    /// `Ok(None)`: no SMS route covers the number.
+    fn first_channel(
+        &self,
+        channels: &crate::verify::Channels,
+        to: &str,
+        test: bool,
+    ) -> Result<Option<crate::verify::Via>, FieldError> {
+        if test {
+            return Ok(Some(crate::delivery::Deliverer::test_route()));
+        }
+        match channels.first() {
+            Channel::Telegram => self.deliverer.gateway_route().map(Some).ok_or_else(|| {
+                FieldError::new(
+                    "channels",
+                    "telegram needs the Telegram Gateway (TELEGRAM_GATEWAY_TOKEN is not set)",
+                )
+            }),
+            Channel::Sms => Ok(self.deliverer.first_route(to, None)),
+        }
     }
 
     /// Builds and starts the verification `request` asks for under `key`:
@@ -98,13 +137,15 @@ impl Sends {
         key: &str,
         request: &StartRequest,
     ) -> Result<(StartOutcome, OffsetDateTime), ApiError> {
-        let via = self.deliverer.first_route(request.to.as_str(), None);
+        let via = self.first_channel(&request.channels, request.to.as_str(), tenant.is_test());
         let mut errors: Vec<FieldError> =
             super::country_refused(tenant, request.country.as_deref())
                 .into_iter()
                 .collect();
-        if via.is_none() {
-            errors.push(FieldError::new("to", super::NO_ROUTE));
+        match &via {
+            Err(e) => errors.push(e.clone()),
+            Ok(None) => errors.push(FieldError::new("to", super::NO_ROUTE)),
+            Ok(Some(_)) => {}
         }
         let longest = "9".repeat(usize::try_from(request.code_length).unwrap_or(10));
         let sample = crate::verify::render(request.template.as_deref(), &longest);
@@ -117,12 +158,7 @@ impl Sends {
         if !errors.is_empty() {
             return Err(ApiError::Validation(errors));
         }
-        let via = via.ok_or_else(super::no_route)?;
-        let via = if tenant.is_test() {
-            crate::delivery::Deliverer::test_route()
-        } else {
-            via
-        };
+        let via = via.ok().flatten().ok_or_else(super::no_route)?;
         let settings = &verifier.settings;
         let keys = verifier.secret.keys().await?;
         let now = self.clock.now();
@@ -143,6 +179,8 @@ impl Sends {
             checks_remaining: settings.max_checks,
             created_at: now,
             expires_at: now + time::Duration::seconds(i64::from(request.ttl_seconds)),
+            channels: request.channels.clone(),
+            fallback_after_seconds: request.fallback_after_seconds,
         };
         let mut first = VerificationRecord::started(&new);
         first.sends = 0;
@@ -405,15 +443,11 @@ impl Sends {
     ) -> Result<(VerificationRecord, NewMessage, StoredResponse), ApiError> {
         let after = v.resent(now);
         let deadline = self.deliverer.settings().retry.deadline;
+        // A resend follows the same channel order.
         let via = self
-            .deliverer
-            .first_route(&v.to, None)
+            .first_channel(&v.channels, &v.to, test)
+            .map_err(|e| ApiError::Validation(vec![e]))?
             .ok_or_else(super::no_route)?;
-        let via = if test {
-            crate::delivery::Deliverer::test_route()
-        } else {
-            via
-        };
         let m = next_send(keys, v, &via, deadline, now).ok_or(StoreError::Invariant(
             "a verification's code does not open with the verify secret",
         ))?;

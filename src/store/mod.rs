@@ -23,6 +23,7 @@ pub mod admin;
 pub mod channels;
 pub mod console;
 pub mod error;
+pub mod fallbacks;
 pub mod postgres;
 pub mod routing;
 pub(crate) mod row;
@@ -41,6 +42,7 @@ pub use console::{
     OverviewCounts, SessionRecord,
 };
 pub use error::{SqlxResultExt, StoreError};
+pub use fallbacks::{FallbackDue, FallbackState, FallbackStore, NewFallback, fallback_of};
 pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
 pub use spend::{Charged, SpendItem, SpendStore, SpendSummary};
@@ -93,6 +95,7 @@ pub trait Store:
     + WebhookStore
     + SpendStore
     + ChannelStore
+    + FallbackStore
     + Send
     + Sync
     + 'static
@@ -113,6 +116,7 @@ impl<T> Store for T where
         + WebhookStore
         + SpendStore
         + ChannelStore
+        + FallbackStore
         + Send
         + Sync
         + 'static

@@ -32,7 +32,7 @@ macro_rules! message_columns {
         m.validity_seconds, m.provider, m.route, m.provider_message_id, m.attempts, m.maybe_sent, m.error, \
         m.response_code, m.response_body, m.lease_token, m.lease_owner, m.lease_expires_at, \
         m.next_attempt_at, m.created_at, m.updated_at, m.sent_at, m.delivery_status_at, \
-        m.expires_at, m.deadline_at, m.send_at, m.cost_micros, m.cost_currency, \
+        m.expires_at, m.deadline_at, m.send_at, m.cost_micros, m.cost_currency, m.prepared_token, \
         (SELECT a.started_at FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
             AS last_attempt_started_at, \
         (SELECT a.sender FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
@@ -162,6 +162,7 @@ pub struct MessageRow {
     send_at: Option<DbTime>,
     cost_micros: Option<i64>,
     cost_currency: Option<String>,
+    prepared_token: Option<String>,
     last_attempt_started_at: Option<DbTime>,
     last_attempt_sender: Option<String>,
     last_attempt_open: bool,
@@ -233,6 +234,7 @@ impl From<MessageRow> for MessageRecord {
                 (Some(m), Some(c)) => Some(crate::spend::Cost::new(m, &c)),
                 _ => None,
             },
+            prepared_token: r.prepared_token,
         }
     }
 }

@@ -289,6 +289,10 @@ pub struct MessageRecord {
     pub send_at: Option<OffsetDateTime>,
     /// Its estimated cost, if it was stored with one.
     pub cost: Option<crate::spend::Cost>,
+    /// What its provider's first call handed out for its send (the
+    /// Telegram Gateway's `request_id`), reused by every retry
+    /// ([`crate::provider::Provider::prepare`]).
+    pub prepared_token: Option<String>,
 }
 
 impl MessageRecord {
@@ -338,6 +342,7 @@ impl MessageRecord {
             recipient_opted_out,
             send_at: None,
             cost: m.cost_out(),
+            prepared_token: None,
         }
     }
 
@@ -388,6 +393,7 @@ impl MessageRecord {
             recipient_opted_out: false,
             send_at,
             cost: m.cost_out(),
+            prepared_token: None,
         }
     }
 

@@ -6,6 +6,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{MessageRecord, StoredResponse};
+use crate::verify::Channels;
 use crate::verify::decide::{self, PausePolicy, VerificationStatus};
 
 /// A verification to insert, with its first send.
@@ -25,6 +26,11 @@ pub struct NewVerification {
     pub checks_remaining: u32,
     pub created_at: OffsetDateTime,
     pub expires_at: OffsetDateTime,
+    /// The channels its code goes through, in order.
+    pub channels: Channels,
+    /// How long a Telegram message has to be reported delivered before
+    /// the next channel is used.
+    pub fallback_after_seconds: u32,
 }
 
 /// A verification row.
@@ -49,6 +55,8 @@ pub struct VerificationRecord {
     pub last_sent_at: OffsetDateTime,
     pub approved_at: Option<OffsetDateTime>,
     pub updated_at: OffsetDateTime,
+    pub channels: Channels,
+    pub fallback_after_seconds: u32,
 }
 
 impl VerificationRecord {
@@ -74,6 +82,8 @@ impl VerificationRecord {
             last_sent_at: v.created_at,
             approved_at: None,
             updated_at: v.created_at,
+            channels: v.channels.clone(),
+            fallback_after_seconds: v.fallback_after_seconds,
         }
     }
 
@@ -97,6 +107,12 @@ impl VerificationRecord {
 /// The idempotency key of a verification's send number `n`.
 pub fn send_key(id: Uuid, n: u32) -> String {
     format!("ver_{}:send:{n}", id.simple())
+}
+
+/// The idempotency key of the next channel's message of send `n`, when
+/// Telegram did not deliver it.
+pub fn fallback_key(id: Uuid, n: u32) -> String {
+    format!("{}:sms", send_key(id, n))
 }
 
 /// The abuse rules a start is held to, all read and written in the start's

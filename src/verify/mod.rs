@@ -24,11 +24,14 @@ use crate::clock::to_time;
 use crate::domain::{FieldError, IdempotencyKey, MessageId, Phone, Recipient, segments};
 use crate::store::{MessageRecord, NewMessage, VerificationRecord, send_key};
 
+pub mod channels;
 pub mod crypto;
 pub mod decide;
 pub mod expiry;
+pub mod fallback;
 pub mod settings;
 
+pub use channels::{Channel, Channels};
 pub use crypto::{Keys, SecretSource};
 pub use decide::VerificationStatus;
 pub use settings::VerifySettings;
@@ -39,6 +42,11 @@ pub const DEFAULT_TEMPLATE: &str = "Your verification code is {code}";
 pub const PLACEHOLDER: &str = "{code}";
 /// The fewest digits a new verification's code may have (`code_length`).
 pub const MIN_CODE_LENGTH: u64 = 6;
+/// How long a Telegram message has to be reported delivered before the
+/// next channel is used, unless a start says (`fallback_after_seconds`),
+/// and the bounds a start may say.
+pub const DEFAULT_FALLBACK_AFTER: u32 = 60;
+pub const FALLBACK_AFTER_SECONDS: std::ops::RangeInclusive<u64> = 5..=600;
 
 /// The verification service's parts an HTTP handler needs.
 pub struct Verifier {
@@ -57,6 +65,10 @@ pub struct StartRequest {
     pub code_length: u32,
     pub ttl_seconds: u32,
     pub template: Option<String>,
+    /// The channels its code goes through, in order.
+    pub channels: Channels,
+    /// How long Telegram has to report delivery before the next channel.
+    pub fallback_after_seconds: u32,
 }
 
 impl StartRequest {
@@ -73,7 +85,11 @@ impl StartRequest {
         for k in obj.keys() {
             if !matches!(
                 k.as_str(),
-                "to" | "code_length" | "ttl_seconds" | "template"
+                "to" | "code_length"
+                    | "ttl_seconds"
+                    | "template"
+                    | "channels"
+                    | "fallback_after_seconds"
             ) {
                 errors.push(err(k, "unknown field"));
             }
@@ -142,6 +158,44 @@ impl StartRequest {
                 None
             }
         };
+        let channels = match obj.get("channels") {
+            None => Channels::default(),
+            Some(v) => Channels::from_json(v).unwrap_or_else(|why| {
+                errors.push(err("channels", why));
+                Channels::default()
+            }),
+        };
+        let telegram = channels.contains(Channel::Telegram);
+        let digits = crate::provider::telegram_gateway::CODE_DIGITS;
+        if telegram && !digits.contains(&code_length) {
+            errors.push(err(
+                "code_length",
+                "must be at most 8 when channels include telegram (the Telegram Gateway takes 4 to 8 digits)",
+            ));
+        }
+        let falls_back = channels.after(Channel::Telegram).is_some();
+        let fallback_after_seconds = if obj.contains_key("fallback_after_seconds") && !falls_back {
+            errors.push(err(
+                "fallback_after_seconds",
+                "applies only when channels start with telegram and name a next channel",
+            ));
+            0
+        } else if falls_back {
+            let (lo, hi) = (*FALLBACK_AFTER_SECONDS.start(), *FALLBACK_AFTER_SECONDS.end());
+            let given = obj.contains_key("fallback_after_seconds");
+            let n = int("fallback_after_seconds", lo, hi, DEFAULT_FALLBACK_AFTER, &mut errors);
+            // Unsaid, it is never past half the verification's life.
+            let n = if given { n } else { n.min((ttl_seconds / 2).max(5)) };
+            if given && n >= ttl_seconds {
+                errors.push(err(
+                    "fallback_after_seconds",
+                    "must be less than ttl_seconds (the next channel must go while the code is valid)",
+                ));
+            }
+            n
+        } else {
+            0
+        };
         match to {
             Some((to, country)) if errors.is_empty() => Ok(Self {
                 to,
@@ -149,6 +203,8 @@ impl StartRequest {
                 code_length,
                 ttl_seconds,
                 template,
+                channels,
+                fallback_after_seconds,
             }),
             _ => Err(Some(errors)),
         }
@@ -167,6 +223,15 @@ impl StartRequest {
                 h.update(t);
             }
             None => h.update(b"-"),
+        }
+        // Said only when not the default, so that an SMS-only start keeps
+        // the fingerprint it had before channels existed.
+        if self.channels != Channels::default() {
+            h.update(format!(
+                "\0c{}\0{}",
+                self.channels.stored(),
+                self.fallback_after_seconds
+            ));
         }
         h.finalize().to_vec()
     }
@@ -264,8 +329,8 @@ pub fn next_send(
     send_message(keys, v, v.sends + 1, &code, via, retry_deadline, now)
 }
 
-/// The message of send number `n` of `code`; `None` if the stored number
-/// is not E.164 (a broken row).
+/// The message of send number `n` of `code` on the channel `via` leads
+/// to; `None` if the stored number is not E.164 (a broken row).
 pub fn send_message(
     keys: &Keys,
     v: &VerificationRecord,
@@ -275,20 +340,53 @@ pub fn send_message(
     retry_deadline: std::time::Duration,
     now: OffsetDateTime,
 ) -> Option<NewMessage> {
-    let key = send_key(v.id, n);
-    let body = render(v.template.as_deref(), code);
+    build(keys, v, &send_key(v.id, n), code, via, retry_deadline, now)
+}
+
+/// The next channel's message of send `n`, when Telegram did not deliver
+/// it: the same code, under the key `ver_<id>:send:<n>:sms`. `None` when
+/// the code does not open (the verify secret changed) or the row is broken.
+pub fn fallback_message(
+    keys: &Keys,
+    v: &VerificationRecord,
+    n: u32,
+    via: &Via,
+    retry_deadline: std::time::Duration,
+    now: OffsetDateTime,
+) -> Option<NewMessage> {
+    let code = keys.open(v.id.as_bytes(), &v.code_sealed).ok()?;
+    let code = String::from_utf8(code).ok()?;
+    let key = crate::store::fallback_key(v.id, n);
+    build(keys, v, &key, &code, via, retry_deadline, now)
+}
+
+fn build(
+    keys: &Keys,
+    v: &VerificationRecord,
+    key: &str,
+    code: &str,
+    via: &Via,
+    retry_deadline: std::time::Duration,
+    now: OffsetDateTime,
+) -> Option<NewMessage> {
+    let channel = Channel::of_provider(&via.provider);
+    // The Gateway is handed the code alone (its own text carries it).
+    let body = match channel {
+        Channel::Telegram => code.to_string(),
+        Channel::Sms => render(v.template.as_deref(), code),
+    };
     let count = segments::count(&body);
     let id = MessageId::new();
     let remaining = (v.expires_at - now).whole_seconds().max(1);
     Some(NewMessage {
         id,
         tenant_id: v.tenant_id,
-        // `ver_` + hex + `:send:` + digits: always a valid key.
-        idempotency_key: IdempotencyKey::parse(&key).ok()?,
+        // `ver_` + hex + `:send:` + digits (+ `:sms`): always a valid key.
+        idempotency_key: IdempotencyKey::parse(key).ok()?,
         fingerprint: Sha256::digest(key.as_bytes()).to_vec(),
         to: Recipient::Sms(Phone::from_e164(&v.to)?),
         from: None,
-        body: keys.seal_body(id.0, &body, &masked(v)),
+        body: keys.seal_body(id.0, &body, &masked_as(v, channel)),
         segments: count.segments,
         encoding: count.encoding,
         metadata: BTreeMap::from([("verification_id".to_string(), public_id(v.id))]),
@@ -303,33 +401,54 @@ pub fn send_message(
     })
 }
 
+/// The text of a verification's message on `channel` with its code
+/// masked: the template's for SMS, the code's digits for Telegram.
+pub fn masked_as(v: &VerificationRecord, channel: Channel) -> String {
+    match channel {
+        Channel::Sms => masked(v),
+        Channel::Telegram => "*".repeat(usize::try_from(v.code_length).unwrap_or(6)),
+    }
+}
+
 /// A verification's message as answered: never its body's code.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct SentMessage {
     pub id: String,
     pub idempotency_key: String,
+    /// `sms`, or `telegram` (through the Telegram Gateway).
+    pub channel: &'static str,
     pub status: crate::domain::Status,
     pub body: String,
+    /// The Gateway's last word on a Telegram message (`sent`,
+    /// `delivered`, `read`, `expired`, `revoked`), once it reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_report: Option<String>,
 }
 
 impl SentMessage {
     /// A send about to be inserted, as its claimed row will stand
     /// (`processing`).
     pub fn queued(m: &NewMessage, v: &VerificationRecord) -> Self {
+        let channel = Channel::of_provider(&m.provider);
         Self {
             id: m.id.to_string(),
             idempotency_key: m.idempotency_key.to_string(),
+            channel: channel.as_str(),
             status: crate::domain::Status::Processing,
-            body: masked(v),
+            body: masked_as(v, channel),
+            delivery_report: None,
         }
     }
 
     pub fn of(m: &MessageRecord, v: &VerificationRecord) -> Self {
+        let channel = Channel::of_provider(&m.provider);
         Self {
             id: m.id.to_string(),
             idempotency_key: m.idempotency_key.to_string(),
+            channel: channel.as_str(),
             status: m.status,
-            body: masked(v),
+            body: masked_as(v, channel),
+            delivery_report: None,
         }
     }
 }
@@ -350,6 +469,12 @@ pub struct VerificationOut {
     pub resend_available_at: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339::option")]
     pub approved_at: Option<OffsetDateTime>,
+    /// The channels its code goes through, in order.
+    pub channels: Vec<&'static str>,
+    /// How long Telegram has to report delivery before the next channel
+    /// (when there is one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_after_seconds: Option<u32>,
     pub messages: Vec<SentMessage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub valid: Option<bool>,
@@ -378,6 +503,11 @@ impl VerificationOut {
                 settings.max_sends,
             ),
             approved_at: v.approved_at,
+            channels: v.channels.names(),
+            fallback_after_seconds: v
+                .channels
+                .after(Channel::Telegram)
+                .map(|_| v.fallback_after_seconds),
             messages,
             valid: None,
         }

@@ -300,6 +300,7 @@ async fn run_smpp_row(row: &Row, want: Want) {
         body: format!("conformance: {}", row.name),
         validity: None,
         attempt: 1,
+        prepared: None,
     };
     let outcome = provider.send(&sms).await;
     assert_eq!(outcome.class(), want.class, "{what}: {outcome:?}");
@@ -348,6 +349,7 @@ async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
         body: format!("conformance: {}", row.name),
         validity: None,
         attempt: 1,
+        prepared: None,
     };
     let started_at = time::OffsetDateTime::now_utc();
     let started = Instant::now();

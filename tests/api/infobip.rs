@@ -563,6 +563,7 @@ fn outgoing(body: &str) -> OutgoingSms {
         validity: None,
         attempt: 1,
     }
+    prepared: None,
 }
 
 fn aged(age: Duration) -> AttemptRef {

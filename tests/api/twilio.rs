@@ -384,6 +384,7 @@ async fn prism_accepts_the_adapters_requests() {
         body: "Your order 92831 is confirmed.".into(),
         validity,
         attempt: 1,
+        prepared: None,
     };
     let full = TwilioProvider::new(settings(
         &base,

@@ -56,6 +56,7 @@ fn outgoing(body: &str, from: Option<&str>) -> OutgoingSms {
         validity: None,
         attempt: 1,
     }
+    prepared: None,
 }
 
 /// A mock and its base URL (`http://host:port`).

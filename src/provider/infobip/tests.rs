@@ -248,6 +248,7 @@ fn the_body_carries_our_id_the_sender_validity_and_the_delivery_url() {
         body: "Your code is 1234".into(),
         validity: Some(Duration::from_millis(299_500)),
         attempt: 1,
+        prepared: None,
     };
     let to = sms.phone().unwrap();
     let body = p.body(&sms, to);
@@ -340,6 +341,7 @@ fn configuration_from_the_variables() {
         headers: &headers,
         path_and_query: "/providers/infobip/status?secret=anything-at-all-0123",
         public_url: None,
+        now: time::OffsetDateTime::now_utc(),
     };
     assert_eq!(
         route.admit(&req),

@@ -12,6 +12,7 @@ fn sms(body: &str) -> OutgoingSms {
         validity: None,
         attempt: 1,
     }
+    prepared: None,
 }
 
 #[test]

@@ -140,6 +140,7 @@ fn outgoing(body: &str, validity: Option<Duration>) -> OutgoingSms {
         validity,
         attempt: 1,
     }
+    prepared: None,
 }
 
 #[test]
@@ -296,6 +297,7 @@ fn read(
         headers: &headers,
         path_and_query,
         public_url: None,
+        now: time::OffsetDateTime::now_utc(),
     };
     route.admit(&req)?;
     route.read(&req, body)

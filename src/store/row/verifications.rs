@@ -12,7 +12,7 @@ macro_rules! verification_columns {
     () => {
         "id, tenant_id, idempotency_key, fingerprint, status, to_number, country, prefix, \
          code_length, code_mac, code_sealed, template, sends, checks_remaining, created_at, \
-         expires_at, last_sent_at, approved_at, updated_at"
+         expires_at, last_sent_at, approved_at, updated_at, channels, fallback_after_seconds"
     };
 }
 pub(crate) use verification_columns;
@@ -39,6 +39,8 @@ pub(crate) struct VerificationRow {
     last_sent_at: DbTime,
     approved_at: Option<DbTime>,
     updated_at: DbTime,
+    channels: String,
+    fallback_after_seconds: i32,
 }
 
 impl TryFrom<VerificationRow> for VerificationRecord {
@@ -68,6 +70,9 @@ impl TryFrom<VerificationRow> for VerificationRecord {
             last_sent_at: r.last_sent_at.0,
             approved_at: r.approved_at.map(|t| t.0),
             updated_at: r.updated_at.0,
+            channels: crate::verify::Channels::parse_stored(&r.channels)
+                .ok_or(StoreError::Invariant("an unknown verification channel"))?,
+            fallback_after_seconds: count(r.fallback_after_seconds)?,
         })
     }
 }

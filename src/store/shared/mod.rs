@@ -34,6 +34,7 @@ use std::pin::Pin;
 pub(crate) mod admin;
 pub(crate) mod channels;
 pub(crate) mod console;
+pub(crate) mod fallbacks;
 pub(crate) mod maintenance;
 pub(crate) mod messages;
 pub(crate) mod opt_outs;

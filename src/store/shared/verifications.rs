@@ -22,8 +22,9 @@ use crate::store::row::verifications::{OpRow, VerificationRow, verification_colu
 use crate::store::time::{DbTime, db, micros};
 use crate::store::verification::{pause_window_start, start_limit};
 use crate::store::{
-    Changed, Lease, MessageRecord, NewMessage, NewVerification, OpKey, OpKind, StartOutcome,
+    Changed, Lease, MessageRecord, NewFallback, NewMessage, NewVerification, OpKey, OpKind, StartOutcome,
     StartPolicy, StoreError, StoredOp, StoredResponse, VerificationRecord, VerificationStore,
+    fallback_of,
 };
 use crate::verify::decide::{self, VerificationStatus};
 
@@ -96,12 +97,17 @@ const PREFIX_STARTS: &str = "SELECT count(*), min(created_at) FROM verifications
 
 const INSERT: &str = "INSERT INTO verifications (id, tenant_id, idempotency_key, fingerprint, \
         status, to_number, country, prefix, code_length, code_mac, code_sealed, template, \
-        sends, checks_remaining, created_at, expires_at, last_sent_at, updated_at) \
+        sends, checks_remaining, created_at, expires_at, last_sent_at, updated_at, channels, \
+        fallback_after_seconds) \
      VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, $10, $11, 1, $12, $13, $14, \
-        $13, $13)";
+        $13, $13, $15, $16)";
 
 const INSERT_ATTEMPT: &str = "INSERT INTO attempts (message_id, number, lease_owner, \
         started_at, sender) VALUES ($1, 1, $2, $3, $4)";
+
+const INSERT_FALLBACK: &str = "INSERT INTO verification_fallbacks (verification_id, \
+        send_number, tenant_id, message_id, due_at, state, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, 'waiting', $6)";
 
 const OPTED_OUT: &str =
     "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = $1 AND number = $2)";
@@ -168,11 +174,13 @@ per_backend! {
         verification_columns!()
     );
 
-    /// Inserts a verification's message and its first attempt, leased.
+    /// Inserts a verification's message and its first attempt, leased,
+    /// with the fallback row of a Telegram send.
     async fn insert_send(
         c: &mut Conn,
         m: &NewMessage,
         lease: &Lease,
+        fallback: Option<NewFallback>,
     ) -> Result<MessageRecord, StoreError> {
         let lease_expires_at: DbTime = sqlx::query_scalar(INSERT_MESSAGE)
             .bind(m.id.0)
@@ -203,6 +211,17 @@ per_backend! {
             .bind(&m.sender)
             .execute(&mut *c)
             .await?;
+        if let Some(f) = fallback {
+            sqlx::query(INSERT_FALLBACK)
+                .bind(f.verification_id)
+                .bind(to_i32(f.send_number))
+                .bind(f.tenant_id)
+                .bind(f.message_id.0)
+                .bind(db(f.due_at))
+                .bind(db(m.created_at))
+                .execute(&mut *c)
+                .await?;
+        }
         let opted_out: bool = sqlx::query_scalar(OPTED_OUT)
             .bind(m.tenant_id)
             .bind(&m.to)
@@ -304,7 +323,10 @@ per_backend! {
             return Ok(Changed::Stale);
         }
         let message = match send {
-            Some((m, lease)) => Some(Box::new(insert_send(c, &m, &lease).await?)),
+            Some((m, lease)) => {
+                let fallback = fallback_of(after, after.sends, &m);
+                Some(Box::new(insert_send(c, &m, &lease, fallback).await?))
+            }
             None => None,
         };
         if let Some(op) = &op {
@@ -434,13 +456,28 @@ per_backend! {
             .bind(to_i32(v.checks_remaining))
             .bind(db(v.created_at))
             .bind(db(v.expires_at))
+            .bind(v.channels.stored())
+            .bind(to_i32(v.fallback_after_seconds))
             .execute(&mut *c)
             .await?;
-        let message = insert_send(c, message, lease).await?;
+        let started = VerificationRecord::started(v);
+        let message = insert_send(c, message, lease, fallback_of(&started, 1, message)).await?;
         Ok(StartOutcome::Created {
-            verification: Box::new(VerificationRecord::started(v)),
+            verification: Box::new(started),
             message: Box::new(message),
         })
+    }
+
+    impl Driver {
+        /// [`insert_send`], for the fallback's transaction
+        /// (`shared/fallbacks.rs`).
+        pub(crate) async fn insert_verification_send(
+            c: &mut Conn,
+            m: &NewMessage,
+            lease: &Lease,
+        ) -> Result<MessageRecord, StoreError> {
+            insert_send(c, m, lease, None).await
+        }
     }
 
     #[async_trait]

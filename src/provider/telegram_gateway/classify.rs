@@ -1,0 +1,346 @@
+//! What the Gateway API's answers mean: pure functions of the HTTP status
+//! and the documented body (`{"ok":true,"result":RequestStatus}` or
+//! `{"ok":false,"error":"ERROR_NAME"}`), tested as tables.
+//!
+//! `checkSendAbility` ([`check`]) never sends anything, so no answer of it
+//! is ambiguous:
+//!
+//! | answer | outcome |
+//! |---|---|
+//! | `ok` with `result.request_id` | the token the send carries |
+//! | a bad or missing token, a balance too low (`ACCESS_TOKEN_*`, `BALANCE_*`, 401) | `Refused` |
+//! | 429 or `FLOOD_WAIT[_n]`, 5xx, a body that is not the API's JSON, no answer | `Retryable` |
+//! | any other error (`PHONE_NUMBER_NOT_FOUND`: the number cannot receive, `PHONE_NUMBER_INVALID`) | `Rejected` |
+//!
+//! `sendVerificationMessage` ([`send`]) always carries the request id of
+//! the check, and the Gateway sends (and charges) at most once per request
+//! id: a repeat is refused. So a retry after an ambiguous answer cannot
+//! make a second message, and a refusal of the repeat means the first
+//! went through:
+//!
+//! | answer | class |
+//! |---|---|
+//! | `ok` with `result.request_id` | `Accepted`, id the request id |
+//! | `REQUEST_ID_ALREADY_USED` (any error naming the request id as used) | `Accepted`, id our request id |
+//! | `ok` without a request id, 5xx, a 2xx that is not the API's JSON, no answer after the request was written | `Ambiguous` |
+//! | 429 or `FLOOD_WAIT[_n]` | `Retryable` |
+//! | `ACCESS_TOKEN_*`, `BALANCE_*`, 401 | `Refused` |
+//! | any other error | `Rejected` |
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::provider::{SendOutcome, cut_error_text};
+
+/// The Gateway's answer envelope.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(default)]
+    pub result: Option<RequestStatus>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// The part of a `RequestStatus` a send needs.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RequestStatus {
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+/// The error of a repeated send with a request id already used.
+pub const ALREADY_USED: &str = "REQUEST_ID_ALREADY_USED";
+
+/// What the API's error word says.
+#[derive(Debug, PartialEq, Eq)]
+enum Word {
+    /// Our account cannot send at all.
+    Account,
+    /// Too many requests; after this long, if it says.
+    Flood(Option<Duration>),
+    /// This request id was used by a send already.
+    Repeat,
+    /// Anything else: about this number or request.
+    Other,
+}
+
+fn word(error: &str) -> Word {
+    let e = error.to_ascii_uppercase();
+    if e.starts_with("ACCESS_TOKEN") || e.starts_with("BALANCE") {
+        Word::Account
+    } else if let Some(rest) = e.strip_prefix("FLOOD_WAIT") {
+        Word::Flood(
+            rest.trim_start_matches('_')
+                .parse::<u64>()
+                .ok()
+                .map(Duration::from_secs),
+        )
+    } else if e.contains("REQUEST_ID") && (e.contains("USED") || e.contains("ALREADY")) {
+        Word::Repeat
+    } else {
+        Word::Other
+    }
+}
+
+fn error_text(reply: Option<&Reply>, http_status: u16) -> (Option<String>, String) {
+    match reply.and_then(|r| r.error.as_deref()).filter(|e| !e.is_empty()) {
+        Some(e) => (Some(cut_error_text(e)), cut_error_text(e)),
+        None => (
+            None,
+            format!("the Gateway API answered {http_status} without an error"),
+        ),
+    }
+}
+
+/// The answer to `checkSendAbility`: the request id to send with, or how
+/// the send ends without one (nothing was sent).
+pub fn check(
+    http_status: u16,
+    reply: Option<&Reply>,
+    retry_after: Option<Duration>,
+) -> Result<String, SendOutcome> {
+    let status = Some(http_status);
+    let retry = |message: String, retry_after| SendOutcome::Retryable {
+        http_status: status,
+        provider_code: None,
+        retry_after,
+        message,
+    };
+    let Some(r) = reply else {
+        return Err(retry(
+            format!("checkSendAbility answered {http_status} with a body that is not the API's JSON"),
+            retry_after,
+        ));
+    };
+    if r.ok && (200..300).contains(&http_status) {
+        return match r.result.as_ref().and_then(|s| s.request_id.clone()) {
+            Some(id) if !id.is_empty() => Ok(id),
+            _ => Err(retry(
+                "checkSendAbility said ok without a request_id".into(),
+                None,
+            )),
+        };
+    }
+    let (code, message) = error_text(Some(r), http_status);
+    let w = code.as_deref().map_or(Word::Other, word);
+    Err(match (http_status, w) {
+        (401, _) | (_, Word::Account) => SendOutcome::Refused {
+            http_status: status,
+            provider_code: code,
+            message,
+        },
+        (_, Word::Flood(after)) => SendOutcome::Retryable {
+            http_status: status,
+            provider_code: code,
+            retry_after: after.or(retry_after),
+            message,
+        },
+        (429 | 500..=599, _) => SendOutcome::Retryable {
+            http_status: status,
+            provider_code: code,
+            retry_after,
+            message,
+        },
+        _ => SendOutcome::Rejected {
+            http_status: status,
+            provider_code: code,
+            message: format!("the number cannot get a Telegram code: {message}"),
+        },
+    })
+}
+
+/// The answer to `sendVerificationMessage` sent with `request_id`.
+pub fn send(
+    request_id: &str,
+    http_status: u16,
+    reply: Option<&Reply>,
+    retry_after: Option<Duration>,
+) -> SendOutcome {
+    let status = Some(http_status);
+    let Some(r) = reply else {
+        return match http_status {
+            200..=299 | 500..=599 => SendOutcome::Ambiguous {
+                http_status: status,
+                retry_after,
+                message: format!(
+                    "the Gateway API answered {http_status} with a body that is not its JSON"
+                ),
+            },
+            429 => SendOutcome::Retryable {
+                http_status: status,
+                provider_code: None,
+                retry_after,
+                message: "the Gateway API answered 429".into(),
+            },
+            401 => SendOutcome::Refused {
+                http_status: status,
+                provider_code: None,
+                message: "the Gateway API refused the token (401)".into(),
+            },
+            _ => SendOutcome::Rejected {
+                http_status: status,
+                provider_code: None,
+                message: format!("the Gateway API answered {http_status}"),
+            },
+        };
+    };
+    if r.ok && (200..300).contains(&http_status) {
+        return match r.result.as_ref().and_then(|s| s.request_id.clone()) {
+            Some(id) if !id.is_empty() => SendOutcome::Accepted {
+                provider_message_id: id,
+                http_status: status,
+            },
+            _ => SendOutcome::Ambiguous {
+                http_status: status,
+                retry_after: None,
+                message: "sendVerificationMessage said ok without a request_id".into(),
+            },
+        };
+    }
+    let (code, message) = error_text(Some(r), http_status);
+    let w = code.as_deref().map_or(Word::Other, word);
+    match (http_status, w) {
+        (_, Word::Repeat) => SendOutcome::Accepted {
+            provider_message_id: request_id.to_string(),
+            http_status: status,
+        },
+        (401, _) | (_, Word::Account) => SendOutcome::Refused {
+            http_status: status,
+            provider_code: code,
+            message,
+        },
+        (_, Word::Flood(after)) => SendOutcome::Retryable {
+            http_status: status,
+            provider_code: code,
+            retry_after: after.or(retry_after),
+            message,
+        },
+        (429, _) => SendOutcome::Retryable {
+            http_status: status,
+            provider_code: code,
+            retry_after,
+            message,
+        },
+        (500..=599, _) => SendOutcome::Ambiguous {
+            http_status: status,
+            retry_after,
+            message,
+        },
+        _ => SendOutcome::Rejected {
+            http_status: status,
+            provider_code: code,
+            message,
+        },
+    }
+}
+
+/// A transport error of a call: before the connection opened nothing was
+/// sent; after, a send may have been (a check never sends: retried).
+pub fn transport(method: &str, connect: bool, timeout: bool, sends: bool) -> SendOutcome {
+    let message = if connect {
+        format!("could not connect to the Gateway API ({method})")
+    } else if timeout {
+        format!("the Gateway API did not answer {method} in time")
+    } else {
+        format!("the connection failed before the Gateway API answered {method}")
+    };
+    if connect || !sends {
+        SendOutcome::Retryable {
+            http_status: None,
+            provider_code: None,
+            retry_after: None,
+            message,
+        }
+    } else {
+        SendOutcome::Ambiguous {
+            http_status: None,
+            retry_after: None,
+            message,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(body: &str) -> Option<Reply> {
+        serde_json::from_str(body).ok()
+    }
+
+    #[test]
+    fn checks_classify_as_a_table() {
+        let secs = Duration::from_secs;
+        // (status, body, Retry-After, the token or the class, provider code)
+        type Row = (u16, &'static str, Option<Duration>, Result<&'static str, &'static str>, Option<&'static str>);
+        let rows: &[Row] = &[
+            (200, r#"{"ok":true,"result":{"request_id":"r1","phone_number":"+1","request_cost":0.01}}"#, None, Ok("r1"), None),
+            (200, r#"{"ok":true,"result":{}}"#, None, Err("retryable"), None),
+            (200, "<html>", None, Err("retryable"), None),
+            (400, r#"{"ok":false,"error":"PHONE_NUMBER_NOT_FOUND"}"#, None, Err("permanent"), Some("PHONE_NUMBER_NOT_FOUND")),
+            (400, r#"{"ok":false,"error":"PHONE_NUMBER_INVALID"}"#, None, Err("permanent"), Some("PHONE_NUMBER_INVALID")),
+            (401, r#"{"ok":false,"error":"ACCESS_TOKEN_INVALID"}"#, None, Err("refused"), Some("ACCESS_TOKEN_INVALID")),
+            (400, r#"{"ok":false,"error":"BALANCE_NOT_ENOUGH"}"#, None, Err("refused"), Some("BALANCE_NOT_ENOUGH")),
+            (429, r#"{"ok":false,"error":"FLOOD_WAIT_7"}"#, Some(secs(1)), Err("retryable"), Some("FLOOD_WAIT_7")),
+            (500, r#"{"ok":false,"error":"INTERNAL_ERROR"}"#, None, Err("retryable"), Some("INTERNAL_ERROR")),
+            (502, "bad gateway", None, Err("retryable"), None),
+        ];
+        for (status, body, after, want, code) in rows {
+            let got = check(*status, reply(body).as_ref(), *after);
+            match (&got, want) {
+                (Ok(token), Ok(w)) => assert_eq!(token, w, "{body}"),
+                (Err(o), Err(class)) => {
+                    assert_eq!(o.class(), *class, "{body}: {o:?}");
+                    let provider_code = match o {
+                        SendOutcome::Rejected { provider_code, .. }
+                        | SendOutcome::Refused { provider_code, .. }
+                        | SendOutcome::Retryable { provider_code, .. } => provider_code.as_deref(),
+                        _ => None,
+                    };
+                    assert_eq!(provider_code, *code, "{body}");
+                }
+                _ => panic!("{body}: {got:?}"),
+            }
+        }
+        let flood = check(429, reply(r#"{"ok":false,"error":"FLOOD_WAIT_7"}"#).as_ref(), Some(secs(1)));
+        assert!(matches!(flood, Err(SendOutcome::Retryable { retry_after: Some(d), .. }) if d == secs(7)), "{flood:?}");
+    }
+
+    #[test]
+    fn sends_classify_as_a_table() {
+        // (status, body, class, provider message id)
+        let rows: &[(u16, &str, &str, Option<&str>)] = &[
+            (200, r#"{"ok":true,"result":{"request_id":"r1","delivery_status":{"status":"sent","updated_at":1}}}"#, "ok", Some("r1")),
+            // A repeat with our request id: the first send went through.
+            (400, r#"{"ok":false,"error":"REQUEST_ID_ALREADY_USED"}"#, "ok", Some("ours")),
+            (200, r#"{"ok":true,"result":{}}"#, "ambiguous", None),
+            (200, "not json", "ambiguous", None),
+            (500, r#"{"ok":false,"error":"INTERNAL_ERROR"}"#, "ambiguous", None),
+            (503, "", "ambiguous", None),
+            (429, r#"{"ok":false,"error":"FLOOD_WAIT_3"}"#, "retryable", None),
+            (429, "", "retryable", None),
+            (401, r#"{"ok":false,"error":"ACCESS_TOKEN_INVALID"}"#, "refused", None),
+            (401, "", "refused", None),
+            (400, r#"{"ok":false,"error":"PHONE_NUMBER_NOT_FOUND"}"#, "permanent", None),
+            (400, r#"{"ok":false,"error":"CODE_INVALID"}"#, "permanent", None),
+            (400, r#"{"ok":false,"error":"REQUEST_ID_INVALID"}"#, "permanent", None),
+        ];
+        for (status, body, class, id) in rows {
+            let got = send("ours", *status, reply(body).as_ref(), None);
+            assert_eq!(got.class(), *class, "{body}: {got:?}");
+            if let Some(id) = id {
+                assert!(matches!(&got, SendOutcome::Accepted { provider_message_id, .. } if provider_message_id == id), "{got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn transport_errors_are_ambiguous_only_for_a_send_that_was_written() {
+        assert_eq!(transport("sendVerificationMessage", true, false, true).class(), "retryable");
+        assert_eq!(transport("sendVerificationMessage", false, true, true).class(), "ambiguous");
+        assert_eq!(transport("sendVerificationMessage", false, false, true).class(), "ambiguous");
+        assert_eq!(transport("checkSendAbility", false, true, false).class(), "retryable");
+    }
+}

@@ -1,0 +1,140 @@
+//! A verification's next channel (issue 28): one row per Telegram send,
+//! written in the transaction of the start or resend that makes the send
+//! (`shared/verifications.rs`), and moved on only by conditional writes
+//! (`shared/fallbacks.rs`), so that the next channel's message is inserted
+//! once however many instances look at the row. What to do with a row is
+//! decided by [`crate::verify::fallback::next`] from the row as read.
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::{Lease, MessageRecord, NewMessage, StoreError, VerificationRecord};
+use crate::domain::{MessageId, Status};
+use crate::verify::decide::VerificationStatus;
+
+/// Where a send's next channel stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallbackState {
+    /// Not decided yet.
+    Waiting,
+    /// The Telegram message was reported delivered: no next channel.
+    Delivered,
+    /// The next channel's message was inserted.
+    FellBack,
+    /// The verification ended first (its Telegram message was revoked).
+    Ended,
+}
+
+impl FallbackState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackState::Waiting => "waiting",
+            FallbackState::Delivered => "delivered",
+            FallbackState::FellBack => "fell_back",
+            FallbackState::Ended => "ended",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "waiting" => FallbackState::Waiting,
+            "delivered" => FallbackState::Delivered,
+            "fell_back" => FallbackState::FellBack,
+            "ended" => FallbackState::Ended,
+            _ => return None,
+        })
+    }
+}
+
+/// The row a Telegram send starts with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewFallback {
+    pub verification_id: Uuid,
+    pub send_number: u32,
+    pub tenant_id: Uuid,
+    pub message_id: MessageId,
+    /// When the next channel goes unless the message was reported
+    /// delivered first.
+    pub due_at: OffsetDateTime,
+}
+
+/// The row send `n` of `v` needs with its message `m`: one when `m` goes
+/// through the Telegram Gateway. Without a next channel it is due when the
+/// verification expires (then only its revoke is left to do).
+pub fn fallback_of(v: &VerificationRecord, n: u32, m: &NewMessage) -> Option<NewFallback> {
+    if m.provider != crate::provider::telegram_gateway::NAME {
+        return None;
+    }
+    let due_at = match v.channels.after(crate::verify::Channel::Telegram) {
+        Some(_) => (m.created_at
+            + time::Duration::seconds(i64::from(v.fallback_after_seconds)))
+        .min(v.expires_at),
+        None => v.expires_at,
+    };
+    Some(NewFallback {
+        verification_id: v.id,
+        send_number: n,
+        tenant_id: v.tenant_id,
+        message_id: m.id,
+        due_at,
+    })
+}
+
+/// A row with something to do, as read with its message and verification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FallbackDue {
+    pub verification_id: Uuid,
+    pub send_number: u32,
+    pub tenant_id: Uuid,
+    pub message_id: MessageId,
+    pub due_at: OffsetDateTime,
+    pub state: FallbackState,
+    /// The Telegram message's status.
+    pub message_status: Status,
+    /// Its Gateway request id, once it has one.
+    pub prepared_token: Option<String>,
+    pub verification_status: VerificationStatus,
+    pub expires_at: OffsetDateTime,
+    /// The verification's channels.
+    pub channels: crate::verify::Channels,
+}
+
+#[async_trait]
+pub trait FallbackStore: Send + Sync {
+    /// Writes `token` as message `id`'s prepared token unless it has one,
+    /// fenced on `lease` (and renewing it): the token the message holds
+    /// now, `None` when the lease is no longer ours.
+    async fn prepare_send(
+        &self,
+        id: MessageId,
+        lease: &Lease,
+        token: &str,
+    ) -> Result<Option<String>, StoreError>;
+    /// Up to `batch` rows with something to do at `now`: waiting ones past
+    /// their due time or whose message failed or was reported, and open
+    /// ones whose verification ended.
+    async fn due_fallbacks(
+        &self,
+        now: OffsetDateTime,
+        batch: u32,
+    ) -> Result<Vec<FallbackDue>, StoreError>;
+    /// Moves `f` to `to` if it is still as read; false otherwise.
+    async fn settle_fallback(
+        &self,
+        f: &FallbackDue,
+        to: FallbackState,
+        now: OffsetDateTime,
+    ) -> Result<bool, StoreError>;
+    /// Falls back: `f` from waiting to fell_back while its verification is
+    /// still pending at `now`, and the next channel's message `m` inserted
+    /// leased by `lease`, in one transaction. `None`: the row or the
+    /// verification moved on first.
+    async fn fall_back(
+        &self,
+        f: &FallbackDue,
+        m: &NewMessage,
+        lease: &Lease,
+        now: OffsetDateTime,
+    ) -> Result<Option<MessageRecord>, StoreError>;
+}

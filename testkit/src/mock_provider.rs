@@ -3,6 +3,8 @@
 //! and demos. What is common to every protocol is here (behaviours, faults,
 //! counting, receipts' plan, the connection loop); each protocol is one
 //! module of [`crate::providers`], listed once in [`crate::providers::routes`].
+//! (The Telegram Gateway API's mock, with its at-most-once request ids, is
+//! [`crate::providers::telegram_gateway`].)
 //!
 //! Twilio: `POST /2010-04-01/Accounts/{sid}/Messages.json` (form-encoded;
 //! every accepted call creates a message, as Twilio does: no de-duplication)

@@ -40,7 +40,16 @@ macro_rules! adapters {
     };
 }
 
-adapters!(simulated, http, twilio, infobip, vonage, smpp, telegram, telegram_gateway);
+adapters!(
+    simulated,
+    http,
+    twilio,
+    infobip,
+    vonage,
+    smpp,
+    telegram,
+    telegram_gateway
+);
 
 pub use http::HttpProvider;
 pub use infobip::{InfobipProvider, InfobipSettings};

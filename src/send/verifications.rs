@@ -18,13 +18,13 @@ use crate::domain::{FieldError, Recipient, segments};
 use crate::error::ApiError;
 use crate::store::TenantAuth;
 use crate::store::{
-    Changed, MessageRecord, NewMessage, fallback_key, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy, StoreError,
-    StoredOp, StoredResponse, VerificationRecord, send_key,
+    Changed, MessageRecord, NewMessage, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy,
+    StoreError, StoredOp, StoredResponse, VerificationRecord, fallback_key, send_key,
 };
 use crate::verify::decide::{self, PausePolicy, VerificationStatus};
 use crate::verify::{
-    Channel, Keys, SentMessage, StartRequest, VerificationOut, Verifier, VerifySettings, crypto, next_send,
-    send_message,
+    Channel, Keys, SentMessage, StartRequest, VerificationOut, Verifier, VerifySettings, crypto,
+    next_send, send_message,
 };
 
 /// How many times a check or a resend reads, decides and tries its fenced
@@ -82,7 +82,11 @@ impl Sends {
                 if sent.channel == Channel::Telegram.as_str() {
                     sent.delivery_report = self.last_report(&m).await?;
                     out.push(sent);
-                    if let Some(sms) = self.store.message(v.tenant_id, &fallback_key(v.id, n)).await? {
+                    if let Some(sms) = self
+                        .store
+                        .message(v.tenant_id, &fallback_key(v.id, n))
+                        .await?
+                    {
                         out.push(SentMessage::of(&sms, v));
                     }
                 } else {

@@ -67,9 +67,8 @@ pub fn fallback_of(v: &VerificationRecord, n: u32, m: &NewMessage) -> Option<New
         return None;
     }
     let due_at = match v.channels.after(crate::verify::Channel::Telegram) {
-        Some(_) => (m.created_at
-            + time::Duration::seconds(i64::from(v.fallback_after_seconds)))
-        .min(v.expires_at),
+        Some(_) => (m.created_at + time::Duration::seconds(i64::from(v.fallback_after_seconds)))
+            .min(v.expires_at),
         None => v.expires_at,
     };
     Some(NewFallback {

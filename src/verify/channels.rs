@@ -132,7 +132,12 @@ mod tests {
             let got = Channels::from_json(&v).ok().map(|c| c.stored());
             assert_eq!(got.as_deref(), *want, "{json}");
             if let Some(stored) = want {
-                assert_eq!(Channels::parse_stored(stored).map(|c| c.stored()).as_deref(), Some(*stored));
+                assert_eq!(
+                    Channels::parse_stored(stored)
+                        .map(|c| c.stored())
+                        .as_deref(),
+                    Some(*stored)
+                );
             }
         }
         let both = Channels::parse_stored("telegram,sms").expect("channels");

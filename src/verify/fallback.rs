@@ -151,7 +151,11 @@ impl Fallbacks {
     }
 
     async fn fall_back(&self, f: &FallbackDue) -> Result<bool, StoreError> {
-        let Some(v) = self.store.verification(f.tenant_id, f.verification_id).await? else {
+        let Some(v) = self
+            .store
+            .verification(f.tenant_id, f.verification_id)
+            .await?
+        else {
             return Ok(false);
         };
         let Some(via) = self.deliverer.first_route(&v.to, None) else {
@@ -241,34 +245,174 @@ mod tests {
         let both = "telegram,sms";
         // (state, message, has a request id, verification, channels, now, next)
         let rows = [
-            (Waiting, Status::Processing, false, V::Pending, both, 10, Next::Wait),
-            (Waiting, Status::Sent, true, V::Pending, both, 10, Next::Wait),
-            (Waiting, Status::Delivered, true, V::Pending, both, 10, Next::Delivered),
+            (
+                Waiting,
+                Status::Processing,
+                false,
+                V::Pending,
+                both,
+                10,
+                Next::Wait,
+            ),
+            (
+                Waiting,
+                Status::Sent,
+                true,
+                V::Pending,
+                both,
+                10,
+                Next::Wait,
+            ),
+            (
+                Waiting,
+                Status::Delivered,
+                true,
+                V::Pending,
+                both,
+                10,
+                Next::Delivered,
+            ),
             // Not on Telegram, refused: nothing was sent, the SMS goes now.
-            (Waiting, Status::Failed, false, V::Pending, both, 10, Next::FallBack { revoke: false }),
-            (Waiting, Status::Failed, true, V::Pending, both, 10, Next::FallBack { revoke: false }),
+            (
+                Waiting,
+                Status::Failed,
+                false,
+                V::Pending,
+                both,
+                10,
+                Next::FallBack { revoke: false },
+            ),
+            (
+                Waiting,
+                Status::Failed,
+                true,
+                V::Pending,
+                both,
+                10,
+                Next::FallBack { revoke: false },
+            ),
             // Reported expired or revoked.
-            (Waiting, Status::Undelivered, true, V::Pending, both, 10, Next::FallBack { revoke: false }),
+            (
+                Waiting,
+                Status::Undelivered,
+                true,
+                V::Pending,
+                both,
+                10,
+                Next::FallBack { revoke: false },
+            ),
             // No delivery report in time: revoke, then the SMS.
-            (Waiting, Status::Sent, true, V::Pending, both, 60, Next::FallBack { revoke: true }),
-            (Waiting, Status::Unknown, true, V::Pending, both, 61, Next::FallBack { revoke: true }),
-            (Waiting, Status::Processing, false, V::Pending, both, 61, Next::FallBack { revoke: false }),
+            (
+                Waiting,
+                Status::Sent,
+                true,
+                V::Pending,
+                both,
+                60,
+                Next::FallBack { revoke: true },
+            ),
+            (
+                Waiting,
+                Status::Unknown,
+                true,
+                V::Pending,
+                both,
+                61,
+                Next::FallBack { revoke: true },
+            ),
+            (
+                Waiting,
+                Status::Processing,
+                false,
+                V::Pending,
+                both,
+                61,
+                Next::FallBack { revoke: false },
+            ),
             // Telegram alone: no next channel.
-            (Waiting, Status::Sent, true, V::Pending, "telegram", 61, Next::Wait),
-            (Waiting, Status::Failed, false, V::Pending, "telegram", 10, Next::End { revoke: false }),
+            (
+                Waiting,
+                Status::Sent,
+                true,
+                V::Pending,
+                "telegram",
+                61,
+                Next::Wait,
+            ),
+            (
+                Waiting,
+                Status::Failed,
+                false,
+                V::Pending,
+                "telegram",
+                10,
+                Next::End { revoke: false },
+            ),
             // The verification ended: revoke what may still arrive.
-            (Waiting, Status::Sent, true, V::Approved, both, 10, Next::End { revoke: true }),
-            (Waiting, Status::Sent, true, V::Pending, both, 600, Next::End { revoke: true }),
-            (Delivered, Status::Delivered, true, V::Canceled, both, 10, Next::End { revoke: true }),
-            (Delivered, Status::Delivered, true, V::Pending, both, 100, Next::Wait),
-            (Waiting, Status::Undelivered, true, V::Expired, both, 10, Next::End { revoke: false }),
+            (
+                Waiting,
+                Status::Sent,
+                true,
+                V::Approved,
+                both,
+                10,
+                Next::End { revoke: true },
+            ),
+            (
+                Waiting,
+                Status::Sent,
+                true,
+                V::Pending,
+                both,
+                600,
+                Next::End { revoke: true },
+            ),
+            (
+                Delivered,
+                Status::Delivered,
+                true,
+                V::Canceled,
+                both,
+                10,
+                Next::End { revoke: true },
+            ),
+            (
+                Delivered,
+                Status::Delivered,
+                true,
+                V::Pending,
+                both,
+                100,
+                Next::Wait,
+            ),
+            (
+                Waiting,
+                Status::Undelivered,
+                true,
+                V::Expired,
+                both,
+                10,
+                Next::End { revoke: false },
+            ),
             // Settled rows never move again.
-            (FellBack, Status::Sent, true, V::Approved, both, 10, Next::Wait),
+            (
+                FellBack,
+                Status::Sent,
+                true,
+                V::Approved,
+                both,
+                10,
+                Next::Wait,
+            ),
             (Ended, Status::Sent, true, V::Approved, both, 10, Next::Wait),
         ];
         for (state, status, token, v, channels, now, want) in rows {
             let f = row(state, status, token, v, channels);
-            assert_eq!(next(&f, at(now)), want, "{state:?} {status:?} {token} {v:?} {channels} {now}");
+            assert_eq!(
+                next(&f, at(now)),
+                want,
+                "{state:?} {status:?} {token} {v:?} {channels} {now}"
+            );
         }
     }
 }

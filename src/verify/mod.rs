@@ -181,11 +181,24 @@ impl StartRequest {
             ));
             0
         } else if falls_back {
-            let (lo, hi) = (*FALLBACK_AFTER_SECONDS.start(), *FALLBACK_AFTER_SECONDS.end());
+            let (lo, hi) = (
+                *FALLBACK_AFTER_SECONDS.start(),
+                *FALLBACK_AFTER_SECONDS.end(),
+            );
             let given = obj.contains_key("fallback_after_seconds");
-            let n = int("fallback_after_seconds", lo, hi, DEFAULT_FALLBACK_AFTER, &mut errors);
+            let n = int(
+                "fallback_after_seconds",
+                lo,
+                hi,
+                DEFAULT_FALLBACK_AFTER,
+                &mut errors,
+            );
             // Unsaid, it is never past half the verification's life.
-            let n = if given { n } else { n.min((ttl_seconds / 2).max(5)) };
+            let n = if given {
+                n
+            } else {
+                n.min((ttl_seconds / 2).max(5))
+            };
             if given && n >= ttl_seconds {
                 errors.push(err(
                     "fallback_after_seconds",

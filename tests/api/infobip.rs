@@ -562,8 +562,8 @@ fn outgoing(body: &str) -> OutgoingSms {
         body: body.into(),
         validity: None,
         attempt: 1,
+        prepared: None,
     }
-    prepared: None,
 }
 
 fn aged(age: Duration) -> AttemptRef {

@@ -89,6 +89,7 @@ mod spend;
 mod sqlite_writer;
 mod store;
 mod telegram;
+mod telegram_gateway;
 mod telegram_updates;
 mod test_mode;
 mod twilio;

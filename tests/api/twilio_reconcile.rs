@@ -55,8 +55,8 @@ fn outgoing(body: &str, from: Option<&str>) -> OutgoingSms {
         body: body.into(),
         validity: None,
         attempt: 1,
+        prepared: None,
     }
-    prepared: None,
 }
 
 /// A mock and its base URL (`http://host:port`).

@@ -11,8 +11,8 @@ fn sms(body: &str) -> OutgoingSms {
         body: body.into(),
         validity: None,
         attempt: 1,
+        prepared: None,
     }
-    prepared: None,
 }
 
 #[test]

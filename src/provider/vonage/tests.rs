@@ -139,8 +139,8 @@ fn outgoing(body: &str, validity: Option<Duration>) -> OutgoingSms {
         body: body.into(),
         validity,
         attempt: 1,
+        prepared: None,
     }
-    prepared: None,
 }
 
 #[test]

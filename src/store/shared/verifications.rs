@@ -22,9 +22,9 @@ use crate::store::row::verifications::{OpRow, VerificationRow, verification_colu
 use crate::store::time::{DbTime, db, micros};
 use crate::store::verification::{pause_window_start, start_limit};
 use crate::store::{
-    Changed, Lease, MessageRecord, NewFallback, NewMessage, NewVerification, OpKey, OpKind, StartOutcome,
-    StartPolicy, StoreError, StoredOp, StoredResponse, VerificationRecord, VerificationStore,
-    fallback_of,
+    Changed, Lease, MessageRecord, NewFallback, NewMessage, NewVerification, OpKey, OpKind,
+    StartOutcome, StartPolicy, StoreError, StoredOp, StoredResponse, VerificationRecord,
+    VerificationStore, fallback_of,
 };
 use crate::verify::decide::{self, VerificationStatus};
 

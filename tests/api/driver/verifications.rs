@@ -57,6 +57,8 @@ fn new_verification(f: &Fixture, key: &str, at: time::OffsetDateTime) -> NewVeri
         checks_remaining: 3,
         created_at: at,
         expires_at: at + time::Duration::minutes(10),
+        channels: sendonce::verify::Channels::default(),
+        fallback_after_seconds: 0,
     }
 }
 

@@ -1,0 +1,480 @@
+//! Codes through the Telegram Gateway with SMS as the fallback (issue 28),
+//! against the mock's Gateway API (one message per `request_id`, counted
+//! per number and code) and its `http` SMS endpoint (which does not
+//! de-duplicate: counted per number and text).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Method;
+use sendonce::clock::Clock;
+use sendonce::provider::Provider;
+use sendonce::provider::telegram_gateway::{GatewayProvider, GatewaySettings};
+use serde_json::{Value, json};
+use testkit::mock_provider::{Behaviour, MockProvider};
+use testkit::providers::telegram_gateway::gateway_report;
+
+use crate::helpers::*;
+
+const TOKEN: &str = "gateway-test-token";
+const TO: &str = "+14155550123";
+
+fn gateway(base: &str) -> Arc<dyn Provider> {
+    Arc::new(
+        GatewayProvider::new(GatewaySettings {
+            url: base.to_string(),
+            token: TOKEN.into(),
+            callback_url: None,
+            timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(1),
+        })
+        .expect("gateway provider"),
+    )
+}
+
+/// An instance with the `http` SMS provider and the Gateway, both on one
+/// mock, and the Gateway's reports endpoint keyed with its token.
+async fn spawn_gateway(backend: Backend, clock: Clock) -> TestApp {
+    spawn_gateway_with(backend, clock, test_settings()).await
+}
+
+async fn spawn_gateway_with(
+    backend: Backend,
+    clock: Clock,
+    mut settings: sendonce::config::Settings,
+) -> TestApp {
+    let (mock, url, _) = MockProvider::start().await.expect("mock");
+    mock.set_gateway_token(TOKEN);
+    let base = url.trim_end_matches("/messages").to_string();
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
+        "TELEGRAM_GATEWAY_TOKEN",
+        TOKEN,
+    )])
+    .expect("receipt settings");
+    spawn_with(TestOptions {
+        backend,
+        clock,
+        settings,
+        mock: Some((mock, url)),
+        fallbacks: vec![gateway(&base)],
+        ..TestOptions::default()
+    })
+    .await
+}
+
+fn manual_clock() -> Clock {
+    Clock::manual(time::macros::datetime!(2026-12-04 12:00:00 UTC))
+}
+
+async fn start(app: &TestApp, key: &str, body: Value) -> Answer {
+    let req = app
+        .request(Method::POST, "/verifications")
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", key)
+        .json(&body);
+    answer(req.send().await.expect("POST")).await
+}
+
+async fn started(app: &TestApp, key: &str, body: Value) -> String {
+    let a = start(app, key, body).await;
+    assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.bytes));
+    a.json()["id"].as_str().expect("id").to_string()
+}
+
+async fn post_to(app: &TestApp, path: &str, key: Option<&str>, body: Value) -> Answer {
+    let mut req = app
+        .request(Method::POST, path)
+        .bearer_auth(&app.api_key)
+        .json(&body);
+    if let Some(k) = key {
+        req = req.header("Idempotency-Key", k);
+    }
+    answer(req.send().await.expect("POST")).await
+}
+
+async fn verification(app: &TestApp, id: &str) -> Value {
+    app.get(&format!("/verifications/{id}")).await.json()
+}
+
+/// The verification's messages as (channel, status), once `done` says so.
+async fn messages_when(
+    app: &TestApp,
+    id: &str,
+    what: &str,
+    done: impl Fn(&[(String, String)]) -> bool,
+) -> Vec<(String, String)> {
+    eventually(what, || async {
+        let v = verification(app, id).await;
+        let got: Vec<(String, String)> = v["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|m| {
+                (
+                    m["channel"].as_str().unwrap_or("?").to_string(),
+                    m["status"].as_str().unwrap_or("?").to_string(),
+                )
+            })
+            .collect();
+        done(&got).then_some(got)
+    })
+    .await
+}
+
+fn pair(channel: &str, status: &str) -> (String, String) {
+    (channel.to_string(), status.to_string())
+}
+
+/// The SMS bodies the `http` endpoint got for `to`.
+fn sms_to(app: &TestApp, to: &str) -> Vec<String> {
+    app.mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.endpoint == "http" && c.body["to"] == to)
+        .filter_map(|c| c.body["body"].as_str().map(str::to_string))
+        .collect()
+}
+
+async fn check(app: &TestApp, id: &str, code: &str) -> Answer {
+    post_to(
+        app,
+        &format!("/verifications/{id}/check"),
+        None,
+        json!({ "code": code }),
+    )
+    .await
+}
+
+/// Posts the Gateway's signed report of `request_id`'s message as it
+/// stands at the mock, stamped `at` (unix seconds).
+async fn report(app: &TestApp, request_id: &str, at: i64, token: &str) -> Answer {
+    let status = app.mock.gateway_report_of(request_id).expect("a message");
+    let (body, signature) = gateway_report(token, at, &status);
+    let req = app
+        .request(Method::POST, "/channels/telegram/gateway/reports")
+        .header("X-Request-Timestamp", at.to_string())
+        .header("X-Request-Signature", signature)
+        .header("Content-Type", "application/json")
+        .body(body);
+    answer(req.send().await.expect("POST report")).await
+}
+
+async fn a_number_on_telegram_gets_one_gateway_message_and_no_sms(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_gateway(backend, clock.clone()).await;
+    let id = started(
+        &app,
+        "tg-1",
+        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 30}),
+    )
+    .await;
+    let got = messages_when(&app, &id, "the Telegram message sent", |m| {
+        m == [pair("telegram", "sent")]
+    })
+    .await;
+    assert_eq!(got.len(), 1);
+    let sent = app.mock.gateway_messages();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let code = sent[0].code.clone().expect("our code, passed as code");
+    assert_eq!(code.len(), 6);
+    assert_eq!(app.mock.deliveries_to(TO, &code), 1);
+    assert_eq!(app.mock.gateway_checks(), [TO]);
+    assert_eq!(
+        sent[0].ttl,
+        Some(600),
+        "ttl is what is left of the verification"
+    );
+    assert_eq!(
+        sent[0].callback_url, None,
+        "no https public URL: no callback"
+    );
+    // Delivered, reported: the fallback never comes, whatever the time.
+    let request_id = sent[0].request_id.clone();
+    app.mock.gateway_set_status(&request_id, "delivered");
+    let at = clock.now().unix_timestamp();
+    let r = report(&app, &request_id, at, TOKEN).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.bytes));
+    messages_when(&app, &id, "the Telegram message delivered", |m| {
+        m == [pair("telegram", "delivered")]
+    })
+    .await;
+    let v = verification(&app, &id).await;
+    assert_eq!(v["messages"][0]["delivery_report"], "delivered", "{v}");
+    assert_eq!(v["channels"], json!(["telegram", "sms"]));
+    clock.advance(Duration::from_secs(120));
+    eventually("the fallback row settled delivered", || async {
+        let n = app
+            .db
+            .count("SELECT count(*) FROM verification_fallbacks WHERE state = 'delivered'")
+            .await;
+        (n == 1).then_some(())
+    })
+    .await;
+    assert!(sms_to(&app, TO).is_empty(), "SMS never called");
+    // The code Telegram carried approves; the verification's end revokes.
+    let ok = check(&app, &id, &code).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.json()["status"], "approved");
+    eventually("the Telegram message revoked at the end", || async {
+        app.mock
+            .gateway_revoked()
+            .contains(&request_id)
+            .then_some(())
+    })
+    .await;
+    assert!(sms_to(&app, TO).is_empty());
+}
+
+async fn a_number_not_on_telegram_gets_the_sms_at_once(backend: Backend) {
+    let app = spawn_gateway(backend, Clock::system()).await;
+    app.mock.gateway_not_on_telegram(TO);
+    let id = started(
+        &app,
+        "tg-2",
+        json!({"to": TO, "channels": ["telegram", "sms"]}),
+    )
+    .await;
+    let got = messages_when(&app, &id, "the SMS after Telegram failed", |m| {
+        m.len() == 2 && m[1].1 == "sent"
+    })
+    .await;
+    assert_eq!(got, [pair("telegram", "failed"), pair("sms", "sent")]);
+    assert!(app.mock.gateway_messages().is_empty());
+    let bodies = sms_to(&app, TO);
+    assert_eq!(bodies.len(), 1, "{bodies:?}");
+    assert_eq!(app.mock.deliveries_to(TO, &bodies[0]), 1);
+    let code: String = bodies[0].chars().filter(char::is_ascii_digit).collect();
+    assert_eq!(check(&app, &id, &code).await.json()["status"], "approved");
+    let v = verification(&app, &id).await;
+    assert_eq!(
+        v["messages"][1]["idempotency_key"]
+            .as_str()
+            .map(|k| k.ends_with(":send:1:sms")),
+        Some(true),
+        "{v}"
+    );
+}
+
+async fn a_lost_answer_is_retried_with_the_same_request_id_and_sends_once(backend: Backend) {
+    let app = spawn_gateway(backend, Clock::system()).await;
+    app.mock.push([Behaviour::AcceptThenDrop]);
+    let id = started(
+        &app,
+        "tg-3",
+        json!({"to": TO, "channels": ["telegram", "sms"]}),
+    )
+    .await;
+    messages_when(
+        &app,
+        &id,
+        "the Telegram message sent after the retry",
+        |m| m == [pair("telegram", "sent")],
+    )
+    .await;
+    let sends: Vec<Value> = app
+        .mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.endpoint == "telegram_gateway")
+        .map(|c| c.body)
+        .collect();
+    assert!(sends.len() >= 2, "the dropped send was retried: {sends:?}");
+    let first = sends[0]["request_id"].clone();
+    assert!(first.is_string());
+    assert!(sends.iter().all(|s| s["request_id"] == first), "{sends:?}");
+    assert_eq!(
+        app.mock.gateway_checks().len(),
+        1,
+        "one check, one request id"
+    );
+    let sent = app.mock.gateway_messages();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let code = sent[0].code.clone().expect("code");
+    assert_eq!(
+        app.mock.deliveries_to(TO, &code),
+        1,
+        "one message on the phone"
+    );
+    let v = verification(&app, &id).await;
+    let m = app
+        .get(&format!(
+            "/messages/{}",
+            v["messages"][0]["idempotency_key"].as_str().expect("key")
+        ))
+        .await
+        .json();
+    assert_eq!(m["provider_message_id"], first, "{m}");
+    assert!(
+        sms_to(&app, TO).is_empty(),
+        "a repeat refused is a send, not a reason to fall back"
+    );
+}
+
+async fn no_report_in_time_revokes_then_sends_one_sms_with_the_same_code(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_gateway(backend, clock.clone()).await;
+    let id = started(
+        &app,
+        "tg-4",
+        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 10}),
+    )
+    .await;
+    messages_when(&app, &id, "the Telegram message sent", |m| {
+        m == [pair("telegram", "sent")]
+    })
+    .await;
+    let sent = app.mock.gateway_messages();
+    let (request_id, code) = (
+        sent[0].request_id.clone(),
+        sent[0].code.clone().expect("code"),
+    );
+    // Before its time nothing goes (the boundary is the table of
+    // `verify::fallback::next`); past it, the revoke and then the SMS.
+    assert!(sms_to(&app, TO).is_empty());
+    clock.advance(Duration::from_secs(11));
+    let got = messages_when(&app, &id, "the SMS after no report", |m| {
+        m.len() == 2 && m[1].1 == "sent"
+    })
+    .await;
+    assert_eq!(got[0], pair("telegram", "sent"));
+    assert!(
+        app.mock.gateway_revoked().contains(&request_id),
+        "revoked first"
+    );
+    let bodies = sms_to(&app, TO);
+    assert_eq!(bodies.len(), 1, "{bodies:?}");
+    assert!(bodies[0].contains(&code), "the same code: {}", bodies[0]);
+    assert_eq!(app.mock.deliveries_to(TO, &bodies[0]), 1);
+    // A late Telegram delivery is shown, not hidden.
+    app.mock.gateway_set_status(&request_id, "read");
+    let r = report(&app, &request_id, clock.now().unix_timestamp(), TOKEN).await;
+    assert_eq!(r.status, 200);
+    let got = messages_when(&app, &id, "the late delivery shown", |m| {
+        m[0].1 == "delivered"
+    })
+    .await;
+    assert_eq!(got, [pair("telegram", "delivered"), pair("sms", "sent")]);
+    assert_eq!(
+        verification(&app, &id).await["messages"][0]["delivery_report"],
+        "read"
+    );
+    // Whichever channel carried it, the code approves.
+    assert_eq!(check(&app, &id, &code).await.json()["status"], "approved");
+    assert_eq!(sms_to(&app, TO).len(), 1);
+}
+
+async fn forged_and_stale_reports_are_refused(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_gateway(backend, clock.clone()).await;
+    let id = started(&app, "tg-5", json!({"to": TO, "channels": ["telegram"]})).await;
+    messages_when(&app, &id, "sent", |m| m == [pair("telegram", "sent")]).await;
+    let request_id = app.mock.gateway_messages()[0].request_id.clone();
+    app.mock.gateway_set_status(&request_id, "delivered");
+    let now = clock.now().unix_timestamp();
+    let forged = report(&app, &request_id, now, "not-the-token").await;
+    assert_eq!(forged.status, 403);
+    let stale = report(&app, &request_id, now - 301, TOKEN).await;
+    assert_eq!(stale.status, 403);
+    let early = report(&app, &request_id, now + 301, TOKEN).await;
+    assert_eq!(early.status, 403);
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 0);
+    assert_eq!(
+        verification(&app, &id).await["messages"][0]["status"],
+        "sent"
+    );
+    let ok = report(&app, &request_id, now - 299, TOKEN).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 1);
+}
+
+async fn resends_follow_the_channel_order(backend: Backend) {
+    let mut settings = test_settings();
+    settings.verify.resend_cooldown = Duration::ZERO;
+    let app = spawn_gateway_with(backend, Clock::system(), settings).await;
+    let id = started(
+        &app,
+        "tg-6",
+        json!({"to": TO, "channels": ["telegram", "sms"]}),
+    )
+    .await;
+    messages_when(&app, &id, "sent", |m| m == [pair("telegram", "sent")]).await;
+    let r = post_to(
+        &app,
+        &format!("/verifications/{id}/resend"),
+        Some("r1"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.bytes));
+    messages_when(&app, &id, "the resend through Telegram", |m| {
+        m == [pair("telegram", "sent"), pair("telegram", "sent")]
+    })
+    .await;
+    let sent = app.mock.gateway_messages();
+    assert_eq!(sent.len(), 2);
+    assert_ne!(sent[0].request_id, sent[1].request_id, "a check per send");
+    assert_eq!(sent[0].code, sent[1].code, "the same code");
+    assert!(sms_to(&app, TO).is_empty());
+}
+
+async fn bad_channel_requests_are_400_and_store_nothing(backend: Backend) {
+    let app = spawn_gateway(backend, Clock::system()).await;
+    let rows = [
+        (
+            json!({"to": TO, "channels": ["telegram"], "code_length": 9}),
+            "code_length",
+        ),
+        (
+            json!({"to": TO, "channels": ["sms", "telegram"]}),
+            "channels",
+        ),
+        (json!({"to": TO, "channels": []}), "channels"),
+        (
+            json!({"to": TO, "fallback_after_seconds": 30}),
+            "fallback_after_seconds",
+        ),
+        (
+            json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 4}),
+            "fallback_after_seconds",
+        ),
+        (
+            json!({"to": TO, "channels": ["telegram", "sms"], "ttl_seconds": 60, "fallback_after_seconds": 60}),
+            "fallback_after_seconds",
+        ),
+    ];
+    for (i, (body, field)) in rows.into_iter().enumerate() {
+        let a = start(&app, &format!("bad-{i}"), body.clone()).await;
+        assert_eq!(a.status, 400, "{body}");
+        assert_eq!(a.json()["errors"][0]["field"], field, "{body}");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM verifications").await, 0);
+    // Without a Gateway, telegram is refused naming the field.
+    let plain = spawn_with(TestOptions {
+        backend,
+        ..TestOptions::default()
+    })
+    .await;
+    let a = start(
+        &plain,
+        "no-gw",
+        json!({"to": TO, "channels": ["telegram", "sms"]}),
+    )
+    .await;
+    assert_eq!(a.status, 400);
+    assert_eq!(a.json()["errors"][0]["field"], "channels");
+    assert_eq!(
+        plain.db.count("SELECT count(*) FROM verifications").await,
+        0
+    );
+}
+
+on_both_backends!(
+    a_number_on_telegram_gets_one_gateway_message_and_no_sms,
+    a_number_not_on_telegram_gets_the_sms_at_once,
+    a_lost_answer_is_retried_with_the_same_request_id_and_sends_once,
+    no_report_in_time_revokes_then_sends_one_sms_with_the_same_code,
+    forged_and_stale_reports_are_refused,
+    resends_follow_the_channel_order,
+    bad_channel_requests_are_400_and_store_nothing,
+);

@@ -410,6 +410,14 @@ async fn verification(
         {
             messages.push(summary(&m));
         }
+        // The SMS after a Telegram message that did not deliver.
+        if let Some(m) = state
+            .store
+            .message(session.tenant_id, &crate::store::fallback_key(v.id, n))
+            .await?
+        {
+            messages.push(summary(&m));
+        }
     }
     let status = crate::verify::decide::status_at(&v.state(), state.clock.now());
     Ok(

@@ -568,6 +568,7 @@ pub fn verification(
                 dt { "Idempotency key" } dd { code { (v.idempotency_key) } }
                 dt { "Created" } dd { (when(v.created_at)) }
                 dt { "Expires" } dd { (when(v.expires_at)) }
+                dt { "Channels" } dd { (v.channels.names().join(", then ")) @if v.channels.after(crate::verify::Channel::Telegram).is_some() { " (SMS when Telegram did not report delivery within " (v.fallback_after_seconds) " s)" } }
                 dt { "Codes sent" } dd { (v.sends) ", the last at " (when(v.last_sent_at)) }
                 dt { "Checks left" } dd { (v.checks_remaining) }
                 @if let Some(a) = v.approved_at { dt { "Approved" } dd { (when(a)) } }

@@ -67,7 +67,8 @@ pub fn names() -> impl Iterator<Item = &'static str> {
 /// What the service knows about one adapter.
 pub struct Adapter {
     /// `SENDONCE_PROVIDER`'s word for it, stored with its messages and
-    /// receipts and used as its metric label: lower case, no commas.
+    /// receipts and used as its metric label: lower-case letters and `_`,
+    /// starting with a letter.
     pub name: &'static str,
     /// The variables it reads (each also a `--flag`).
     pub vars: &'static [Var],
@@ -301,7 +302,8 @@ mod tests {
         for (i, n) in names.iter().enumerate() {
             assert!(!names[..i].contains(n), "{n} twice");
             assert!(
-                !n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase()),
+                n.starts_with(|c: char| c.is_ascii_lowercase())
+                    && n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
                 "{n}"
             );
         }

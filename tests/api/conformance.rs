@@ -151,8 +151,9 @@ impl sendonce::provider::receipts::ReceiptSink for NoReceipts {
 fn the_table_covers_every_adapter_of_the_registry() {
     use sendonce::provider::registry::{ADAPTERS as REGISTERED, Channel};
     // The table sends SMS: it covers every SMS adapter. An adapter of a
-    // channel of its own (a Telegram bot) has its own suite, which runs
-    // these situations on its addresses (`tests/api/telegram.rs`).
+    // channel of its own has its own suite, which runs these situations
+    // on its addresses: the Telegram bot `tests/api/telegram.rs`, the
+    // Telegram Gateway `tests/api/telegram_gateway.rs`.
     let registered: Vec<&str> = REGISTERED
         .iter()
         .filter(|a| a.channel == Channel::Sms)
@@ -167,7 +168,7 @@ fn the_table_covers_every_adapter_of_the_registry() {
         .collect();
     assert_eq!(
         channels,
-        ["telegram"],
+        ["telegram", "telegram_gateway"],
         "a channel adapter without its suite"
     );
 }

@@ -359,6 +359,15 @@ async fn no_report_in_time_revokes_then_sends_one_sms_with_the_same_code(backend
         verification(&app, &id).await["messages"][0]["delivery_report"],
         "read"
     );
+    // The console shows both channels' messages, never the code.
+    let mut b = crate::console::Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let page = b.get(&format!("/console/verifications/{id}")).await;
+    assert_eq!(page.status, 200);
+    let html = String::from_utf8_lossy(&page.bytes).into_owned();
+    assert!(html.contains("telegram, then sms"), "{html}");
+    assert!(html.contains(":send:1:sms") && html.contains("telegram_gateway"));
+    assert!(!html.contains(&code), "no code on the page");
     // Whichever channel carried it, the code approves.
     assert_eq!(check(&app, &id, &code).await.json()["status"], "approved");
     assert_eq!(sms_to(&app, TO).len(), 1);

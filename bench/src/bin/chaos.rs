@@ -219,6 +219,23 @@ struct Args {
     /// When to run --switch-cmd, in ms after the load starts.
     #[arg(long, default_value_t = 3000)]
     switch_after_ms: u64,
+    /// Start verifications instead of sending messages: every key is a
+    /// `POST /verifications` with `"channels": ["telegram", "sms"]`, its
+    /// first message through the Telegram Gateway at the mock (which sends
+    /// no delivery reports), then one SMS with the same code after
+    /// --fallback-after-secs. Checked at the end: one verification id per
+    /// key, one code per phone, no Gateway message or SMS created twice,
+    /// every message final and one SMS per undelivered Telegram message,
+    /// no false final.
+    #[arg(long)]
+    gateway: bool,
+    /// With --gateway: each start's `fallback_after_seconds`.
+    #[arg(long, default_value_t = 5)]
+    fallback_after_secs: u64,
+    /// With --gateway: each start's `ttl_seconds` (longer than the run, so
+    /// no verification expires before its SMS is judged).
+    #[arg(long, default_value_t = 300)]
+    ttl_secs: u64,
 }
 
 impl Args {
@@ -245,6 +262,14 @@ impl Args {
             // Each key has a number of its own: the SMSC's counts are per
             // destination (a long message's parts carry no key).
             return Err("--provider smpp: at most 10000 --keys".into());
+        }
+        if self.gateway && (self.smpp() || self.keys > 10_000) {
+            // Each verification has a number of its own: the mock's
+            // Gateway messages and SMS are told apart per phone.
+            return Err("--gateway: not over smpp, and at most 10000 --keys".into());
+        }
+        if self.gateway && self.fallback_after_secs >= self.ttl_secs {
+            return Err("--fallback-after-secs must be less than --ttl-secs".into());
         }
         if self.clock_step && Duration::from_secs(self.clock_step_secs) <= LEASE {
             return Err(format!(
@@ -336,6 +361,20 @@ impl Run {
                 format!("{}/messages", self.mock_base),
             );
         }
+        if self.args.gateway {
+            // The mock's Gateway checks no token unless told to; the
+            // verifications' limits and pauses are off (one tenant, one
+            // number range, no checks ever made).
+            cmd.env("TELEGRAM_GATEWAY_TOKEN", "chaos-gateway-token")
+                .env("TELEGRAM_GATEWAY_URL", &self.mock_base)
+                .env(
+                    "SENDONCE_VERIFY_SECRET",
+                    "chaos-verify-secret-0123456789abcdef0123456789abcdef",
+                )
+                .env("SENDONCE_VERIFY_STARTS_PER_PREFIX_PER_HOUR", "0")
+                .env("SENDONCE_VERIFY_PAUSE_MIN_STARTS", "0")
+                .env("SENDONCE_VERIFY_PAUSE_COUNTRY_MIN_STARTS", "0");
+        }
         if self.args.two_providers {
             cmd.env("SENDONCE_CIRCUIT_FAILURES", "3")
                 .env("SENDONCE_CIRCUIT_OPEN_FOR", "2s");
@@ -372,7 +411,14 @@ impl Run {
             .env("SENDONCE_RATE_TENANT_RPS", "0")
             .env("SENDONCE_RATE_NUMBER_PER_HOUR", "0")
             .env("SENDONCE_RATE_PREFIX_PER_HOUR", "0")
-            .env("RUST_LOG", INSTANCE_LOG)
+            .env(
+                "RUST_LOG",
+                if self.args.gateway {
+                    format!("{INSTANCE_LOG},sendonce::verify=info,sendonce::send=info")
+                } else {
+                    INSTANCE_LOG.to_string()
+                },
+            )
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .kill_on_drop(true);
@@ -493,6 +539,13 @@ struct Load {
     /// What the clients got, every try counted: a status, or how the
     /// request failed.
     answers: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+    /// With --gateway: per key, the verification id of every 201, and when
+    /// the first came back.
+    verifications: std::sync::Mutex<HashMap<usize, Vec<String>>>,
+    first_ack: std::sync::Mutex<HashMap<usize, Instant>>,
+    /// With --gateway: keys a request of which was refused (4xx other than
+    /// 409 and 429) or given up on, and how.
+    refused: std::sync::Mutex<Vec<(usize, String)>>,
 }
 
 impl Load {
@@ -718,6 +771,16 @@ async fn run_on(
 
     let mut hits = hits;
     hits.died += restart_missing(&run, &instances).await;
+    if run.args.gateway {
+        let ok = gateway_settle(&run, &ports, &db.url, &load, load_secs, hits).await?;
+        for inst in instances.lock().await.iter_mut() {
+            if let Some(mut c) = inst.child.take() {
+                procs::kill(&mut c).await;
+            }
+        }
+        mock_task.abort();
+        return Ok(ok && switch_ok && clock_ok);
+    }
     let outcome = settle(&run, &db.url, &load).await?;
     let outcome = Outcome {
         load_secs,
@@ -771,6 +834,12 @@ fn print_setup(run: &Run) {
             a.smsc_drop_every_ms
         ),
         None => println!("chaos: provider {} at the mock ({dedup})", a.providers()),
+    }
+    if a.gateway {
+        println!(
+            "chaos: verifications, channels telegram then sms: the Telegram Gateway at the mock (no delivery reports, faults as above), fallback after {} s, ttl {} s",
+            a.fallback_after_secs, a.ttl_secs
+        );
     }
     if a.kill_every_ms > 0 {
         let kill = 1.0 - a.sigterm_share - a.pause_share;
@@ -1219,7 +1288,11 @@ async fn send_load(run: &Arc<Run>, ports: &[u16], load: &Arc<Load>) {
         let load = Arc::clone(load);
         tasks.spawn(async move {
             let _permit = permit;
-            send_one(&run, &ports, k, &load).await;
+            if run.args.gateway {
+                start_one(&run, &ports, k, &load).await;
+            } else {
+                send_one(&run, &ports, k, &load).await;
+            }
         });
     }
     while tasks.join_next().await.is_some() {}
@@ -1934,6 +2007,646 @@ async fn explain(run: &Run, database_url: &str, o: &Outcome) {
             for line in text
                 .lines()
                 .filter(|l| l.contains(&needle) || l.contains(&key))
+                .take(40)
+            {
+                println!("  instance-{n}.log: {line}");
+            }
+        }
+    }
+}
+
+// --gateway: verifications whose first channel is the Telegram Gateway.
+
+/// The text of a verification's SMS (the service's default template).
+const SMS_TEMPLATE_PREFIX: &str = "Your verification code is ";
+
+/// One start as a real client makes it (as [`send_one`]): on a refused
+/// connection, a timeout, a 5xx, a 409 or a 429, try again (maybe on another
+/// instance) until a 201 comes back; each 201's verification id is noted.
+async fn start_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
+    let key = key_of(k);
+    let body = serde_json::json!({
+        "to": to_of(k),
+        "channels": ["telegram", "sms"],
+        "fallback_after_seconds": run.args.fallback_after_secs,
+        "ttl_seconds": run.args.ttl_secs,
+    });
+    let deadline = Instant::now() + Duration::from_secs(run.args.client_deadline_secs);
+    loop {
+        let port = ports[rand::rng().random_range(0..ports.len())];
+        let resp = run
+            .client
+            .post(format!("http://127.0.0.1:{port}/verifications"))
+            .bearer_auth(&run.api_key)
+            .header("Idempotency-Key", &key)
+            .json(&body)
+            .send()
+            .await;
+        load.tally(match &resp {
+            Ok(r) => r.status().as_u16().to_string(),
+            Err(e) if e.is_timeout() => "timeout".into(),
+            Err(e) if e.is_connect() => "refused".into(),
+            Err(_) => "cut".into(),
+        });
+        let status = resp.as_ref().map_or(0, |r| r.status().as_u16());
+        match (status, resp) {
+            (201, Ok(r)) => {
+                // An answer cut in its body is no answer: asked again.
+                let id = r
+                    .json::<serde_json::Value>()
+                    .await
+                    .ok()
+                    .and_then(|v| v["id"].as_str().map(str::to_string));
+                if let Some(id) = id {
+                    if let Ok(mut v) = load.verifications.lock() {
+                        v.entry(k).or_default().push(id);
+                    }
+                    if let Ok(mut f) = load.first_ack.lock() {
+                        f.entry(k).or_insert_with(Instant::now);
+                    }
+                    if let Ok(mut a) = load.acknowledged.lock() {
+                        a.insert(key.clone());
+                    }
+                    return;
+                }
+            }
+            (409 | 429, _) | (500..=599, _) | (0, _) => {}
+            (other, r) => {
+                let text = match r {
+                    Ok(r) => r.text().await.unwrap_or_default(),
+                    Err(e) => e.to_string(),
+                };
+                if other == 422 {
+                    load.reused.fetch_add(1, Ordering::SeqCst);
+                }
+                if let Ok(mut f) = load.refused.lock() {
+                    f.push((
+                        k,
+                        format!("{other}: {}", text.chars().take(300).collect::<String>()),
+                    ));
+                }
+                return;
+            }
+        }
+        if Instant::now() > deadline {
+            load.gave_up.fetch_add(1, Ordering::SeqCst);
+            if let Ok(mut f) = load.refused.lock() {
+                f.push((k, "given up on".into()));
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A verification as `GET /verifications/{id}` answers it, in the parts
+/// the run judges.
+#[derive(Clone, Debug, Default)]
+struct VerView {
+    status: String,
+    /// (channel, status, idempotency key, message id) of each message.
+    messages: Vec<(String, String, String, String)>,
+    raw: serde_json::Value,
+}
+
+impl VerView {
+    fn of(raw: serde_json::Value) -> Self {
+        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let messages = raw["messages"]
+            .as_array()
+            .map(|list| {
+                list.iter()
+                    .map(|m| {
+                        (
+                            s(&m["channel"]),
+                            s(&m["status"]),
+                            s(&m["idempotency_key"]),
+                            s(&m["id"]),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            status: s(&raw["status"]),
+            messages,
+            raw,
+        }
+    }
+
+    fn on(&self, channel: &str) -> Vec<&(String, String, String, String)> {
+        self.messages.iter().filter(|m| m.0 == channel).collect()
+    }
+
+    /// Every message final.
+    fn all_final(&self) -> bool {
+        self.messages
+            .iter()
+            .all(|m| !matches!(m.1.as_str(), "processing" | "scheduled" | "queued"))
+    }
+
+    /// Nothing more to come: every message final, and the Telegram message
+    /// delivered or its one SMS sent.
+    fn settled(&self) -> bool {
+        let delivered = self.on("telegram").iter().any(|m| m.1 == "delivered");
+        self.all_final()
+            && !self.on("telegram").is_empty()
+            && (delivered || self.on("sms").len() == 1)
+    }
+}
+
+/// `GET /verifications/{id}` on any instance, tried for up to 10 s.
+async fn fetch_verification(run: &Run, ports: &[u16], id: &str) -> Option<VerView> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let port = ports[rand::rng().random_range(0..ports.len())];
+        let resp = run
+            .client
+            .get(format!("http://127.0.0.1:{port}/verifications/{id}"))
+            .bearer_auth(&run.api_key)
+            .send()
+            .await;
+        if let Ok(r) = resp
+            && r.status().as_u16() == 200
+            && let Ok(v) = r.json::<serde_json::Value>().await
+        {
+            return Some(VerView::of(v));
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The views of `ids` (key, verification id), `concurrency` at a time.
+async fn fetch_all(
+    run: &Arc<Run>,
+    ports: &[u16],
+    ids: Vec<(usize, String)>,
+) -> Vec<(usize, Option<VerView>)> {
+    let permits = Arc::new(Semaphore::new(run.args.concurrency.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (k, id) in ids {
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+            break;
+        };
+        let (run, ports) = (Arc::clone(run), ports.to_vec());
+        tasks.spawn(async move {
+            let _permit = permit;
+            (k, fetch_verification(&run, &ports, &id).await)
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(r) = r {
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// What the mock created for one phone.
+#[derive(Default)]
+struct Created {
+    /// Gateway messages: (code, request id, status at the mock).
+    telegram: Vec<(String, String, String)>,
+    /// SMS created, per body.
+    sms: Vec<(String, u32)>,
+}
+
+impl Created {
+    fn sms_count(&self) -> u32 {
+        self.sms.iter().map(|(_, n)| n).sum()
+    }
+
+    fn total(&self) -> u32 {
+        self.telegram.len() as u32 + self.sms_count()
+    }
+
+    /// The codes the phone got, over both channels (an SMS whose text is
+    /// not the template's counts as a code of its own).
+    fn codes(&self) -> std::collections::BTreeSet<String> {
+        self.telegram
+            .iter()
+            .map(|(c, _, _)| c.clone())
+            .chain(self.sms.iter().filter(|(_, n)| *n > 0).map(|(b, _)| {
+                b.strip_prefix(SMS_TEMPLATE_PREFIX)
+                    .map_or_else(|| format!("(text {b:?})"), str::to_string)
+            }))
+            .collect()
+    }
+}
+
+fn digits(phone: &str) -> &str {
+    phone.trim_start_matches('+')
+}
+
+/// What the mock created, per phone (digits only).
+fn created_by_phone(run: &Run) -> HashMap<String, Created> {
+    let mut by: HashMap<String, Created> = HashMap::new();
+    for m in run.mock.gateway_messages() {
+        by.entry(digits(&m.phone_number).to_string())
+            .or_default()
+            .telegram
+            .push((
+                m.code.clone().unwrap_or_default(),
+                m.request_id.clone(),
+                m.status.clone(),
+            ));
+    }
+    let mut bodies: HashSet<(String, String)> = HashSet::new();
+    for c in run.mock.calls() {
+        if c.endpoint == "telegram_gateway" {
+            continue;
+        }
+        let field = |a: &str, b: &str| {
+            c.body[a]
+                .as_str()
+                .or_else(|| c.body[b].as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        bodies.insert((field("To", "to"), field("Body", "body")));
+    }
+    for (to, body) in bodies {
+        let n = run.mock.deliveries_to(&to, &body);
+        if n > 0 {
+            by.entry(digits(&to).to_string())
+                .or_default()
+                .sms
+                .push((body, n));
+        }
+    }
+    by
+}
+
+/// With --gateway, after the load: waits (up to --settle-secs) for every
+/// verification to be settled, every message final in the database and the
+/// mock idle, then judges every key, prints the report and explains the
+/// keys that went wrong. True if none did.
+async fn gateway_settle(
+    run: &Arc<Run>,
+    ports: &[u16],
+    database_url: &str,
+    load: &Load,
+    load_secs: f64,
+    hits: Hits,
+) -> Result<bool, String> {
+    let mut db = connect_writable(database_url).await?;
+    let ids: HashMap<usize, Vec<String>> = load
+        .verifications
+        .lock()
+        .map(|v| v.clone())
+        .unwrap_or_default();
+    let first_ack: HashMap<usize, Instant> =
+        load.first_ack.lock().map(|f| f.clone()).unwrap_or_default();
+    let settle_started = Instant::now();
+    let deadline = settle_started + Duration::from_secs(run.args.settle_secs);
+    let mut views: HashMap<usize, VerView> = HashMap::new();
+    let mut not_final;
+    loop {
+        let pending: Vec<(usize, String)> = ids
+            .iter()
+            .filter(|(k, _)| !views.get(k).is_some_and(VerView::settled))
+            .filter_map(|(k, list)| Some((*k, list.first()?.clone())))
+            .collect();
+        for (k, view) in fetch_all(run, ports, pending).await {
+            if let Some(view) = view {
+                views.insert(k, view);
+            }
+        }
+        not_final = count_not_final(&mut db).await;
+        let unsettled = ids
+            .keys()
+            .filter(|k| !views.get(k).is_some_and(VerView::settled))
+            .count();
+        if (unsettled == 0 && not_final == 0 && run.mock.busy() == 0) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let settle_secs = settle_started.elapsed().as_secs_f64();
+    // The last word on every verification, and what the mock created.
+    let all: Vec<(usize, String)> = ids
+        .iter()
+        .filter_map(|(k, list)| Some((*k, list.first()?.clone())))
+        .collect();
+    for (k, view) in fetch_all(run, ports, all).await {
+        if let Some(view) = view {
+            views.insert(k, view);
+        }
+    }
+    let not_final_after = count_not_final(&mut db).await;
+    let created = created_by_phone(run);
+    let stats = run.mock.stats();
+    let refused: Vec<(usize, String)> = load.refused.lock().map(|r| r.clone()).unwrap_or_default();
+
+    // Judge every key: its problems, by kind.
+    let mut problems: Vec<(usize, &'static str, String)> = Vec::new();
+    let mut matched = 0u32;
+    let mut unknown = 0usize;
+    let mut in_window = 0usize;
+    let mut hist: std::collections::BTreeMap<String, usize> = Default::default();
+    for k in 0..run.args.keys {
+        let mut bad = |kind: &'static str, what: String| problems.push((k, kind, what));
+        let to = to_of(k);
+        let made = created.get(digits(&to));
+        let empty = Created::default();
+        let made = made.unwrap_or(&empty);
+        matched += made.total();
+        // 1. One verification per key.
+        let mine = ids.get(&k).cloned().unwrap_or_default();
+        let distinct: HashSet<&String> = mine.iter().collect();
+        if mine.is_empty() {
+            let why = refused
+                .iter()
+                .filter(|(r, _)| *r == k)
+                .map(|(_, w)| w.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            bad("no 201", why);
+        } else if distinct.len() > 1 {
+            bad("ids differ", format!("{mine:?}"));
+        }
+        // 2. One code per verification, each created once per channel.
+        let codes = made.codes();
+        if codes.len() > 1 {
+            bad("more than one code", format!("{codes:?}"));
+        }
+        if made.telegram.len() > 1 {
+            bad(
+                "telegram duplicate",
+                format!(
+                    "{} Gateway messages: {:?}",
+                    made.telegram.len(),
+                    made.telegram
+                ),
+            );
+        }
+        if made.sms_count() > 1 {
+            bad(
+                "sms duplicate",
+                format!("{} SMS created: {:?}", made.sms_count(), made.sms),
+            );
+        }
+        if mine.is_empty() {
+            if made.total() > 0 {
+                bad(
+                    "false final",
+                    format!("no verification, {} created", made.total()),
+                );
+            }
+            continue;
+        }
+        // 3. Nothing stuck; 4. no false final.
+        let Some(view) = views.get(&k) else {
+            bad("stuck", "GET /verifications/{id} never answered".into());
+            continue;
+        };
+        *hist
+            .entry(format!("verification {}", view.status))
+            .or_default() += 1;
+        for m in &view.messages {
+            *hist.entry(format!("{} {}", m.0, m.1)).or_default() += 1;
+        }
+        if !view.all_final() {
+            bad("stuck", format!("a message not final: {:?}", view.messages));
+        }
+        let telegram = view.on("telegram");
+        let sms = view.on("sms");
+        match telegram.as_slice() {
+            [] => bad("stuck", "no Telegram message".into()),
+            [(_, status, _, _)] => match status.as_str() {
+                "failed" | "canceled" if !made.telegram.is_empty() => bad(
+                    "false final",
+                    format!("Telegram message {status}, created at the Gateway"),
+                ),
+                "sent" | "delivered" if made.telegram.is_empty() => bad(
+                    "false final",
+                    format!("Telegram message {status}, nothing created at the Gateway"),
+                ),
+                "unknown" => unknown += 1,
+                _ => {}
+            },
+            more => bad(
+                "telegram duplicate",
+                format!("{} Telegram messages", more.len()),
+            ),
+        }
+        let delivered = telegram.iter().any(|m| m.1 == "delivered");
+        match sms.as_slice() {
+            [] if delivered => {}
+            [] => {
+                let window = Duration::from_secs(run.args.fallback_after_secs);
+                if first_ack.get(&k).is_some_and(|at| at.elapsed() < window) {
+                    in_window += 1;
+                } else {
+                    bad("stuck", "no SMS after the fallback time".into());
+                }
+            }
+            [(_, status, key, _)] => {
+                if !key.ends_with(":send:1:sms") {
+                    bad("stuck", format!("the SMS under key {key}"));
+                }
+                match status.as_str() {
+                    "sent" | "delivered" | "undelivered" if made.sms_count() == 0 => {
+                        bad("false final", format!("SMS {status}, none created"))
+                    }
+                    "failed" | "canceled" if made.sms_count() > 0 => {
+                        bad("false final", format!("SMS {status}, created"))
+                    }
+                    "unknown" => unknown += 1,
+                    _ => {}
+                }
+            }
+            more => bad("sms duplicate", format!("{} SMS messages", more.len())),
+        }
+    }
+    let unmatched = i64::from(run.mock.created()) - i64::from(matched);
+    let gateway_messages = created.values().map(|c| c.telegram.len()).sum::<usize>();
+    let sms_created = created.values().map(Created::sms_count).sum::<u32>();
+    let revoked = run.mock.gateway_revoked().len();
+    let replays = ids
+        .values()
+        .map(|l| l.len().saturating_sub(1))
+        .sum::<usize>();
+
+    let h = &hits;
+    let count = |kind: &str| {
+        problems
+            .iter()
+            .filter(|(_, x, _)| *x == kind)
+            .map(|(k, _, _)| *k)
+            .collect::<HashSet<_>>()
+            .len()
+    };
+    let stuck = count("stuck").max(usize::try_from(not_final_after.max(0)).unwrap_or(0));
+    let duplicates = count("telegram duplicate") + count("sms duplicate");
+    let codes = count("more than one code");
+    let false_finals = count("false final");
+    let no_201 = count("no 201") + count("ids differ");
+    println!(
+        "chaos: load took {load_secs:.1} s; settled in {settle_secs:.1} s; {} SIGKILLs, {} SIGTERMs, {} pauses",
+        h.sigkills, h.sigterms, h.pauses
+    );
+    println!(
+        "channels:           telegram (the Gateway at the mock), then sms over {}",
+        run.args.providers()
+    );
+    println!(
+        "verifications:      {} keys, {} with a 201, {replays} replays answered",
+        run.args.keys,
+        ids.len()
+    );
+    println!("statuses:           {hist:?}");
+    println!(
+        "gateway messages:   {gateway_messages} created ({revoked} revokes asked); SMS created: {sms_created}"
+    );
+    println!(
+        "mock:               {} calls, {} created, max per (phone, code/text) {}, (phone, code/text) created twice {}",
+        stats.calls,
+        stats.created,
+        stats.max_deliveries_per_recipient_body,
+        stats.duplicate_recipient_bodies
+    );
+    if unmatched != 0 {
+        println!("creations unmatched: {unmatched}  (no key's phone)");
+    }
+    println!("not final in db:    {not_final_after}  (messages processing or scheduled)");
+    println!("unknown:            {unknown}  (messages ending unknown; allowed)");
+    if in_window > 0 {
+        println!(
+            "in fallback window: {in_window}  (no SMS yet, Telegram message younger than {} s)",
+            run.args.fallback_after_secs
+        );
+    }
+    println!("422 on a retry:     {}", load.reused.load(Ordering::SeqCst));
+    println!(
+        "clients gave up:    {}  (starts with no 201 within {} s)",
+        load.gave_up.load(Ordering::SeqCst),
+        run.args.client_deadline_secs
+    );
+    if let Ok(answers) = load.answers.lock() {
+        println!("client answers:     {answers:?}  (every try)");
+    }
+    if h.died > 0 {
+        println!(
+            "instances died:     {}  (exited by themselves, started again: see their logs)",
+            h.died
+        );
+    }
+    let mut by_kind: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for (k, kind, _) in &problems {
+        let list = by_kind.entry(kind).or_default();
+        let key = key_of(*k);
+        if !list.contains(&key) {
+            list.push(key);
+        }
+    }
+    for (kind, keys) in &by_kind {
+        println!(
+            "{kind}: {} keys: {}",
+            keys.len(),
+            keys.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let ok = problems.is_empty() && unmatched == 0 && not_final_after == 0 && refused.is_empty();
+    println!(
+        "chaos: summary: gateway then sms over {}, {} verifications; {} SIGKILLs, {} SIGTERMs, {} pauses; {gateway_messages} Gateway messages, {sms_created} SMS; {no_201} without one id, {codes} with more than one code, {duplicates} duplicates, {stuck} stuck, {false_finals} false finals, {unknown} unknown",
+        run.args.providers(),
+        run.args.keys,
+        h.sigkills,
+        h.sigterms,
+        h.pauses
+    );
+    println!("chaos: {}", if ok { "PASS" } else { "FAIL" });
+    if !ok {
+        explain_gateway(run, &mut db, &problems, &views, &created).await;
+    }
+    Ok(ok)
+}
+
+/// For a few keys of each kind that went wrong: the verification as
+/// answered, its messages' rows and attempts, what the mock created for its
+/// phone, and the instance log lines that name it or its messages.
+async fn explain_gateway(
+    run: &Run,
+    db: &mut PgConnection,
+    problems: &[(usize, &'static str, String)],
+    views: &HashMap<usize, VerView>,
+    created: &HashMap<String, Created>,
+) {
+    const PER_KIND: usize = 5;
+    let logs: Vec<(usize, String)> = (0..run.args.instances)
+        .filter_map(|n| Some((n, std::fs::read_to_string(run.log_path(n)).ok()?)))
+        .collect();
+    let mut shown: HashMap<&str, usize> = HashMap::new();
+    for (k, kind, what) in problems {
+        let seen = shown.entry(kind).or_default();
+        *seen += 1;
+        if *seen > PER_KIND {
+            continue;
+        }
+        let to = to_of(*k);
+        println!("chaos: {kind}: {} (to {to}): {what}", key_of(*k));
+        let mut needles = vec![key_of(*k)];
+        if let Some(view) = views.get(k) {
+            println!("  verification: {}", view.raw);
+            if let Some(id) = view.raw["id"].as_str() {
+                needles.push(id.to_string());
+                let rows: Vec<String> = sqlx::query_scalar(
+                    "SELECT format('message %s %s: status=%s attempts=%s maybe_sent=%s provider=%s provider_message_id=%s prepared=%s lease_owner=%s created_at=%s finalized_at=%s error=%s', \
+                     idempotency_key, id, status, attempts, maybe_sent, provider, provider_message_id, prepared_token, lease_owner, created_at, finalized_at, error) \
+                     FROM messages WHERE idempotency_key LIKE $1 || ':%' ORDER BY created_at",
+                )
+                .bind(id)
+                .fetch_all(&mut *db)
+                .await
+                .unwrap_or_else(|e| vec![format!("(messages: {e})")]);
+                for r in rows {
+                    println!("  {r}");
+                }
+                let attempts: Vec<String> = sqlx::query_scalar(
+                    "SELECT format('attempt %s of %s: owner=%s started=%s finished=%s outcome=%s http=%s code=%s provider=%s error=%s', \
+                     a.number, m.idempotency_key, a.lease_owner, a.started_at, a.finished_at, a.outcome, a.http_status, a.provider_code, a.provider, a.error) \
+                     FROM attempts a JOIN messages m ON m.id = a.message_id WHERE m.idempotency_key LIKE $1 || ':%' ORDER BY a.started_at",
+                )
+                .bind(id)
+                .fetch_all(&mut *db)
+                .await
+                .unwrap_or_else(|e| vec![format!("(attempts: {e})")]);
+                for a in attempts {
+                    println!("  {a}");
+                }
+            }
+            for m in &view.messages {
+                needles.push(m.3.clone());
+            }
+        }
+        if let Some(c) = created.get(digits(&to)) {
+            println!(
+                "  mock: Gateway messages {:?}; SMS created {:?}",
+                c.telegram, c.sms
+            );
+        } else {
+            println!("  mock: nothing created");
+        }
+        let calls = run
+            .mock
+            .calls()
+            .iter()
+            .filter(|c| {
+                let s = c.body.to_string();
+                s.contains(&to) || s.contains(digits(&to))
+            })
+            .count();
+        println!("  mock: {calls} calls for the phone");
+        needles.retain(|n| !n.is_empty());
+        for (n, text) in &logs {
+            for line in text
+                .lines()
+                .filter(|l| needles.iter().any(|x| l.contains(x.as_str())))
                 .take(40)
             {
                 println!("  instance-{n}.log: {line}");

@@ -163,7 +163,8 @@ impl Deliverer {
 
             let outcome = match self
                 .call(&mut msg, &mut lease, provider.as_ref(), &mut sms)
-                .await {
+                .await
+            {
                 Ok(outcome) => outcome,
                 Err(report) => return report,
             };

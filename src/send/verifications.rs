@@ -116,6 +116,13 @@ impl Sends {
         if test {
             return Ok(Some(crate::delivery::Deliverer::test_route()));
         }
+        let sms = channels
+            .contains(Channel::Sms)
+            .then(|| self.deliverer.first_route(to, None));
+        // An SMS to come must have a route now, as a first one must.
+        if matches!(sms, Some(None)) {
+            return Ok(None);
+        }
         match channels.first() {
             Channel::Telegram => self.deliverer.gateway_route().map(Some).ok_or_else(|| {
                 FieldError::new(
@@ -123,7 +130,7 @@ impl Sends {
                     "telegram needs the Telegram Gateway (TELEGRAM_GATEWAY_TOKEN is not set)",
                 )
             }),
-            Channel::Sms => Ok(self.deliverer.first_route(to, None)),
+            Channel::Sms => Ok(sms.flatten()),
         }
     }
 

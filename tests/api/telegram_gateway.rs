@@ -20,11 +20,16 @@ const TOKEN: &str = "gateway-test-token";
 const TO: &str = "+14155550123";
 
 fn gateway(base: &str) -> Arc<dyn Provider> {
+    gateway_calling_back(base, None)
+}
+
+/// The Gateway at `base`, passing the reports URL of `public_url`.
+fn gateway_calling_back(base: &str, public_url: Option<&str>) -> Arc<dyn Provider> {
     Arc::new(
         GatewayProvider::new(GatewaySettings {
             url: base.to_string(),
             token: TOKEN.into(),
-            callback_url: None,
+            callback_url: sendonce::provider::telegram_gateway::callback_url(public_url),
             timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(1),
         })
@@ -41,7 +46,16 @@ async fn spawn_gateway(backend: Backend, clock: Clock) -> TestApp {
 async fn spawn_gateway_with(
     backend: Backend,
     clock: Clock,
+    settings: sendonce::config::Settings,
+) -> TestApp {
+    spawn_gateway_at(backend, clock, settings, None).await
+}
+
+async fn spawn_gateway_at(
+    backend: Backend,
+    clock: Clock,
     mut settings: sendonce::config::Settings,
+    public_url: Option<&str>,
 ) -> TestApp {
     let (mock, url, _) = MockProvider::start().await.expect("mock");
     mock.set_gateway_token(TOKEN);
@@ -56,7 +70,7 @@ async fn spawn_gateway_with(
         clock,
         settings,
         mock: Some((mock, url)),
-        fallbacks: vec![gateway(&base)],
+        fallbacks: vec![gateway_calling_back(&base, public_url)],
         ..TestOptions::default()
     })
     .await
@@ -478,7 +492,72 @@ async fn bad_channel_requests_are_400_and_store_nothing(backend: Backend) {
     );
 }
 
+async fn a_refused_send_falls_back_and_a_cancel_revokes(backend: Backend) {
+    let app = spawn_gateway_at(
+        backend,
+        Clock::system(),
+        test_settings(),
+        Some("https://sendonce.example.com/"),
+    )
+    .await;
+    // The send itself refused (after a good check): nothing was sent, the
+    // SMS goes at once.
+    app.mock.push([Behaviour::Fail {
+        status: 400,
+        body: json!({"ok": false, "error": "PHONE_NUMBER_FLOOD"}),
+        retry_after: None,
+    }]);
+    let id = started(
+        &app,
+        "tg-7",
+        json!({"to": TO, "channels": ["telegram", "sms"]}),
+    )
+    .await;
+    let got = messages_when(&app, &id, "the SMS after a refused send", |m| {
+        m.len() == 2 && m[1].1 == "sent"
+    })
+    .await;
+    assert_eq!(got, [pair("telegram", "failed"), pair("sms", "sent")]);
+    assert!(app.mock.gateway_messages().is_empty());
+    assert_eq!(sms_to(&app, TO).len(), 1);
+    // A https public URL: the reports URL is passed as callback_url.
+    let other = "+14155550124";
+    let id = started(
+        &app,
+        "tg-8",
+        json!({"to": other, "channels": ["telegram", "sms"]}),
+    )
+    .await;
+    messages_when(&app, &id, "sent", |m| m == [pair("telegram", "sent")]).await;
+    let sent = app.mock.gateway_messages();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        sent[0].callback_url.as_deref(),
+        Some("https://sendonce.example.com/channels/telegram/gateway/reports")
+    );
+    // Canceled: its Telegram message is revoked, no SMS follows.
+    let c = post_to(
+        &app,
+        &format!("/verifications/{id}/cancel"),
+        None,
+        json!({}),
+    )
+    .await;
+    assert_eq!(c.status, 200, "{}", String::from_utf8_lossy(&c.bytes));
+    let request_id = sent[0].request_id.clone();
+    eventually("the canceled verification's message revoked", || async {
+        app.mock
+            .gateway_revoked()
+            .contains(&request_id)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(app.mock.gateway_messages()[0].status, "revoked");
+    assert!(sms_to(&app, other).is_empty());
+}
+
 on_both_backends!(
+    a_refused_send_falls_back_and_a_cancel_revokes,
     a_number_on_telegram_gets_one_gateway_message_and_no_sms,
     a_number_not_on_telegram_gets_the_sms_at_once,
     a_lost_answer_is_retried_with_the_same_request_id_and_sends_once,

@@ -76,6 +76,14 @@ impl TryFrom<DueRow> for FallbackDue {
 }
 
 per_backend! {
+    /// The verification, still pending at `$2`, locked (on Postgres) for
+    /// the fallback's transaction: a check approving it meanwhile waits,
+    /// or has committed first and the row is not found.
+    const LOCK_PENDING: &str = concat!(
+        "SELECT id FROM verifications WHERE id = $1 AND status = 'pending' AND expires_at > $2",
+        for_update!()
+    );
+
     /// The token unless the message has one, fenced on the lease, which
     /// it renews for its ttl on the database's clock.
     const PREPARE: &str = concat!(
@@ -158,6 +166,14 @@ per_backend! {
             let (f, m, lease) = (f.clone(), m.clone(), lease.clone());
             self.write_tx(move |c| {
                 Box::pin(async move {
+                    let pending: Option<Uuid> = sqlx::query_scalar(LOCK_PENDING)
+                        .bind(f.verification_id)
+                        .bind(db(now))
+                        .fetch_optional(&mut *c)
+                        .await?;
+                    if pending.is_none() {
+                        return Ok(None);
+                    }
                     let done = sqlx::query(FALL_BACK)
                         .bind(f.verification_id)
                         .bind(to_i32(f.send_number))

@@ -93,6 +93,7 @@ impl Deliverer {
         };
         self.lease_for_call(msg.id, lease).await?;
         if sms.prepared.is_none()
+            && provider.prepares()
             && let Some(prepared) = self.prepare(msg, lease, provider, sms).await?
         {
             drop(call);

@@ -293,6 +293,13 @@ pub trait Provider: Send + Sync + 'static {
         None
     }
 
+    /// Whether the provider has a first call ([`Provider::prepare`]):
+    /// delivery asks only those, so that every other send costs nothing
+    /// more.
+    fn prepares(&self) -> bool {
+        false
+    }
+
     /// The first of two calls, for a provider whose send must carry what
     /// an earlier call handed out (the Telegram Gateway's
     /// `checkSendAbility` and its `request_id`). `None`: no such call (the

@@ -162,6 +162,10 @@ impl Provider for GatewayProvider {
         true
     }
 
+    fn prepares(&self) -> bool {
+        true
+    }
+
     async fn prepare(&self, sms: &OutgoingSms) -> Option<Result<String, SendOutcome>> {
         let phone = match sms.phone() {
             Ok(p) => p.as_str().to_string(),

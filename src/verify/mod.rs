@@ -337,9 +337,14 @@ pub fn next_send(
     retry_deadline: std::time::Duration,
     now: OffsetDateTime,
 ) -> Option<NewMessage> {
-    let code = keys.open(v.id.as_bytes(), &v.code_sealed).ok()?;
-    let code = String::from_utf8(code).ok()?;
+    let code = opened_code(keys, v)?;
     send_message(keys, v, v.sends + 1, &code, via, retry_deadline, now)
+}
+
+/// `v`'s code, opened from its sealed copy; `None` when it does not open.
+fn opened_code(keys: &Keys, v: &VerificationRecord) -> Option<String> {
+    let code = keys.open(v.id.as_bytes(), &v.code_sealed).ok()?;
+    String::from_utf8(code).ok()
 }
 
 /// The message of send number `n` of `code` on the channel `via` leads
@@ -367,8 +372,7 @@ pub fn fallback_message(
     retry_deadline: std::time::Duration,
     now: OffsetDateTime,
 ) -> Option<NewMessage> {
-    let code = keys.open(v.id.as_bytes(), &v.code_sealed).ok()?;
-    let code = String::from_utf8(code).ok()?;
+    let code = opened_code(keys, v)?;
     let key = crate::store::fallback_key(v.id, n);
     build(keys, v, &key, &code, via, retry_deadline, now)
 }

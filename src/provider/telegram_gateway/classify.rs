@@ -84,13 +84,69 @@ fn word(error: &str) -> Word {
     }
 }
 
-fn error_text(reply: Option<&Reply>, http_status: u16) -> (Option<String>, String) {
-    match reply.and_then(|r| r.error.as_deref()).filter(|e| !e.is_empty()) {
-        Some(e) => (Some(cut_error_text(e)), cut_error_text(e)),
-        None => (
-            None,
-            format!("the Gateway API answered {http_status} without an error"),
-        ),
+/// An error answer (`ok: false`), as both calls read it.
+struct Refusal {
+    http_status: Option<u16>,
+    /// The API's error word, if it said one.
+    code: Option<String>,
+    message: String,
+    word: Word,
+    retry_after: Option<Duration>,
+}
+
+impl Refusal {
+    fn of(http_status: u16, reply: &Reply, retry_after: Option<Duration>) -> Self {
+        let code = reply
+            .error
+            .as_deref()
+            .filter(|e| !e.is_empty())
+            .map(cut_error_text);
+        let message = code.clone().unwrap_or_else(|| {
+            format!("the Gateway API answered {http_status} without an error")
+        });
+        Refusal {
+            http_status: Some(http_status),
+            word: code.as_deref().map_or(Word::Other, word),
+            code,
+            message,
+            retry_after,
+        }
+    }
+
+    /// What both calls make of it: the account refused (401, `ACCESS_TOKEN_*`,
+    /// `BALANCE_*`) or flood control; `Err(self)` for the rest.
+    fn common(self) -> Result<SendOutcome, Self> {
+        match (self.http_status, &self.word) {
+            (Some(401), _) | (_, Word::Account) => Ok(SendOutcome::Refused {
+                http_status: self.http_status,
+                provider_code: self.code,
+                message: self.message,
+            }),
+            (_, Word::Flood(after)) => Ok(SendOutcome::Retryable {
+                http_status: self.http_status,
+                provider_code: self.code,
+                retry_after: after.or(self.retry_after),
+                message: self.message,
+            }),
+            _ => Err(self),
+        }
+    }
+
+    fn retryable(self) -> SendOutcome {
+        SendOutcome::Retryable {
+            http_status: self.http_status,
+            provider_code: self.code,
+            retry_after: self.retry_after,
+            message: self.message,
+        }
+    }
+
+    fn rejected(self, message: String) -> SendOutcome {
+        SendOutcome::Rejected {
+            http_status: self.http_status,
+            provider_code: self.code,
+            message,
+        }
     }
 }
 
@@ -123,31 +179,13 @@ pub fn check(
             )),
         };
     }
-    let (code, message) = error_text(Some(r), http_status);
-    let w = code.as_deref().map_or(Word::Other, word);
-    Err(match (http_status, w) {
-        (401, _) | (_, Word::Account) => SendOutcome::Refused {
-            http_status: status,
-            provider_code: code,
-            message,
-        },
-        (_, Word::Flood(after)) => SendOutcome::Retryable {
-            http_status: status,
-            provider_code: code,
-            retry_after: after.or(retry_after),
-            message,
-        },
-        (429 | 500..=599, _) => SendOutcome::Retryable {
-            http_status: status,
-            provider_code: code,
-            retry_after,
-            message,
-        },
-        _ => SendOutcome::Rejected {
-            http_status: status,
-            provider_code: code,
-            message: format!("the number cannot get a Telegram code: {message}"),
-        },
+    Err(match Refusal::of(http_status, r, retry_after).common() {
+        Ok(outcome) => outcome,
+        Err(e) if http_status == 429 || (500..=599).contains(&http_status) => e.retryable(),
+        Err(e) => {
+            let message = format!("the number cannot get a Telegram code: {}", e.message);
+            e.rejected(message)
+        }
     })
 }
 
@@ -199,40 +237,25 @@ pub fn send(
             },
         };
     }
-    let (code, message) = error_text(Some(r), http_status);
-    let w = code.as_deref().map_or(Word::Other, word);
-    match (http_status, w) {
-        (_, Word::Repeat) => SendOutcome::Accepted {
+    let refusal = Refusal::of(http_status, r, retry_after);
+    if refusal.word == Word::Repeat {
+        return SendOutcome::Accepted {
             provider_message_id: request_id.to_string(),
             http_status: status,
+        };
+    }
+    match refusal.common() {
+        Ok(outcome) => outcome,
+        Err(e) if http_status == 429 => e.retryable(),
+        Err(e) if (500..=599).contains(&http_status) => SendOutcome::Ambiguous {
+            http_status: e.http_status,
+            retry_after: e.retry_after,
+            message: e.message,
         },
-        (401, _) | (_, Word::Account) => SendOutcome::Refused {
-            http_status: status,
-            provider_code: code,
-            message,
-        },
-        (_, Word::Flood(after)) => SendOutcome::Retryable {
-            http_status: status,
-            provider_code: code,
-            retry_after: after.or(retry_after),
-            message,
-        },
-        (429, _) => SendOutcome::Retryable {
-            http_status: status,
-            provider_code: code,
-            retry_after,
-            message,
-        },
-        (500..=599, _) => SendOutcome::Ambiguous {
-            http_status: status,
-            retry_after,
-            message,
-        },
-        _ => SendOutcome::Rejected {
-            http_status: status,
-            provider_code: code,
-            message,
-        },
+        Err(e) => {
+            let message = e.message.clone();
+            e.rejected(message)
+        }
     }
 }
 

@@ -54,6 +54,17 @@
 //! non-zero on any of them, and prints the attempts, events and instance log
 //! lines of each offending key (and of each `unknown` one).
 //!
+//! `--gateway` starts verifications instead (`POST /verifications`,
+//! channels telegram then sms): the first message through the mock's
+//! Telegram Gateway (which sends no delivery reports), then, after
+//! `--fallback-after-secs`, one SMS with the same code. The starts are
+//! spread over `--spread-secs` (30) so that the faults hit the fallbacks
+//! too. At the end every key must have had one verification id (replays
+//! included), every phone one code over both channels, no Gateway message
+//! or SMS created twice, every message final with one SMS per undelivered
+//! Telegram message, and no false final (a Telegram message `failed` that
+//! the Gateway created, an SMS `sent` that the mock never created).
+//!
 //! `scripts/chaos.sh` builds the binaries and runs it.
 
 use std::collections::{HashMap, HashSet};
@@ -229,6 +240,12 @@ struct Args {
     /// no false final.
     #[arg(long)]
     gateway: bool,
+    /// Spread the requests evenly over this many seconds, so that the
+    /// faults go on for as long (default: 30 with --gateway, whose
+    /// fallback SMS go --fallback-after-secs after each start, else 0: as
+    /// fast as --concurrency allows).
+    #[arg(long)]
+    spread_secs: Option<u64>,
     /// With --gateway: each start's `fallback_after_seconds`.
     #[arg(long, default_value_t = 5)]
     fallback_after_secs: u64,
@@ -1279,7 +1296,17 @@ async fn send_load(run: &Arc<Run>, ports: &[u16], load: &Arc<Load>) {
     requests.shuffle(&mut rand::rng());
     let permits = Arc::new(Semaphore::new(run.args.concurrency));
     let mut tasks = tokio::task::JoinSet::new();
-    for k in requests {
+    let spread =
+        Duration::from_secs(
+            run.args
+                .spread_secs
+                .unwrap_or(if run.args.gateway { 30 } else { 0 }),
+        );
+    let (began, total) = (tokio::time::Instant::now(), requests.len().max(1));
+    for (i, k) in requests.into_iter().enumerate() {
+        if !spread.is_zero() {
+            tokio::time::sleep_until(began + spread.mul_f64(i as f64 / total as f64)).await;
+        }
         let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
             break;
         };
@@ -2772,6 +2799,43 @@ mod tests {
         assert_ne!(body_of(1), body_of(10_001));
         assert_eq!(to_of(1), to_of(10_001));
         assert!(body_of(7).contains(&key_of(7)));
+    }
+
+    #[test]
+    fn a_verification_is_settled_once_its_one_sms_is_final() {
+        let view = |messages: serde_json::Value| {
+            VerView::of(serde_json::json!({"status": "pending", "messages": messages}))
+        };
+        let tg = |status: &str| serde_json::json!({"channel": "telegram", "status": status, "idempotency_key": "ver_1:send:1", "id": "msg_1"});
+        let sms = |status: &str| serde_json::json!({"channel": "sms", "status": status, "idempotency_key": "ver_1:send:1:sms", "id": "msg_2"});
+        assert!(!view(serde_json::json!([tg("processing")])).settled());
+        assert!(!view(serde_json::json!([tg("sent")])).settled());
+        assert!(view(serde_json::json!([tg("delivered")])).settled());
+        assert!(!view(serde_json::json!([tg("sent"), sms("processing")])).settled());
+        assert!(view(serde_json::json!([tg("sent"), sms("sent")])).settled());
+        assert!(view(serde_json::json!([tg("failed"), sms("unknown")])).settled());
+        assert!(!view(serde_json::json!([tg("sent"), sms("sent"), sms("sent")])).settled());
+    }
+
+    #[test]
+    fn the_codes_a_phone_got_are_read_from_both_channels() {
+        let one = Created {
+            telegram: vec![("123456".into(), "r1".into(), "revoked".into())],
+            sms: vec![("Your verification code is 123456".into(), 1)],
+        };
+        assert_eq!(one.codes().len(), 1);
+        assert_eq!(one.total(), 2);
+        let two = Created {
+            telegram: vec![("123456".into(), "r1".into(), "sent".into())],
+            sms: vec![("Your verification code is 654321".into(), 1)],
+        };
+        assert_eq!(two.codes().len(), 2);
+        let text = Created {
+            telegram: vec![],
+            sms: vec![("something else".into(), 1)],
+        };
+        assert_eq!(text.codes().len(), 1);
+        assert!(text.codes().iter().all(|c| c.starts_with("(text")));
     }
 
     #[test]

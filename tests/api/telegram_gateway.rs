@@ -19,10 +19,6 @@ use crate::helpers::*;
 const TOKEN: &str = "gateway-test-token";
 const TO: &str = "+14155550123";
 
-fn gateway(base: &str) -> Arc<dyn Provider> {
-    gateway_calling_back(base, None)
-}
-
 /// The Gateway at `base`, passing the reports URL of `public_url`.
 fn gateway_calling_back(base: &str, public_url: Option<&str>) -> Arc<dyn Provider> {
     Arc::new(

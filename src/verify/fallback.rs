@@ -184,6 +184,9 @@ impl Fallbacks {
         let lease = self.deliverer.new_lease();
         match self.store.fall_back(f, &m, &lease, now).await? {
             Some(message) => {
+                self.deliverer
+                    .metrics()
+                    .verify_event("fallback", v.country.as_deref());
                 self.deliverer.spawn(message, lease);
                 Ok(true)
             }

@@ -251,6 +251,11 @@ async fn a_number_not_on_telegram_gets_the_sms_at_once(backend: Backend) {
     .await;
     assert_eq!(got, [pair("telegram", "failed"), pair("sms", "sent")]);
     assert!(app.mock.gateway_messages().is_empty());
+    let metrics = String::from_utf8_lossy(&app.get("/metrics").await.bytes).into_owned();
+    assert!(
+        metrics.contains(r#"sendonce_verify_events_total{event="fallback",country="US"} 1"#),
+        "{metrics}"
+    );
     let bodies = sms_to(&app, TO);
     assert_eq!(bodies.len(), 1, "{bodies:?}");
     assert_eq!(app.mock.deliveries_to(TO, &bodies[0]), 1);

@@ -9,9 +9,11 @@ ALTER TABLE verifications ADD COLUMN fallback_after_seconds integer NOT NULL DEF
 -- What a provider's first call handed out for the message's send (the
 -- Gateway's `request_id` from checkSendAbility), written fenced on the lease
 -- before the send that carries it; every retry reuses it. It belongs to one
--- message: the database says so.
+-- message: the database says so. Partial: the messages of every other
+-- provider have none, and their inserts add no entry to it.
 ALTER TABLE messages ADD COLUMN prepared_token text;
-CREATE UNIQUE INDEX messages_prepared_token_key ON messages (prepared_token);
+CREATE UNIQUE INDEX messages_prepared_token_key ON messages (prepared_token)
+    WHERE prepared_token IS NOT NULL;
 
 -- One row per Telegram send of a verification, written in the transaction
 -- of the start or resend that makes the send: whether the next channel is

@@ -4,7 +4,8 @@ ALTER TABLE verifications ADD COLUMN channels TEXT NOT NULL DEFAULT 'sms';
 ALTER TABLE verifications ADD COLUMN fallback_after_seconds INTEGER NOT NULL DEFAULT 0;
 
 ALTER TABLE messages ADD COLUMN prepared_token TEXT;
-CREATE UNIQUE INDEX messages_prepared_token_key ON messages (prepared_token);
+CREATE UNIQUE INDEX messages_prepared_token_key ON messages (prepared_token)
+    WHERE prepared_token IS NOT NULL;
 
 CREATE TABLE verification_fallbacks (
     verification_id BLOB NOT NULL REFERENCES verifications (id) ON DELETE CASCADE,

@@ -12,8 +12,6 @@
 //! `expired` and `revoked` → undelivered (which is what makes the next
 //! channel go at once); the Gateway's word is kept in the history.
 
-use std::sync::Arc;
-
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -21,8 +19,6 @@ use sha2::{Digest, Sha256};
 use super::super::receipts::{
     MAX_ID_LEN, MAX_STATUS_LEN, Receipt, ReceiptError, ReceiptRequest, ReceiptRoute,
 };
-use super::super::registry::{Context, VarError, Vars};
-use super::settings::TOKEN;
 use crate::domain::Status;
 
 /// The most a report's timestamp may be off our clock (either way).
@@ -53,10 +49,6 @@ impl GatewayReports {
             key: token.map(|t| Sha256::digest(t.trim().as_bytes()).into()),
         }
     }
-}
-
-pub(super) fn configure(vars: &Vars, _ctx: &Context) -> Result<Arc<dyn ReceiptRoute>, VarError> {
-    Ok(Arc::new(GatewayReports::new(vars.get(TOKEN))))
 }
 
 /// The hex HMAC-SHA256 the Gateway signs a report with.

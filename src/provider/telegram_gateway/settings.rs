@@ -6,7 +6,9 @@ use std::sync::Arc;
 use super::super::registry::{
     Adapter, Channel, Configured, Context, Receipts, Var, VarError, Vars, http_url,
 };
+use super::super::receipts::ReceiptRoute;
 use super::super::{Provider, ProviderError};
+use super::reports::GatewayReports;
 use super::{GatewayProvider, GatewaySettings, REPORTS_PATH};
 
 /// The `telegram_gateway` adapter in the registry: a channel of its own
@@ -19,7 +21,7 @@ pub const ADAPTER: Adapter = Adapter {
     configure,
     receipts: Some(Receipts {
         path: REPORTS_PATH,
-        configure: super::reports::configure,
+        configure: configure_reports,
         get: false,
     }),
     channel: Channel::Own {
@@ -63,6 +65,12 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
         timeout: ctx.timeout,
         connect_timeout: ctx.connect_timeout,
     }))
+}
+
+/// The reports endpoint, keyed with the token (set up whether or not the
+/// Gateway sends).
+fn configure_reports(vars: &Vars, _ctx: &Context) -> Result<Arc<dyn ReceiptRoute>, VarError> {
+    Ok(Arc::new(GatewayReports::new(vars.get(TOKEN))))
 }
 
 impl Configured for GatewaySettings {

@@ -213,14 +213,7 @@ async fn cancel_message(
             return Err(ApiError::NotCancelable);
         }
         let now = state.clock.now();
-        let mut out = record.to_out();
-        out.status = Status::Canceled;
-        out.updated_at = now;
-        out.next_attempt_at = None;
-        let response = StoredResponse {
-            status_code: StatusCode::OK.as_u16(),
-            body: out.to_json(),
-        };
+        let response = record.canceled_response(now);
         if state
             .store
             .cancel_message(record.id, record.attempts, now, &response)

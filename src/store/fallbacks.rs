@@ -99,6 +99,19 @@ pub struct FallbackDue {
     pub channels: crate::verify::Channels,
 }
 
+/// A Telegram message with no request id yet, to be canceled in the
+/// transaction that settles its row: it was never sent (the send starts
+/// only once its request id is written), and canceled it never will be.
+/// The cancel holds only while no attempt started since the message was
+/// read (`attempts`) and the message is cancelable (no lease, no open
+/// attempt); otherwise nothing is written and the row waits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsent {
+    pub attempts: u32,
+    /// The message's final response, canceled.
+    pub response: super::StoredResponse,
+}
+
 #[async_trait]
 pub trait FallbackStore: Send + Sync {
     /// Writes `token` as message `id`'s prepared token unless it has one,
@@ -118,22 +131,28 @@ pub trait FallbackStore: Send + Sync {
         now: OffsetDateTime,
         batch: u32,
     ) -> Result<Vec<FallbackDue>, StoreError>;
-    /// Moves `f` to `to` if it is still as read; false otherwise.
+    /// Moves `f` to `to` if it is still as read, canceling its unsent
+    /// Telegram message (`unsent`) in the same transaction; false if the
+    /// row moved on or the message could not be canceled (nothing written).
     async fn settle_fallback(
         &self,
         f: &FallbackDue,
         to: FallbackState,
         now: OffsetDateTime,
+        unsent: Option<&Unsent>,
     ) -> Result<bool, StoreError>;
     /// Falls back: `f` from waiting to fell_back while its verification is
-    /// still pending at `now`, and the next channel's message `m` inserted
-    /// leased by `lease`, in one transaction. `None`: the row or the
-    /// verification moved on first.
+    /// still pending at `now`, its unsent Telegram message canceled
+    /// (`unsent`), and the next channel's message `m` inserted leased by
+    /// `lease`, in one transaction. `None`: the row or the verification
+    /// moved on first, or the message could not be canceled (nothing
+    /// written).
     async fn fall_back(
         &self,
         f: &FallbackDue,
         m: &NewMessage,
         lease: &Lease,
         now: OffsetDateTime,
+        unsent: Option<&Unsent>,
     ) -> Result<Option<MessageRecord>, StoreError>;
 }

@@ -418,6 +418,19 @@ impl MessageRecord {
         }
     }
 
+    /// The 200 frozen with a message canceled at `now` (by its caller, or
+    /// by a verification that no longer needs it): every replay's.
+    pub fn canceled_response(&self, now: OffsetDateTime) -> StoredResponse {
+        let mut out = self.to_out();
+        out.status = Status::Canceled;
+        out.updated_at = now;
+        out.next_attempt_at = None;
+        StoredResponse {
+            status_code: 200,
+            body: out.to_json(),
+        }
+    }
+
     /// The resource as the API shows it now.
     pub fn to_out(&self) -> MessageOut {
         MessageOut {

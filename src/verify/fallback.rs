@@ -12,7 +12,10 @@
 //! - no delivery report within `fallback_after_seconds`: the Telegram
 //!   message is revoked first (best effort), then the SMS goes;
 //! - the verification ended (approved, canceled, expired) first: its
-//!   Telegram message is revoked (best effort) and nothing more is sent.
+//!   Telegram message is revoked (best effort) and nothing more is sent;
+//! - either way, a Telegram message still without a request id (its
+//!   `checkSendAbility` being retried) was never sent and is canceled in
+//!   the same transaction, so that it never goes after the SMS or the end.
 //!
 //! The SMS is inserted under the key `ver_<id>:send:<n>:sms` in the
 //! transaction that moves the row from `waiting` to `fell_back`, and only
@@ -29,7 +32,7 @@ use super::{Channel, SecretSource, VerificationStatus};
 use crate::clock::Clock;
 use crate::delivery::Deliverer;
 use crate::domain::Status;
-use crate::store::{FallbackDue, FallbackState, Store, StoreError};
+use crate::store::{FallbackDue, FallbackState, Store, StoreError, Unsent};
 
 /// How many rows one pass reads.
 const BATCH: u32 = 100;
@@ -42,11 +45,13 @@ pub enum Next {
     /// Reported delivered: no next channel.
     Delivered,
     /// Send the next channel's message, revoking the Telegram one first
-    /// when it may still arrive.
-    FallBack { revoke: bool },
+    /// when it may still arrive, or canceling it when it was never sent
+    /// and could still be.
+    FallBack { revoke: bool, cancel: bool },
     /// Nothing more to send: the verification ended, or there is no next
-    /// channel; revoke the Telegram message first when it may still arrive.
-    End { revoke: bool },
+    /// channel; revoke the Telegram message first when it may still
+    /// arrive, or cancel it when it was never sent and could still be.
+    End { revoke: bool, cancel: bool },
 }
 
 /// What to do with `f` at `now`.
@@ -59,12 +64,18 @@ pub fn next(f: &FallbackDue, now: OffsetDateTime) -> Next {
             f.message_status,
             Status::Failed | Status::Canceled | Status::Undelivered
         );
+    // Never sent, and it could still be: no request id yet (the send
+    // starts only once it is written) and not final.
+    let cancel = f.prepared_token.is_none() && f.message_status == Status::Processing;
     let pending = f.verification_status == VerificationStatus::Pending && f.expires_at > now;
     if !open {
         return Next::Wait;
     }
     if !pending {
-        return Next::End { revoke: may_arrive };
+        return Next::End {
+            revoke: may_arrive,
+            cancel,
+        };
     }
     if f.state == FallbackState::Delivered {
         return Next::Wait;
@@ -74,12 +85,21 @@ pub fn next(f: &FallbackDue, now: OffsetDateTime) -> Next {
         Status::Delivered => Next::Delivered,
         Status::Failed | Status::Canceled | Status::Undelivered => {
             if has_next {
-                Next::FallBack { revoke: false }
+                Next::FallBack {
+                    revoke: false,
+                    cancel: false,
+                }
             } else {
-                Next::End { revoke: false }
+                Next::End {
+                    revoke: false,
+                    cancel: false,
+                }
             }
         }
-        _ if now >= f.due_at && has_next => Next::FallBack { revoke: may_arrive },
+        _ if now >= f.due_at && has_next => Next::FallBack {
+            revoke: may_arrive,
+            cancel,
+        },
         _ => Next::Wait,
     }
 }
@@ -113,24 +133,62 @@ impl Fallbacks {
             Next::Wait => Ok(false),
             Next::Delivered => {
                 self.store
-                    .settle_fallback(f, FallbackState::Delivered, now)
+                    .settle_fallback(f, FallbackState::Delivered, now, None)
                     .await
             }
-            Next::End { revoke } => {
+            Next::End { revoke, cancel } => {
                 if revoke {
                     self.revoke(f).await;
                 }
-                self.store
-                    .settle_fallback(f, FallbackState::Ended, self.clock.now())
-                    .await
+                let Some(unsent) = self.unsent(f, cancel).await? else {
+                    return Ok(false);
+                };
+                let settled = self
+                    .store
+                    .settle_fallback(f, FallbackState::Ended, self.clock.now(), unsent.as_ref())
+                    .await?;
+                if settled {
+                    self.count_canceled(unsent.as_ref());
+                }
+                Ok(settled)
             }
-            Next::FallBack { revoke } => {
+            Next::FallBack { revoke, cancel } => {
                 if revoke {
                     self.revoke(f).await;
                 }
-                self.fall_back(f).await
+                self.fall_back(f, cancel).await
             }
         }
+    }
+
+    /// Counts a Telegram message canceled unsent (the Gateway is live
+    /// only: a test key's codes go to test mode's provider).
+    fn count_canceled(&self, unsent: Option<&Unsent>) {
+        if unsent.is_some() {
+            self.deliverer
+                .metrics()
+                .message_final(Status::Canceled.as_str(), "live");
+        }
+    }
+
+    /// What canceling `f`'s unsent Telegram message takes, when `cancel`
+    /// asks for it: `Some(None)` nothing to cancel, `None` the message is
+    /// gone (nothing to do now).
+    async fn unsent(
+        &self,
+        f: &FallbackDue,
+        cancel: bool,
+    ) -> Result<Option<Option<Unsent>>, StoreError> {
+        if !cancel {
+            return Ok(Some(None));
+        }
+        let Some(m) = self.store.message_by_id(f.message_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Some(Unsent {
+            attempts: m.attempts,
+            response: m.canceled_response(self.clock.now()),
+        })))
     }
 
     /// Revokes `f`'s Telegram message, best effort.
@@ -150,7 +208,10 @@ impl Fallbacks {
         }
     }
 
-    async fn fall_back(&self, f: &FallbackDue) -> Result<bool, StoreError> {
+    async fn fall_back(&self, f: &FallbackDue, cancel: bool) -> Result<bool, StoreError> {
+        let Some(unsent) = self.unsent(f, cancel).await? else {
+            return Ok(false);
+        };
         let Some(v) = self
             .store
             .verification(f.tenant_id, f.verification_id)
@@ -162,7 +223,7 @@ impl Fallbacks {
             tracing::warn!(verification_id = %f.verification_id, "no SMS route for the fallback");
             return self
                 .store
-                .settle_fallback(f, FallbackState::Ended, self.clock.now())
+                .settle_fallback(f, FallbackState::Ended, self.clock.now(), unsent.as_ref())
                 .await;
         };
         let keys = match self.secret.keys().await {
@@ -178,12 +239,17 @@ impl Fallbacks {
             tracing::error!(verification_id = %f.verification_id, "the code does not open: no fallback");
             return self
                 .store
-                .settle_fallback(f, FallbackState::Ended, now)
+                .settle_fallback(f, FallbackState::Ended, now, unsent.as_ref())
                 .await;
         };
         let lease = self.deliverer.new_lease();
-        match self.store.fall_back(f, &m, &lease, now).await? {
+        match self
+            .store
+            .fall_back(f, &m, &lease, now, unsent.as_ref())
+            .await?
+        {
             Some(message) => {
+                self.count_canceled(unsent.as_ref());
                 self.deliverer
                     .metrics()
                     .verify_event("fallback", v.country.as_deref());
@@ -247,33 +313,67 @@ mod tests {
         use VerificationStatus as V;
         let both = "telegram,sms";
         // (state, message, has a request id, verification, channels, now, next)
+        const SMS: Next = Next::FallBack {
+            revoke: false,
+            cancel: false,
+        };
+        const REVOKE_SMS: Next = Next::FallBack {
+            revoke: true,
+            cancel: false,
+        };
+        const CANCEL_SMS: Next = Next::FallBack {
+            revoke: false,
+            cancel: true,
+        };
+        const END: Next = Next::End {
+            revoke: false,
+            cancel: false,
+        };
+        const REVOKE_END: Next = Next::End {
+            revoke: true,
+            cancel: false,
+        };
+        const CANCEL_END: Next = Next::End {
+            revoke: false,
+            cancel: true,
+        };
+        // (state, message, has a request id, verification, channels, now, next)
         #[rustfmt::skip]
         let rows = [
             (Waiting, Status::Processing, false, V::Pending, both, 10, Next::Wait),
             (Waiting, Status::Sent, true, V::Pending, both, 10, Next::Wait),
             (Waiting, Status::Delivered, true, V::Pending, both, 10, Next::Delivered),
             // Not on Telegram, refused: nothing was sent, the SMS goes now.
-            (Waiting, Status::Failed, false, V::Pending, both, 10, Next::FallBack { revoke: false }),
-            (Waiting, Status::Failed, true, V::Pending, both, 10, Next::FallBack { revoke: false }),
+            (Waiting, Status::Failed, false, V::Pending, both, 10, SMS),
+            (Waiting, Status::Failed, true, V::Pending, both, 10, SMS),
             // Reported expired or revoked.
-            (Waiting, Status::Undelivered, true, V::Pending, both, 10, Next::FallBack { revoke: false }),
+            (Waiting, Status::Undelivered, true, V::Pending, both, 10, SMS),
             // No delivery report in time: revoke, then the SMS.
             (Waiting, Status::Sent, true, V::Pending, both, 59, Next::Wait),
-            (Waiting, Status::Sent, true, V::Pending, both, 60, Next::FallBack { revoke: true }),
-            (Waiting, Status::Unknown, true, V::Pending, both, 61, Next::FallBack { revoke: true }),
-            (Waiting, Status::Processing, false, V::Pending, both, 61, Next::FallBack { revoke: false }),
+            (Waiting, Status::Sent, true, V::Pending, both, 60, REVOKE_SMS),
+            (Waiting, Status::Unknown, true, V::Pending, both, 61, REVOKE_SMS),
+            // Being retried with its request id: the retry cannot make a
+            // second message, the revoke withdraws the first.
+            (Waiting, Status::Processing, true, V::Pending, both, 61, REVOKE_SMS),
+            // Still checking (no request id): never sent, canceled with the
+            // SMS's insert, so that it cannot go after it.
+            (Waiting, Status::Processing, false, V::Pending, both, 61, CANCEL_SMS),
             // Telegram alone: no next channel.
             (Waiting, Status::Sent, true, V::Pending, "telegram", 61, Next::Wait),
-            (Waiting, Status::Failed, false, V::Pending, "telegram", 10, Next::End { revoke: false }),
-            // The verification ended: revoke what may still arrive.
-            (Waiting, Status::Sent, true, V::Approved, both, 10, Next::End { revoke: true }),
-            (Waiting, Status::Sent, true, V::Pending, both, 600, Next::End { revoke: true }),
-            (Delivered, Status::Delivered, true, V::Canceled, both, 10, Next::End { revoke: true }),
+            (Waiting, Status::Failed, false, V::Pending, "telegram", 10, END),
+            // The verification ended: revoke what may still arrive, cancel
+            // what was never sent.
+            (Waiting, Status::Sent, true, V::Approved, both, 10, REVOKE_END),
+            (Waiting, Status::Sent, true, V::Pending, both, 600, REVOKE_END),
+            (Delivered, Status::Delivered, true, V::Canceled, both, 10, REVOKE_END),
             (Delivered, Status::Delivered, true, V::Pending, both, 100, Next::Wait),
-            (Waiting, Status::Undelivered, true, V::Expired, both, 10, Next::End { revoke: false }),
+            (Waiting, Status::Undelivered, true, V::Expired, both, 10, END),
+            (Waiting, Status::Processing, false, V::Approved, both, 10, CANCEL_END),
+            (Waiting, Status::Processing, false, V::Pending, "telegram", 600, CANCEL_END),
             // Settled rows never move again.
             (FellBack, Status::Sent, true, V::Approved, both, 10, Next::Wait),
             (Ended, Status::Sent, true, V::Approved, both, 10, Next::Wait),
+            (FellBack, Status::Processing, false, V::Pending, both, 61, Next::Wait),
         ];
         for (state, status, token, v, channels, now, want) in rows {
             let f = row(state, status, token, v, channels);

@@ -557,6 +557,64 @@ async fn a_refused_send_falls_back_and_a_cancel_revokes(backend: Backend) {
     assert!(sms_to(&app, other).is_empty());
 }
 
+async fn a_telegram_send_still_checking_is_canceled_with_the_fallback(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_gateway(backend, clock.clone()).await;
+    // checkSendAbility answers 5xx: nothing sent, the check is retried.
+    let down = || Behaviour::Fail {
+        status: 502,
+        body: json!({"ok": false, "error": "INTERNAL_ERROR"}),
+        retry_after: None,
+    };
+    app.mock.push_gateway_check((0..3).map(|_| down()));
+    let id = started(
+        &app,
+        "tg-9",
+        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 10}),
+    )
+    .await;
+    let waiting = "SELECT count(*) FROM messages WHERE provider = 'telegram_gateway' \
+         AND status = 'processing' AND prepared_token IS NULL \
+         AND lease_token IS NULL AND next_attempt_at IS NOT NULL";
+    eventually("the check's retry waiting", || async {
+        (app.db.count(waiting).await == 1).then_some(())
+    })
+    .await;
+    // Due with the check still being retried: the Telegram message, never
+    // sent, is canceled with the SMS's insert, and never goes after it.
+    clock.advance(Duration::from_secs(11));
+    let got = messages_when(&app, &id, "the SMS, the Telegram message canceled", |m| {
+        m.len() == 2 && m[1].1 == "sent"
+    })
+    .await;
+    assert_eq!(got, [pair("telegram", "canceled"), pair("sms", "sent")]);
+    let bodies = sms_to(&app, TO);
+    assert_eq!(bodies.len(), 1, "{bodies:?}");
+    // The Gateway is back and any retry long due: none is made.
+    clock.advance(Duration::from_secs(300));
+    let key = verification(&app, &id).await["messages"][0]["idempotency_key"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    let m = app.get(&format!("/messages/{key}")).await.json();
+    assert_eq!(m["status"], "canceled", "{m}");
+    assert_eq!(
+        app.db
+            .count("SELECT count(*) FROM messages WHERE status = 'processing'")
+            .await,
+        0,
+        "nothing left to send"
+    );
+    assert!(
+        app.mock.gateway_messages().is_empty(),
+        "no Telegram message"
+    );
+    assert!(app.mock.gateway_checks().len() <= 3);
+    let code: String = bodies[0].chars().filter(char::is_ascii_digit).collect();
+    assert_eq!(check(&app, &id, &code).await.json()["status"], "approved");
+    assert_eq!(sms_to(&app, TO).len(), 1);
+}
+
 on_both_backends!(
     a_refused_send_falls_back_and_a_cancel_revokes,
     a_number_on_telegram_gets_one_gateway_message_and_no_sms,
@@ -566,4 +624,5 @@ on_both_backends!(
     forged_and_stale_reports_are_refused,
     resends_follow_the_channel_order,
     bad_channel_requests_are_400_and_store_nothing,
+    a_telegram_send_still_checking_is_canceled_with_the_fallback,
 );

@@ -6,10 +6,11 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{per_backend, to_i32};
+use crate::domain::schedule::cancelable_sql;
 use crate::domain::{MessageId, Status};
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
-    FallbackDue, FallbackState, FallbackStore, Lease, MessageRecord, NewMessage, StoreError,
+    FallbackDue, FallbackState, FallbackStore, Lease, MessageRecord, NewMessage, StoreError, Unsent,
 };
 use crate::verify::decide::VerificationStatus;
 
@@ -35,6 +36,16 @@ const FALL_BACK: &str = "UPDATE verification_fallbacks SET state = 'fell_back', 
      WHERE verification_id = $1 AND send_number = $2 AND state = 'waiting' \
         AND EXISTS (SELECT 1 FROM verifications v WHERE v.id = $1 \
             AND v.status = 'pending' AND v.expires_at > $3)";
+
+/// A Telegram message with no request id canceled (as a caller's cancel
+/// in `shared/messages.rs`, and only while it has no request id): no
+/// attempt since it was read (`$2`), no lease, no open attempt.
+const CANCEL_UNSENT: &str = concat!(
+    "UPDATE messages AS m SET status = 'canceled', response_code = $3, \
+        response_body = $4, updated_at = $5, finalized_at = $5, next_attempt_at = NULL \
+     WHERE m.id = $1 AND m.attempts = $2 AND m.prepared_token IS NULL AND ",
+    cancelable_sql!()
+);
 
 #[derive(sqlx::FromRow)]
 struct DueRow {
@@ -138,10 +149,14 @@ per_backend! {
             f: &FallbackDue,
             to: FallbackState,
             now: OffsetDateTime,
+            unsent: Option<&Unsent>,
         ) -> Result<bool, StoreError> {
-            let f = f.clone();
-            self.write(move |c| {
+            let (f, unsent) = (f.clone(), unsent.cloned());
+            self.write_tx(move |c| {
                 Box::pin(async move {
+                    if !Driver::cancel_unsent(c, &f, unsent.as_ref(), now).await? {
+                        return Ok(false);
+                    }
                     let done = sqlx::query(SETTLE)
                         .bind(f.verification_id)
                         .bind(to_i32(f.send_number))
@@ -162,8 +177,9 @@ per_backend! {
             m: &NewMessage,
             lease: &Lease,
             now: OffsetDateTime,
+            unsent: Option<&Unsent>,
         ) -> Result<Option<MessageRecord>, StoreError> {
-            let (f, m, lease) = (f.clone(), m.clone(), lease.clone());
+            let (f, m, lease, unsent) = (f.clone(), m.clone(), lease.clone(), unsent.cloned());
             self.write_tx(move |c| {
                 Box::pin(async move {
                     let pending: Option<Uuid> = sqlx::query_scalar(LOCK_PENDING)
@@ -172,6 +188,11 @@ per_backend! {
                         .fetch_optional(&mut *c)
                         .await?;
                     if pending.is_none() {
+                        return Ok(None);
+                    }
+                    // Before anything is written: a message that could not
+                    // be canceled leaves the transaction empty.
+                    if !Driver::cancel_unsent(c, &f, unsent.as_ref(), now).await? {
                         return Ok(None);
                     }
                     let done = sqlx::query(FALL_BACK)
@@ -187,6 +208,30 @@ per_backend! {
                 })
             })
             .await
+        }
+    }
+
+    impl Driver {
+        /// Cancels `f`'s unsent Telegram message when `unsent` asks to;
+        /// false when it could not be (it moved on since it was read).
+        async fn cancel_unsent(
+            c: &mut Conn,
+            f: &FallbackDue,
+            unsent: Option<&Unsent>,
+            now: OffsetDateTime,
+        ) -> Result<bool, StoreError> {
+            let Some(u) = unsent else {
+                return Ok(true);
+            };
+            let done = sqlx::query(CANCEL_UNSENT)
+                .bind(f.message_id.0)
+                .bind(to_i32(u.attempts))
+                .bind(i16::try_from(u.response.status_code).unwrap_or(500))
+                .bind(&u.response.body)
+                .bind(db(now))
+                .execute(&mut *c)
+                .await?;
+            Ok(done.rows_affected() == 1)
         }
     }
 }

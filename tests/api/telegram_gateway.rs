@@ -388,6 +388,44 @@ async fn no_report_in_time_revokes_then_sends_one_sms_with_the_same_code(backend
     assert_eq!(sms_to(&app, TO).len(), 1);
 }
 
+async fn a_report_of_expiry_or_revoke_sends_the_sms_at_once(backend: Backend) {
+    for (i, word) in ["expired", "revoked"].into_iter().enumerate() {
+        let clock = manual_clock();
+        let app = spawn_gateway(backend, clock.clone()).await;
+        let id = started(
+            &app,
+            &format!("tg-r{i}"),
+            json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 300}),
+        )
+        .await;
+        messages_when(&app, &id, "sent", |m| m == [pair("telegram", "sent")]).await;
+        let sent = app.mock.gateway_messages();
+        let (request_id, code) = (
+            sent[0].request_id.clone(),
+            sent[0].code.clone().expect("code"),
+        );
+        // Long before the fallback is due (the clock stands still).
+        app.mock.gateway_set_status(&request_id, word);
+        let r = report(&app, &request_id, clock.now().unix_timestamp(), TOKEN).await;
+        assert_eq!(r.status, 200, "{word}");
+        let got = messages_when(&app, &id, "the SMS after the report", |m| {
+            m.len() == 2 && m[1].1 == "sent"
+        })
+        .await;
+        assert_eq!(got, [pair("telegram", "undelivered"), pair("sms", "sent")]);
+        let v = verification(&app, &id).await;
+        assert_eq!(v["messages"][0]["delivery_report"], word, "{v}");
+        assert!(
+            app.mock.gateway_revoked().is_empty(),
+            "a message that will never arrive is not revoked"
+        );
+        let bodies = sms_to(&app, TO);
+        assert_eq!(bodies.len(), 1, "{bodies:?}");
+        assert!(bodies[0].contains(&code), "the same code: {}", bodies[0]);
+        assert_eq!(app.mock.deliveries_to(TO, &bodies[0]), 1);
+    }
+}
+
 async fn forged_and_stale_reports_are_refused(backend: Backend) {
     let clock = manual_clock();
     let app = spawn_gateway(backend, clock.clone()).await;
@@ -625,4 +663,5 @@ on_both_backends!(
     resends_follow_the_channel_order,
     bad_channel_requests_are_400_and_store_nothing,
     a_telegram_send_still_checking_is_canceled_with_the_fallback,
+    a_report_of_expiry_or_revoke_sends_the_sms_at_once,
 );

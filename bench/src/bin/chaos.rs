@@ -59,7 +59,9 @@
 //! Telegram Gateway (which sends no delivery reports), then, after
 //! `--fallback-after-secs`, one SMS with the same code. The starts are
 //! spread over `--spread-secs` (30) so that the faults hit the fallbacks
-//! too. At the end every key must have had one verification id (replays
+//! too, and `--gateway-check-failures` (0.4) of the `checkSendAbility`
+//! calls fail, so that some sends are still being checked when their
+//! fallback is due (those end `canceled`, never sent). At the end every key must have had one verification id (replays
 //! included), every phone one code over both channels, no Gateway message
 //! or SMS created twice, every message final with one SMS per undelivered
 //! Telegram message, and no false final (a Telegram message `failed` that
@@ -253,6 +255,12 @@ struct Args {
     /// no verification expires before its SMS is judged).
     #[arg(long, default_value_t = 300)]
     ttl_secs: u64,
+    /// With --gateway: the share of `checkSendAbility` calls the Gateway
+    /// answers 500, so that some Telegram sends are still being checked
+    /// (no request id, never sent) when their fallback is due: those must
+    /// end `canceled` with their one SMS, and never reach the Gateway.
+    #[arg(long, default_value_t = 0.4)]
+    gateway_check_failures: f64,
 }
 
 impl Args {
@@ -266,6 +274,7 @@ impl Args {
         };
         share("sigterm-share", self.sigterm_share)?;
         share("pause-share", self.pause_share)?;
+        share("gateway-check-failures", self.gateway_check_failures)?;
         if self.sigterm_share + self.pause_share > 1.0 {
             return Err("--sigterm-share and --pause-share add up to more than 1".into());
         }
@@ -695,6 +704,9 @@ async fn run_on(
         .map_err(|e| format!("mock provider: {e}"))?;
     let mock_addr = listener.local_addr().map_err(|e| e.to_string())?;
     let mock = MockProvider::with_faults(mock_faults(&args));
+    if args.gateway {
+        mock.set_gateway_check_failures(args.gateway_check_failures);
+    }
     // The `http` contract is a provider (or bridge) that de-duplicates on
     // Idempotency-Key; Twilio's endpoint never does, whatever this says.
     mock.set_dedup(if args.uses_http() {
@@ -1833,20 +1845,7 @@ fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
     println!(
         "duplicates:         {duplicates}  (keys created more than once, over both providers)"
     );
-    println!("422 on a retry:     {reused}");
-    println!(
-        "clients gave up:    {gave_up}  (requests with no 201/202 within {} s)",
-        run.args.client_deadline_secs
-    );
-    if let Ok(answers) = load.answers.lock() {
-        println!("client answers:     {answers:?}  (every try)");
-    }
-    if h.died > 0 {
-        println!(
-            "instances died:     {}  (exited by themselves, started again: see their logs)",
-            h.died
-        );
-    }
+    print_clients(run, load, h, "requests with no 201/202");
     if h.slow_stops + h.unclean_stops + h.failed_signals > 0 {
         println!(
             "SIGTERM slow stops: {}  (still running {} s after SIGTERM); exits not 0: {}; signals not delivered: {}",
@@ -2039,6 +2038,27 @@ async fn explain(run: &Run, database_url: &str, o: &Outcome) {
                 println!("  instance-{n}.log: {line}");
             }
         }
+    }
+}
+
+/// The report's lines on the clients (retries refused, given up on, every
+/// answer) and on instances that died by themselves; `gave_up`: what a
+/// client that gave up had not got.
+fn print_clients(run: &Run, load: &Load, h: &Hits, gave_up: &str) {
+    println!("422 on a retry:     {}", load.reused.load(Ordering::SeqCst));
+    println!(
+        "clients gave up:    {}  ({gave_up} within {} s)",
+        load.gave_up.load(Ordering::SeqCst),
+        run.args.client_deadline_secs
+    );
+    if let Ok(answers) = load.answers.lock() {
+        println!("client answers:     {answers:?}  (every try)");
+    }
+    if h.died > 0 {
+        println!(
+            "instances died:     {}  (exited by themselves, started again: see their logs)",
+            h.died
+        );
     }
 }
 
@@ -2548,21 +2568,7 @@ async fn gateway_settle(
             run.args.fallback_after_secs
         );
     }
-    println!("422 on a retry:     {}", load.reused.load(Ordering::SeqCst));
-    println!(
-        "clients gave up:    {}  (starts with no 201 within {} s)",
-        load.gave_up.load(Ordering::SeqCst),
-        run.args.client_deadline_secs
-    );
-    if let Ok(answers) = load.answers.lock() {
-        println!("client answers:     {answers:?}  (every try)");
-    }
-    if h.died > 0 {
-        println!(
-            "instances died:     {}  (exited by themselves, started again: see their logs)",
-            h.died
-        );
-    }
+    print_clients(run, load, h, "starts with no 201");
     let mut by_kind: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
     for (k, kind, _) in &problems {
         let list = by_kind.entry(kind).or_default();

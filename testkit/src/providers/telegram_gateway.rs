@@ -28,8 +28,9 @@
 //! `FLOOD_WAIT`, a 401 `ACCESS_TOKEN_INVALID`, a 5xx `INTERNAL_ERROR`,
 //! another 4xx a 400 with the scripted body's `error` (else `BAD_REQUEST`);
 //! accept-then-drop, hang and the rest as everywhere. `checkSendAbility`
-//! has a queue of its own (`MockProvider::push_gateway_check`) and
-//! otherwise answers as its state says. Delivery reports are not sent;
+//! has a queue of its own (`MockProvider::push_gateway_check`), then a
+//! failure rate of its own (`MockProvider::set_gateway_check_failures`),
+//! and otherwise answers as its state says. Delivery reports are not sent;
 //! [`gateway_report`] signs one as the Gateway does (`X-Request-Timestamp`,
 //! `X-Request-Signature`: hex HMAC-SHA256 over `timestamp + "\n" + body`,
 //! keyed with the SHA-256 digest of the token).
@@ -77,6 +78,9 @@ pub(crate) struct Protocol {
     revoked: Vec<String>,
     /// Behaviours for the next `checkSendAbility` calls.
     check_script: VecDeque<Behaviour>,
+    /// Once the script is empty: the share of `checkSendAbility` calls
+    /// answered 500 `INTERNAL_ERROR` (a Gateway that cannot check now).
+    check_failures: f64,
 }
 
 /// A verification message the Gateway sent.
@@ -142,6 +146,12 @@ impl MockProvider {
             .protocol::<Protocol>()
             .check_script
             .extend(behaviours);
+    }
+
+    /// Answers this share (0 to 1) of the `checkSendAbility` calls that
+    /// have no scripted behaviour 500 `INTERNAL_ERROR`.
+    pub fn set_gateway_check_failures(&self, share: f64) {
+        self.lock().protocol::<Protocol>().check_failures = share.clamp(0.0, 1.0);
     }
 
     /// The `RequestStatus` a delivery report of `request_id`'s message
@@ -378,7 +388,19 @@ async fn check_send_ability(
         let mut inner = mock.lock();
         let p = inner.protocol::<Protocol>();
         p.checks.push(phone.clone());
-        let behaviour = p.check_script.pop_front().unwrap_or(Behaviour::Accept);
+        let behaviour = p.check_script.pop_front().unwrap_or_else(|| {
+            use rand::Rng;
+            let fails = p.check_failures > 0.0 && rand::rng().random_bool(p.check_failures);
+            if fails {
+                Behaviour::Fail {
+                    status: 500,
+                    body: serde_json::json!({"ok": false, "error": "INTERNAL_ERROR"}),
+                    retry_after: None,
+                }
+            } else {
+                Behaviour::Accept
+            }
+        });
         if !authorized(p.token.as_deref(), &headers, &params) {
             return error(StatusCode::UNAUTHORIZED, "ACCESS_TOKEN_INVALID");
         }

@@ -381,6 +381,16 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// What the next call does (the script first, then the random faults)
+    /// and how long its answer is held back.
+    pub(crate) fn next_behaviour(&mut self) -> (Behaviour, Duration) {
+        let behaviour = match self.script.pop_front() {
+            Some(b) => b,
+            None => self.faults.draw(),
+        };
+        (behaviour, self.faults.latency())
+    }
+
     /// The state protocol module `P` keeps, made on first use.
     pub(crate) fn protocol<P: Default + Send + 'static>(&mut self) -> &mut P {
         let state = self

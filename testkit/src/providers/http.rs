@@ -168,11 +168,7 @@ async fn send(
     };
     let (behaviour, latency) = {
         let mut inner = mock.lock();
-        let behaviour = match inner.script.pop_front() {
-            Some(b) => b,
-            None => inner.faults.draw(),
-        };
-        (behaviour, inner.faults.latency())
+        inner.next_behaviour()
     };
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;

@@ -324,11 +324,7 @@ async fn infobip_send(
                 .map(str::to_string),
             body: json.clone(),
         });
-        let behaviour = match inner.script.pop_front() {
-            Some(b) => b,
-            None => inner.faults.draw(),
-        };
-        let latency = inner.faults.latency();
+        let (behaviour, latency) = inner.next_behaviour();
         let p = inner.protocol::<Protocol>();
         let drop_first = p.drops_before_create > 0;
         if drop_first {

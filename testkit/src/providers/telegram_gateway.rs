@@ -495,11 +495,7 @@ async fn send_verification_message(
             authorization: None,
             body: serde_json::to_value(&params).unwrap_or(serde_json::Value::Null),
         });
-        let behaviour = match inner.script.pop_front() {
-            Some(b) => b,
-            None => inner.faults.draw(),
-        };
-        let latency = inner.faults.latency();
+        let (behaviour, latency) = inner.next_behaviour();
         let p = inner.protocol::<Protocol>();
         if !authorized(p.token.as_deref(), &headers, &params) {
             return error(StatusCode::UNAUTHORIZED, "ACCESS_TOKEN_INVALID");

@@ -256,11 +256,7 @@ async fn twilio_send(
                 .map(str::to_string),
             body: serde_json::to_value(&form).unwrap_or(serde_json::Value::Null),
         });
-        let behaviour = match inner.script.pop_front() {
-            Some(b) => b,
-            None => inner.faults.draw(),
-        };
-        (behaviour, inner.faults.latency())
+        inner.next_behaviour()
     };
     let Some(token) = basic_password(&headers, &account_sid) else {
         return twilio_error(401, 20003, "Authenticate", None);

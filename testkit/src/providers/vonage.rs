@@ -225,11 +225,7 @@ async fn vonage_send(
             authorization: None,
             body: serde_json::to_value(&form).unwrap_or(serde_json::Value::Null),
         });
-        let behaviour = match inner.script.pop_front() {
-            Some(b) => b,
-            None => inner.faults.draw(),
-        };
-        let latency = inner.faults.latency();
+        let (behaviour, latency) = inner.next_behaviour();
         (behaviour, latency, inner.protocol::<Protocol>().credentials.clone())
     };
     let to = form.get("to").cloned().unwrap_or_default();

@@ -56,16 +56,20 @@
 //!
 //! `--gateway` starts verifications instead (`POST /verifications`,
 //! channels telegram then sms): the first message through the mock's
-//! Telegram Gateway (which sends no delivery reports), then, after
-//! `--fallback-after-secs`, one SMS with the same code. The starts are
-//! spread over `--spread-secs` (30) so that the faults hit the fallbacks
-//! too, and `--gateway-check-failures` (0.4) of the `checkSendAbility`
-//! calls fail, so that some sends are still being checked when their
-//! fallback is due (those end `canceled`, never sent). At the end every key must have had one verification id (replays
-//! included), every phone one code over both channels, no Gateway message
-//! or SMS created twice, every message final with one SMS per undelivered
-//! Telegram message, and no false final (a Telegram message `failed` that
-//! the Gateway created, an SMS `sent` that the mock never created).
+//! Telegram Gateway, then, after `--fallback-after-secs`, one SMS with the
+//! same code unless the Gateway reported the message delivered first. The
+//! starts are spread over `--spread-secs` (30) so that the faults hit the
+//! fallbacks too; `--gateway-check-failures` (0.8) of the
+//! `checkSendAbility` calls fail, so that some sends are still being
+//! checked when their fallback is due (those end `canceled`, never sent),
+//! and `--gateway-delivered` (0.5) of the Gateway's messages are reported
+//! delivered during the load (signed reports posted to the instances,
+//! as the Gateway posts them). At the end every key must have had one
+//! verification id (replays included), every phone one code over both
+//! channels, no Gateway message or SMS created twice, every message final
+//! with one SMS per undelivered Telegram message, no report answered 200
+//! lost, and no false final (a Telegram message `failed` or `canceled`
+//! that the Gateway created, an SMS `sent` that the mock never created).
 //!
 //! `scripts/chaos.sh` builds the binaries and runs it.
 
@@ -259,8 +263,15 @@ struct Args {
     /// answers 500, so that some Telegram sends are still being checked
     /// (no request id, never sent) when their fallback is due: those must
     /// end `canceled` with their one SMS, and never reach the Gateway.
-    #[arg(long, default_value_t = 0.4)]
+    #[arg(long, default_value_t = 0.8)]
     gateway_check_failures: f64,
+    /// With --gateway: the share of Gateway messages the Gateway reports
+    /// `delivered` during the load (a signed report posted to a random
+    /// instance until one answers 200): those verifications need no SMS,
+    /// unless the report came after the fallback; every report answered
+    /// 200 must show as `delivered`.
+    #[arg(long, default_value_t = 0.5)]
+    gateway_delivered: f64,
 }
 
 impl Args {
@@ -275,6 +286,7 @@ impl Args {
         share("sigterm-share", self.sigterm_share)?;
         share("pause-share", self.pause_share)?;
         share("gateway-check-failures", self.gateway_check_failures)?;
+        share("gateway-delivered", self.gateway_delivered)?;
         if self.sigterm_share + self.pause_share > 1.0 {
             return Err("--sigterm-share and --pause-share add up to more than 1".into());
         }
@@ -391,7 +403,7 @@ impl Run {
             // The mock's Gateway checks no token unless told to; the
             // verifications' limits and pauses are off (one tenant, one
             // number range, no checks ever made).
-            cmd.env("TELEGRAM_GATEWAY_TOKEN", "chaos-gateway-token")
+            cmd.env("TELEGRAM_GATEWAY_TOKEN", GATEWAY_TOKEN)
                 .env("TELEGRAM_GATEWAY_URL", &self.mock_base)
                 .env(
                     "SENDONCE_VERIFY_SECRET",
@@ -572,6 +584,9 @@ struct Load {
     /// With --gateway: keys a request of which was refused (4xx other than
     /// 409 and 429) or given up on, and how.
     refused: std::sync::Mutex<Vec<(usize, String)>>,
+    /// With --gateway: the request ids whose `delivered` report an
+    /// instance answered 200.
+    reported: std::sync::Mutex<HashSet<String>>,
 }
 
 impl Load {
@@ -762,9 +777,16 @@ async fn run_on(
     ));
     let switcher = tokio::spawn(switch(Arc::clone(&run), Arc::clone(&load)));
     let dropper = tokio::spawn(drop_sessions(Arc::clone(&run), Arc::clone(&load_done)));
+    let reporter = tokio::spawn(report_deliveries(
+        Arc::clone(&run),
+        ports.clone(),
+        Arc::clone(&load),
+        Arc::clone(&load_done),
+    ));
     send_load(&run, &ports, &load).await;
     load_done.store(true, Ordering::SeqCst);
     let drops = dropper.await.unwrap_or_default();
+    let _ = reporter.await;
     let load_ended = Instant::now();
     let load_secs = started.elapsed().as_secs_f64();
     // Every pause is over and every stopped instance started again once
@@ -866,8 +888,11 @@ fn print_setup(run: &Run) {
     }
     if a.gateway {
         println!(
-            "chaos: verifications, channels telegram then sms: the Telegram Gateway at the mock (no delivery reports, faults as above), fallback after {} s, ttl {} s",
-            a.fallback_after_secs, a.ttl_secs
+            "chaos: verifications, channels telegram then sms: the Telegram Gateway at the mock (faults as above on its sends, {:.0}% of its checks failing, {:.0}% of its messages reported delivered), fallback after {} s, ttl {} s",
+            a.gateway_check_failures * 100.0,
+            a.gateway_delivered * 100.0,
+            a.fallback_after_secs,
+            a.ttl_secs
         );
     }
     if a.kill_every_ms > 0 {
@@ -2226,6 +2251,66 @@ async fn fetch_verification(run: &Run, ports: &[u16], id: &str) -> Option<VerVie
     }
 }
 
+/// The Gateway's API token the instances are given.
+const GATEWAY_TOKEN: &str = "chaos-gateway-token";
+
+/// With --gateway, while the load runs: every 100 ms, each new Gateway
+/// message still `sent` at the mock is picked with --gateway-delivered's
+/// odds (once), set `delivered` and its signed report posted to a random
+/// instance, again on every tick until one answers 200 (instances are
+/// being killed); the request ids answered 200 are noted in `load`.
+async fn report_deliveries(run: Arc<Run>, ports: Vec<u16>, load: Arc<Load>, done: Arc<AtomicBool>) {
+    if !run.args.gateway || run.args.gateway_delivered <= 0.0 {
+        return;
+    }
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut due: Vec<String> = Vec::new();
+    while !done.load(Ordering::SeqCst) {
+        for m in run.mock.gateway_messages() {
+            if seen.insert(m.request_id.clone())
+                && m.status == "sent"
+                && rand::rng().random_bool(run.args.gateway_delivered)
+            {
+                run.mock.gateway_set_status(&m.request_id, "delivered");
+                due.push(m.request_id);
+            }
+        }
+        let mut left = Vec::new();
+        for id in due {
+            let Some(status) = run.mock.gateway_report_of(&id) else {
+                continue;
+            };
+            let at = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let (body, signature) =
+                testkit::providers::telegram_gateway::gateway_report(GATEWAY_TOKEN, at, &status);
+            let port = ports[rand::rng().random_range(0..ports.len())];
+            let answered = run
+                .client
+                .post(format!(
+                    "http://127.0.0.1:{port}/channels/telegram/gateway/reports"
+                ))
+                .header("X-Request-Timestamp", at.to_string())
+                .header("X-Request-Signature", signature)
+                .header("Content-Type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .map_or(0, |r| r.status().as_u16());
+            if answered == 200 {
+                if let Ok(mut r) = load.reported.lock() {
+                    r.insert(id);
+                }
+            } else {
+                left.push(id);
+            }
+        }
+        due = left;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The views of `ids` (key, verification id), `concurrency` at a time.
 async fn fetch_all(
     run: &Arc<Run>,
@@ -2256,6 +2341,9 @@ async fn fetch_all(
 /// What the mock created for one phone.
 #[derive(Default)]
 struct Created {
+    /// `checkSendAbility` calls made after the phone's first SMS request
+    /// (a Telegram send still being checked must end with the fallback).
+    checks_after_sms: usize,
     /// Gateway messages: (code, request id, status at the mock).
     telegram: Vec<(String, String, String)>,
     /// SMS created, per body.
@@ -2303,7 +2391,8 @@ fn created_by_phone(run: &Run) -> HashMap<String, Created> {
             ));
     }
     let mut bodies: HashSet<(String, String)> = HashSet::new();
-    for c in run.mock.calls() {
+    let mut first_sms: HashMap<String, usize> = HashMap::new();
+    for (i, c) in run.mock.calls().into_iter().enumerate() {
         if c.endpoint == "telegram_gateway" {
             continue;
         }
@@ -2314,7 +2403,16 @@ fn created_by_phone(run: &Run) -> HashMap<String, Created> {
                 .unwrap_or_default()
                 .to_string()
         };
+        first_sms
+            .entry(digits(&field("To", "to")).to_string())
+            .or_insert(i);
         bodies.insert((field("To", "to"), field("Body", "body")));
+    }
+    for (phone, before) in run.mock.gateway_checks_placed() {
+        let phone = digits(&phone).to_string();
+        if first_sms.get(&phone).is_some_and(|first| before > *first) {
+            by.entry(phone).or_default().checks_after_sms += 1;
+        }
     }
     for (to, body) in bodies {
         let n = run.mock.deliveries_to(&to, &body);
@@ -2388,6 +2486,7 @@ async fn gateway_settle(
     let created = created_by_phone(run);
     let stats = run.mock.stats();
     let refused: Vec<(usize, String)> = load.refused.lock().map(|r| r.clone()).unwrap_or_default();
+    let reported: HashSet<String> = load.reported.lock().map(|r| r.clone()).unwrap_or_default();
 
     // Judge every key: its problems, by kind.
     let mut problems: Vec<(usize, &'static str, String)> = Vec::new();
@@ -2428,6 +2527,15 @@ async fn gateway_settle(
                     "{} Gateway messages: {:?}",
                     made.telegram.len(),
                     made.telegram
+                ),
+            );
+        }
+        if made.checks_after_sms > 0 {
+            bad(
+                "telegram after sms",
+                format!(
+                    "{} checkSendAbility calls after the SMS went",
+                    made.checks_after_sms
                 ),
             );
         }
@@ -2482,6 +2590,13 @@ async fn gateway_settle(
             ),
         }
         let delivered = telegram.iter().any(|m| m.1 == "delivered");
+        // 5. A delivery report answered 200 is never lost.
+        if !delivered && made.telegram.iter().any(|(_, id, _)| reported.contains(id)) {
+            bad(
+                "report lost",
+                format!("delivered reported (200), the Telegram message {telegram:?}"),
+            );
+        }
         match sms.as_slice() {
             [] if delivered => {}
             [] => {
@@ -2533,6 +2648,8 @@ async fn gateway_settle(
     let codes = count("more than one code");
     let false_finals = count("false final");
     let no_201 = count("no 201") + count("ids differ");
+    let lost_reports = count("report lost");
+    let telegram_after_sms = count("telegram after sms");
     println!(
         "chaos: load took {load_secs:.1} s; settled in {settle_secs:.1} s; {} SIGKILLs, {} SIGTERMs, {} pauses",
         h.sigkills, h.sigterms, h.pauses
@@ -2548,7 +2665,8 @@ async fn gateway_settle(
     );
     println!("statuses:           {hist:?}");
     println!(
-        "gateway messages:   {gateway_messages} created ({revoked} revokes asked); SMS created: {sms_created}"
+        "gateway messages:   {gateway_messages} created ({revoked} revokes asked, {} reported delivered); SMS created: {sms_created}",
+        reported.len()
     );
     println!(
         "mock:               {} calls, {} created, max per (phone, code/text) {}, (phone, code/text) created twice {}",
@@ -2586,7 +2704,7 @@ async fn gateway_settle(
     }
     let ok = problems.is_empty() && unmatched == 0 && not_final_after == 0 && refused.is_empty();
     println!(
-        "chaos: summary: gateway then sms over {}, {} verifications; {} SIGKILLs, {} SIGTERMs, {} pauses; {gateway_messages} Gateway messages, {sms_created} SMS; {no_201} without one id, {codes} with more than one code, {duplicates} duplicates, {stuck} stuck, {false_finals} false finals, {unknown} unknown",
+        "chaos: summary: gateway then sms over {}, {} verifications; {} SIGKILLs, {} SIGTERMs, {} pauses; {gateway_messages} Gateway messages, {sms_created} SMS; {no_201} without one id, {codes} with more than one code, {duplicates} duplicates, {stuck} stuck, {false_finals} false finals, {lost_reports} reports lost, {telegram_after_sms} Telegram sends checked after their SMS, {unknown} unknown",
         run.args.providers(),
         run.args.keys,
         h.sigkills,
@@ -2828,17 +2946,20 @@ mod tests {
         let one = Created {
             telegram: vec![("123456".into(), "r1".into(), "revoked".into())],
             sms: vec![("Your verification code is 123456".into(), 1)],
+            ..Created::default()
         };
         assert_eq!(one.codes().len(), 1);
         assert_eq!(one.total(), 2);
         let two = Created {
             telegram: vec![("123456".into(), "r1".into(), "sent".into())],
             sms: vec![("Your verification code is 654321".into(), 1)],
+            ..Created::default()
         };
         assert_eq!(two.codes().len(), 2);
         let text = Created {
             telegram: vec![],
             sms: vec![("something else".into(), 1)],
+            ..Created::default()
         };
         assert_eq!(text.codes().len(), 1);
         assert!(text.codes().iter().all(|c| c.starts_with("(text")));

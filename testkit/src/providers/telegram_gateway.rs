@@ -72,8 +72,9 @@ pub(crate) struct Protocol {
     /// Request ids issued, with the phone number each was issued for.
     issued: HashMap<String, String>,
     messages: Vec<GatewayMessage>,
-    /// Phone numbers checked (`checkSendAbility`), in order.
-    checks: Vec<String>,
+    /// Phone numbers checked (`checkSendAbility`), in order, each with how
+    /// many calls (`MockProvider::calls`, every protocol's) came before it.
+    checks: Vec<(String, usize)>,
     /// Request ids revoked, in order.
     revoked: Vec<String>,
     /// Behaviours for the next `checkSendAbility` calls.
@@ -121,6 +122,15 @@ impl MockProvider {
 
     /// The phone numbers `checkSendAbility` was called with, in order.
     pub fn gateway_checks(&self) -> Vec<String> {
+        let mut inner = self.lock();
+        let p = inner.protocol::<Protocol>();
+        p.checks.iter().map(|(phone, _)| phone.clone()).collect()
+    }
+
+    /// The `checkSendAbility` calls in order, each as its phone number and
+    /// how many of [`MockProvider::calls`] came before it (so that a check
+    /// can be placed before or after another protocol's call).
+    pub fn gateway_checks_placed(&self) -> Vec<(String, usize)> {
         self.lock().protocol::<Protocol>().checks.clone()
     }
 
@@ -386,8 +396,9 @@ async fn check_send_ability(
     let busy = Busy::new(&mock);
     let (behaviour, refusal) = {
         let mut inner = mock.lock();
+        let before = inner.calls.len();
         let p = inner.protocol::<Protocol>();
-        p.checks.push(phone.clone());
+        p.checks.push((phone.clone(), before));
         let behaviour = p.check_script.pop_front().unwrap_or_else(|| {
             use rand::Rng;
             let fails = p.check_failures > 0.0 && rand::rng().random_bool(p.check_failures);
@@ -649,6 +660,7 @@ mod tests {
         let id = check["result"]["request_id"].as_str().unwrap_or_default();
         assert_eq!(id.len(), 16);
         assert_eq!(mock.gateway_checks(), ["+15550001"]);
+        assert_eq!(mock.gateway_checks_placed(), [("+15550001".into(), 0)]);
 
         let send = serde_json::json!({
             "phone_number": "+15550001", "request_id": id, "code": "123456", "ttl": 60,

@@ -275,6 +275,19 @@ impl App {
             .run(stop.clone()),
         );
 
+        // Receipts an instance that stopped left unlinked, on the same beat.
+        let orphans_task = tokio::spawn(
+            crate::delivery::orphans::Orphans {
+                store: Arc::clone(&self.state.store),
+                clock: self.clock.clone(),
+                interval: self.settings.scheduler.poll_interval,
+                window: crate::delivery::orphans::Orphans::window_for(
+                    self.settings.delivery.retry.deadline,
+                ),
+            }
+            .run(stop.clone()),
+        );
+
         let router = http::router_with(
             Arc::clone(&self.state),
             crate::console::router(Arc::clone(&self.state)),
@@ -321,6 +334,7 @@ impl App {
         let _ = webhooks_task.await;
         let _ = expiry_task.await;
         let _ = fallback_task.await;
+        let _ = orphans_task.await;
         if let Some(task) = metrics_task {
             let _ = task.await;
         }

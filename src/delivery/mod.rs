@@ -28,6 +28,7 @@ pub mod circuit;
 pub mod decide;
 pub mod destinations;
 pub mod hub;
+pub mod orphans;
 pub mod purge;
 mod reconcile;
 pub mod retry;

@@ -334,6 +334,15 @@ pub trait ReceiptStore: Send + Sync {
     ) -> Result<Vec<ReceiptRow>, StoreError>;
     /// Receipts that matched no message, newest first.
     async fn unmatched_receipts(&self, limit: u32) -> Result<Vec<ReceiptRow>, StoreError>;
+    /// Up to `limit` (provider, provider message id) pairs of unlinked
+    /// receipts received since `since` whose id a message holds now: left
+    /// behind when the instance that wrote the id stopped before it looked
+    /// for them (see `delivery::orphans`).
+    async fn orphaned_receipts(
+        &self,
+        since: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<(String, String)>, StoreError>;
 }
 
 /// Per-tenant opt-out lists.

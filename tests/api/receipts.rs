@@ -564,6 +564,84 @@ async fn a_receipt_that_overtakes_the_send_is_applied_when_the_send_is_recorded(
     assert_eq!(store.receipts(record.id).await.unwrap().len(), 2);
 }
 
+/// The send's instance stopped between writing the provider id and looking
+/// for receipts that overtook it: the next pass over unlinked receipts, on
+/// any instance, links and applies them; older ones and others' are left.
+async fn a_receipt_a_stopped_instance_left_unlinked_is_linked_on_the_next_pass(backend: Backend) {
+    let url = fresh_database_on(backend).await;
+    let (store, _) = open_store(&url, Duration::from_secs(5));
+    let key = sendonce::apikey::generate();
+    let tenant = store.create_tenant("t", &key.stored).await.unwrap();
+    let finished = |id: MessageId, lease: &Lease, pmid: &str| Finish {
+        id,
+        lease_token: lease.token,
+        status: Status::Sent,
+        provider_message_id: Some(pmid.into()),
+        error: None,
+        sent_at: Some(T0),
+        updated_at: T0,
+        response: StoredResponse {
+            status_code: 201,
+            body: b"{}".to_vec(),
+        },
+        attempt: None,
+        opt_out: None,
+    };
+    let hour = time::Duration::hours(1);
+    // Early receipts: one for the message below, one two hours older than
+    // the pass for another message below, one for no message at all.
+    for (event, pmid, at) in [
+        ("o1", "SM-orphan", T0),
+        ("o2", "SM-old", T0 - hour * 2),
+        ("o3", "SM-nobody", T0),
+    ] {
+        let early = store
+            .record_receipt(&receipt(event, pmid, "delivered", at))
+            .await
+            .unwrap();
+        assert_eq!(early.message_id, None);
+    }
+    let mut ids = Vec::new();
+    for (key, pmid) in [("ORPHAN", "SM-orphan"), ("OLD", "SM-old")] {
+        let lease = Lease::new("a", Duration::from_secs(60));
+        let Claim::Created(record) = store
+            .insert_message(&new_message(tenant, key), &lease)
+            .await
+            .unwrap()
+        else {
+            panic!("created");
+        };
+        // Written, and then the instance stopped: nobody looked.
+        assert!(
+            store
+                .finish(&finished(record.id, &lease, pmid))
+                .await
+                .unwrap()
+        );
+        ids.push(record.id);
+    }
+    let status = |id| {
+        let store = &store;
+        async move { store.message_by_id(id).await.unwrap().unwrap().status }
+    };
+    assert_eq!(status(ids[0]).await, Status::Sent);
+    let pass = sendonce::delivery::orphans::Orphans {
+        store: std::sync::Arc::clone(&store),
+        clock: sendonce::clock::Clock::manual(T0 + time::Duration::minutes(1)),
+        interval: Duration::from_secs(1),
+        window: Duration::from_secs(3600),
+    };
+    assert_eq!(pass.run_once().await.unwrap(), 1);
+    assert_eq!(status(ids[0]).await, Status::Delivered);
+    let linked = store.receipts(ids[0]).await.unwrap();
+    assert_eq!(linked.len(), 1);
+    assert!(linked[0].applied);
+    // Outside the window, or no message: left for `receipts unmatched`.
+    assert_eq!(status(ids[1]).await, Status::Sent);
+    assert_eq!(store.unmatched_receipts(10).await.unwrap().len(), 2);
+    assert_eq!(pass.run_once().await.unwrap(), 0, "nothing twice");
+}
+
 on_both_backends!(
     a_signed_callback_moves_sent_to_delivered_but_never_the_replay,
     bad_or_missing_signatures_are_403_and_change_nothing,
@@ -574,4 +652,5 @@ on_both_backends!(
     http_receipts_need_the_shared_secret,
     the_mock_sends_receipts_back_in_every_order,
     a_receipt_that_overtakes_the_send_is_applied_when_the_send_is_recorded,
+    a_receipt_a_stopped_instance_left_unlinked_is_linked_on_the_next_pass,
 );

@@ -44,6 +44,14 @@ const UNMATCHED: &str = concat!(
     " FROM receipts WHERE message_id IS NULL ORDER BY seq DESC LIMIT $1"
 );
 
+/// Unlinked receipts since `$1` whose provider id a message holds now (the
+/// partial index on the unlinked receipts' `received_at`, then the
+/// messages' unique (provider, provider id) index).
+const ORPHANED: &str = "SELECT DISTINCT r.provider, r.provider_message_id FROM receipts r \
+     WHERE r.message_id IS NULL AND r.received_at >= $1 AND EXISTS (SELECT 1 FROM messages m \
+        WHERE m.provider = r.provider AND m.provider_message_id = r.provider_message_id) \
+     LIMIT $2";
+
 const HAS_UNMATCHED: &str = "SELECT EXISTS (SELECT 1 FROM receipts \
      WHERE provider = $1 AND provider_message_id = $2 AND message_id IS NULL)";
 
@@ -136,6 +144,19 @@ per_backend! {
                 .fetch_all(self.pool())
                 .await?;
             Ok(rows.into_iter().map(ReceiptRow::from).collect())
+        }
+
+        async fn orphaned_receipts(
+            &self,
+            since: OffsetDateTime,
+            limit: u32,
+        ) -> Result<Vec<(String, String)>, StoreError> {
+            let rows: Vec<(String, String)> = sqlx::query_as(ORPHANED)
+                .bind(db(since))
+                .bind(i64::from(limit))
+                .fetch_all(self.pool())
+                .await?;
+            Ok(rows)
         }
     }
 

@@ -280,3 +280,86 @@ cases! {
     a_paused_owner_never_resumes_into_the_provider_call: Fault::Pause("call.before_request"),
     paused_after_the_claim_commits: Fault::Pause("claim.after"),
 }
+
+/// A receipt that overtook the send (Twilio's status callback for a message
+/// whose answer the instance never got) is kept unlinked; the instance
+/// finds the message by reconciling, writes its sid and is killed before it
+/// looks for early receipts. The next instance links it: the message is
+/// `delivered`, as Twilio said.
+async fn an_early_receipt_survives_a_kill_after_the_final_write(backend: Backend) {
+    sendonce::install_crypto_provider();
+    let database = fresh_database_on(backend).await;
+    let (mock, _, addr) = MockProvider::start().await.expect("mock");
+    let mock_base = format!("http://{addr}");
+    let body = "Your order shipped (early receipt)";
+    let mut a = start(
+        &database,
+        &mock_base,
+        &[("SENDONCE_FAILPOINTS", "finish.after=kill")],
+    )
+    .await;
+    // Twilio creates the message and never answers: the call times out
+    // and the instance finds the message by its list.
+    mock.push([Behaviour::AcceptThenHang]);
+    let first = post(&a.base, "R", body).await.expect("POST");
+    assert_eq!(first.status, 202);
+    let sid = eventually("the message at Twilio", || async {
+        mock.twilio_sids().first().cloned()
+    })
+    .await;
+    // Twilio's callback, before the instance knows the sid: kept unlinked.
+    let url = format!("{}/providers/twilio/status", a.base);
+    let params: Vec<(String, String)> = [
+        ("AccountSid", ACCOUNT),
+        ("ApiVersion", "2010-04-01"),
+        ("MessageSid", sid.as_str()),
+        ("MessageStatus", "delivered"),
+        ("SmsSid", sid.as_str()),
+        ("SmsStatus", "delivered"),
+        ("To", TO),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let signed = sendonce::provider::twilio::signature(AUTH_TOKEN, &url, &params);
+    let receipt = reqwest::Client::new()
+        .post(&url)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .header("X-Twilio-Signature", signed)
+        .body(sendonce::provider::twilio::encode_form(&params))
+        .send()
+        .await
+        .expect("callback");
+    assert_eq!(receipt.status().as_u16(), 200);
+    // The sid written, then killed before the look.
+    a.exited(Duration::from_secs(30)).await;
+    let b = start(&database, &mock_base, &[]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let m = loop {
+        let m = get(&b.base, "R").await;
+        if m["status"] == "delivered" {
+            break m;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the early receipt never linked: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(m["provider_message_id"], sid.as_str());
+    assert_eq!(mock.deliveries_to(TO, body), 1, "one message at Twilio");
+}
+
+mod early_receipt {
+    use super::*;
+
+    #[tokio::test]
+    async fn postgres() {
+        an_early_receipt_survives_a_kill_after_the_final_write(Backend::Postgres).await
+    }
+
+    #[tokio::test]
+    async fn sqlite() {
+        an_early_receipt_survives_a_kill_after_the_final_write(Backend::Sqlite).await
+    }
+}

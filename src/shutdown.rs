@@ -22,3 +22,27 @@ pub async fn signal() {
         () = term => tracing::info!("SIGTERM: shutting down"),
     }
 }
+
+/// Runs `pass` every `interval` until `stop` is cancelled (a background
+/// sweep's loop); a failed pass is logged as `what` and tried again on the
+/// next beat.
+pub async fn every<F, Fut, T, E>(
+    interval: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+    what: &str,
+    mut pass: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    loop {
+        if let Err(e) = pass().await {
+            tracing::warn!(error = %e, "{what} failed");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}

@@ -67,14 +67,12 @@ impl Orphans {
     }
 
     pub async fn run(self, stop: CancellationToken) {
-        loop {
-            if let Err(e) = self.run_once().await {
-                tracing::warn!(error = %e, "the pass over unlinked receipts failed");
-            }
-            tokio::select! {
-                () = tokio::time::sleep(self.interval) => {}
-                () = stop.cancelled() => return,
-            }
-        }
+        crate::shutdown::every(
+            self.interval,
+            stop,
+            "the pass over unlinked receipts",
+            || self.run_once(),
+        )
+        .await;
     }
 }

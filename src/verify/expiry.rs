@@ -60,14 +60,9 @@ impl Expirer {
     }
 
     pub async fn run(self, stop: CancellationToken) {
-        loop {
-            if let Err(e) = self.expire_now().await {
-                tracing::warn!(error = %e, "verification expiry sweep failed");
-            }
-            tokio::select! {
-                () = tokio::time::sleep(self.interval) => {}
-                () = stop.cancelled() => return,
-            }
-        }
+        crate::shutdown::every(self.interval, stop, "verification expiry sweep", || {
+            self.expire_now()
+        })
+        .await;
     }
 }

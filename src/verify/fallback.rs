@@ -261,15 +261,10 @@ impl Fallbacks {
     }
 
     pub async fn run(self, stop: CancellationToken) {
-        loop {
-            if let Err(e) = self.run_once().await {
-                tracing::warn!(error = %e, "verification fallback pass failed");
-            }
-            tokio::select! {
-                () = tokio::time::sleep(self.interval) => {}
-                () = stop.cancelled() => return,
-            }
-        }
+        crate::shutdown::every(self.interval, stop, "verification fallback pass", || {
+            self.run_once()
+        })
+        .await;
     }
 }
 

@@ -474,6 +474,25 @@ fn receipt(event: &str, pmid: &str, status: &str, at: OffsetDateTime) -> NewRece
     }
 }
 
+/// The write that makes a message `sent` as provider message `pmid`.
+fn sent_as(id: MessageId, lease: &Lease, pmid: &str) -> Finish {
+    Finish {
+        id,
+        lease_token: lease.token,
+        status: Status::Sent,
+        provider_message_id: Some(pmid.into()),
+        error: None,
+        sent_at: Some(T0),
+        updated_at: T0,
+        response: StoredResponse {
+            status_code: 201,
+            body: b"{}".to_vec(),
+        },
+        attempt: None,
+        opt_out: None,
+    }
+}
+
 async fn a_receipt_that_overtakes_the_send_is_applied_when_the_send_is_recorded(backend: Backend) {
     let url = fresh_database_on(backend).await;
     let (store, _) = open_store(&url, Duration::from_secs(5));
@@ -494,21 +513,7 @@ async fn a_receipt_that_overtakes_the_send_is_applied_when_the_send_is_recorded(
         panic!("created");
     };
     let done = store
-        .finish(&Finish {
-            id: record.id,
-            lease_token: lease.token,
-            status: Status::Sent,
-            provider_message_id: Some("SM-early".into()),
-            error: None,
-            sent_at: Some(T0),
-            updated_at: T0,
-            response: StoredResponse {
-                status_code: 201,
-                body: b"{}".to_vec(),
-            },
-            attempt: None,
-            opt_out: None,
-        })
+        .finish(&sent_as(record.id, &lease, "SM-early"))
         .await
         .unwrap();
     assert!(done);
@@ -572,21 +577,6 @@ async fn a_receipt_a_stopped_instance_left_unlinked_is_linked_on_the_next_pass(b
     let (store, _) = open_store(&url, Duration::from_secs(5));
     let key = sendonce::apikey::generate();
     let tenant = store.create_tenant("t", &key.stored).await.unwrap();
-    let finished = |id: MessageId, lease: &Lease, pmid: &str| Finish {
-        id,
-        lease_token: lease.token,
-        status: Status::Sent,
-        provider_message_id: Some(pmid.into()),
-        error: None,
-        sent_at: Some(T0),
-        updated_at: T0,
-        response: StoredResponse {
-            status_code: 201,
-            body: b"{}".to_vec(),
-        },
-        attempt: None,
-        opt_out: None,
-    };
     let hour = time::Duration::hours(1);
     // Early receipts: one for the message below, one two hours older than
     // the pass for another message below, one for no message at all.
@@ -614,7 +604,7 @@ async fn a_receipt_a_stopped_instance_left_unlinked_is_linked_on_the_next_pass(b
         // Written, and then the instance stopped: nobody looked.
         assert!(
             store
-                .finish(&finished(record.id, &lease, pmid))
+                .finish(&sent_as(record.id, &lease, pmid))
                 .await
                 .unwrap()
         );

@@ -21,7 +21,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::clock::to_time;
-use crate::domain::{FieldError, IdempotencyKey, MessageId, Phone, Recipient, segments};
+use crate::domain::{IdempotencyKey, MessageId, Phone, Recipient, segments};
 use crate::store::{MessageRecord, NewMessage, VerificationRecord, send_key};
 
 pub mod channels;
@@ -29,11 +29,13 @@ pub mod crypto;
 pub mod decide;
 pub mod expiry;
 pub mod fallback;
+mod request;
 pub mod settings;
 
 pub use channels::{Channel, Channels};
 pub use crypto::{Keys, SecretSource};
 pub use decide::VerificationStatus;
+pub use request::{StartRequest, parse_check};
 pub use settings::VerifySettings;
 
 /// The text sent when a start names no template.
@@ -55,239 +57,6 @@ pub struct Verifier {
     /// Starts per destination number / prefix per hour (0: no limit).
     pub number_per_hour: u32,
     pub prefix_per_hour: u32,
-}
-
-/// A parsed, valid `POST /verifications` body.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StartRequest {
-    pub to: Phone,
-    pub country: Option<String>,
-    pub code_length: u32,
-    pub ttl_seconds: u32,
-    pub template: Option<String>,
-    /// The channels its code goes through, in order.
-    pub channels: Channels,
-    /// How long Telegram has to report delivery before the next channel.
-    pub fallback_after_seconds: u32,
-}
-
-impl StartRequest {
-    /// Parses a JSON body; `Err(None)`: not a JSON object.
-    pub fn parse(body: &[u8]) -> Result<Self, Option<Vec<FieldError>>> {
-        let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| None)?;
-        refuse_duplicate_keys(body)?;
-        let obj = value.as_object().ok_or(None)?;
-        let mut errors = Vec::new();
-        let err = |field: &str, message: &str| FieldError {
-            field: field.into(),
-            message: message.into(),
-        };
-        for k in obj.keys() {
-            if !matches!(
-                k.as_str(),
-                "to" | "code_length"
-                    | "ttl_seconds"
-                    | "template"
-                    | "channels"
-                    | "fallback_after_seconds"
-            ) {
-                errors.push(err(k, "unknown field"));
-            }
-        }
-        let mut to = None;
-        match obj.get("to").map(|v| v.as_str()) {
-            None => errors.push(err("to", "is required")),
-            Some(None) => errors.push(err("to", "must be a string")),
-            Some(Some(s)) => match crate::domain::phone::parse(s) {
-                Some(p) => to = Some(p.into_parts()),
-                None => errors.push(err(
-                    "to",
-                    "must be a valid phone number in E.164 (+ and digits)",
-                )),
-            },
-        }
-        let int =
-            |field: &str, lo: u64, hi: u64, default: u32, errors: &mut Vec<FieldError>| match obj
-                .get(field)
-            {
-                None => default,
-                // JSON Schema's `integer` includes `7.0`.
-                Some(v) => match v
-                    .as_u64()
-                    .or_else(|| {
-                        v.as_f64()
-                            .filter(|f| f.fract() == 0.0 && (0.0..=1e9).contains(f))
-                            .map(|f| f as u64)
-                    })
-                    .filter(|n| (lo..=hi).contains(n))
-                {
-                    Some(n) => u32::try_from(n).unwrap_or(default),
-                    None => {
-                        errors.push(FieldError {
-                            field: field.into(),
-                            message: format!("must be a whole number from {lo} to {hi}"),
-                        });
-                        default
-                    }
-                },
-            };
-        // Fewer than 6 digits is a one-in-ten-thousand guess per check.
-        let code_length = int("code_length", MIN_CODE_LENGTH, 10, 6, &mut errors);
-        let ttl_seconds = int("ttl_seconds", 30, 3600, 600, &mut errors);
-        let template = match obj.get("template") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::String(t)) => {
-                let braces = t.chars().filter(|c| matches!(c, '{' | '}')).count();
-                if t.matches(PLACEHOLDER).count() != 1 || braces != 2 {
-                    errors.push(err(
-                        "template",
-                        "must contain {code} exactly once, and no other { or }",
-                    ));
-                } else if t.chars().count() > 1000 {
-                    errors.push(err("template", "must be at most 1000 characters"));
-                } else if crate::domain::segments::has_refused_control(t) {
-                    errors.push(err(
-                        "template",
-                        "must not contain control characters other than newline and tab",
-                    ));
-                }
-                Some(t.clone())
-            }
-            Some(_) => {
-                errors.push(err("template", "must be a string"));
-                None
-            }
-        };
-        let channels = match obj.get("channels") {
-            None => Channels::default(),
-            Some(v) => Channels::from_json(v).unwrap_or_else(|why| {
-                errors.push(err("channels", why));
-                Channels::default()
-            }),
-        };
-        let telegram = channels.contains(Channel::Telegram);
-        let digits = crate::provider::telegram_gateway::CODE_DIGITS;
-        if telegram && !digits.contains(&code_length) {
-            errors.push(err(
-                "code_length",
-                "must be at most 8 when channels include telegram (the Telegram Gateway takes 4 to 8 digits)",
-            ));
-        }
-        let falls_back = channels.after(Channel::Telegram).is_some();
-        let fallback_after_seconds = if obj.contains_key("fallback_after_seconds") && !falls_back {
-            errors.push(err(
-                "fallback_after_seconds",
-                "applies only when channels start with telegram and name a next channel",
-            ));
-            0
-        } else if falls_back {
-            let (lo, hi) = (
-                *FALLBACK_AFTER_SECONDS.start(),
-                *FALLBACK_AFTER_SECONDS.end(),
-            );
-            let given = obj.contains_key("fallback_after_seconds");
-            let n = int(
-                "fallback_after_seconds",
-                lo,
-                hi,
-                DEFAULT_FALLBACK_AFTER,
-                &mut errors,
-            );
-            // Unsaid, it is never past half the verification's life.
-            let n = if given {
-                n
-            } else {
-                n.min((ttl_seconds / 2).max(5))
-            };
-            if given && n >= ttl_seconds {
-                errors.push(err(
-                    "fallback_after_seconds",
-                    "must be less than ttl_seconds (the next channel must go while the code is valid)",
-                ));
-            }
-            n
-        } else {
-            0
-        };
-        match to {
-            Some((to, country)) if errors.is_empty() => Ok(Self {
-                to,
-                country,
-                code_length,
-                ttl_seconds,
-                template,
-                channels,
-                fallback_after_seconds,
-            }),
-            _ => Err(Some(errors)),
-        }
-    }
-
-    /// SHA-256 of the request's meaning, to tell a replay from another
-    /// request under the same key.
-    pub fn fingerprint(&self) -> Vec<u8> {
-        let mut h = Sha256::new();
-        h.update(b"verification v1\0");
-        h.update(self.to.as_str());
-        h.update(format!("\0{}\0{}\0", self.code_length, self.ttl_seconds));
-        match &self.template {
-            Some(t) => {
-                h.update(b"t");
-                h.update(t);
-            }
-            None => h.update(b"-"),
-        }
-        // Said only when not the default, so that an SMS-only start keeps
-        // the fingerprint it had before channels existed.
-        if self.channels != Channels::default() {
-            h.update(format!(
-                "\0c{}\0{}",
-                self.channels.stored(),
-                self.fallback_after_seconds
-            ));
-        }
-        h.finalize().to_vec()
-    }
-}
-
-/// A check's code: 4 to 10 digits.
-/// A JSON key twice in one object means different things to different
-/// parsers (the last `to` won): refused, as in every other body.
-fn refuse_duplicate_keys(body: &[u8]) -> Result<(), Option<Vec<FieldError>>> {
-    match crate::domain::request::duplicate_key(body) {
-        None => Ok(()),
-        Some(path) => Err(Some(vec![FieldError {
-            field: path,
-            message: "appears more than once in the JSON object".into(),
-        }])),
-    }
-}
-
-pub fn parse_check(body: &[u8]) -> Result<String, Option<Vec<FieldError>>> {
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| None)?;
-    refuse_duplicate_keys(body)?;
-    let obj = value.as_object().ok_or(None)?;
-    let bad = |message: &str| {
-        Some(vec![FieldError {
-            field: "code".into(),
-            message: message.into(),
-        }])
-    };
-    if let Some(k) = obj.keys().find(|k| k.as_str() != "code") {
-        return Err(Some(vec![FieldError {
-            field: k.clone(),
-            message: "unknown field".into(),
-        }]));
-    }
-    match obj.get("code") {
-        None => Err(bad("is required")),
-        Some(serde_json::Value::String(c))
-            if (4..=10).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit()) =>
-        {
-            Ok(c.clone())
-        }
-        Some(_) => Err(bad("must be a string of 4 to 10 digits")),
-    }
 }
 
 /// The text of a verification's SMS with `code` in it.
@@ -538,96 +307,6 @@ impl VerificationOut {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn start_requests_are_validated_field_by_field() {
-        let ok = StartRequest::parse(br#"{"to": "+14155552671"}"#).unwrap();
-        assert_eq!(
-            (ok.code_length, ok.ttl_seconds, ok.template.as_deref()),
-            (6, 600, None)
-        );
-        let rows: [(&[u8], Option<&str>); 15] = [
-            (
-                br#"{"to": "+14155552671", "code_length": 3}"#,
-                Some("code_length"),
-            ),
-            (
-                br#"{"to": "+14155552671", "code_length": 11}"#,
-                Some("code_length"),
-            ),
-            (
-                br#"{"to": "+14155552671", "ttl_seconds": 29}"#,
-                Some("ttl_seconds"),
-            ),
-            (
-                br#"{"to": "+14155552671", "ttl_seconds": 3601}"#,
-                Some("ttl_seconds"),
-            ),
-            (
-                br#"{"to": "+14155552671", "template": "no code"}"#,
-                Some("template"),
-            ),
-            (
-                br#"{"to": "+14155552671", "template": "{code}{code}"}"#,
-                Some("template"),
-            ),
-            (br#"{"to": "12"}"#, Some("to")),
-            (br#"{"to": "+14155552671", "x": 1}"#, Some("x")),
-            (
-                br#"{"to": "+14155552671", "template": "{x} {code}"}"#,
-                Some("template"),
-            ),
-            (br#"[]"#, None),
-            // Issue 29, finding 14: fewer than 6 digits, and the control
-            // characters a message body refuses.
-            (
-                br#"{"to": "+14155552671", "code_length": 4}"#,
-                Some("code_length"),
-            ),
-            (
-                br#"{"to": "+14155552671", "code_length": 5}"#,
-                Some("code_length"),
-            ),
-            (
-                br#"{"to": "+14155552671", "template": "Code\u0000 {code}"}"#,
-                Some("template"),
-            ),
-            (
-                br#"{"to": "+14155552671", "template": "\u001b[2J{code}"}"#,
-                Some("template"),
-            ),
-            (
-                br#"{"to": "+14155552671", "template": "{code}\u007f"}"#,
-                Some("template"),
-            ),
-        ];
-        for (body, field) in rows {
-            match StartRequest::parse(body) {
-                Ok(r) => panic!("accepted {r:?}"),
-                Err(None) => assert_eq!(field, None),
-                Err(Some(e)) => assert_eq!(Some(e[0].field.as_str()), field),
-            }
-        }
-        let t = StartRequest::parse(
-            br#"{"to": "+14155552671", "code_length": 8.0, "ttl_seconds": 60, "template": "Code: {code}"}"#,
-        )
-        .unwrap();
-        assert_eq!(t.code_length, 8);
-        assert_ne!(t.fingerprint(), ok.fingerprint());
-    }
-
-    #[test]
-    fn check_codes_are_digits() {
-        assert_eq!(parse_check(br#"{"code": "123456"}"#).unwrap(), "123456");
-        assert!(matches!(
-            parse_check(br#"{"code": "12a456"}"#),
-            Err(Some(_))
-        ));
-        assert!(matches!(parse_check(br#"{"code": 123456}"#), Err(Some(_))));
-        assert!(matches!(parse_check(br#"{"code": "123"}"#), Err(Some(_))));
-        assert!(matches!(parse_check(br#"{}"#), Err(Some(_))));
-        assert!(matches!(parse_check(b"nope"), Err(None)));
-    }
 
     #[test]
     fn templates_render_and_mask() {

@@ -209,9 +209,6 @@ impl Fallbacks {
     }
 
     async fn fall_back(&self, f: &FallbackDue, cancel: bool) -> Result<bool, StoreError> {
-        let Some(unsent) = self.unsent(f, cancel).await? else {
-            return Ok(false);
-        };
         let Some(v) = self
             .store
             .verification(f.tenant_id, f.verification_id)
@@ -220,10 +217,12 @@ impl Fallbacks {
             return Ok(false);
         };
         let Some(via) = self.deliverer.first_route(&v.to, None) else {
+            // No SMS to fall back to: the Telegram message, even one still
+            // being checked, is the only way the code can go.
             tracing::warn!(verification_id = %f.verification_id, "no SMS route for the fallback");
             return self
                 .store
-                .settle_fallback(f, FallbackState::Ended, self.clock.now(), unsent.as_ref())
+                .settle_fallback(f, FallbackState::Ended, self.clock.now(), None)
                 .await;
         };
         let keys = match self.secret.keys().await {
@@ -239,8 +238,11 @@ impl Fallbacks {
             tracing::error!(verification_id = %f.verification_id, "the code does not open: no fallback");
             return self
                 .store
-                .settle_fallback(f, FallbackState::Ended, now, unsent.as_ref())
+                .settle_fallback(f, FallbackState::Ended, now, None)
                 .await;
+        };
+        let Some(unsent) = self.unsent(f, cancel).await? else {
+            return Ok(false);
         };
         let lease = self.deliverer.new_lease();
         match self

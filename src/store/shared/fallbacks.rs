@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use super::messages::cancel_sql;
 use super::{per_backend, to_i32};
 use crate::domain::schedule::cancelable_sql;
 use crate::domain::{MessageId, Status};
@@ -41,9 +42,8 @@ const FALL_BACK: &str = "UPDATE verification_fallbacks SET state = 'fell_back', 
 /// in `shared/messages.rs`, and only while it has no request id): no
 /// attempt since it was read (`$2`), no lease, no open attempt.
 const CANCEL_UNSENT: &str = concat!(
-    "UPDATE messages AS m SET status = 'canceled', response_code = $3, \
-        response_body = $4, updated_at = $5, finalized_at = $5, next_attempt_at = NULL \
-     WHERE m.id = $1 AND m.attempts = $2 AND m.prepared_token IS NULL AND ",
+    cancel_sql!(),
+    "m.prepared_token IS NULL AND ",
     cancelable_sql!()
 );
 

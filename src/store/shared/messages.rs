@@ -68,12 +68,20 @@ const ATTEMPTS: &str = concat!(
 /// one still running holds the row lock until it commits); on SQLite the
 /// writer's transaction orders it with every claim and attempt of the
 /// file. Either way the row is canceled only if it still qualifies.
-const CANCEL: &str = concat!(
-    "UPDATE messages AS m SET status = 'canceled', response_code = $3, \
-        response_body = $4, updated_at = $5, finalized_at = $5, next_attempt_at = NULL \
-     WHERE m.id = $1 AND m.attempts = $2 AND ",
-    cancelable_sql!()
-);
+const CANCEL: &str = concat!(cancel_sql!(), cancelable_sql!());
+
+/// A cancel's write of message `$1` with `$2` attempts as read, its frozen
+/// response (`$3`, `$4`) and time (`$5`), up to the conditions the caller
+/// adds: the caller's cancel here, an unsent Telegram message's in
+/// `shared/fallbacks.rs`.
+macro_rules! cancel_sql {
+    () => {
+        "UPDATE messages AS m SET status = 'canceled', response_code = $3, \
+            response_body = $4, updated_at = $5, finalized_at = $5, next_attempt_at = NULL \
+         WHERE m.id = $1 AND m.attempts = $2 AND "
+    };
+}
+pub(crate) use cancel_sql;
 
 per_backend! {
     #[async_trait]

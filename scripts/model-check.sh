@@ -29,6 +29,7 @@ cd "$(dirname "$0")/.."
 log() { printf 'model-check.sh: %s\n' "$*" >&2; }
 
 MODEL=model/sendonce.pml
+FALLBACK_MODEL=$PWD/model/fallback.pml
 MEMLIM_MB=${MODEL_CHECK_MEMLIM_MB:-3500}   # per run; pan stops (and the run fails) above it
 RUN_TIMEOUT=${MODEL_CHECK_TIMEOUT:-600}     # seconds per run
 # pan.c is large: -O0 compiles in about a second, -O2 in about eight, for a
@@ -36,8 +37,9 @@ RUN_TIMEOUT=${MODEL_CHECK_TIMEOUT:-600}     # seconds per run
 PAN_CFLAGS=${MODEL_CHECK_CFLAGS:--O0}
 
 # name | property | expect | spin -D flags
-#   property: once, final, nofail, attrib: that property's assertions only;
-#             safety: all of them; progress: non-progress cycles (pan -l)
+#   property: once, final, nofail, attrib: that property's assertions only
+#             (the fallback-* runs: channel, end, once, phone); safety: all of
+#             them; progress: non-progress cycles (pan -l)
 #   expect:   pass (no error) or fail (a counterexample of that property)
 RUNS=$(cat <<'EOF'
 default-once        | once     | pass |
@@ -66,6 +68,15 @@ flaw-sibling        | attrib   | fail | -DSIBLING -DMAXFAULTS=0 -DFLAW_SIBLING_I
 flaw-wait-vs-lease  | progress | fail | -DTWAIT=6 -DMAXFAULTS=1
 suspend-stops-clock | once     | fail | -DSUSPEND_STOPS_CLOCK
 pause-in-window     | once     | fail | -DPAUSE_IN_WINDOW
+fallback-default    | safety   | pass |
+fallback-three-steps| safety   | pass | -DNCH=3
+fallback-two-passes | safety   | pass | -DNW=2
+fallback-hole-1     | channel  | fail | -DBUG_CANCEL_NO_TOKEN
+fallback-hole-1-end | end      | fail | -DBUG_CANCEL_NO_TOKEN
+fallback-hole-2     | channel  | fail | -DBUG_STALE_READ
+fallback-hole-3     | once     | fail | -DBUG_RESEND
+fallback-no-guard   | end      | fail | -DBUG_NO_GUARD
+fallback-ask-first  | phone    | fail | -DBUG_ASK_FIRST
 EOF
 )
 # --deep: state compression (-DCOLLAPSE) keeps the deep-* runs under 2 GB.
@@ -73,6 +84,8 @@ RUNS_DEEP=$(cat <<'EOF'
 deep-safety         | safety   | pass | -DMAXFAULTS=4
 sibling-crash       | safety   | pass | -DSIBLING -DMAXFAULTS=1 -DMAXPAUSE=0 -DMAXJUMP=0 -DMAXTERM=0
 deep-progress       | progress | pass | -DMAXFAULTS=2
+fallback-deep       | safety   | pass | -DNCH=3 -DNW=2
+fallback-long       | safety   | pass | -DMAXRUN=2 -DMAXPASS=3
 EOF
 )
 
@@ -140,8 +153,17 @@ run_one() { # name, property, expect, flags
     local dir ccflags panflags result start end rc out elapsed states trans errors mem want
     dir="$build/$name"
     mkdir -p "$dir"
-    cp "$build/sendonce.pml" "$dir/"
+    # The `fallback-*` runs check model/fallback.pml (a verification's
+    # channels, one at a time), the others model/sendonce.pml; each run's
+    # copy is called sendonce.pml so the rest is the same for both.
+    case "$name" in
+        fallback-*) cp "$FALLBACK_MODEL" "$dir/sendonce.pml" ;;
+        *) cp "$build/sendonce.pml" "$dir/" ;;
+    esac
     case "$prop" in
+        channel) flags="$flags -DCHECK_CHANNEL" ;;
+        end) flags="$flags -DCHECK_END" ;;
+        phone) flags="$flags -DCHECK_PHONE" ;;
         once) flags="$flags -DCHECK_ONCE" ;;
         final) flags="$flags -DCHECK_FINAL" ;;
         nofail) flags="$flags -DCHECK_NOFAIL" ;;

@@ -269,6 +269,7 @@ impl App {
                 store: Arc::clone(&self.state.store),
                 deliverer: Arc::clone(&self.state.deliverer),
                 secret: Arc::clone(&self.state.verify.secret),
+                receipts: Arc::clone(&runtime.receipts),
                 clock: self.clock.clone(),
                 interval: self.settings.scheduler.poll_interval,
             }

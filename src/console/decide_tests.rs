@@ -55,6 +55,7 @@ fn message(status: Status) -> MessageRecord {
         recipient_opted_out: false,
         cost: None,
         prepared_token: None,
+        verification_id: None,
     }
 }
 

@@ -111,7 +111,12 @@ impl Deliverer {
                 if status == Status::Sent {
                     msg.sent_at = Some(now);
                 }
-                let response = msg.final_response();
+                // A message stopped before its call ends as a cancel does.
+                let response = if status == Status::Canceled {
+                    msg.canceled_response(now)
+                } else {
+                    msg.final_response()
+                };
                 let opt_out = attempt
                     .as_ref()
                     .filter(|a| {

@@ -165,7 +165,13 @@ impl Deliverer {
                 .call(&mut msg, &mut lease, provider.as_ref(), &mut sms)
                 .await
             {
-                Ok(outcome) => outcome,
+                Ok(super::calls::Called::Answered(outcome)) => outcome,
+                Ok(super::calls::Called::Stopped) => {
+                    return match self.decide(&snap, &Event::Stopped, dedupes, &r) {
+                        Transition::Write(w) => self.apply(&mut msg, &lease, registration, w).await,
+                        Transition::Step(step) => unexpected(&step),
+                    };
+                }
                 Err(report) => return report,
             };
             drop(slot);

@@ -12,6 +12,14 @@ use crate::domain::MessageId;
 use crate::provider::{OutgoingSms, Provider, SendOutcome};
 use crate::store::{Lease, MessageRecord};
 
+/// How a call went, when the run goes on after it.
+pub(super) enum Called {
+    /// The provider answered (or the call timed out: ambiguous).
+    Answered(SendOutcome),
+    /// No call was made: the message was stopped since it was read.
+    Stopped,
+}
+
 /// A provider call that may be in flight: registered until dropped, so a
 /// shutdown knows which leases it must hold rather than release.
 pub(super) struct Call<'a> {
@@ -84,7 +92,7 @@ impl Deliverer {
         lease: &mut Lease,
         provider: &dyn Provider,
         sms: &mut OutgoingSms,
-    ) -> Result<SendOutcome, Report> {
+    ) -> Result<Called, Report> {
         // The lease, after the last wait (the slot, the secret): renewed
         // unless it was written within the last second, and with enough
         // left for the whole call.
@@ -97,7 +105,23 @@ impl Deliverer {
             && let Some(prepared) = self.prepare(msg, lease, provider, sms).await?
         {
             drop(call);
-            return Ok(prepared.scrubbed(&sms.body));
+            return Ok(Called::Answered(prepared.scrubbed(&sms.body)));
+        }
+        // A message that carries a verification's code is checked, in a
+        // write right before its call, for a stop since it was read: the
+        // verification moved on to its next channel, or ended (issue 39).
+        // The write renews the lease as well.
+        if msg.verification_id.is_some() {
+            let written = crate::clock::Stamp::now();
+            match self.store.guard_send(msg.id, lease, self.clock.now()).await {
+                Ok(Some(true)) => lease.written = written,
+                Ok(Some(false)) => return Ok(Called::Stopped),
+                Ok(None) => return Err(Report::LeaseLost),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not check the message before its call");
+                    return Err(Report::StoreDown);
+                }
+            }
         }
         crate::failpoint::hit("call.before_request");
         // Checked once more on this instance's own clock right before the
@@ -150,7 +174,7 @@ impl Deliverer {
             ?outcome,
             "provider answered"
         );
-        Ok(outcome)
+        Ok(Called::Answered(outcome))
     }
 
     /// The first call of a provider that has one, and its token written

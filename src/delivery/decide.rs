@@ -23,6 +23,8 @@
 //! | reconciled `Unknown`                   | final `unknown`                              |
 //! | the body cannot be opened (a sealed    | final `failed` (`unknown` if maybe sent)     |
 //! | code whose secret is gone)             |                                              |
+//! | stopped right before the call (its     | final `canceled` (`unknown` if maybe sent)   |
+//! | verification moved on or ended)        |                                              |
 //!
 //! With several providers, [`route`](super::route::route) turns some of
 //! these into moving on to the next provider.
@@ -86,6 +88,10 @@ pub enum Event<'a> {
     /// The message cannot be handed to any provider, ever (a sealed body
     /// whose secret is gone): why.
     Unsendable(&'a str),
+    /// The check right before the call found the message stopped: the
+    /// verification whose code it carries moved on to its next channel,
+    /// or ended, after the message was read (`domain::stop`).
+    Stopped,
 }
 
 /// What to do next: a step the run takes (it decides again afterwards), or
@@ -244,6 +250,29 @@ pub fn decide(
                 )),
             }),
         },
+        Event::Stopped => {
+            let e = error(
+                "stopped",
+                "the verification moved on to its next channel, or ended, before this message \
+                 was sent",
+                None,
+            );
+            Transition::Write(Write::Final {
+                status: if snap.maybe_sent {
+                    Status::Unknown
+                } else {
+                    Status::Canceled
+                },
+                provider_message_id: None,
+                attempt: Some(local_result(
+                    snap.attempt,
+                    AttemptOutcome::Expired,
+                    Some(e.message.clone()),
+                    now,
+                )),
+                error: Some(e),
+            })
+        }
         Event::Unsendable(why) => {
             let e = error("unsendable", why, None);
             Transition::Write(Write::Final {

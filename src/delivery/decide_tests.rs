@@ -193,6 +193,8 @@ fn the_decision_table() {
         ("resumed: pending past the deadline", past_deadline.clone(), Event::Resumed(&pending), false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Lost))),
         ("unsendable (a sealed body that does not open)", snap(), Event::Unsendable("secret changed"), false, Want::Final(Failed, Some("unsendable"), Some(O::Unsendable))),
         ("unsendable after a maybe-sent attempt", maybe_sent.clone(), Event::Unsendable("secret changed"), false, Want::Final(Unknown, Some("unsendable"), Some(O::Unsendable))),
+        ("stopped before the call (its verification moved on or ended)", snap(), Event::Stopped, false, Want::Final(Status::Canceled, Some("stopped"), Some(O::Expired))),
+        ("stopped before the call, an earlier attempt maybe sent", maybe_sent.clone(), Event::Stopped, false, Want::Final(Unknown, Some("stopped"), Some(O::Expired))),
         ("resumed: sent", snap(), Event::Resumed(&sent), false, Want::Final(Sent, None, Some(O::Reconciled))),
         ("resumed: not sent", snap(), Event::Resumed(&not_sent), false, Want::Proceed),
         ("resumed: unknown", snap(), Event::Resumed(&unknown), false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Lost))),

@@ -15,6 +15,7 @@ pub mod request;
 pub mod schedule;
 pub mod sealed;
 pub mod segments;
+pub mod stop;
 
 pub use attempt::AttemptOutcome;
 pub use idempotency_key::IdempotencyKey;

@@ -319,6 +319,20 @@ pub trait Provider: Send + Sync + 'static {
         false
     }
 
+    /// Asks the provider what became of a message it took under
+    /// `provider_message_id`, by a lookup it documents: the answer as one
+    /// of its receipts would carry it, and what that means for the message
+    /// (as its receipt route reads the word). `None`: it cannot be asked,
+    /// or gave no answer. The verification fallback asks before it moves a
+    /// code on from silence: a report that was lost, refused or never
+    /// asked for must not put the code on a second channel.
+    async fn delivery_status(
+        &self,
+        _provider_message_id: &str,
+    ) -> Option<(receipts::Receipt, Option<crate::domain::Status>)> {
+        None
+    }
+
     /// Asks the provider whether `sms` was sent by `attempt`. Providers
     /// that cannot be asked say `Unknown`.
     async fn reconcile(&self, _sms: &OutgoingSms, _attempt: &AttemptRef) -> Reconciled {

@@ -10,6 +10,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{Lease, MessageRecord, NewMessage, StoreError, VerificationRecord};
+use crate::domain::stop::Stop;
 use crate::domain::{MessageId, Status};
 use crate::verify::decide::VerificationStatus;
 
@@ -91,6 +92,10 @@ pub struct FallbackDue {
     pub state: FallbackState,
     /// The Telegram message's status.
     pub message_status: Status,
+    /// Whether an instance holds it (a call may be in flight).
+    pub message_leased: bool,
+    /// The provider it is on (the one to revoke it through, or to ask).
+    pub provider: String,
     /// Its Gateway request id, once it has one.
     pub prepared_token: Option<String>,
     pub verification_status: VerificationStatus,
@@ -99,17 +104,18 @@ pub struct FallbackDue {
     pub channels: crate::verify::Channels,
 }
 
-/// A Telegram message with no request id yet, to be canceled in the
-/// transaction that settles its row: it was never sent (the send starts
-/// only once its request id is written), and canceled it never will be.
-/// The cancel holds only while no attempt started since the message was
-/// read (`attempts`) and the message is cancelable (no lease, no open
-/// attempt); otherwise nothing is written and the row waits.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unsent {
-    pub attempts: u32,
-    /// The message's final response, canceled.
-    pub response: super::StoredResponse,
+/// What a fallback's transaction came to.
+#[derive(Debug)]
+pub enum FellBack {
+    /// The next channel's message, inserted and leased; the message moved
+    /// on from was stopped as the stop says (`domain::stop`).
+    Moved(Box<MessageRecord>, Stop),
+    /// The message moved on from was reported delivered: the row is
+    /// settled `delivered`, nothing more goes.
+    Delivered,
+    /// Not now: the row or the verification moved on first, or the message
+    /// is held by a lease (a call may be in flight). Nothing written.
+    NotNow,
 }
 
 #[async_trait]
@@ -123,6 +129,17 @@ pub trait FallbackStore: Send + Sync {
         lease: &Lease,
         token: &str,
     ) -> Result<Option<String>, StoreError>;
+    /// Renews message `id`'s lease, fenced on `lease`, right before a
+    /// provider call of a message that carries a verification's code:
+    /// `None` when the lease is no longer ours, `Some(false)` when the
+    /// message was stopped (its validity ended at or before `now`: the
+    /// verification moved on or ended), `Some(true)` when the call may go.
+    async fn guard_send(
+        &self,
+        id: MessageId,
+        lease: &Lease,
+        now: OffsetDateTime,
+    ) -> Result<Option<bool>, StoreError>;
     /// Up to `batch` rows with something to do at `now`: waiting ones past
     /// their due time or whose message failed or was reported, and open
     /// ones whose verification ended.
@@ -131,28 +148,23 @@ pub trait FallbackStore: Send + Sync {
         now: OffsetDateTime,
         batch: u32,
     ) -> Result<Vec<FallbackDue>, StoreError>;
-    /// Moves `f` to `to` if it is still as read, canceling its unsent
-    /// Telegram message (`unsent`) in the same transaction; false if the
-    /// row moved on or the message could not be canceled (nothing written).
+    /// Moves `f` to `to` if it is still as read; false if it moved on.
     async fn settle_fallback(
         &self,
         f: &FallbackDue,
         to: FallbackState,
         now: OffsetDateTime,
-        unsent: Option<&Unsent>,
     ) -> Result<bool, StoreError>;
-    /// Falls back: `f` from waiting to fell_back while its verification is
-    /// still pending at `now`, its unsent Telegram message canceled
-    /// (`unsent`), and the next channel's message `m` inserted leased by
-    /// `lease`, in one transaction. `None`: the row or the verification
-    /// moved on first, or the message could not be canceled (nothing
-    /// written).
+    /// Falls back, in one transaction: `f`'s verification still pending at
+    /// `now` (locked), its message read fresh (locked) and stopped as
+    /// `domain::stop::for_next_channel` says, `f` from waiting to
+    /// fell_back, and the next channel's message `m` inserted leased by
+    /// `lease`.
     async fn fall_back(
         &self,
         f: &FallbackDue,
         m: &NewMessage,
         lease: &Lease,
         now: OffsetDateTime,
-        unsent: Option<&Unsent>,
-    ) -> Result<Option<MessageRecord>, StoreError>;
+    ) -> Result<FellBack, StoreError>;
 }

@@ -42,7 +42,9 @@ pub use console::{
     OverviewCounts, SessionRecord,
 };
 pub use error::{SqlxResultExt, StoreError};
-pub use fallbacks::{FallbackDue, FallbackState, FallbackStore, NewFallback, Unsent, fallback_of};
+pub use fallbacks::{
+    FallbackDue, FallbackState, FallbackStore, FellBack, NewFallback, fallback_of,
+};
 pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
 pub use spend::{Charged, SpendItem, SpendStore, SpendSummary};

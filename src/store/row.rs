@@ -33,6 +33,7 @@ macro_rules! message_columns {
         m.response_code, m.response_body, m.lease_token, m.lease_owner, m.lease_expires_at, \
         m.next_attempt_at, m.created_at, m.updated_at, m.sent_at, m.delivery_status_at, \
         m.expires_at, m.deadline_at, m.send_at, m.cost_micros, m.cost_currency, m.prepared_token, \
+        m.verification_id, \
         (SELECT a.started_at FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
             AS last_attempt_started_at, \
         (SELECT a.sender FROM attempts a WHERE a.message_id = m.id AND a.number = m.attempts) \
@@ -163,6 +164,7 @@ pub struct MessageRow {
     cost_micros: Option<i64>,
     cost_currency: Option<String>,
     prepared_token: Option<String>,
+    verification_id: Option<Uuid>,
     last_attempt_started_at: Option<DbTime>,
     last_attempt_sender: Option<String>,
     last_attempt_open: bool,
@@ -235,6 +237,7 @@ impl From<MessageRow> for MessageRecord {
                 _ => None,
             },
             prepared_token: r.prepared_token,
+            verification_id: r.verification_id,
         }
     }
 }

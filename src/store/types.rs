@@ -190,6 +190,11 @@ pub struct MessageRecord {
     /// Telegram Gateway's `request_id`), reused by every retry
     /// ([`crate::provider::Provider::prepare`]).
     pub prepared_token: Option<String>,
+    /// The verification whose code it carries, if any: such a message is
+    /// stopped (its `expires_at` moved to now) when the verification moves
+    /// on to its next channel or ends, and checked for that in a write
+    /// right before each provider call.
+    pub verification_id: Option<Uuid>,
 }
 
 impl MessageRecord {
@@ -240,6 +245,7 @@ impl MessageRecord {
             send_at: None,
             cost: m.cost_out(),
             prepared_token: None,
+            verification_id: None,
         }
     }
 
@@ -291,6 +297,7 @@ impl MessageRecord {
             send_at,
             cost: m.cost_out(),
             prepared_token: None,
+            verification_id: None,
         }
     }
 

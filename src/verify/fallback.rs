@@ -1,5 +1,6 @@
 //! The next channel of a verification (issue 28): when its Telegram message
-//! did not deliver, the same code goes by SMS.
+//! did not deliver, the same code goes by SMS, one channel at a time
+//! (issue 39).
 //!
 //! Each Telegram send has a row (`store/fallbacks.rs`) written with it.
 //! What to do with a row is [`next`], a pure function of the row as read,
@@ -10,17 +11,27 @@
 //! - it failed (the number is not on Telegram, the send was refused),
 //!   expired unsent, or was reported expired or revoked: the SMS goes now;
 //! - no delivery report within `fallback_after_seconds`: the Telegram
-//!   message is revoked first (best effort), then the SMS goes;
+//!   message is revoked (best effort), then the Gateway is asked what
+//!   became of it (`checkVerificationStatus`: a report may have been lost,
+//!   refused or never asked for), and a delivery it shows stops the rest
+//!   (revoking first closes the gap in which a delivery after the answer
+//!   would go unseen); otherwise the SMS goes;
 //! - the verification ended (approved, canceled, expired) first: its
-//!   Telegram message is revoked (best effort) and nothing more is sent;
-//! - either way, a Telegram message still without a request id (its
-//!   `checkSendAbility` being retried) was never sent and is canceled in
-//!   the same transaction, so that it never goes after the SMS or the end.
+//!   Telegram message is revoked (best effort) and nothing more is sent.
 //!
-//! The SMS is inserted under the key `ver_<id>:send:<n>:sms` in the
-//! transaction that moves the row from `waiting` to `fell_back`, and only
-//! while the verification is pending: however many instances look at the
-//! row, and whatever crashes between the revoke and the insert, one SMS.
+//! The decision to send the SMS is not taken on the row as read before the
+//! revoke: the SMS is inserted under the key `ver_<id>:send:<n>:sms` in the
+//! transaction that moves the row from `waiting` to `fell_back`, which
+//! first locks the verification pending and reads the Telegram message
+//! fresh, locked, and stops it as `domain::stop::for_next_channel` says: a
+//! report of delivery that came meanwhile ends the row `delivered` with no
+//! SMS; a message held by a lease (a call may be in flight) puts the move
+//! off to a later pass; a message waiting for a retry is canceled, one
+//! only ever looked up again is expired (no provider call starts after
+//! it). However many instances look at the row, and whatever crashes
+//! between the revoke and the insert, one SMS, and no Telegram send after
+//! it. The end of a verification stops its unsent messages in its own
+//! transaction (`shared/fallbacks.rs`, `Driver::stop_unsent`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +43,9 @@ use super::{Channel, SecretSource, VerificationStatus};
 use crate::clock::Clock;
 use crate::delivery::Deliverer;
 use crate::domain::Status;
-use crate::store::{FallbackDue, FallbackState, Store, StoreError, Unsent};
+use crate::domain::stop::Stop;
+use crate::provider::receipts::ReceiptSink;
+use crate::store::{FallbackDue, FallbackState, FellBack, Store, StoreError};
 
 /// How many rows one pass reads.
 const BATCH: u32 = 100;
@@ -44,14 +57,13 @@ pub enum Next {
     Wait,
     /// Reported delivered: no next channel.
     Delivered,
-    /// Send the next channel's message, revoking the Telegram one first
-    /// when it may still arrive, or canceling it when it was never sent
-    /// and could still be.
-    FallBack { revoke: bool, cancel: bool },
+    /// Send the next channel's message: first revoke the Telegram message
+    /// when it may still arrive (`revoke`), then ask the provider what
+    /// became of it when it went out and was not reported (`ask`).
+    FallBack { ask: bool, revoke: bool },
     /// Nothing more to send: the verification ended, or there is no next
-    /// channel; revoke the Telegram message first when it may still
-    /// arrive, or cancel it when it was never sent and could still be.
-    End { revoke: bool, cancel: bool },
+    /// channel; revoke the Telegram message first when it may still arrive.
+    End { revoke: bool },
 }
 
 /// What to do with `f` at `now`.
@@ -64,18 +76,17 @@ pub fn next(f: &FallbackDue, now: OffsetDateTime) -> Next {
             f.message_status,
             Status::Failed | Status::Canceled | Status::Undelivered
         );
-    // Never sent, and it could still be: no request id yet (the send
-    // starts only once it is written) and not final.
-    let cancel = f.prepared_token.is_none() && f.message_status == Status::Processing;
     let pending = f.verification_status == VerificationStatus::Pending && f.expires_at > now;
     if !open {
         return Next::Wait;
     }
     if !pending {
-        return Next::End {
-            revoke: may_arrive,
-            cancel,
-        };
+        // A call in flight ends first, so that the revoke comes after it
+        // (the end stopped the message: no call starts any more).
+        if f.message_leased {
+            return Next::Wait;
+        }
+        return Next::End { revoke: may_arrive };
     }
     if f.state == FallbackState::Delivered {
         return Next::Wait;
@@ -86,19 +97,20 @@ pub fn next(f: &FallbackDue, now: OffsetDateTime) -> Next {
         Status::Failed | Status::Canceled | Status::Undelivered => {
             if has_next {
                 Next::FallBack {
+                    ask: false,
                     revoke: false,
-                    cancel: false,
                 }
             } else {
-                Next::End {
-                    revoke: false,
-                    cancel: false,
-                }
+                Next::End { revoke: false }
             }
         }
+        // A call may be in flight: the move waits for it.
+        _ if f.message_leased => Next::Wait,
+        // Whatever may have gone out (sent, unknown, or still looked up
+        // after an ambiguous answer) is revoked, then asked about.
         _ if now >= f.due_at && has_next => Next::FallBack {
+            ask: may_arrive,
             revoke: may_arrive,
-            cancel,
         },
         _ => Next::Wait,
     }
@@ -109,6 +121,8 @@ pub struct Fallbacks {
     pub store: Arc<dyn Store>,
     pub deliverer: Arc<Deliverer>,
     pub secret: Arc<SecretSource>,
+    /// Where what a provider answers when asked is recorded, as a receipt.
+    pub receipts: Arc<dyn ReceiptSink>,
     pub clock: Clock,
     pub interval: Duration,
 }
@@ -133,82 +147,86 @@ impl Fallbacks {
             Next::Wait => Ok(false),
             Next::Delivered => {
                 self.store
-                    .settle_fallback(f, FallbackState::Delivered, now, None)
+                    .settle_fallback(f, FallbackState::Delivered, now)
                     .await
             }
-            Next::End { revoke, cancel } => {
+            Next::End { revoke } => {
                 if revoke {
                     self.revoke(f).await;
                 }
-                let Some(unsent) = self.unsent(f, cancel).await? else {
-                    return Ok(false);
-                };
-                let settled = self
-                    .store
-                    .settle_fallback(f, FallbackState::Ended, self.clock.now(), unsent.as_ref())
-                    .await?;
-                if settled {
-                    self.count_canceled(unsent.as_ref());
-                }
-                Ok(settled)
+                self.store
+                    .settle_fallback(f, FallbackState::Ended, self.clock.now())
+                    .await
             }
-            Next::FallBack { revoke, cancel } => {
+            Next::FallBack { ask, revoke } => {
+                // Revoked first, then asked: a message that reaches the
+                // phone before the revoke is shown delivered by the
+                // answer, and one revoked before it did never reaches it;
+                // asked first, a delivery between the answer and the
+                // revoke would go unseen.
                 if revoke {
                     self.revoke(f).await;
                 }
-                self.fall_back(f, cancel).await
+                match if ask {
+                    self.asked(f).await
+                } else {
+                    Some(false)
+                } {
+                    // What the provider said could not be recorded: not now.
+                    None => Ok(false),
+                    // Delivered, whatever the message's status can show
+                    // (an `unknown` one keeps its status): no next channel.
+                    Some(true) => {
+                        self.store
+                            .settle_fallback(f, FallbackState::Delivered, self.clock.now())
+                            .await
+                    }
+                    Some(false) => self.fall_back(f).await,
+                }
             }
         }
     }
 
-    /// Counts a Telegram message canceled unsent (the Gateway is live
-    /// only: a test key's codes go to test mode's provider).
-    fn count_canceled(&self, unsent: Option<&Unsent>) {
-        if unsent.is_some() {
-            self.deliverer
-                .metrics()
-                .message_final(Status::Canceled.as_str(), "live");
-        }
-    }
-
-    /// What canceling `f`'s unsent Telegram message takes, when `cancel`
-    /// asks for it: `Some(None)` nothing to cancel, `None` the message is
-    /// gone (nothing to do now).
-    async fn unsent(
-        &self,
-        f: &FallbackDue,
-        cancel: bool,
-    ) -> Result<Option<Option<Unsent>>, StoreError> {
-        if !cancel {
-            return Ok(Some(None));
-        }
-        let Some(m) = self.store.message_by_id(f.message_id).await? else {
-            return Ok(None);
+    /// Asks `f`'s provider what became of its Telegram message and records
+    /// the answer as a receipt (a `sent` message becomes `delivered` by
+    /// it): whether it was delivered; `None` when the answer could not be
+    /// recorded.
+    async fn asked(&self, f: &FallbackDue) -> Option<bool> {
+        let (Some(token), Some(provider)) = (
+            f.prepared_token.as_deref(),
+            self.deliverer.provider(&f.provider),
+        ) else {
+            return Some(false);
         };
-        Ok(Some(Some(Unsent {
-            attempts: m.attempts,
-            response: m.canceled_response(self.clock.now()),
-        })))
+        let Some((receipt, status)) = provider.delivery_status(token).await else {
+            return Some(false);
+        };
+        match self.receipts.take(provider.name(), receipt, status).await {
+            Ok(()) => Some(status == Some(Status::Delivered)),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record what the provider said of the message");
+                None
+            }
+        }
     }
 
     /// Revokes `f`'s Telegram message, best effort.
     async fn revoke(&self, f: &FallbackDue) {
-        let (Some(token), Some(gateway)) = (
+        let (Some(token), Some(provider)) = (
             f.prepared_token.as_deref(),
-            self.deliverer
-                .provider(crate::provider::telegram_gateway::NAME),
+            self.deliverer.provider(&f.provider),
         ) else {
             return;
         };
-        if !gateway.revoke(token).await {
+        if !provider.revoke(token).await {
             tracing::info!(
                 verification_id = %f.verification_id,
-                "the Telegram Gateway did not revoke the message (it may have been delivered)"
+                "the provider did not revoke the message (it may have been delivered)"
             );
         }
     }
 
-    async fn fall_back(&self, f: &FallbackDue, cancel: bool) -> Result<bool, StoreError> {
+    async fn fall_back(&self, f: &FallbackDue) -> Result<bool, StoreError> {
         let Some(v) = self
             .store
             .verification(f.tenant_id, f.verification_id)
@@ -222,7 +240,7 @@ impl Fallbacks {
             tracing::warn!(verification_id = %f.verification_id, "no SMS route for the fallback");
             return self
                 .store
-                .settle_fallback(f, FallbackState::Ended, self.clock.now(), None)
+                .settle_fallback(f, FallbackState::Ended, self.clock.now())
                 .await;
         };
         let keys = match self.secret.keys().await {
@@ -238,27 +256,27 @@ impl Fallbacks {
             tracing::error!(verification_id = %f.verification_id, "the code does not open: no fallback");
             return self
                 .store
-                .settle_fallback(f, FallbackState::Ended, now, None)
+                .settle_fallback(f, FallbackState::Ended, now)
                 .await;
         };
-        let Some(unsent) = self.unsent(f, cancel).await? else {
-            return Ok(false);
-        };
         let lease = self.deliverer.new_lease();
-        match self
-            .store
-            .fall_back(f, &m, &lease, now, unsent.as_ref())
-            .await?
-        {
-            Some(message) => {
-                self.count_canceled(unsent.as_ref());
+        match self.store.fall_back(f, &m, &lease, now).await? {
+            FellBack::Moved(message, stop) => {
+                if stop == Stop::Cancel {
+                    // The Gateway is live only: a test key's codes go to
+                    // test mode's provider.
+                    self.deliverer
+                        .metrics()
+                        .message_final(Status::Canceled.as_str(), "live");
+                }
                 self.deliverer
                     .metrics()
                     .verify_event("fallback", v.country.as_deref());
-                self.deliverer.spawn(message, lease);
+                self.deliverer.spawn(*message, lease);
                 Ok(true)
             }
-            None => Ok(false),
+            FellBack::Delivered => Ok(true),
+            FellBack::NotNow => Ok(false),
         }
     }
 
@@ -284,8 +302,7 @@ mod tests {
 
     fn row(
         state: FallbackState,
-        message_status: Status,
-        token: bool,
+        (message_status, leased, token): (Status, bool, bool),
         verification: VerificationStatus,
         channels: &str,
     ) -> FallbackDue {
@@ -297,6 +314,8 @@ mod tests {
             due_at: at(60),
             state,
             message_status,
+            message_leased: leased,
+            provider: "telegram_gateway".into(),
             prepared_token: token.then(|| "r1".to_string()),
             verification_status: verification,
             expires_at: at(600),
@@ -306,78 +325,69 @@ mod tests {
 
     #[test]
     fn what_a_row_leads_to_as_a_table() {
-        use FallbackState::*;
+        use FallbackState::{Ended, FellBack, Waiting};
+        use Status::{Canceled, Failed, Processing, Sent, Undelivered, Unknown};
         use VerificationStatus as V;
+        const DELIVERED: Status = Status::Delivered;
         let both = "telegram,sms";
-        // (state, message, has a request id, verification, channels, now, next)
         const SMS: Next = Next::FallBack {
+            ask: false,
             revoke: false,
-            cancel: false,
         };
-        const REVOKE_SMS: Next = Next::FallBack {
+        // Silence: revoke, ask, then the SMS.
+        const ASK_REVOKE_SMS: Next = Next::FallBack {
+            ask: true,
             revoke: true,
-            cancel: false,
         };
-        const CANCEL_SMS: Next = Next::FallBack {
-            revoke: false,
-            cancel: true,
-        };
-        const END: Next = Next::End {
-            revoke: false,
-            cancel: false,
-        };
-        const REVOKE_END: Next = Next::End {
-            revoke: true,
-            cancel: false,
-        };
-        const CANCEL_END: Next = Next::End {
-            revoke: false,
-            cancel: true,
-        };
-        // (state, message, has a request id, verification, channels, now, next)
+        const END: Next = Next::End { revoke: false };
+        const REVOKE_END: Next = Next::End { revoke: true };
+        // (state, (message, leased, has a request id), verification, channels, now, next)
         #[rustfmt::skip]
         let rows = [
-            (Waiting, Status::Processing, false, V::Pending, both, 10, Next::Wait),
-            (Waiting, Status::Sent, true, V::Pending, both, 10, Next::Wait),
-            (Waiting, Status::Delivered, true, V::Pending, both, 10, Next::Delivered),
+            (Waiting, (Processing, true, false), V::Pending, both, 10, Next::Wait),
+            (Waiting, (Sent, false, true), V::Pending, both, 10, Next::Wait),
+            (Waiting, (DELIVERED, false, true), V::Pending, both, 10, Next::Delivered),
             // Not on Telegram, refused: nothing was sent, the SMS goes now.
-            (Waiting, Status::Failed, false, V::Pending, both, 10, SMS),
-            (Waiting, Status::Failed, true, V::Pending, both, 10, SMS),
+            (Waiting, (Failed, false, false), V::Pending, both, 10, SMS),
+            (Waiting, (Failed, false, true), V::Pending, both, 10, SMS),
             // Reported expired or revoked.
-            (Waiting, Status::Undelivered, true, V::Pending, both, 10, SMS),
-            // No delivery report in time: revoke, then the SMS.
-            (Waiting, Status::Sent, true, V::Pending, both, 59, Next::Wait),
-            (Waiting, Status::Sent, true, V::Pending, both, 60, REVOKE_SMS),
-            (Waiting, Status::Unknown, true, V::Pending, both, 61, REVOKE_SMS),
-            // Being retried with its request id: the retry cannot make a
-            // second message, the revoke withdraws the first.
-            (Waiting, Status::Processing, true, V::Pending, both, 61, REVOKE_SMS),
-            // Still checking (no request id): never sent, canceled with the
-            // SMS's insert, so that it cannot go after it.
-            (Waiting, Status::Processing, false, V::Pending, both, 61, CANCEL_SMS),
+            (Waiting, (Undelivered, false, true), V::Pending, both, 10, SMS),
+            // No delivery report in time: ask, revoke, then the SMS.
+            (Waiting, (Sent, false, true), V::Pending, both, 59, Next::Wait),
+            (Waiting, (Sent, false, true), V::Pending, both, 60, ASK_REVOKE_SMS),
+            (Waiting, (Unknown, false, true), V::Pending, both, 61, ASK_REVOKE_SMS),
+            // Waiting for a retry, or looked up again after an ambiguous
+            // answer: the move's transaction cancels or expires it.
+            (Waiting, (Processing, false, true), V::Pending, both, 61, ASK_REVOKE_SMS),
+            (Waiting, (Processing, false, false), V::Pending, both, 61, SMS),
+            // Held by a lease (a call may be in flight): wait for it.
+            (Waiting, (Processing, true, true), V::Pending, both, 61, Next::Wait),
+            (Waiting, (Processing, true, false), V::Pending, both, 61, Next::Wait),
             // Telegram alone: no next channel.
-            (Waiting, Status::Sent, true, V::Pending, "telegram", 61, Next::Wait),
-            (Waiting, Status::Failed, false, V::Pending, "telegram", 10, END),
-            // The verification ended: revoke what may still arrive, cancel
-            // what was never sent.
-            (Waiting, Status::Sent, true, V::Approved, both, 10, REVOKE_END),
-            (Waiting, Status::Sent, true, V::Pending, both, 600, REVOKE_END),
-            (Delivered, Status::Delivered, true, V::Canceled, both, 10, REVOKE_END),
-            (Delivered, Status::Delivered, true, V::Pending, both, 100, Next::Wait),
-            (Waiting, Status::Undelivered, true, V::Expired, both, 10, END),
-            (Waiting, Status::Processing, false, V::Approved, both, 10, CANCEL_END),
-            (Waiting, Status::Processing, false, V::Pending, "telegram", 600, CANCEL_END),
+            (Waiting, (Sent, false, true), V::Pending, "telegram", 61, Next::Wait),
+            (Waiting, (Failed, false, false), V::Pending, "telegram", 10, END),
+            // The verification ended: revoke what may still arrive (its
+            // unsent message was stopped by the end itself).
+            (Waiting, (Sent, false, true), V::Approved, both, 10, REVOKE_END),
+            (Waiting, (Sent, false, true), V::Pending, both, 600, REVOKE_END),
+            (FallbackState::Delivered, (DELIVERED, false, true), V::Canceled, both, 10, REVOKE_END),
+            (FallbackState::Delivered, (DELIVERED, false, true), V::Pending, both, 100, Next::Wait),
+            (Waiting, (Undelivered, false, true), V::Expired, both, 10, END),
+            (Waiting, (Processing, false, false), V::Approved, both, 10, END),
+            (Waiting, (Canceled, false, true), V::Canceled, both, 10, END),
+            // ... but a call in flight lands before the revoke.
+            (Waiting, (Processing, true, true), V::Canceled, both, 10, Next::Wait),
             // Settled rows never move again.
-            (FellBack, Status::Sent, true, V::Approved, both, 10, Next::Wait),
-            (Ended, Status::Sent, true, V::Approved, both, 10, Next::Wait),
-            (FellBack, Status::Processing, false, V::Pending, both, 61, Next::Wait),
+            (FellBack, (Sent, false, true), V::Approved, both, 10, Next::Wait),
+            (Ended, (Sent, false, true), V::Approved, both, 10, Next::Wait),
+            (FellBack, (Processing, false, false), V::Pending, both, 61, Next::Wait),
         ];
-        for (state, status, token, v, channels, now, want) in rows {
-            let f = row(state, status, token, v, channels);
+        for (state, message, v, channels, now, want) in rows {
+            let f = row(state, message, v, channels);
             assert_eq!(
                 next(&f, at(now)),
                 want,
-                "{state:?} {status:?} {token} {v:?} {channels} {now}"
+                "{state:?} {message:?} {v:?} {channels} {now}"
             );
         }
     }

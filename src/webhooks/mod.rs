@@ -23,6 +23,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "message.unknown",
     "message.delivered",
     "message.undelivered",
+    "message.canceled",
     "message.received",
     "verification.approved",
     "verification.max_attempts_reached",

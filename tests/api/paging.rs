@@ -62,7 +62,13 @@ async fn every_list_pages_the_same_way(backend: Backend) {
         let a = answer(
             app.request(reqwest::Method::POST, "/webhook-endpoints")
                 .bearer_auth(&app.api_key)
-                .json(&json!({ "url": format!("https://hooks{i}.example.com/in") }))
+                // Subscribed to an event nothing here makes, so that the
+                // attempts list stays empty however soon the dispatcher
+                // runs (the sends below make `message.sent` events).
+                .json(&json!({
+                    "url": format!("https://hooks{i}.example.com/in"),
+                    "events": ["verification.approved"],
+                }))
                 .send()
                 .await
                 .expect("POST /webhook-endpoints"),

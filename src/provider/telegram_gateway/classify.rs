@@ -1,6 +1,21 @@
 //! What the Gateway API's answers mean: pure functions of the HTTP status
-//! and the documented body (`{"ok":true,"result":RequestStatus}` or
+//! and the documented body (`{"ok":true,"result":...}` or
 //! `{"ok":false,"error":"ERROR_NAME"}`), tested as tables.
+//!
+//! What the documentation (<https://core.telegram.org/gateway/api>) gives
+//! us, and what it does not:
+//! - `ok: false` is "an unsuccessful request": that call did nothing. Its
+//!   `error` names only `ACCESS_TOKEN_INVALID` (as an example); every other
+//!   name below (`FLOOD_WAIT_*`, `BALANCE_*`, `PHONE_NUMBER_*`) is not
+//!   documented, so a name only chooses between trying again and giving up,
+//!   never between "sent" and "not sent".
+//! - A `request_id` from `checkSendAbility` makes one send free, "while
+//!   repeated calls will result in an error": no error name, nothing about
+//!   whether that error means the first went out, nothing about a repeat
+//!   racing the first. So the adapter never repeats a send that may have
+//!   gone out ([`Provider::dedupes_by_key`] is false), and no answer is read
+//!   as "a repeat": an ambiguous send is settled by
+//!   `checkVerificationStatus` ([`status`]).
 //!
 //! `checkSendAbility` ([`check`]) never sends anything, so no answer of it
 //! is ambiguous:
@@ -12,46 +27,72 @@
 //! | 429 or `FLOOD_WAIT[_n]`, 5xx, a body that is not the API's JSON, no answer | `Retryable` |
 //! | any other error (`PHONE_NUMBER_NOT_FOUND`: the number cannot receive, `PHONE_NUMBER_INVALID`) | `Rejected` |
 //!
-//! `sendVerificationMessage` ([`send`]) always carries the request id of
-//! the check, and the Gateway sends (and charges) at most once per request
-//! id: a repeat is refused. So a retry after an ambiguous answer cannot
-//! make a second message, and a refusal of the repeat means the first
-//! went through:
+//! `sendVerificationMessage` ([`send`]):
 //!
 //! | answer | class |
 //! |---|---|
 //! | `ok` with `result.request_id` | `Accepted`, id the request id |
-//! | `REQUEST_ID_ALREADY_USED` (any error naming the request id as used) | `Accepted`, id our request id |
 //! | `ok` without a request id, 5xx, a 2xx that is not the API's JSON, no answer after the request was written | `Ambiguous` |
 //! | 429 or `FLOOD_WAIT[_n]` | `Retryable` |
 //! | `ACCESS_TOKEN_*`, `BALANCE_*`, 401 | `Refused` |
-//! | any other error | `Rejected` |
+//! | any other error (a repeat's among them) | `Rejected` (after an earlier ambiguous attempt: `unknown`) |
+//!
+//! `checkVerificationStatus` ([`status`]), after an ambiguous send:
+//!
+//! | answer | reconciled |
+//! |---|---|
+//! | `ok` with `result.delivery_status` ("Returned only if a verification message was sent to the user") | `Sent`, id the request id |
+//! | `ok` without it, an error, no answer | `Pending`: asked again, never sent again |
+//!
+//! [`Provider::dedupes_by_key`]: crate::provider::Provider::dedupes_by_key
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::provider::{SendOutcome, cut_error_text};
+use crate::provider::{Reconciled, SendOutcome, cut_error_text};
 
-/// The Gateway's answer envelope.
+/// The Gateway's answer envelope: `result` is a `RequestStatus` for the
+/// send and the checks, `true` for a revoke.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct Reply {
     pub ok: bool,
     #[serde(default)]
-    pub result: Option<RequestStatus>,
+    pub result: Option<serde_json::Value>,
     #[serde(default)]
     pub error: Option<String>,
 }
 
-/// The part of a `RequestStatus` a send needs.
+impl Reply {
+    /// `result` as a `RequestStatus`, if it is one.
+    pub fn request_status(&self) -> Option<RequestStatus> {
+        self.result
+            .as_ref()
+            .and_then(|r| RequestStatus::deserialize(r).ok())
+    }
+
+    /// Whether a revoke was received: `ok` with `result` true ("Returns
+    /// True if the revocation request was received").
+    pub fn revoked(&self) -> bool {
+        self.ok && self.result == Some(serde_json::Value::Bool(true))
+    }
+}
+
+/// The parts of a `RequestStatus` the adapter reads.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct RequestStatus {
     #[serde(default)]
     pub request_id: Option<String>,
+    #[serde(default)]
+    pub delivery_status: Option<DeliveryStatus>,
 }
 
-/// The error of a repeated send with a request id already used.
-pub const ALREADY_USED: &str = "REQUEST_ID_ALREADY_USED";
+/// A `DeliveryStatus`: `sent`, `delivered`, `read`, `expired`, `revoked`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct DeliveryStatus {
+    #[serde(default)]
+    pub status: String,
+}
 
 /// What the API's error word says.
 #[derive(Debug, PartialEq, Eq)]
@@ -60,8 +101,6 @@ enum Word {
     Account,
     /// Too many requests; after this long, if it says.
     Flood(Option<Duration>),
-    /// This request id was used by a send already.
-    Repeat,
     /// Anything else: about this number or request.
     Other,
 }
@@ -77,8 +116,6 @@ fn word(error: &str) -> Word {
                 .ok()
                 .map(Duration::from_secs),
         )
-    } else if e.contains("REQUEST_ID") && (e.contains("USED") || e.contains("ALREADY")) {
-        Word::Repeat
     } else {
         Word::Other
     }
@@ -171,7 +208,7 @@ pub fn check(
         ));
     };
     if r.ok && (200..300).contains(&http_status) {
-        return match r.result.as_ref().and_then(|s| s.request_id.clone()) {
+        return match r.request_status().and_then(|s| s.request_id) {
             Some(id) if !id.is_empty() => Ok(id),
             _ => Err(retry(
                 "checkSendAbility said ok without a request_id".into(),
@@ -189,9 +226,8 @@ pub fn check(
     })
 }
 
-/// The answer to `sendVerificationMessage` sent with `request_id`.
+/// The answer to `sendVerificationMessage`.
 pub fn send(
-    request_id: &str,
     http_status: u16,
     reply: Option<&Reply>,
     retry_after: Option<Duration>,
@@ -225,7 +261,7 @@ pub fn send(
         };
     };
     if r.ok && (200..300).contains(&http_status) {
-        return match r.result.as_ref().and_then(|s| s.request_id.clone()) {
+        return match r.request_status().and_then(|s| s.request_id) {
             Some(id) if !id.is_empty() => SendOutcome::Accepted {
                 provider_message_id: id,
                 http_status: status,
@@ -237,14 +273,7 @@ pub fn send(
             },
         };
     }
-    let refusal = Refusal::of(http_status, r, retry_after);
-    if refusal.word == Word::Repeat {
-        return SendOutcome::Accepted {
-            provider_message_id: request_id.to_string(),
-            http_status: status,
-        };
-    }
-    match refusal.common() {
+    match Refusal::of(http_status, r, retry_after).common() {
         Ok(outcome) => outcome,
         Err(e) if http_status == 429 => e.retryable(),
         Err(e) if (500..=599).contains(&http_status) => SendOutcome::Ambiguous {
@@ -256,6 +285,29 @@ pub fn send(
             let message = e.message.clone();
             e.rejected(message)
         }
+    }
+}
+
+/// The answer to `checkVerificationStatus` for `request_id`, asked after
+/// an ambiguous send: whether the Gateway sent a message under it.
+pub fn status(request_id: &str, http_status: u16, reply: Option<&Reply>) -> Reconciled {
+    let Some(r) = reply.filter(|r| r.ok && (200..300).contains(&http_status)) else {
+        let word = reply.and_then(|r| r.error.clone());
+        return Reconciled::Pending(format!(
+            "checkVerificationStatus answered {http_status}{}: asking again, never sending again",
+            word.map(|w| format!(" {}", cut_error_text(&w)))
+                .unwrap_or_default()
+        ));
+    };
+    match r.request_status().and_then(|s| s.delivery_status) {
+        Some(_) => Reconciled::Sent {
+            provider_message_id: request_id.to_string(),
+        },
+        None => Reconciled::Pending(
+            "the Gateway shows no message sent under the request id yet: asking again, \
+             never sending again"
+                .into(),
+        ),
     }
 }
 
@@ -336,8 +388,10 @@ mod tests {
         // (status, body, class, provider message id)
         let rows: &[(u16, &str, &str, Option<&str>)] = &[
             (200, r#"{"ok":true,"result":{"request_id":"r1","delivery_status":{"status":"sent","updated_at":1}}}"#, "ok", Some("r1")),
-            // A repeat with our request id: the first send went through.
-            (400, r#"{"ok":false,"error":"REQUEST_ID_ALREADY_USED"}"#, "ok", Some("ours")),
+            // A repeat's error (its name is not documented) is a refusal
+            // of this call like any other: after an earlier ambiguous
+            // attempt, delivery ends the message `unknown`, never `failed`.
+            (400, r#"{"ok":false,"error":"REQUEST_ID_ALREADY_USED"}"#, "permanent", None),
             (200, r#"{"ok":true,"result":{}}"#, "ambiguous", None),
             (200, "not json", "ambiguous", None),
             (500, r#"{"ok":false,"error":"INTERNAL_ERROR"}"#, "ambiguous", None),
@@ -351,11 +405,53 @@ mod tests {
             (400, r#"{"ok":false,"error":"REQUEST_ID_INVALID"}"#, "permanent", None),
         ];
         for (status, body, class, id) in rows {
-            let got = send("ours", *status, reply(body).as_ref(), None);
+            let got = send(*status, reply(body).as_ref(), None);
             assert_eq!(got.class(), *class, "{body}: {got:?}");
             if let Some(id) = id {
                 assert!(matches!(&got, SendOutcome::Accepted { provider_message_id, .. } if provider_message_id == id), "{got:?}");
             }
+        }
+    }
+
+    #[test]
+    fn status_lookups_reconcile_as_a_table() {
+        // (status, body, sent?)
+        let rows: &[(u16, &str, bool)] = &[
+            (200, r#"{"ok":true,"result":{"request_id":"r1","delivery_status":{"status":"sent","updated_at":1}}}"#, true),
+            (200, r#"{"ok":true,"result":{"request_id":"r1","delivery_status":{"status":"read","updated_at":1}}}"#, true),
+            // No delivery status: no message went to the user yet.
+            (200, r#"{"ok":true,"result":{"request_id":"r1","request_cost":0.01}}"#, false),
+            (400, r#"{"ok":false,"error":"REQUEST_ID_INVALID"}"#, false),
+            (500, "oops", false),
+            (200, "not json", false),
+        ];
+        for (status, body, sent) in rows {
+            let got = super::status("r1", *status, reply(body).as_ref());
+            if *sent {
+                assert_eq!(
+                    got,
+                    Reconciled::Sent {
+                        provider_message_id: "r1".into()
+                    },
+                    "{body}"
+                );
+            } else {
+                // Never "not sent": that would send again.
+                assert!(matches!(got, Reconciled::Pending(_)), "{body}: {got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_revoke_is_received_when_the_result_is_true() {
+        let rows: &[(&str, bool)] = &[
+            (r#"{"ok":true,"result":true}"#, true),
+            (r#"{"ok":true,"result":false}"#, false),
+            (r#"{"ok":false,"error":"REQUEST_ID_INVALID"}"#, false),
+            (r#"{"ok":true}"#, false),
+        ];
+        for (body, want) in rows {
+            assert_eq!(reply(body).is_some_and(|r| r.revoked()), *want, "{body}");
         }
     }
 

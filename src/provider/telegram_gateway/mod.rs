@@ -13,23 +13,38 @@
 //! 2. `sendVerificationMessage` with the number, that `request_id`, the
 //!    code, `ttl` (what is left of the verification, 30 to 3600 s) and,
 //!    when `SENDONCE_PUBLIC_URL` is https, `callback_url` (the Gateway
-//!    takes https only; without one the fallback goes by time alone).
-//!    The Gateway charges and sends at most once per request id, and
-//!    refuses a repeat: every retry carries the same id
-//!    ([`Provider::dedupes_by_key`] is true), and a repeat refused means
-//!    the first went through ([`classify::send`]).
+//!    takes https only).
 //!
-//! Reports come to [`REPORTS_PATH`] ([`reports`]); when a verification
-//! ends, or falls back to the next channel, its message is revoked
-//! (`revokeVerificationMessage`, best effort: [`Provider::revoke`]).
-//! Requests carry the token as `Authorization: Bearer`, never logged.
+//! The Gateway documents no de-duplication of sends: a `request_id` makes
+//! one send free of charge, "while repeated calls will result in an error"
+//! (no error name, nothing about whether that error means the first went
+//! out, nor about a repeat racing the first). So [`Provider::dedupes_by_key`]
+//! is false: a send that may have gone out is never made again. An
+//! ambiguous send (no answer after the request was written, a 5xx) is
+//! settled by `checkVerificationStatus` with its request id
+//! ([`Provider::reconcile`]): a `delivery_status` ("Returned only if a
+//! verification message was sent to the user") means sent; none yet, or
+//! no answer, means ask again later, until the message's deadline ends it
+//! `unknown`. Never "not sent": that would send again.
+//!
+//! Reports come to [`REPORTS_PATH`] ([`reports`]); the verification's
+//! fallback asks `checkVerificationStatus` too before it moves a code on
+//! from silence ([`Provider::delivery_status`]): a report may have been
+//! lost (the Gateway gives up after 10 tries), refused, or never asked for
+//! (no https public URL). When a verification ends, or falls back to the
+//! next channel, its message is revoked (`revokeVerificationMessage`,
+//! best effort: [`Provider::revoke`]; "Returns True if the revocation
+//! request was received"). Requests carry the token as
+//! `Authorization: Bearer`, never logged.
 
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
-use super::{OutgoingSms, Provider, ProviderError, SendOutcome, parse_retry_after};
+use super::receipts::Receipt;
+use super::{AttemptRef, OutgoingSms, Provider, ProviderError, Reconciled, SendOutcome, parse_retry_after};
+use crate::domain::Status;
 
 pub mod classify;
 pub mod reports;
@@ -87,6 +102,7 @@ pub struct GatewayProvider {
     check_url: reqwest::Url,
     send_url: reqwest::Url,
     revoke_url: reqwest::Url,
+    status_url: reqwest::Url,
     bearer: String,
     callback_url: Option<String>,
 }
@@ -110,6 +126,7 @@ impl GatewayProvider {
             check_url: super::endpoint(what, &base, &["checkSendAbility"])?,
             send_url: super::endpoint(what, &base, &["sendVerificationMessage"])?,
             revoke_url: super::endpoint(what, &base, &["revokeVerificationMessage"])?,
+            status_url: super::endpoint(what, &base, &["checkVerificationStatus"])?,
             bearer: format!("Bearer {}", settings.token),
             callback_url: settings.callback_url,
         })
@@ -157,9 +174,10 @@ impl Provider for GatewayProvider {
     }
 
     fn dedupes_by_key(&self) -> bool {
-        // Every send carries the request id of its check, and the Gateway
-        // sends at most once per request id.
-        true
+        // A repeat "will result in an error", the documentation says, but
+        // not that the error means the first went out, nor what a repeat
+        // racing the first does: never relied on.
+        false
     }
 
     fn prepares(&self) -> bool {
@@ -214,7 +232,7 @@ impl Provider for GatewayProvider {
             params["callback_url"] = serde_json::Value::String(url.clone());
         }
         match self.call(&self.send_url, params).await {
-            Ok((status, reply, after)) => classify::send(request_id, status, reply.as_ref(), after),
+            Ok((status, reply, after)) => classify::send(status, reply.as_ref(), after),
             Err((connect, timeout)) => {
                 classify::transport("sendVerificationMessage", connect, timeout, true)
             }
@@ -228,7 +246,56 @@ impl Provider for GatewayProvider {
                 serde_json::json!({ "request_id": prepared }),
             )
             .await;
-        matches!(answer, Ok((200..=299, Some(r), _)) if r.ok)
+        matches!(answer, Ok((200..=299, Some(r), _)) if r.revoked())
+    }
+
+    /// Asks `checkVerificationStatus` about the send's request id. A send
+    /// starts only once its request id is written with the message, so an
+    /// attempt with none sent nothing.
+    async fn reconcile(&self, sms: &OutgoingSms, _attempt: &AttemptRef) -> Reconciled {
+        let Some(request_id) = sms.prepared.as_deref() else {
+            return Reconciled::NotSent;
+        };
+        let answer = self
+            .call(
+                &self.status_url,
+                serde_json::json!({ "request_id": request_id }),
+            )
+            .await;
+        match answer {
+            Ok((status, reply, _)) => classify::status(request_id, status, reply.as_ref()),
+            Err(_) => Reconciled::Pending(
+                "checkVerificationStatus could not be asked: asking again, never sending again"
+                    .into(),
+            ),
+        }
+    }
+
+    async fn delivery_status(&self, request_id: &str) -> Option<(Receipt, Option<Status>)> {
+        let answer = self
+            .call(
+                &self.status_url,
+                serde_json::json!({ "request_id": request_id }),
+            )
+            .await;
+        let Ok((200..=299, Some(reply), _)) = answer else {
+            return None;
+        };
+        let word = reply
+            .request_status()
+            .and_then(|s| s.delivery_status)
+            .map(|d| d.status)
+            .filter(|w| !w.is_empty() && w.len() <= super::receipts::MAX_STATUS_LEN)?;
+        let status = reports::report_status(&word);
+        Some((
+            Receipt {
+                provider_message_id: request_id.to_string(),
+                status: word,
+                error_code: None,
+                message_id: None,
+            },
+            status,
+        ))
     }
 }
 

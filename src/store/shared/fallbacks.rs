@@ -1,5 +1,7 @@
 //! A verification's next channel and a provider's prepared token: once for
-//! both backends (see `store/fallbacks.rs`).
+//! both backends (see `store/fallbacks.rs`), and the stopping of a
+//! verification's messages that have not gone out (`domain::stop`), read
+//! fresh and written in the transaction of the move or the end.
 
 use async_trait::async_trait;
 use time::OffsetDateTime;
@@ -8,16 +10,20 @@ use uuid::Uuid;
 use super::messages::cancel_sql;
 use super::{per_backend, to_i32};
 use crate::domain::schedule::cancelable_sql;
+use crate::domain::stop::{self, Fresh, Stop};
 use crate::domain::{MessageId, Status};
+use crate::store::row::{MessageRow, message_columns};
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
-    FallbackDue, FallbackState, FallbackStore, Lease, MessageRecord, NewMessage, StoreError, Unsent,
+    FallbackDue, FallbackState, FallbackStore, FellBack, Lease, MessageRecord, NewMessage,
+    StoreError,
 };
 use crate::verify::decide::VerificationStatus;
 
 /// Open rows with something to do at `$1`, oldest due first.
 const DUE: &str = "SELECT f.verification_id, f.send_number, f.tenant_id, f.message_id, \
-        f.due_at, f.state, m.status AS message_status, m.prepared_token, \
+        f.due_at, f.state, m.status AS message_status, \
+        m.lease_token IS NOT NULL AS message_leased, m.provider, m.prepared_token, \
         v.status AS verification_status, v.expires_at, v.channels \
      FROM verification_fallbacks f \
      JOIN messages m ON m.id = f.message_id \
@@ -31,21 +37,19 @@ const DUE: &str = "SELECT f.verification_id, f.send_number, f.tenant_id, f.messa
 const SETTLE: &str = "UPDATE verification_fallbacks SET state = $3, updated_at = $5 \
      WHERE verification_id = $1 AND send_number = $2 AND state = $4";
 
-/// Waiting to fell_back, while the verification is still pending.
+/// Waiting to fell_back (the verification was locked pending first).
 const FALL_BACK: &str = "UPDATE verification_fallbacks SET state = 'fell_back', \
         updated_at = $3 \
-     WHERE verification_id = $1 AND send_number = $2 AND state = 'waiting' \
-        AND EXISTS (SELECT 1 FROM verifications v WHERE v.id = $1 \
-            AND v.status = 'pending' AND v.expires_at > $3)";
+     WHERE verification_id = $1 AND send_number = $2 AND state = 'waiting'";
 
-/// A Telegram message with no request id canceled (as a caller's cancel
-/// in `shared/messages.rs`, and only while it has no request id): no
-/// attempt since it was read (`$2`), no lease, no open attempt.
-const CANCEL_UNSENT: &str = concat!(
-    cancel_sql!(),
-    "m.prepared_token IS NULL AND ",
-    cancelable_sql!()
-);
+/// A message stopped unsent: canceled (as a caller's cancel in
+/// `shared/messages.rs`), no attempt since it was read (`$2`), no lease, no
+/// open attempt.
+const CANCEL_UNSENT: &str = concat!(cancel_sql!(), cancelable_sql!());
+
+/// A message's validity ended at `$2`: no provider call starts after it.
+const EXPIRE: &str = "UPDATE messages SET expires_at = $2, updated_at = $2 \
+     WHERE id = $1 AND status = 'processing' AND (expires_at IS NULL OR expires_at > $2)";
 
 #[derive(sqlx::FromRow)]
 struct DueRow {
@@ -56,6 +60,8 @@ struct DueRow {
     due_at: DbTime,
     state: String,
     message_status: Status,
+    message_leased: bool,
+    provider: String,
     prepared_token: Option<String>,
     verification_status: String,
     expires_at: DbTime,
@@ -76,6 +82,8 @@ impl TryFrom<DueRow> for FallbackDue {
             state: FallbackState::parse(&r.state)
                 .ok_or(StoreError::Invariant("an unknown fallback state"))?,
             message_status: r.message_status,
+            message_leased: r.message_leased,
+            provider: r.provider,
             prepared_token: r.prepared_token,
             verification_status: VerificationStatus::parse(&r.verification_status)
                 .ok_or(StoreError::Invariant("an unknown verification status"))?,
@@ -86,12 +94,39 @@ impl TryFrom<DueRow> for FallbackDue {
     }
 }
 
+/// The message as a stop reads it.
+fn fresh(m: &MessageRecord) -> Fresh {
+    Fresh {
+        status: m.status,
+        leased: m.lease.is_some(),
+        attempt_open: m.last_attempt_open,
+        maybe_sent: m.maybe_sent,
+        expires_at: m.expires_at,
+    }
+}
+
 per_backend! {
     /// The verification, still pending at `$2`, locked (on Postgres) for
     /// the fallback's transaction: a check approving it meanwhile waits,
     /// or has committed first and the row is not found.
     const LOCK_PENDING: &str = concat!(
         "SELECT id FROM verifications WHERE id = $1 AND status = 'pending' AND expires_at > $2",
+        for_update!()
+    );
+
+    /// One message, locked (on Postgres) for a stop.
+    const LOCK_MESSAGE: &str = concat!(
+        "SELECT ",
+        message_columns!(),
+        " FROM messages m WHERE m.id = $1",
+        for_update!()
+    );
+
+    /// A verification's messages still processing, locked for its end.
+    const LOCK_UNSENT: &str = concat!(
+        "SELECT ",
+        message_columns!(),
+        " FROM messages m WHERE m.verification_id = $1 AND m.status = 'processing'",
         for_update!()
     );
 
@@ -105,6 +140,17 @@ per_backend! {
         us!(),
         " WHERE id = $1 AND lease_token = $2 AND status = 'processing' \
          RETURNING prepared_token"
+    );
+
+    /// The lease renewed, fenced, and whether the message may still be
+    /// sent at `$4` (its validity not ended: not stopped).
+    const GUARD: &str = concat!(
+        "UPDATE messages SET lease_expires_at = ",
+        db_now!(),
+        " + $3",
+        us!(),
+        " WHERE id = $1 AND lease_token = $2 AND status = 'processing' \
+         RETURNING (expires_at IS NULL OR expires_at > $4)"
     );
 
     #[async_trait]
@@ -131,6 +177,28 @@ per_backend! {
             .await
         }
 
+        async fn guard_send(
+            &self,
+            id: MessageId,
+            lease: &Lease,
+            now: OffsetDateTime,
+        ) -> Result<Option<bool>, StoreError> {
+            let lease = lease.clone();
+            self.write(move |c| {
+                Box::pin(async move {
+                    let go: Option<bool> = sqlx::query_scalar(GUARD)
+                        .bind(id.0)
+                        .bind(lease.token)
+                        .bind(micros(lease.ttl))
+                        .bind(db(now))
+                        .fetch_optional(&mut *c)
+                        .await?;
+                    Ok(go)
+                })
+            })
+            .await
+        }
+
         async fn due_fallbacks(
             &self,
             now: OffsetDateTime,
@@ -149,26 +217,10 @@ per_backend! {
             f: &FallbackDue,
             to: FallbackState,
             now: OffsetDateTime,
-            unsent: Option<&Unsent>,
         ) -> Result<bool, StoreError> {
-            let (f, unsent) = (f.clone(), unsent.cloned());
-            self.write_tx(move |c| {
-                Box::pin(async move {
-                    if !Driver::cancel_unsent(c, &f, unsent.as_ref(), now).await? {
-                        return Ok(false);
-                    }
-                    let done = sqlx::query(SETTLE)
-                        .bind(f.verification_id)
-                        .bind(to_i32(f.send_number))
-                        .bind(to.as_str())
-                        .bind(f.state.as_str())
-                        .bind(db(now))
-                        .execute(&mut *c)
-                        .await?;
-                    Ok(done.rows_affected() == 1)
-                })
-            })
-            .await
+            let f = f.clone();
+            self.write_tx(move |c| Box::pin(async move { Driver::settle(c, &f, to, now).await }))
+                .await
         }
 
         async fn fall_back(
@@ -177,9 +229,8 @@ per_backend! {
             m: &NewMessage,
             lease: &Lease,
             now: OffsetDateTime,
-            unsent: Option<&Unsent>,
-        ) -> Result<Option<MessageRecord>, StoreError> {
-            let (f, m, lease, unsent) = (f.clone(), m.clone(), lease.clone(), unsent.cloned());
+        ) -> Result<FellBack, StoreError> {
+            let (f, m, lease) = (f.clone(), m.clone(), lease.clone());
             self.write_tx(move |c| {
                 Box::pin(async move {
                     let pending: Option<Uuid> = sqlx::query_scalar(LOCK_PENDING)
@@ -188,12 +239,26 @@ per_backend! {
                         .fetch_optional(&mut *c)
                         .await?;
                     if pending.is_none() {
-                        return Ok(None);
+                        return Ok(FellBack::NotNow);
                     }
-                    // Before anything is written: a message that could not
-                    // be canceled leaves the transaction empty.
-                    if !Driver::cancel_unsent(c, &f, unsent.as_ref(), now).await? {
-                        return Ok(None);
+                    // The message moved on from, as it is now: a report
+                    // that came during the revoke is seen here.
+                    let Some(first) = Driver::locked_message(c, f.message_id).await? else {
+                        return Ok(FellBack::NotNow);
+                    };
+                    let stop = stop::for_next_channel(&fresh(&first), now);
+                    match stop {
+                        Stop::Busy => return Ok(FellBack::NotNow),
+                        Stop::Delivered => {
+                            return Ok(
+                                if Driver::settle(c, &f, FallbackState::Delivered, now).await? {
+                                    FellBack::Delivered
+                                } else {
+                                    FellBack::NotNow
+                                },
+                            );
+                        }
+                        Stop::Nothing | Stop::Cancel | Stop::Expire => {}
                     }
                     let done = sqlx::query(FALL_BACK)
                         .bind(f.verification_id)
@@ -202,9 +267,12 @@ per_backend! {
                         .execute(&mut *c)
                         .await?;
                     if done.rows_affected() != 1 {
-                        return Ok(None);
+                        return Ok(FellBack::NotNow);
                     }
-                    Driver::insert_verification_send(c, &m, &lease).await.map(Some)
+                    Driver::stop_message(c, &first, stop, now).await?;
+                    let message =
+                        Driver::insert_verification_send(c, f.verification_id, &m, &lease).await?;
+                    Ok(FellBack::Moved(Box::new(message), stop))
                 })
             })
             .await
@@ -212,26 +280,100 @@ per_backend! {
     }
 
     impl Driver {
-        /// Cancels `f`'s unsent Telegram message when `unsent` asks to;
-        /// false when it could not be (it moved on since it was read).
-        async fn cancel_unsent(
+        /// Moves `f` to `to` if it is still as read.
+        async fn settle(
             c: &mut Conn,
             f: &FallbackDue,
-            unsent: Option<&Unsent>,
+            to: FallbackState,
             now: OffsetDateTime,
         ) -> Result<bool, StoreError> {
-            let Some(u) = unsent else {
-                return Ok(true);
-            };
-            let done = sqlx::query(CANCEL_UNSENT)
-                .bind(f.message_id.0)
-                .bind(to_i32(u.attempts))
-                .bind(i16::try_from(u.response.status_code).unwrap_or(500))
-                .bind(&u.response.body)
+            let done = sqlx::query(SETTLE)
+                .bind(f.verification_id)
+                .bind(to_i32(f.send_number))
+                .bind(to.as_str())
+                .bind(f.state.as_str())
                 .bind(db(now))
                 .execute(&mut *c)
                 .await?;
             Ok(done.rows_affected() == 1)
+        }
+
+        /// Message `id` as it is now, locked for the transaction.
+        async fn locked_message(
+            c: &mut Conn,
+            id: MessageId,
+        ) -> Result<Option<MessageRecord>, StoreError> {
+            let row: Option<MessageRow> = sqlx::query_as(LOCK_MESSAGE)
+                .bind(id.0)
+                .fetch_optional(&mut *c)
+                .await?;
+            Ok(row.map(MessageRecord::from))
+        }
+
+        /// Does `stop` to `m` (read locked in this transaction).
+        async fn stop_message(
+            c: &mut Conn,
+            m: &MessageRecord,
+            stop: Stop,
+            now: OffsetDateTime,
+        ) -> Result<(), StoreError> {
+            match stop {
+                Stop::Cancel => {
+                    let response = m.canceled_response(now);
+                    let done = sqlx::query(CANCEL_UNSENT)
+                        .bind(m.id.0)
+                        .bind(to_i32(m.attempts))
+                        .bind(i16::try_from(response.status_code).unwrap_or(200))
+                        .bind(&response.body)
+                        .bind(db(now))
+                        .execute(&mut *c)
+                        .await?;
+                    if done.rows_affected() == 1 {
+                        Driver::enqueue_event(
+                            c,
+                            m.tenant_id,
+                            "message.canceled",
+                            Some(m.id.0),
+                            &response.body,
+                            now,
+                        )
+                        .await?;
+                    }
+                }
+                Stop::Expire => {
+                    sqlx::query(EXPIRE)
+                        .bind(m.id.0)
+                        .bind(db(now))
+                        .execute(&mut *c)
+                        .await?;
+                }
+                Stop::Nothing | Stop::Delivered | Stop::Busy => {}
+            }
+            Ok(())
+        }
+
+        /// Stops every message of verification `id` that has not gone out,
+        /// in the transaction that ends it (`domain::stop::for_end`): what
+        /// was stopped, and how.
+        pub(crate) async fn stop_unsent(
+            c: &mut Conn,
+            id: Uuid,
+            now: OffsetDateTime,
+        ) -> Result<Vec<(MessageId, Stop)>, StoreError> {
+            let rows: Vec<MessageRow> = sqlx::query_as(LOCK_UNSENT)
+                .bind(id)
+                .fetch_all(&mut *c)
+                .await?;
+            let mut stopped = Vec::new();
+            for row in rows {
+                let m = MessageRecord::from(row);
+                let stop = stop::for_end(&fresh(&m), now);
+                Driver::stop_message(c, &m, stop, now).await?;
+                if matches!(stop, Stop::Cancel | Stop::Expire) {
+                    stopped.push((m.id, stop));
+                }
+            }
+            Ok(stopped)
         }
     }
 }

@@ -68,7 +68,7 @@ const ATTEMPTS: &str = concat!(
 /// one still running holds the row lock until it commits); on SQLite the
 /// writer's transaction orders it with every claim and attempt of the
 /// file. Either way the row is canceled only if it still qualifies.
-const CANCEL: &str = concat!(cancel_sql!(), cancelable_sql!());
+const CANCEL: &str = concat!(cancel_sql!(), cancelable_sql!(), " RETURNING tenant_id");
 
 /// A cancel's write of message `$1` with `$2` attempts as read, its frozen
 /// response (`$3`, `$4`) and time (`$5`), up to the conditions the caller
@@ -180,17 +180,23 @@ per_backend! {
             response: &StoredResponse,
         ) -> Result<bool, StoreError> {
             let response = response.clone();
-            self.write(move |c| {
+            self.write_tx(move |c| {
                 Box::pin(async move {
-                    let done = sqlx::query(CANCEL)
+                    let tenant: Option<Uuid> = sqlx::query_scalar(CANCEL)
                         .bind(id.0)
                         .bind(to_i32(attempts))
                         .bind(i16::try_from(response.status_code).unwrap_or(500))
                         .bind(&response.body)
                         .bind(db(now))
-                        .execute(&mut *c)
+                        .fetch_optional(&mut *c)
                         .await?;
-                    Ok(done.rows_affected() == 1)
+                    let Some(tenant) = tenant else {
+                        return Ok(false);
+                    };
+                    // Integrators hear of it as of any other final status.
+                    Driver::enqueue_event(c, tenant, "message.canceled", Some(id.0), &response.body, now)
+                        .await?;
+                    Ok(true)
                 })
             })
             .await

@@ -154,13 +154,13 @@ per_backend! {
         "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
             to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
             provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
-            updated_at, expires_at, deadline_at, route) \
+            updated_at, expires_at, deadline_at, route, verification_id) \
          VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, \
             $14, ",
         db_now!(),
         " + $15",
         us!(),
-        ", $16, $16, $17, $18, $19) RETURNING lease_expires_at"
+        ", $16, $16, $17, $18, $19, $20) RETURNING lease_expires_at"
     );
 
     /// Up to `$2` pending verifications past their expiry at `$1`, marked
@@ -174,10 +174,11 @@ per_backend! {
         verification_columns!()
     );
 
-    /// Inserts a verification's message and its first attempt, leased,
-    /// with the fallback row of a Telegram send.
+    /// Inserts verification `verification_id`'s message and its first
+    /// attempt, leased, with the fallback row of a Telegram send.
     async fn insert_send(
         c: &mut Conn,
+        verification_id: Uuid,
         m: &NewMessage,
         lease: &Lease,
         fallback: Option<NewFallback>,
@@ -202,6 +203,7 @@ per_backend! {
             .bind(m.expires_at.map(db))
             .bind(db(m.deadline_at))
             .bind(&m.route)
+            .bind(verification_id)
             .fetch_one(&mut *c)
             .await?;
         sqlx::query(INSERT_ATTEMPT)
@@ -227,7 +229,9 @@ per_backend! {
             .bind(&m.to)
             .fetch_one(&mut *c)
             .await?;
-        Ok(MessageRecord::claimed(m, lease, lease_expires_at.0, opted_out))
+        let mut claimed = MessageRecord::claimed(m, lease, lease_expires_at.0, opted_out);
+        claimed.verification_id = Some(verification_id);
+        Ok(claimed)
     }
 
     async fn stored_op(
@@ -299,6 +303,7 @@ per_backend! {
             return Ok(false);
         }
         if after.status != VerificationStatus::Pending {
+            Driver::stop_unsent(c, read.id, after.updated_at).await?;
             event(c, after, after.updated_at).await?;
         }
         Ok(true)
@@ -325,7 +330,7 @@ per_backend! {
         let message = match send {
             Some((m, lease)) => {
                 let fallback = fallback_of(after, after.sends, &m);
-                Some(Box::new(insert_send(c, &m, &lease, fallback).await?))
+                Some(Box::new(insert_send(c, after.id, &m, &lease, fallback).await?))
             }
             None => None,
         };
@@ -461,7 +466,8 @@ per_backend! {
             .execute(&mut *c)
             .await?;
         let started = VerificationRecord::started(v);
-        let message = insert_send(c, message, lease, fallback_of(&started, 1, message)).await?;
+        let message =
+            insert_send(c, v.id, message, lease, fallback_of(&started, 1, message)).await?;
         Ok(StartOutcome::Created {
             verification: Box::new(started),
             message: Box::new(message),
@@ -473,10 +479,11 @@ per_backend! {
         /// (`shared/fallbacks.rs`).
         pub(crate) async fn insert_verification_send(
             c: &mut Conn,
+            verification_id: Uuid,
             m: &NewMessage,
             lease: &Lease,
         ) -> Result<MessageRecord, StoreError> {
-            insert_send(c, m, lease, None).await
+            insert_send(c, verification_id, m, lease, None).await
         }
     }
 
@@ -618,6 +625,8 @@ per_backend! {
                         .await?;
                     if let Some(row) = canceled {
                         let rec = VerificationRecord::try_from(row)?;
+                        // Nothing of it goes out after the cancel.
+                        Driver::stop_unsent(c, rec.id, now).await?;
                         event(c, &rec, now).await?;
                         return Ok(Some(rec));
                     }

@@ -14,14 +14,18 @@
 //!
 //! `checkSendAbility` mints a request id bound to its phone number (or
 //! `PHONE_NUMBER_NOT_FOUND` for a number made not on Telegram);
-//! `sendVerificationMessage` with that `request_id` sends the message. As
-//! documented, a request id is charged and sent at most once: the mock
-//! answers a second send with it `REQUEST_ID_ALREADY_USED` and never makes
-//! a second message (checked again when the message is made, so two sends
-//! racing on one id still make one). Without a `request_id` every accepted
-//! send is a new message. Messages are counted per (phone number, code)
-//! (`MockProvider::deliveries_to`; the code is empty when the caller let
-//! the Gateway make one, which the mock does not model).
+//! `sendVerificationMessage` with that `request_id` sends the message.
+//! What a second send with the same request id does is left open by the
+//! documentation ("repeated calls will result in an error": no error name,
+//! nothing about whether the error means nothing went out, nor about a
+//! repeat racing the first), so by default the mock takes the worst case:
+//! every accepted send makes a message, a repeat included. On demand
+//! ([`MockProvider::gateway_refuse_repeats`]) a repeat of a request id that
+//! already made a message is answered with an error of the given name and
+//! makes nothing, as the documentation says. Without a `request_id` every
+//! accepted send is a new message. Messages are counted per (phone number,
+//! code) (`MockProvider::deliveries_to`; the code is empty when the caller
+//! let the Gateway make one, which the mock does not model).
 //!
 //! The common behaviours (`MockProvider::push`, then the random `Faults`)
 //! apply to `sendVerificationMessage` as to the other protocols: a 429 is
@@ -82,6 +86,14 @@ pub(crate) struct Protocol {
     /// Once the script is empty: the share of `checkSendAbility` calls
     /// answered 500 `INTERNAL_ERROR` (a Gateway that cannot check now).
     check_failures: f64,
+    /// The error a repeat of a request id that already made a message is
+    /// answered with, making nothing; `None` (the default): a repeat makes
+    /// another message.
+    refuse_repeats: Option<String>,
+    /// `revokeVerificationMessage` calls received (answered or not).
+    revoke_calls: usize,
+    /// While set, `revokeVerificationMessage` waits before it acts.
+    revokes_held: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// A verification message the Gateway sent.
@@ -134,6 +146,26 @@ impl MockProvider {
         self.lock().protocol::<Protocol>().checks.clone()
     }
 
+    /// Answers a repeat of a request id that already made a message with
+    /// the error `name` and makes nothing (as the documentation says of
+    /// repeats); by default a repeat makes another message.
+    pub fn gateway_refuse_repeats(&self, name: &str) {
+        self.lock().protocol::<Protocol>().refuse_repeats = Some(name.into());
+    }
+
+    /// Holds every `revokeVerificationMessage` call (received, not acted on)
+    /// until the returned sender is dropped or sends `false`.
+    pub fn gateway_hold_revokes(&self) -> tokio::sync::watch::Sender<bool> {
+        let (tx, rx) = tokio::sync::watch::channel(true);
+        self.lock().protocol::<Protocol>().revokes_held = Some(rx);
+        tx
+    }
+
+    /// How many `revokeVerificationMessage` calls arrived (acted on or held).
+    pub fn gateway_revoke_calls(&self) -> usize {
+        self.lock().protocol::<Protocol>().revoke_calls
+    }
+
     /// The request ids revoked, in order.
     pub fn gateway_revoked(&self) -> Vec<String> {
         self.lock().protocol::<Protocol>().revoked.clone()
@@ -181,12 +213,15 @@ impl MockProvider {
     }
 
     /// Makes the message unless `request_id` already has one.
-    fn gateway_create(&self, want: Want) -> Result<GatewayMessage, &'static str> {
+    fn gateway_create(&self, want: Want) -> Result<GatewayMessage, String> {
         let mut inner = self.lock();
         let p = inner.protocol::<Protocol>();
         let request_id = match want.request_id {
             Some(id) if p.messages.iter().any(|m| m.request_id == id) => {
-                return Err("REQUEST_ID_ALREADY_USED");
+                if let Some(name) = &p.refuse_repeats {
+                    return Err(name.clone());
+                }
+                id
             }
             Some(id) => id,
             None => mint(p, &want.phone_number),
@@ -363,7 +398,13 @@ fn refuse(name: &str) -> Response {
 
 fn failure(status: u16, body: Option<&serde_json::Value>) -> Response {
     match status {
-        429 => error(StatusCode::TOO_MANY_REQUESTS, "FLOOD_WAIT"),
+        429 => {
+            let name = body
+                .and_then(|b| b.get("error"))
+                .and_then(|e| e.as_str())
+                .unwrap_or("FLOOD_WAIT");
+            error(StatusCode::TOO_MANY_REQUESTS, name)
+        }
         401 => error(StatusCode::UNAUTHORIZED, "ACCESS_TOKEN_INVALID"),
         300..=499 => {
             let name = body
@@ -442,22 +483,22 @@ async fn check_send_ability(
 }
 
 /// Validates a send in the documented order (the request id last).
-fn validate(params: &Params, p: &mut Protocol) -> Result<Want, &'static str> {
+fn validate(params: &Params, p: &mut Protocol) -> Result<Want, String> {
     let phone_number = param(params, "phone_number").unwrap_or_default();
     if let Some(name) = phone_refusal(&phone_number, p) {
-        return Err(name);
+        return Err(name.into());
     }
     let code = param(params, "code");
     if let Some(c) = &code
         && !((4..=8).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit()))
     {
-        return Err("CODE_INVALID");
+        return Err("CODE_INVALID".into());
     }
     let ttl = match param(params, "ttl") {
         None => None,
         Some(t) => match t.parse::<u64>() {
             Ok(secs) if (30..=3600).contains(&secs) => Some(secs),
-            _ => return Err("TTL_INVALID"),
+            _ => return Err("TTL_INVALID".into()),
         },
     };
     let callback_url = param(params, "callback_url");
@@ -465,7 +506,7 @@ fn validate(params: &Params, p: &mut Protocol) -> Result<Want, &'static str> {
         .as_deref()
         .is_some_and(|u| !u.starts_with("https://"))
     {
-        return Err("CALLBACK_URL_INVALID");
+        return Err("CALLBACK_URL_INVALID".into());
     }
     let request_id = param(params, "request_id");
     if let Some(id) = &request_id {
@@ -474,10 +515,12 @@ fn validate(params: &Params, p: &mut Protocol) -> Result<Want, &'static str> {
             .get(id)
             .is_some_and(|issued| phone_digits(issued) == phone_digits(&phone_number));
         if !same_phone {
-            return Err("REQUEST_ID_INVALID");
+            return Err("REQUEST_ID_INVALID".into());
         }
-        if p.messages.iter().any(|m| &m.request_id == id) {
-            return Err("REQUEST_ID_ALREADY_USED");
+        if let Some(name) = &p.refuse_repeats
+            && p.messages.iter().any(|m| &m.request_id == id)
+        {
+            return Err(name.clone());
         }
     }
     Ok(Want {
@@ -515,7 +558,7 @@ async fn send_verification_message(
     };
     let want = match want {
         Ok(want) => want,
-        Err(name) => return refuse(name),
+        Err(name) => return refuse(&name),
     };
     let code = want.code.clone().unwrap_or_default();
     if !latency.is_zero() {
@@ -526,9 +569,9 @@ async fn send_verification_message(
         let mock = mock.clone();
         move || mock.gateway_create(want)
     };
-    let answer = |made: Result<GatewayMessage, &'static str>| match made {
+    let answer = |made: Result<GatewayMessage, String>| match made {
         Ok(m) => ok(message_status(&m)),
-        Err(name) => refuse(name),
+        Err(name) => refuse(&name),
     };
     let (reply, create) = match play(behaviour, create, busy, switch).await {
         Played::Accepted(made) => return answer(made),
@@ -552,6 +595,16 @@ async fn revoke_verification_message(
     body: Bytes,
 ) -> Response {
     let params = params(&headers, &body);
+    let held = {
+        let mut inner = mock.lock();
+        let p = inner.protocol::<Protocol>();
+        p.revoke_calls += 1;
+        p.revokes_held.clone()
+    };
+    if let Some(mut held) = held {
+        // Until the test lets go (a sender dropped counts as letting go).
+        let _ = held.wait_for(|on| !*on).await;
+    }
     let mut inner = mock.lock();
     let p = inner.protocol::<Protocol>();
     if !authorized(p.token.as_deref(), &headers, &params) {
@@ -671,10 +724,12 @@ mod tests {
         assert_eq!(sent["result"]["delivery_status"]["status"], "sent");
         assert_eq!(mock.deliveries_to("+15550001", "123456"), 1);
 
+        // The documented error for a repeat, when asked for: nothing made.
+        mock.gateway_refuse_repeats("REQUEST_ID_REPEATED");
         let (status, again) = call(&client, &base, "sendVerificationMessage", send).await;
         assert_eq!(
             (status, &again["error"]),
-            (400, &"REQUEST_ID_ALREADY_USED".into())
+            (400, &"REQUEST_ID_REPEATED".into())
         );
         assert_eq!(mock.gateway_messages().len(), 1);
         assert_eq!(mock.deliveries_to("+15550001", "123456"), 1);
@@ -702,6 +757,29 @@ mod tests {
         assert_eq!(revoked["result"], true);
         assert_eq!(mock.gateway_revoked(), [id]);
         assert_eq!(mock.gateway_messages()[0].status, "revoked");
+    }
+
+    #[tokio::test]
+    async fn by_default_a_repeated_request_id_makes_another_message() {
+        let (mock, base, client) = start().await;
+        let (_, check) = call(
+            &client,
+            &base,
+            "checkSendAbility",
+            serde_json::json!({"phone_number": "+15550003"}),
+        )
+        .await;
+        let id = check["result"]["request_id"].as_str().unwrap_or_default();
+        let send = serde_json::json!({
+            "phone_number": "+15550003", "request_id": id, "code": "654321",
+        });
+        for _ in 0..2 {
+            let (status, sent) = call(&client, &base, "sendVerificationMessage", send.clone()).await;
+            assert_eq!(status, 200, "{sent}");
+        }
+        // The worst case the documentation leaves open: two on the phone.
+        assert_eq!(mock.deliveries_to("+15550003", "654321"), 2);
+        assert_eq!(mock.gateway_messages().len(), 2);
     }
 
     #[tokio::test]

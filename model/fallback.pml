@@ -61,6 +61,10 @@
  *                        request id, as if the provider de-duplicated
  *   BUG_ASK_FIRST        the provider is asked before the revoke: a message
  *                        that reaches the phone in between goes unseen
+ *   BUG_UNFENCED_MOVE    the move does not check that the message is as the
+ *                        pass read it: a pass that read it waiting for a
+ *                        retry (nothing to revoke, nothing to ask) moves
+ *                        on after an attempt sent it meanwhile
  *   BUG_NO_GUARD         nothing checks the message right before the call:
  *                        a delivery that claimed it before the end (or the
  *                        move) calls after it
@@ -98,6 +102,7 @@ bool open[NCH];          /* the latest attempt has no recorded answer */
 bool maybe[NCH];         /* an earlier attempt may have gone out */
 bool expired[NCH];       /* stopped: its validity ended (no call after) */
 bool tok[NCH];           /* its provider's first call handed out a token */
+byte att[NCH];           /* attempts started (the claim of a due message) */
 /* The step's row (verification_fallbacks): the last step has one too,
  * for the revoke at the end. */
 mtype row[NCH];
@@ -154,7 +159,7 @@ endclaim:
   if
   :: runs >= MAXRUN || st[k] != PROC -> goto done
   :: atomic { runs < MAXRUN && st[k] == PROC && lease[k] == 0 ->
-       runs++; me = runs + 1; lease[k] = me;
+       runs++; me = runs + 1; lease[k] = me; att[k]++;
        printf("MSC: step %d claimed by run %d\n", k, me);
        snap_exp = expired[k];
        if
@@ -163,9 +168,14 @@ endclaim:
        fi }
   fi;
 go:
-  /* First call: the request id, written with the message (fenced). */
+  /* First call (checkSendAbility): the request id, written with the
+   * message (fenced); or it fails, nothing sent, and a retry is due. */
   if
-  :: !tok[k] -> atomic { lease[k] == me -> tok[k] = 1 }
+  :: !tok[k] ->
+     if
+     :: atomic { lease[k] == me -> tok[k] = 1 }
+     :: goto retry
+     fi
   :: else -> skip
   fi;
   /* The check right before the call, in one step with the request. */
@@ -288,6 +298,7 @@ inline ask(k) {
 proctype Worker(byte i) {
   byte k, passes, j;
   mtype s_st, s_row;
+  byte s_att;
   bool s_leased, s_ended, may_arrive;
 endpass:
   /* A row with something to do, read with its message (due_fallbacks). */
@@ -301,7 +312,7 @@ endpass:
 #endif
     fi;
     passes++;
-    s_st = st[k]; s_row = row[k]; s_leased = (lease[k] != 0);
+    s_st = st[k]; s_row = row[k]; s_leased = (lease[k] != 0); s_att = att[k];
     s_ended = ended;
     may_arrive = tok[k] && s_st != FAILED && s_st != CANCELED && s_st != UNDELIV;
     printf("MSC: pass %d reads step %d (%e)\n", i, k, s_st)
@@ -367,6 +378,11 @@ move:
        if
        :: st[k] == DELIV -> row[k] = SDELIVERED
        :: st[k] != DELIV && lease[k] != 0 && st[k] == PROC -> skip   /* Busy */
+#ifndef BUG_UNFENCED_MOVE
+       /* Moved on since the pass read it (an attempt made, a report):
+        * the revoke and the question were about an older message. */
+       :: st[k] != DELIV && !(lease[k] != 0 && st[k] == PROC) && (st[k] != s_st || att[k] != s_att) -> skip
+#endif
        :: else ->
 #ifdef BUG_CANCEL_NO_TOKEN
           if

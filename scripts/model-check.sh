@@ -70,13 +70,14 @@ suspend-stops-clock | once     | fail | -DSUSPEND_STOPS_CLOCK
 pause-in-window     | once     | fail | -DPAUSE_IN_WINDOW
 fallback-default    | safety   | pass |
 fallback-three-steps| safety   | pass | -DNCH=3
-fallback-two-passes | safety   | pass | -DNW=2
+fallback-two-passes | safety   | pass | -DNW=2 -DMAXPASS=1
 fallback-hole-1     | channel  | fail | -DBUG_CANCEL_NO_TOKEN
 fallback-hole-1-end | end      | fail | -DBUG_CANCEL_NO_TOKEN
 fallback-hole-2     | channel  | fail | -DBUG_STALE_READ
 fallback-hole-3     | once     | fail | -DBUG_RESEND
 fallback-no-guard   | end      | fail | -DBUG_NO_GUARD
 fallback-ask-first  | phone    | fail | -DBUG_ASK_FIRST
+fallback-unfenced   | phone    | fail | -DBUG_UNFENCED_MOVE
 EOF
 )
 # --deep: state compression (-DCOLLAPSE) keeps the deep-* runs under 2 GB.
@@ -84,8 +85,9 @@ RUNS_DEEP=$(cat <<'EOF'
 deep-safety         | safety   | pass | -DMAXFAULTS=4
 sibling-crash       | safety   | pass | -DSIBLING -DMAXFAULTS=1 -DMAXPAUSE=0 -DMAXJUMP=0 -DMAXTERM=0
 deep-progress       | progress | pass | -DMAXFAULTS=2
-fallback-deep       | safety   | pass | -DNCH=3 -DNW=2
-fallback-long       | safety   | pass | -DMAXRUN=2 -DMAXPASS=3
+deep-fallback-passes| safety   | pass | -DNW=2
+deep-fallback-three | safety   | pass | -DNCH=3 -DNW=2 -DMAXPASS=1
+deep-fallback-long  | safety   | pass | -DMAXRUN=2 -DMAXPASS=3
 EOF
 )
 
@@ -153,11 +155,11 @@ run_one() { # name, property, expect, flags
     local dir ccflags panflags result start end rc out elapsed states trans errors mem want
     dir="$build/$name"
     mkdir -p "$dir"
-    # The `fallback-*` runs check model/fallback.pml (a verification's
+    # The `*fallback-*` runs check model/fallback.pml (a verification's
     # channels, one at a time), the others model/sendonce.pml; each run's
     # copy is called sendonce.pml so the rest is the same for both.
     case "$name" in
-        fallback-*) cp "$FALLBACK_MODEL" "$dir/sendonce.pml" ;;
+        *fallback-*) cp "$FALLBACK_MODEL" "$dir/sendonce.pml" ;;
         *) cp "$build/sendonce.pml" "$dir/" ;;
     esac
     case "$prop" in

@@ -19,7 +19,7 @@
 //! | reconciled `NotSent` after an answer   | as retryable                                 |
 //! | reconciled `NotSent` on resume         | proceed                                      |
 //! | reconciled `Pending` (after an answer  | ask again later, the attempt left open; past |
-//! | or on resume)                          | the deadline final `unknown`                 |
+//! | or on resume)                          | the deadline or the validity final `unknown` |
 //! | reconciled `Unknown`                   | final `unknown`                              |
 //! | the body cannot be opened (a sealed    | final `failed` (`unknown` if maybe sent)     |
 //! | code whose secret is gone)             |                                              |
@@ -310,6 +310,23 @@ fn recheck_or_give_up(
                 "outcome_unknown",
                 &format!(
                     "the retry deadline passed while the provider could not tell yet: {reason}"
+                ),
+                None,
+            )),
+            attempt: Some(closing()),
+        });
+    }
+    // Past its validity (a verification's code that expired, or whose
+    // verification moved on or ended) nothing of it will be sent again,
+    // and asking on tells nobody anything new: it ends here.
+    if snap.expires_at.is_some_and(|e| now >= e) {
+        return Transition::Write(Write::Final {
+            status: Status::Unknown,
+            provider_message_id: None,
+            error: Some(error(
+                "outcome_unknown",
+                &format!(
+                    "the message's validity ended while the provider could not tell yet: {reason}"
                 ),
                 None,
             )),

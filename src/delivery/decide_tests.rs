@@ -191,6 +191,8 @@ fn the_decision_table() {
         ("reconciled: pending past the deadline", past_deadline.clone(), Event::Reconciled { after: &amb, answer: &pending }, false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Ambiguous))),
         ("resumed: pending", snap(), Event::Resumed(&pending), false, Want::Recheck(0.0, 1.0)),
         ("resumed: pending past the deadline", past_deadline.clone(), Event::Resumed(&pending), false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Lost))),
+        ("reconciled: pending past the validity (a stopped code)", past_validity_maybe_sent.clone(), Event::Reconciled { after: &amb, answer: &pending }, false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Ambiguous))),
+        ("resumed: pending past the validity", past_validity_maybe_sent.clone(), Event::Resumed(&pending), false, Want::Final(Unknown, Some("outcome_unknown"), Some(O::Lost))),
         ("unsendable (a sealed body that does not open)", snap(), Event::Unsendable("secret changed"), false, Want::Final(Failed, Some("unsendable"), Some(O::Unsendable))),
         ("unsendable after a maybe-sent attempt", maybe_sent.clone(), Event::Unsendable("secret changed"), false, Want::Final(Unknown, Some("unsendable"), Some(O::Unsendable))),
         ("stopped before the call (its verification moved on or ended)", snap(), Event::Stopped, false, Want::Final(Status::Canceled, Some("stopped"), Some(O::Expired))),

@@ -92,6 +92,10 @@ pub struct FallbackDue {
     pub state: FallbackState,
     /// The Telegram message's status.
     pub message_status: Status,
+    /// Its attempts started: with the status, what the move checks the
+    /// message is still as read (an attempt since, or a report, and the
+    /// pass's revoke and question were about an older message).
+    pub message_attempts: u32,
     /// Whether an instance holds it (a call may be in flight).
     pub message_leased: bool,
     /// The provider it is on (the one to revoke it through, or to ask).

@@ -314,6 +314,7 @@ mod tests {
             due_at: at(60),
             state,
             message_status,
+            message_attempts: 1,
             message_leased: leased,
             provider: "telegram_gateway".into(),
             prepared_token: token.then(|| "r1".to_string()),

@@ -314,7 +314,46 @@ async fn a_delivered_code_does_not_fall_back_when_reports_are_refused(backend: B
     assert_eq!(got.len(), 1);
 }
 
+/// Found by the Gateway chaos run: a pass reads the Telegram message
+/// waiting for its retry, revokes it (slowly); meanwhile the retry sends it.
+/// The move must not go on from what the pass read: the message it
+/// revoked was not yet there. The next pass revokes the message that is
+/// there, then the SMS goes.
+async fn a_telegram_send_made_during_the_fallback_is_revoked_before_its_sms(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_gateway(backend, clock.clone()).await;
+    app.mock.push([flood_wait_20()]);
+    let id = started(
+        &app,
+        "p2-during",
+        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 5}),
+    )
+    .await;
+    telegram_retry_waiting(&app).await;
+    let held = app.mock.gateway_hold_revokes();
+    clock.advance(Duration::from_secs(6));
+    eventually("the fallback's revoke under way", || async {
+        (app.mock.gateway_revoke_calls() >= 1).then_some(())
+    })
+    .await;
+    // The retry comes due while the revoke is held, and sends.
+    clock.advance(Duration::from_secs(20));
+    eventually("the retry sent on Telegram", || async {
+        (app.mock.gateway_messages().len() == 1).then_some(())
+    })
+    .await;
+    drop(held);
+    messages_when(&app, &id, "the SMS", |m| m.len() == 2 && m[1].1 == "sent").await;
+    let sent = app.mock.gateway_messages();
+    assert_eq!(
+        sent[0].status, "revoked",
+        "the SMS went while the Telegram message sent meanwhile was never revoked: {sent:?}"
+    );
+    assert_eq!(sms_to(&app, TO).len(), 1);
+}
+
 on_both_backends!(
+    a_telegram_send_made_during_the_fallback_is_revoked_before_its_sms,
     a_telegram_code_waiting_for_its_retry_never_goes_after_its_sms,
     a_telegram_code_waiting_for_its_retry_never_goes_after_a_cancel,
     a_send_under_way_when_the_verification_ends_is_not_made,

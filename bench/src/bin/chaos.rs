@@ -272,6 +272,17 @@ struct Args {
     /// 200 must show as `delivered`.
     #[arg(long, default_value_t = 0.5)]
     gateway_delivered: f64,
+    /// With --gateway: how long the Gateway takes to act on a revoke (up
+    /// to this, drawn per call), so that reports of delivery arrive while
+    /// a fallback is revoking.
+    #[arg(long, default_value_t = 1000)]
+    gateway_revoke_ms: u64,
+    /// With --gateway: the share of verifications canceled at a random
+    /// moment of their first --fallback-after-secs + 2 s (retried until
+    /// answered): nothing of theirs may be sent after the cancel was
+    /// answered.
+    #[arg(long, default_value_t = 0.15)]
+    gateway_cancels: f64,
 }
 
 impl Args {
@@ -287,6 +298,7 @@ impl Args {
         share("pause-share", self.pause_share)?;
         share("gateway-check-failures", self.gateway_check_failures)?;
         share("gateway-delivered", self.gateway_delivered)?;
+        share("gateway-cancels", self.gateway_cancels)?;
         if self.sigterm_share + self.pause_share > 1.0 {
             return Err("--sigterm-share and --pause-share add up to more than 1".into());
         }
@@ -585,8 +597,30 @@ struct Load {
     /// 409 and 429) or given up on, and how.
     refused: std::sync::Mutex<Vec<(usize, String)>>,
     /// With --gateway: the request ids whose `delivered` report an
-    /// instance answered 200.
+    /// instance answered 200, and when it answered.
     reported: std::sync::Mutex<HashSet<String>>,
+    reported_at: std::sync::Mutex<HashMap<String, SystemTime>>,
+    /// With --gateway: the keys whose verification a cancel ended, and
+    /// when the cancel was answered (the wall clock, and this process's).
+    canceled: std::sync::Mutex<HashMap<usize, (SystemTime, Instant)>>,
+    /// With --gateway: every 20 ms while the run goes on, how many calls
+    /// the mock had taken and Gateway messages it had made, so that a
+    /// call's place in the mock's lists dates it (no earlier than the
+    /// last sample that did not have it yet).
+    samples: std::sync::Mutex<Vec<(Instant, usize, usize)>>,
+}
+
+impl Load {
+    /// The latest moment the run saw the mock without its `nth` call
+    /// (`calls`) or Gateway message: the call or message came after it.
+    fn not_before(&self, nth: usize, calls: bool) -> Option<Instant> {
+        let samples = self.samples.lock().ok()?;
+        samples
+            .iter()
+            .filter(|(_, c, g)| if calls { *c <= nth } else { *g <= nth })
+            .map(|(at, _, _)| *at)
+            .max()
+    }
 }
 
 impl Load {
@@ -721,6 +755,7 @@ async fn run_on(
     let mock = MockProvider::with_faults(mock_faults(&args));
     if args.gateway {
         mock.set_gateway_check_failures(args.gateway_check_failures);
+        mock.set_gateway_revoke_latency(Duration::from_millis(args.gateway_revoke_ms));
     }
     // The `http` contract is a provider (or bridge) that de-duplicates on
     // Idempotency-Key; Twilio's endpoint never does, whatever this says.
@@ -780,6 +815,11 @@ async fn run_on(
     let reporter = tokio::spawn(report_deliveries(
         Arc::clone(&run),
         ports.clone(),
+        Arc::clone(&load),
+        Arc::clone(&load_done),
+    ));
+    let _sampler = tokio::spawn(sample_mock(
+        Arc::clone(&run),
         Arc::clone(&load),
         Arc::clone(&load_done),
     ));
@@ -2131,13 +2171,16 @@ async fn start_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
                     .and_then(|v| v["id"].as_str().map(str::to_string));
                 if let Some(id) = id {
                     if let Ok(mut v) = load.verifications.lock() {
-                        v.entry(k).or_default().push(id);
+                        v.entry(k).or_default().push(id.clone());
                     }
                     if let Ok(mut f) = load.first_ack.lock() {
                         f.entry(k).or_insert_with(Instant::now);
                     }
                     if let Ok(mut a) = load.acknowledged.lock() {
                         a.insert(key.clone());
+                    }
+                    if canceled_key(run, k) {
+                        cancel_one(run, ports, k, &id, load).await;
                     }
                     return;
                 }
@@ -2168,6 +2211,76 @@ async fn start_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether key `k`'s verification is one --gateway-cancels cancels (the
+/// same keys every run of the same size).
+fn canceled_key(run: &Run, k: usize) -> bool {
+    let share = run.args.gateway_cancels;
+    share > 0.0 && ((k as f64 * 0.618_033_988_7).fract() < share)
+}
+
+/// Cancels verification `id` (key `k`) at a random moment of its first
+/// --fallback-after-secs + 2 s, as a client would: tried again (maybe on
+/// another instance) until an instance answers; the moment a 200 came
+/// back is noted. A 409 (it ended otherwise first) is noted as no cancel.
+async fn cancel_one(run: &Run, ports: &[u16], k: usize, id: &str, load: &Load) {
+    let window = Duration::from_secs(run.args.fallback_after_secs + 2);
+    let wait = Duration::from_millis(
+        rand::rng().random_range(0..=u64::try_from(window.as_millis()).unwrap_or(0)),
+    );
+    tokio::time::sleep(wait).await;
+    let deadline = Instant::now() + Duration::from_secs(run.args.client_deadline_secs);
+    loop {
+        let port = ports[rand::rng().random_range(0..ports.len())];
+        let status = run
+            .client
+            .post(format!("http://127.0.0.1:{port}/verifications/{id}/cancel"))
+            .bearer_auth(&run.api_key)
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .map_or(0, |r| r.status().as_u16());
+        match status {
+            200 => {
+                if let Ok(mut c) = load.canceled.lock() {
+                    c.entry(k)
+                        .or_insert_with(|| (SystemTime::now(), Instant::now()));
+                }
+                return;
+            }
+            409 => return,
+            _ if Instant::now() > deadline => return,
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// With --gateway, while the run goes on: every 20 ms, how many calls the
+/// mock took and Gateway messages it made (see [`Load::not_before`]).
+async fn sample_mock(run: Arc<Run>, load: Arc<Load>, done: Arc<AtomicBool>) {
+    if !run.args.gateway {
+        return;
+    }
+    // Until well after the load: the settling fallbacks are judged too.
+    let mut after_done: Option<Instant> = None;
+    loop {
+        let sample = (
+            Instant::now(),
+            run.mock.calls().len(),
+            run.mock.gateway_messages().len(),
+        );
+        if let Ok(mut s) = load.samples.lock() {
+            s.push(sample);
+        }
+        if done.load(Ordering::SeqCst) {
+            let since = *after_done.get_or_insert_with(Instant::now);
+            if since.elapsed() > Duration::from_secs(run.args.settle_secs) {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -2218,12 +2331,12 @@ impl VerView {
     }
 
     /// Nothing more to come: every message final, and the Telegram message
-    /// delivered or its one SMS sent.
+    /// delivered or its one SMS sent (or the verification canceled).
     fn settled(&self) -> bool {
         let delivered = self.on("telegram").iter().any(|m| m.1 == "delivered");
         self.all_final()
             && !self.on("telegram").is_empty()
-            && (delivered || self.on("sms").len() == 1)
+            && (delivered || self.on("sms").len() == 1 || self.status == "canceled")
     }
 }
 
@@ -2299,6 +2412,9 @@ async fn report_deliveries(run: Arc<Run>, ports: Vec<u16>, load: Arc<Load>, done
                 .await
                 .map_or(0, |r| r.status().as_u16());
             if answered == 200 {
+                if let Ok(mut r) = load.reported_at.lock() {
+                    r.entry(id.clone()).or_insert_with(SystemTime::now);
+                }
                 if let Ok(mut r) = load.reported.lock() {
                     r.insert(id);
                 }
@@ -2426,6 +2542,23 @@ fn created_by_phone(run: &Run) -> HashMap<String, Created> {
     by
 }
 
+/// Whether message `key` was written (its row inserted) after `at`: its
+/// `created_at`, on the same host's clock as `at`.
+async fn written_after(db: &mut PgConnection, key: &str, at: SystemTime) -> bool {
+    let created: Option<f64> = sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM created_at)::float8 FROM messages WHERE idempotency_key = $1",
+    )
+    .bind(key)
+    .fetch_optional(db)
+    .await
+    .ok()
+    .flatten();
+    let at = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    created.is_some_and(|c| c > at)
+}
+
 /// With --gateway, after the load: waits (up to --settle-secs) for every
 /// verification to be settled, every message final in the database and the
 /// mock idle, then judges every key, prints the report and explains the
@@ -2487,6 +2620,32 @@ async fn gateway_settle(
     let stats = run.mock.stats();
     let refused: Vec<(usize, String)> = load.refused.lock().map(|r| r.clone()).unwrap_or_default();
     let reported: HashSet<String> = load.reported.lock().map(|r| r.clone()).unwrap_or_default();
+    let reported_at: HashMap<String, SystemTime> = load
+        .reported_at
+        .lock()
+        .map(|r| r.clone())
+        .unwrap_or_default();
+    let canceled: HashMap<usize, (SystemTime, Instant)> =
+        load.canceled.lock().map(|c| c.clone()).unwrap_or_default();
+    // Every send the mock took (a Gateway send or an SMS), and every
+    // Gateway message it made, per phone, by place in its lists.
+    let mut sends_of: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, c) in run.mock.calls().into_iter().enumerate() {
+        let to = c.body["phone_number"]
+            .as_str()
+            .or_else(|| c.body["to"].as_str())
+            .or_else(|| c.body["To"].as_str())
+            .unwrap_or_default();
+        sends_of.entry(digits(to).to_string()).or_default().push(i);
+    }
+    let mut gateway_of: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, m) in run.mock.gateway_messages().into_iter().enumerate() {
+        gateway_of
+            .entry(digits(&m.phone_number).to_string())
+            .or_default()
+            .push(i);
+    }
+    let cancel_slack = Duration::from_secs(1);
 
     // Judge every key: its problems, by kind.
     let mut problems: Vec<(usize, &'static str, String)> = Vec::new();
@@ -2590,6 +2749,71 @@ async fn gateway_settle(
             ),
         }
         let delivered = telegram.iter().any(|m| m.1 == "delivered");
+        let was_canceled = canceled.get(&k).copied();
+        // 6. Nothing sent after the verification ended: no send reached
+        // the mock, no Gateway message was made, later than a second
+        // after the cancel was answered (a call already under way when it
+        // committed may land just after), and no SMS was written after it.
+        if let Some((ended_wall, ended_at)) = was_canceled {
+            let phone = digits(&to);
+            let late = |nth: &usize, calls: bool| {
+                load.not_before(*nth, calls)
+                    .is_some_and(|at| at > ended_at + cancel_slack)
+            };
+            let late_sends = sends_of
+                .get(phone)
+                .map_or(0, |l| l.iter().filter(|i| late(i, true)).count());
+            let late_messages = gateway_of
+                .get(phone)
+                .map_or(0, |l| l.iter().filter(|i| late(i, false)).count());
+            if late_sends + late_messages > 0 {
+                bad(
+                    "sent after end",
+                    format!(
+                        "{late_sends} sends, {late_messages} Gateway messages after the cancel was answered"
+                    ),
+                );
+            }
+            for (_, _, key, _) in &sms {
+                if written_after(&mut db, key, ended_wall).await {
+                    bad(
+                        "sent after end",
+                        format!("the SMS {key} written after the cancel"),
+                    );
+                }
+            }
+        }
+        // 7. One channel at a time: no SMS written after the Telegram
+        // message's delivery report was answered 200, and no phone with
+        // the code on both channels (a Telegram message delivered at the
+        // Gateway and an SMS made: the fallback revokes, then asks).
+        for (_, id, _) in &made.telegram {
+            let Some(at) = reported_at.get(id) else {
+                continue;
+            };
+            for (_, _, key, _) in &sms {
+                if written_after(&mut db, key, *at).await {
+                    bad(
+                        "sms after a delivery report",
+                        format!("the SMS {key} written after {id}'s report was answered 200"),
+                    );
+                }
+            }
+        }
+        let reached = made
+            .telegram
+            .iter()
+            .any(|(_, _, status)| matches!(status.as_str(), "delivered" | "read"));
+        if reached && made.sms_count() > 0 {
+            bad(
+                "both channels",
+                format!(
+                    "the Telegram message {:?} reached the phone and {} SMS were made",
+                    made.telegram,
+                    made.sms_count()
+                ),
+            );
+        }
         // 5. A delivery report answered 200 is never lost.
         if !delivered && made.telegram.iter().any(|(_, id, _)| reported.contains(id)) {
             bad(
@@ -2598,7 +2822,7 @@ async fn gateway_settle(
             );
         }
         match sms.as_slice() {
-            [] if delivered => {}
+            [] if delivered || was_canceled.is_some() || view.status == "canceled" => {}
             [] => {
                 let window = Duration::from_secs(run.args.fallback_after_secs);
                 if first_ack.get(&k).is_some_and(|at| at.elapsed() < window) {
@@ -2650,6 +2874,9 @@ async fn gateway_settle(
     let no_201 = count("no 201") + count("ids differ");
     let lost_reports = count("report lost");
     let telegram_after_sms = count("telegram after sms");
+    let after_end = count("sent after end");
+    let after_report = count("sms after a delivery report");
+    let both_channels = count("both channels");
     println!(
         "chaos: load took {load_secs:.1} s; settled in {settle_secs:.1} s; {} SIGKILLs, {} SIGTERMs, {} pauses",
         h.sigkills, h.sigterms, h.pauses
@@ -2667,6 +2894,10 @@ async fn gateway_settle(
     println!(
         "gateway messages:   {gateway_messages} created ({revoked} revokes asked, {} reported delivered); SMS created: {sms_created}",
         reported.len()
+    );
+    println!(
+        "canceled:           {} verifications canceled during the run",
+        canceled.len()
     );
     println!(
         "mock:               {} calls, {} created, max per (phone, code/text) {}, (phone, code/text) created twice {}",
@@ -2704,7 +2935,7 @@ async fn gateway_settle(
     }
     let ok = problems.is_empty() && unmatched == 0 && not_final_after == 0 && refused.is_empty();
     println!(
-        "chaos: summary: gateway then sms over {}, {} verifications; {} SIGKILLs, {} SIGTERMs, {} pauses; {gateway_messages} Gateway messages, {sms_created} SMS; {no_201} without one id, {codes} with more than one code, {duplicates} duplicates, {stuck} stuck, {false_finals} false finals, {lost_reports} reports lost, {telegram_after_sms} Telegram sends checked after their SMS, {unknown} unknown",
+        "chaos: summary: gateway then sms over {}, {} verifications; {} SIGKILLs, {} SIGTERMs, {} pauses; {gateway_messages} Gateway messages, {sms_created} SMS; {no_201} without one id, {codes} with more than one code, {duplicates} duplicates, {both_channels} with the code on both channels, {after_report} SMS after a delivery report, {after_end} sent after their verification ended, {stuck} stuck, {false_finals} false finals, {lost_reports} reports lost, {telegram_after_sms} Telegram sends checked after their SMS, {unknown} unknown",
         run.args.providers(),
         run.args.keys,
         h.sigkills,

@@ -22,7 +22,7 @@ use crate::verify::decide::VerificationStatus;
 
 /// Open rows with something to do at `$1`, oldest due first.
 const DUE: &str = "SELECT f.verification_id, f.send_number, f.tenant_id, f.message_id, \
-        f.due_at, f.state, m.status AS message_status, \
+        f.due_at, f.state, m.status AS message_status, m.attempts AS message_attempts, \
         m.lease_token IS NOT NULL AS message_leased, m.provider, m.prepared_token, \
         v.status AS verification_status, v.expires_at, v.channels \
      FROM verification_fallbacks f \
@@ -60,6 +60,7 @@ struct DueRow {
     due_at: DbTime,
     state: String,
     message_status: Status,
+    message_attempts: i32,
     message_leased: bool,
     provider: String,
     prepared_token: Option<String>,
@@ -82,6 +83,8 @@ impl TryFrom<DueRow> for FallbackDue {
             state: FallbackState::parse(&r.state)
                 .ok_or(StoreError::Invariant("an unknown fallback state"))?,
             message_status: r.message_status,
+            message_attempts: u32::try_from(r.message_attempts)
+                .map_err(|_| StoreError::Invariant("a negative attempt count"))?,
             message_leased: r.message_leased,
             provider: r.provider,
             prepared_token: r.prepared_token,
@@ -247,8 +250,16 @@ per_backend! {
                         return Ok(FellBack::NotNow);
                     };
                     let stop = stop::for_next_channel(&fresh(&first), now);
+                    // Moved on since the pass read it (an attempt made, a
+                    // report): the pass's revoke and question were about
+                    // an older message. Decided again on the next pass.
+                    let as_read = first.status == f.message_status
+                        && first.attempts == f.message_attempts;
                     match stop {
                         Stop::Busy => return Ok(FellBack::NotNow),
+                        Stop::Nothing | Stop::Cancel | Stop::Expire if !as_read => {
+                            return Ok(FellBack::NotNow);
+                        }
                         Stop::Delivered => {
                             return Ok(
                                 if Driver::settle(c, &f, FallbackState::Delivered, now).await? {

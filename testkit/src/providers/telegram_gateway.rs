@@ -94,6 +94,9 @@ pub(crate) struct Protocol {
     revoke_calls: usize,
     /// While set, `revokeVerificationMessage` waits before it acts.
     revokes_held: Option<tokio::sync::watch::Receiver<bool>>,
+    /// How long `revokeVerificationMessage` takes before it acts (drawn
+    /// between zero and this), so that reports arrive during revokes.
+    revoke_latency: std::time::Duration,
 }
 
 /// A verification message the Gateway sent.
@@ -153,12 +156,19 @@ impl MockProvider {
         self.lock().protocol::<Protocol>().refuse_repeats = Some(name.into());
     }
 
-    /// Holds every `revokeVerificationMessage` call (received, not acted on)
-    /// until the returned sender is dropped or sends `false`.
+    /// Holds the answer to every `revokeVerificationMessage` call (acted on
+    /// when received, as the Gateway does) until the returned sender is
+    /// dropped or sends `false`.
     pub fn gateway_hold_revokes(&self) -> tokio::sync::watch::Sender<bool> {
         let (tx, rx) = tokio::sync::watch::channel(true);
         self.lock().protocol::<Protocol>().revokes_held = Some(rx);
         tx
+    }
+
+    /// Makes every `revokeVerificationMessage` answer take up to `latency`
+    /// (drawn per call; it acts when received).
+    pub fn set_gateway_revoke_latency(&self, latency: std::time::Duration) {
+        self.lock().protocol::<Protocol>().revoke_latency = latency;
     }
 
     /// How many `revokeVerificationMessage` calls arrived (acted on or held).
@@ -595,34 +605,46 @@ async fn revoke_verification_message(
     body: Bytes,
 ) -> Response {
     let params = params(&headers, &body);
-    let held = {
+    // The Gateway acts on the revoke when it receives it (a message sent
+    // under the request id later is not withdrawn by it); only its answer
+    // takes the latency, or waits while a test holds revokes.
+    let (answer, held, latency) = {
         let mut inner = mock.lock();
         let p = inner.protocol::<Protocol>();
         p.revoke_calls += 1;
-        p.revokes_held.clone()
+        let answer = if !authorized(p.token.as_deref(), &headers, &params) {
+            error(StatusCode::UNAUTHORIZED, "ACCESS_TOKEN_INVALID")
+        } else if let Some(id) =
+            param(&params, "request_id").filter(|id| p.issued.contains_key(id))
+        {
+            p.revoked.push(id.clone());
+            if let Some(m) = p
+                .messages
+                .iter_mut()
+                .find(|m| m.request_id == id && m.status == "sent")
+            {
+                m.status = "revoked".into();
+                m.updated_at = now();
+            }
+            ok(serde_json::Value::Bool(true))
+        } else {
+            refuse("REQUEST_ID_INVALID")
+        };
+        (answer, p.revokes_held.clone(), p.revoke_latency)
     };
     if let Some(mut held) = held {
         // Until the test lets go (a sender dropped counts as letting go).
         let _ = held.wait_for(|on| !*on).await;
     }
-    let mut inner = mock.lock();
-    let p = inner.protocol::<Protocol>();
-    if !authorized(p.token.as_deref(), &headers, &params) {
-        return error(StatusCode::UNAUTHORIZED, "ACCESS_TOKEN_INVALID");
+    if !latency.is_zero() {
+        let wait = {
+            use rand::Rng;
+            let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+            std::time::Duration::from_nanos(rand::rng().random_range(0..=nanos))
+        };
+        tokio::time::sleep(wait).await;
     }
-    let Some(id) = param(&params, "request_id").filter(|id| p.issued.contains_key(id)) else {
-        return refuse("REQUEST_ID_INVALID");
-    };
-    p.revoked.push(id.clone());
-    if let Some(m) = p
-        .messages
-        .iter_mut()
-        .find(|m| m.request_id == id && m.status == "sent")
-    {
-        m.status = "revoked".into();
-        m.updated_at = now();
-    }
-    ok(serde_json::Value::Bool(true))
+    answer
 }
 
 async fn check_verification_status(

@@ -56,17 +56,25 @@
 //!
 //! `--gateway` starts verifications instead (`POST /verifications`,
 //! channels telegram then sms): the first message through the mock's
-//! Telegram Gateway, then, after `--fallback-after-secs`, one SMS with the
-//! same code unless the Gateway reported the message delivered first. The
-//! starts are spread over `--spread-secs` (30) so that the faults hit the
-//! fallbacks too; `--gateway-check-failures` (0.8) of the
-//! `checkSendAbility` calls fail, so that some sends are still being
-//! checked when their fallback is due (those end `canceled`, never sent),
-//! and `--gateway-delivered` (0.5) of the Gateway's messages are reported
-//! delivered during the load (signed reports posted to the instances,
-//! as the Gateway posts them). At the end every key must have had one
-//! verification id (replays included), every phone one code over both
-//! channels, no Gateway message or SMS created twice, every message final
+//! Telegram Gateway (which makes a message for every accepted send: no
+//! de-duplication on `request_id`), then, after `--fallback-after-secs`,
+//! one SMS with the same code unless the Gateway reported the message
+//! delivered first. The starts are spread over `--spread-secs` (30) so
+//! that the faults hit the fallbacks too; the faults above hit the
+//! Gateway's sends (429s, 5xx, answers dropped after the message was
+//! made); `--gateway-check-failures` (0.8) of the `checkSendAbility`
+//! calls fail, so that some sends are still waiting for a retry when
+//! their fallback is due; revokes take up to `--gateway-revoke-ms` to be
+//! answered; `--gateway-delivered` (0.5) of the Gateway's messages are
+//! reported delivered during the load (signed reports posted to the
+//! instances, as the Gateway posts them); and `--gateway-cancels` (0.15)
+//! of the verifications are canceled at a random moment. At the end every
+//! key must have had one verification id (replays included), every phone
+//! one code, no Gateway message or SMS created twice, no phone with the
+//! code on both channels (a Telegram message delivered at the Gateway and
+//! an SMS made), no SMS written after its Telegram message's delivery
+//! report was answered 200, nothing sent or written for a verification
+//! later than a second after its cancel was answered, every message final
 //! with one SMS per undelivered Telegram message, no report answered 200
 //! lost, and no false final (a Telegram message `failed` or `canceled`
 //! that the Gateway created, an SMS `sent` that the mock never created).
@@ -928,9 +936,11 @@ fn print_setup(run: &Run) {
     }
     if a.gateway {
         println!(
-            "chaos: verifications, channels telegram then sms: the Telegram Gateway at the mock (faults as above on its sends, {:.0}% of its checks failing, {:.0}% of its messages reported delivered), fallback after {} s, ttl {} s",
+            "chaos: verifications, channels telegram then sms: the Telegram Gateway at the mock (a message for every accepted send: no de-duplication on request_id; faults as above on its sends, {:.0}% of its checks failing, revokes answered within {} ms, {:.0}% of its messages reported delivered), {:.0}% of the verifications canceled, fallback after {} s, ttl {} s",
             a.gateway_check_failures * 100.0,
+            a.gateway_revoke_ms,
             a.gateway_delivered * 100.0,
+            a.gateway_cancels * 100.0,
             a.fallback_after_secs,
             a.ttl_secs
         );

@@ -250,7 +250,13 @@ impl Deliverer {
         let previous_start = msg.last_attempt_started_at.unwrap_or(msg.created_at);
         let provider = self.provider_named(&msg.provider);
         let keys = KeyRule::of(provider.as_deref());
-        if open && start == Start::Takeover {
+        // Past the retry deadline no attempt may start, so nothing the
+        // previous owner may still have in flight can be sent twice: the
+        // message is ended at once (a wait there would only let the lookup
+        // see more, and an instance hit again and again during waits would
+        // hold the message long past its deadline).
+        let past_deadline = self.clock.now() >= msg.deadline_at;
+        if open && start == Start::Takeover && !past_deadline {
             self.wait_out_previous_owner(msg.id, lease).await?;
         }
         // An attempt without an answer may have reached the provider.

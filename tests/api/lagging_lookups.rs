@@ -320,7 +320,61 @@ async fn twilio_a_lagging_list_never_resends(backend: Backend) {
     assert_eq!(app.mock.deliveries_to(TO, body), 1);
 }
 
+/// A message whose lookup shows nothing yet is asked about until its retry
+/// deadline; an instance that takes one over past that deadline ends it at
+/// once instead of first waiting out the previous owner's call (no attempt
+/// may start any more, so nothing in flight can be sent twice): under
+/// instances hit faster than that wait, messages had stayed `processing`
+/// minutes past their deadline.
+async fn a_takeover_past_the_deadline_ends_at_once(backend: Backend) {
+    let clock = Clock::manual(time::OffsetDateTime::now_utc());
+    let mut settings = test_settings();
+    settings.scheduler.poll_interval = Duration::from_secs(3600);
+    // The takeover wait is then 2 x 5 s + 1 s.
+    settings.delivery.provider_timeout = Duration::from_secs(5);
+    settings.delivery.lease = Duration::from_secs(12);
+    let mut a = spawn_with(TestOptions {
+        backend,
+        settings: settings.clone(),
+        clock: clock.clone(),
+        provider: Some(crate::twilio::twilio()),
+        ..TestOptions::default()
+    })
+    .await;
+    a.mock.push([Behaviour::Hang]);
+    post_async(&a, "HELD", "held past its deadline").await;
+    eventually("a's call", || async {
+        (a.mock.call_count() == 1).then_some(())
+    })
+    .await;
+    a.crash().await;
+    let b = spawn_with(TestOptions {
+        settings,
+        clock: clock.clone(),
+        database: Some(a.database.clone()),
+        mock: Some((a.mock.clone(), a.mock_url.clone())),
+        api_key: Some(a.api_key.clone()),
+        provider: Some(crate::twilio::twilio()),
+        ..TestOptions::default()
+    })
+    .await;
+    clock.advance(Duration::from_secs(16 * 60));
+    assert_eq!(b.claim_within(Duration::from_secs(30)).await, 1);
+    let m = within(
+        Duration::from_secs(6),
+        "the message to end within less than the takeover wait",
+        || async {
+            let m = b.get("/messages/HELD").await.json();
+            (m["status"] == "unknown").then_some(m)
+        },
+    )
+    .await;
+    assert_eq!(m["attempts"], 1, "{m}");
+    assert_eq!(a.mock.call_count(), 1, "never resent");
+}
+
 on_both_backends!(
+    a_takeover_past_the_deadline_ends_at_once,
     hole_5_a_wait_for_a_send_slot_does_not_move_an_accepted_message_on,
     hole_6_a_clock_stepped_forward_does_not_resend_at_infobip,
     a_rejected_log_entry_is_the_attempts_own_refusal,

@@ -754,3 +754,55 @@ async fn the_adapter_and_the_mock_follow_infobips_rules() {
         Reconciled::Answered(SendOutcome::Refused { .. })
     ));
 }
+
+/// `INFOBIP_IDEMPOTENCY_GRACE` shorter than `SENDONCE_RETRY_DEADLINE` plus
+/// an hour stops the binary at start (exit code 2, one line naming both):
+/// a resend relies on Infobip refusing the repeat, which it does only within
+/// the grace period. `INFOBIP_LOOKUP_AFTER` is still taken, whatever it says.
+#[tokio::test]
+async fn the_binary_refuses_a_grace_period_the_deadline_could_outlast() {
+    let infobip = [
+        ("SENDONCE_PROVIDER", "infobip"),
+        ("INFOBIP_API_KEY", "k"),
+        ("INFOBIP_BASE_URL", "xk3e9.api.infobip.com"),
+    ];
+    // (extra variables, refused)
+    let table: [(&[(&str, &str)], bool); 5] = [
+        (&[("INFOBIP_IDEMPOTENCY_GRACE", "30m")], true),
+        (&[("INFOBIP_IDEMPOTENCY_GRACE", "75m")], false),
+        (
+            &[
+                ("INFOBIP_IDEMPOTENCY_GRACE", "2h"),
+                ("SENDONCE_RETRY_DEADLINE", "2h"),
+            ],
+            true,
+        ),
+        (&[("INFOBIP_IDEMPOTENCY_GRACE", "24h")], false),
+        (&[("INFOBIP_LOOKUP_AFTER", "2h")], false),
+    ];
+    for (extra, refused) in table {
+        let out = crate::process::sendonce("postgres://x@127.0.0.1:1/db")
+            .arg("migrate")
+            .envs(infobip.iter().chain(extra.iter()).copied())
+            .env("SENDONCE_DB_ACQUIRE_TIMEOUT", "200ms")
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        if refused {
+            assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+            assert_eq!(stderr.trim().lines().count(), 1, "{extra:?}: {stderr}");
+            assert!(
+                stderr.contains("INFOBIP_IDEMPOTENCY_GRACE")
+                    && stderr.contains("SENDONCE_RETRY_DEADLINE"),
+                "{extra:?}: {stderr}"
+            );
+        } else {
+            // Past the configuration: it fails on the unreachable database.
+            assert!(
+                stderr.contains("cannot reach the database"),
+                "{extra:?}: {stderr}"
+            );
+        }
+    }
+}

@@ -84,7 +84,12 @@ impl Settings {
         Ok(Settings {
             server: ServerSettings::from_args(a, &d.server)?,
             database: DatabaseSettings::from_args(a, &d.database)?,
-            provider: ProviderSettings::from_args(a, &d.provider, delivery.provider_timeout)?,
+            provider: ProviderSettings::from_args(
+                a,
+                &d.provider,
+                delivery.provider_timeout,
+                delivery.retry.deadline,
+            )?,
             delivery,
             scheduler: SchedulerSettings::from_args(a, &d.scheduler)?,
             limits: LimitSettings::from_args(a, &d.limits)?,
@@ -161,6 +166,9 @@ impl Settings {
             );
         }
         out.extend(self.provider.receipts.warnings());
+        for p in std::iter::once(&self.provider.kind).chain(&self.provider.fallbacks) {
+            out.extend(p.warnings());
+        }
         if self.server.metrics_listen.is_none() {
             out.push(
                 "/metrics (message volumes) and /readyz's details (the database's host and \

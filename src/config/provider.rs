@@ -83,11 +83,13 @@ const CONNECT_TIMEOUT: DurationVar = DurationVar {
 };
 
 impl ProviderSettings {
-    /// `timeout` is the resolved upper bound of one provider call.
+    /// `timeout` is the resolved upper bound of one provider call,
+    /// `retry_deadline` the resolved `SENDONCE_RETRY_DEADLINE`.
     pub(super) fn from_args(
         a: &ConfigArgs,
         d: &Self,
         timeout: Duration,
+        retry_deadline: Duration,
     ) -> Result<Self, ConfigError> {
         let connect_timeout = positive_duration(
             CONNECT_TIMEOUT,
@@ -101,6 +103,7 @@ impl ProviderSettings {
             connect_timeout,
             public_url: super::server::public_url(a)?,
             log_bodies: a.log_bodies,
+            retry_deadline,
         };
         let vars = &a.adapters.0;
         // None listed: the default list, configured by the same variables

@@ -8,10 +8,11 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::decide::{self, Event, Snapshot, Step, Transition, Write, too_late};
+use super::decide::{self, Event, KeyRule, Snapshot, Step, Transition, Write, too_late};
 use super::{Deliverer, LEASE_FRESHNESS, Report, Route, hub, needs_renewal};
+use crate::clock::Stamp;
 use crate::domain::{AttemptOutcome, MessageId, Status};
-use crate::provider::{AttemptRef, OutgoingSms};
+use crate::provider::{AttemptRef, OutgoingSms, Reconciled};
 use crate::store::{Lease, MessageRecord};
 
 /// How a delivery run begins.
@@ -87,10 +88,7 @@ impl Deliverer {
                 current_open: routing.current_open,
                 next: routing.next,
             };
-            let dedupes = routing
-                .provider
-                .as_ref()
-                .is_some_and(|p| p.dedupes_by_key());
+            let keys = KeyRule::of(routing.provider.as_deref());
 
             // Past its validity, or to a number that opted out (read with
             // the row, the insert or the claim): no provider is called. A
@@ -101,7 +99,7 @@ impl Deliverer {
                     opted_out: msg.recipient_opted_out,
                     closing: Some((attempt, AttemptOutcome::Expired)),
                 },
-                dedupes,
+                keys,
                 &r,
             );
             match t {
@@ -153,7 +151,7 @@ impl Deliverer {
             let mut sms = match self.outgoing(&msg, now).await {
                 Ok(sms) => sms,
                 Err(BodyError::Unreadable(why)) => {
-                    return match self.decide(&snap, &Event::Unsendable(&why), dedupes, &r) {
+                    return match self.decide(&snap, &Event::Unsendable(&why), keys, &r) {
                         Transition::Write(w) => self.apply(&mut msg, &lease, registration, w).await,
                         Transition::Step(step) => unexpected(&step),
                     };
@@ -167,23 +165,26 @@ impl Deliverer {
             {
                 Ok(super::calls::Called::Answered(outcome)) => outcome,
                 Ok(super::calls::Called::Stopped) => {
-                    return match self.decide(&snap, &Event::Stopped, dedupes, &r) {
+                    return match self.decide(&snap, &Event::Stopped, keys, &r) {
                         Transition::Write(w) => self.apply(&mut msg, &lease, registration, w).await,
                         Transition::Step(step) => unexpected(&step),
                     };
                 }
                 Err(report) => return report,
             };
+            // The request was written before the call returned: an age
+            // measured from here is a lower bound of the time since.
+            let returned = Stamp::now();
             drop(slot);
             self.record_circuit(provider.name(), outcome.provider_works(), &msg)
                 .await;
 
-            let mut t = self.decide(&snap, &Event::Answered(&outcome), dedupes, &r);
+            let mut t = self.decide(&snap, &Event::Answered(&outcome), keys, &r);
             if let Transition::Step(Step::Reconcile { since }) = t {
                 if let Err(report) = self.wait_out_own_call(msg.id, &mut lease).await {
                     return report;
                 }
-                let asked = self.attempt_ref(&msg, since);
+                let asked = self.attempt_ref(&msg, since, returned.elapsed());
                 let Some(answer) = self
                     .reconcile(Some(provider.as_ref()), provider.name(), &sms, &asked)
                     .await
@@ -197,7 +198,7 @@ impl Deliverer {
                             after: &outcome,
                             answer,
                         },
-                        dedupes,
+                        keys,
                         &r,
                     )
                 };
@@ -208,8 +209,9 @@ impl Deliverer {
                         .await
                     {
                         // The one candidate became another message's first:
-                        // it was not ours, and ours was not listed.
-                        Report::IdTaken => t = reconciled(&crate::provider::Reconciled::NotSent),
+                        // it was not ours, and ours was not listed yet (a
+                        // list may lag): asked again, never resent.
+                        Report::IdTaken => t = reconciled(&candidate_taken()),
                         report => return report,
                     }
                 }
@@ -246,11 +248,21 @@ impl Deliverer {
         start: Start,
         registration: &hub::Registration,
     ) -> Result<(u32, OffsetDateTime), Report> {
+        // Our claim is over: whatever request a previous owner wrote, it
+        // wrote it at the latest a call's time after this (see
+        // `inherited_age`).
+        let claimed = Stamp::now();
         let open = msg.last_attempt_open;
         let previous_start = msg.last_attempt_started_at.unwrap_or(msg.created_at);
         let provider = self.provider_named(&msg.provider);
-        let dedupes = provider.as_ref().is_some_and(|p| p.dedupes_by_key());
-        if open && start == Start::Takeover {
+        let keys = KeyRule::of(provider.as_deref());
+        // Past the retry deadline no attempt may start, so nothing the
+        // previous owner may still have in flight can be sent twice: the
+        // message is ended at once (a wait there would only let the lookup
+        // see more, and an instance hit again and again during waits would
+        // hold the message long past its deadline).
+        let past_deadline = self.clock.now() >= msg.deadline_at;
+        if open && start == Start::Takeover && !past_deadline {
             self.wait_out_previous_owner(msg.id, lease).await?;
         }
         // An attempt without an answer may have reached the provider.
@@ -262,22 +274,22 @@ impl Deliverer {
         };
         let snap = Snapshot::of(msg, msg.attempts, previous_start);
         let now = self.clock.now();
-        if open && !dedupes {
+        if open && !keys.dedupes {
             // The previous owner may have sent it and cannot tell us: ask
             // the provider it was sending with before sending anything again.
             let t = match self.outgoing(msg, now).await {
                 Ok(sms) => {
-                    let asked = self.attempt_ref(msg, previous_start);
+                    let asked = self.attempt_ref(msg, previous_start, self.inherited_age(claimed));
                     let Some(answer) = self
                         .reconcile(provider.as_deref(), &msg.provider, &sms, &asked)
                         .await
                     else {
                         return Err(Report::Stopped);
                     };
-                    self.decide(&snap, &Event::Resumed(&answer), dedupes, &stay)
+                    self.decide(&snap, &Event::Resumed(&answer), keys, &stay)
                 }
                 Err(BodyError::Unreadable(why)) => {
-                    self.decide(&snap, &Event::Unsendable(&why), dedupes, &stay)
+                    self.decide(&snap, &Event::Unsendable(&why), keys, &stay)
                 }
                 // The body cannot be read now: past the deadline that is an
                 // answer already (below); before it, the next owner asks.
@@ -291,9 +303,19 @@ impl Deliverer {
                 Transition::Write(w @ Write::Final { .. }) => {
                     match self.apply_once(msg, lease, registration, w).await {
                         // The one candidate is another message's (it wrote
-                        // the id first): ours was not listed, as "not sent"
-                        // says, so the attempt below may start.
-                        Report::IdTaken => {}
+                        // the id first): ours was not listed yet (a list
+                        // may lag), so it is asked again, never resent.
+                        Report::IdTaken => {
+                            let pending = candidate_taken();
+                            return Err(
+                                match self.decide(&snap, &Event::Resumed(&pending), keys, &stay) {
+                                    Transition::Write(w) => {
+                                        self.apply(msg, lease, registration, w).await
+                                    }
+                                    Transition::Step(step) => unexpected(&step),
+                                },
+                            );
+                        }
                         report => return Err(report),
                     }
                 }
@@ -308,7 +330,7 @@ impl Deliverer {
                 opted_out: false,
                 closing,
             },
-            dedupes,
+            keys,
             &stay,
         );
         match t {
@@ -428,13 +450,29 @@ impl Deliverer {
     }
 
     /// What a reconciliation asks about: the current attempt of `msg`,
-    /// started at `since`, sent as it recorded.
-    fn attempt_ref(&self, msg: &MessageRecord, since: OffsetDateTime) -> AttemptRef {
+    /// started at `since` (on the wall clock of whoever started it: only
+    /// for a window on the provider's own clock, Twilio's list), its
+    /// request written at least `age` ago, sent as it recorded.
+    fn attempt_ref(&self, msg: &MessageRecord, since: OffsetDateTime, age: Duration) -> AttemptRef {
         AttemptRef {
             started_at: since,
-            age: Duration::try_from(self.clock.now() - since).unwrap_or(Duration::ZERO),
+            age,
             sender: msg.last_attempt_sender.clone(),
         }
+    }
+
+    /// How long ago, at least, the request of an attempt this instance
+    /// inherited (a takeover, a recheck) was written, judged on this
+    /// host's clock that cannot step: this instance cannot know when, only
+    /// that its previous owner's last lease write came before our claim,
+    /// its last lease check at most [`LEASE_FRESHNESS`] after that write,
+    /// and its request at most the provider timeout after the check (the
+    /// call's one limit covers the connection too). So from our claim,
+    /// less the provider timeout and the freshness, and never below zero.
+    fn inherited_age(&self, claimed: Stamp) -> Duration {
+        claimed
+            .elapsed()
+            .saturating_sub(self.settings.provider_timeout + LEASE_FRESHNESS)
     }
 
     /// The SMS to hand the provider, its body opened if it was sealed (a
@@ -502,18 +540,20 @@ impl Deliverer {
         &self,
         snap: &Snapshot,
         event: &Event<'_>,
-        dedupes: bool,
+        keys: KeyRule,
         r: &Route<'_>,
     ) -> Transition {
-        super::route::route(
-            snap,
-            event,
-            self.clock.now(),
-            &self.settings.retry,
-            dedupes,
-            r,
-        )
+        super::route::route(snap, event, self.clock.now(), &self.settings.retry, keys, r)
     }
+}
+
+/// What a reconciliation learns when its one candidate turns out to be
+/// another message's (that message wrote the provider's id first): ours
+/// was not listed, which on a list that may lag is no answer yet.
+fn candidate_taken() -> Reconciled {
+    Reconciled::Pending(
+        "the provider's only candidate belongs to another message; ours is not listed yet".into(),
+    )
 }
 
 /// A step `decide` does not lead to from where the run asked (an event

@@ -8,8 +8,9 @@
 //! | about to send, recipient opted out     | final `failed` (`unknown` if maybe sent)     |
 //! | about to send, otherwise               | proceed                                      |
 //! | accepted                               | final `sent`                                 |
-//! | rejected                               | final `failed` (`unknown` if maybe sent and  |
-//! |                                        | the provider does not de-duplicate)          |
+//! | rejected                               | final `failed` (`unknown` if maybe sent,     |
+//! |                                        | unless a refusal under the provider's key    |
+//! |                                        | covers earlier attempts: the `http` bridge)  |
 //! | refused (the account, not the message) | final `failed` (`unknown` if maybe sent)     |
 //! | retryable                              | retry at backoff/Retry-After, or give up     |
 //! | ambiguous, provider de-duplicates      | retry (resending cannot send twice; a 409,   |
@@ -18,8 +19,12 @@
 //! | reconciled `Sent`                      | final `sent`                                 |
 //! | reconciled `NotSent` after an answer   | as retryable                                 |
 //! | reconciled `NotSent` on resume         | proceed                                      |
-//! | reconciled `Pending` (after an answer  | ask again later, the attempt left open; past |
-//! | or on resume)                          | the deadline or the validity final `unknown` |
+//! | reconciled `Answered` (the provider    | as that answer (after an answer or on        |
+//! | shows the attempt's own answer)        | resume); an ambiguous one as `Pending`       |
+//! | reconciled `Pending` (after an answer  | ask again later (after the retry delay, at   |
+//! | or on resume)                          | least a quarter of the attempt's age), the   |
+//! |                                        | attempt left open; past the deadline or the  |
+//! |                                        | validity final `unknown`                     |
 //! | reconciled `Unknown`                   | final `unknown`                              |
 //! | the body cannot be opened (a sealed    | final `failed` (`unknown` if maybe sent)     |
 //! | code whose secret is gone)             |                                              |
@@ -36,8 +41,28 @@ use time::OffsetDateTime;
 use super::RetryPolicy;
 use crate::clock::to_time;
 use crate::domain::{AttemptOutcome, MessageError, Status};
-use crate::provider::{Reconciled, SendOutcome};
+use crate::provider::{Provider, Reconciled, SendOutcome};
 use crate::store::{AttemptResult, MessageRecord};
+
+/// What the provider does with our key ([`Provider::dedupes_by_key`],
+/// [`Provider::rejection_covers_earlier_attempts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyRule {
+    /// A resend under the same key cannot send twice.
+    pub dedupes: bool,
+    /// A refusal under the key also says no earlier attempt sent it.
+    pub rejection_covers_earlier: bool,
+}
+
+impl KeyRule {
+    /// The rule of `provider`; none when it is not configured.
+    pub fn of(provider: Option<&dyn Provider>) -> Self {
+        provider.map_or_else(KeyRule::default, |p| KeyRule {
+            dedupes: p.dedupes_by_key(),
+            rejection_covers_earlier: p.rejection_covers_earlier_attempts(),
+        })
+    }
+}
 
 /// What the decision needs to know about the message.
 #[derive(Clone, Debug, PartialEq)]
@@ -151,7 +176,7 @@ pub fn decide(
     event: &Event<'_>,
     now: OffsetDateTime,
     policy: &RetryPolicy,
-    dedupes: bool,
+    keys: KeyRule,
 ) -> Transition {
     match event {
         Event::Starting { opted_out, closing } => {
@@ -185,7 +210,7 @@ pub fn decide(
                 }),
             }
         }
-        Event::Answered(outcome) => answered(snap, outcome, now, policy, dedupes),
+        Event::Answered(outcome) => answered(snap, outcome, now, policy, keys),
         Event::Reconciled { after, answer } => match answer {
             Reconciled::Sent {
                 provider_message_id,
@@ -200,6 +225,15 @@ pub fn decide(
                 let (_, retry_after, message) = parts(after);
                 retry_or_give_up(snap, after, retry_after, now, policy, false, &message)
             }
+            // The provider shows what became of the attempt: decided as its
+            // answer would have been (an ambiguous one is no answer yet).
+            Reconciled::Answered(shown @ SendOutcome::Ambiguous { .. }) => {
+                let (_, retry_after, reason) = parts(shown);
+                recheck_or_give_up(snap, &reason, retry_after, now, policy, || {
+                    result_from(after, snap.attempt, now)
+                })
+            }
+            Reconciled::Answered(shown) => answered(snap, shown, now, policy, keys),
             Reconciled::Pending(reason) => {
                 let (_, retry_after, _) = parts(after);
                 recheck_or_give_up(snap, reason, retry_after, now, policy, || {
@@ -228,6 +262,18 @@ pub fn decide(
                 )),
             }),
             Reconciled::NotSent => Transition::Step(Step::Proceed),
+            Reconciled::Answered(shown @ SendOutcome::Ambiguous { .. }) => {
+                let (_, _, reason) = parts(shown);
+                recheck_or_give_up(snap, &reason, None, now, policy, || {
+                    local_result(
+                        snap.attempt,
+                        AttemptOutcome::Lost,
+                        Some(reason.clone()),
+                        now,
+                    )
+                })
+            }
+            Reconciled::Answered(shown) => answered(snap, shown, now, policy, keys),
             Reconciled::Pending(reason) => {
                 recheck_or_give_up(snap, reason, None, now, policy, || {
                     local_result(
@@ -333,8 +379,13 @@ fn recheck_or_give_up(
             attempt: Some(closing()),
         });
     }
+    // A log may lag for long: asked at a pace of a quarter of the
+    // attempt's age (at most the retry cap), not every retry delay, and
+    // once more at the deadline if the pace would pass it.
+    let age = Duration::try_from(now - snap.attempt_started_at).unwrap_or(Duration::ZERO);
+    let paced = now + to_time((age / 4).min(policy.cap));
     Transition::Write(Write::Recheck {
-        at,
+        at: at.max(paced.min(snap.deadline_at)),
         error: error("provider_ambiguous", reason, None),
     })
 }
@@ -344,7 +395,7 @@ fn answered(
     outcome: &SendOutcome,
     now: OffsetDateTime,
     policy: &RetryPolicy,
-    dedupes: bool,
+    keys: KeyRule,
 ) -> Transition {
     let attempt = Some(result_from(outcome, snap.attempt, now));
     match outcome {
@@ -362,9 +413,10 @@ fn answered(
             message,
             ..
         } => Transition::Write(Write::Final {
-            // A definite "no" to this very key: with a de-duplicating
-            // provider that also covers any earlier ambiguous attempt.
-            status: if dedupes {
+            // A definite "no" to this very attempt; it covers an earlier
+            // ambiguous one only where a refusal under the key replays the
+            // key's first answer (not Infobip's refusal of a repeat).
+            status: if keys.rejection_covers_earlier {
                 Status::Failed
             } else {
                 give_up_status(snap.maybe_sent)
@@ -395,7 +447,7 @@ fn answered(
             message,
             ..
         } => {
-            if dedupes {
+            if keys.dedupes {
                 // Resending with the same key cannot send twice.
                 retry_or_give_up(snap, outcome, *retry_after, now, policy, true, message)
             } else {

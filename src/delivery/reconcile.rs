@@ -11,8 +11,10 @@ impl Deliverer {
     ///
     /// A provider message id is never read-then-taken (except our own
     /// message id, which only this message can have). A candidate that
-    /// another message already holds is not ours (the provider's single
-    /// candidate was someone else's SMS, so nothing of ours was listed). A
+    /// another message already holds is not ours: the provider's single
+    /// candidate was someone else's SMS, so nothing of ours was listed,
+    /// which is no answer yet on a list that may lag (asked again later,
+    /// never resent). A
     /// candidate that another in-flight message to the same number with the
     /// same body could still turn out to own (its answer not written yet) is
     /// not taken either: the question is asked again later, when that
@@ -55,11 +57,14 @@ impl Deliverer {
             .await;
         match owner {
             Ok(Some(owner)) if owner != sms.message_id => {
-                tracing::warn!(
+                tracing::info!(
                     %owner,
-                    "the provider's only candidate belongs to another message: not ours"
+                    "the provider's only candidate belongs to another message: asking again later"
                 );
-                return Some(Reconciled::NotSent);
+                return Some(Reconciled::Pending(format!(
+                    "the provider's only candidate {provider_message_id} belongs to another \
+                     message; this one is not listed yet"
+                )));
             }
             Ok(_) => {}
             Err(e) => {

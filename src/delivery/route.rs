@@ -14,6 +14,8 @@
 //! | ambiguous                                     | any            | reconcile / retry on|
 //! |                                               |                | the same provider   |
 //! | ambiguous, reconciled `NotSent`               | yes            | move on             |
+//! | ambiguous, reconciled `Answered` refused or   | yes            | move on             |
+//! | retryable (the provider shows it did not act) |                |                     |
 //! | ambiguous, reconciled `Unknown`               | any            | final `unknown`     |
 //! | rejected (invalid number, opted out, ...)     | any            | final `failed`      |
 //! | accepted, reconciled `Sent`                   | any            | final `sent`        |
@@ -25,7 +27,7 @@
 use time::OffsetDateTime;
 
 use super::RetryPolicy;
-use super::decide::{Event, Snapshot, Step, Transition, Write, decide, too_late};
+use super::decide::{Event, KeyRule, Snapshot, Step, Transition, Write, decide, too_late};
 use crate::provider::{Reconciled, SendOutcome};
 
 /// Where the message is and where it could go.
@@ -45,10 +47,10 @@ pub fn route(
     event: &Event<'_>,
     now: OffsetDateTime,
     policy: &RetryPolicy,
-    dedupes: bool,
+    keys: KeyRule,
     r: &Route<'_>,
 ) -> Transition {
-    let t = decide(snap, event, now, policy, dedupes);
+    let t = decide(snap, event, now, policy, keys);
     // Something earlier may have been sent: another provider could send it
     // a second time.
     if snap.maybe_sent {
@@ -64,19 +66,31 @@ pub fn route(
             attempt,
         })
     };
-    match (event, t) {
-        (Event::Starting { .. }, Transition::Step(Step::Proceed)) if r.current_open => {
+    // What the provider answered the attempt, or showed of it when asked
+    // afterwards (a lookup that finds the attempt's own refusal).
+    let shown: Option<&SendOutcome> = match event {
+        Event::Answered(o) => Some(o),
+        Event::Reconciled {
+            answer: Reconciled::Answered(o),
+            ..
+        } => Some(o),
+        _ => None,
+    };
+    match (event, shown, t) {
+        (Event::Starting { .. }, _, Transition::Step(Step::Proceed)) if r.current_open => {
             move_on(format!("the {} circuit is open", r.current), None)
         }
         (
-            Event::Answered(o @ SendOutcome::Retryable { .. }),
+            _,
+            Some(o @ SendOutcome::Retryable { .. }),
             Transition::Write(Write::Retry { attempt, .. }),
         ) => move_on(
             format!("{} did not send it: {}", r.current, message(o)),
             Some(attempt),
         ),
         (
-            Event::Answered(o @ SendOutcome::Refused { .. }),
+            _,
+            Some(o @ SendOutcome::Refused { .. }),
             Transition::Write(Write::Final {
                 attempt: Some(attempt),
                 ..
@@ -90,6 +104,7 @@ pub fn route(
                 after,
                 answer: Reconciled::NotSent,
             },
+            _,
             Transition::Write(Write::Retry { attempt, .. }),
         ) => move_on(
             format!(
@@ -99,7 +114,7 @@ pub fn route(
             ),
             Some(attempt),
         ),
-        (_, t) => t,
+        (_, _, t) => t,
     }
 }
 

@@ -113,6 +113,17 @@ fn kind(t: &Transition) -> Want {
 
 const NEXT: Option<&str> = Some("http");
 
+/// A provider that de-duplicates (or not) and whose refusals follow suit
+/// (the default of `Provider::rejection_covers_earlier_attempts`).
+impl From<bool> for KeyRule {
+    fn from(dedupes: bool) -> Self {
+        KeyRule {
+            dedupes,
+            rejection_covers_earlier: dedupes,
+        }
+    }
+}
+
 #[test]
 fn the_routing_table() {
     use Want::*;
@@ -139,6 +150,12 @@ fn the_routing_table() {
         },
         Reconciled::NotSent,
         Reconciled::Unknown("cannot tell".into()),
+    );
+    let (shown_refused, shown_retryable, shown_rejected, pending) = (
+        Reconciled::Answered(refused()),
+        Reconciled::Answered(refused_connection()),
+        Reconciled::Answered(invalid_number()),
+        Reconciled::Pending("the log shows nothing yet".into()),
     );
     let recon = |answer| Event::Reconciled {
         after: &amb,
@@ -399,6 +416,62 @@ fn the_routing_table() {
             false,
             Unknown,
         ),
+        // A lookup that shows the attempt's own answer (Infobip's log entry
+        // with a REJECTED status) routes as that answer would have.
+        (
+            "reconciled: its account refusal shown, next",
+            recon(&shown_refused),
+            false,
+            NEXT,
+            false,
+            false,
+            MoveOn,
+        ),
+        (
+            "reconciled: its account refusal shown, no next",
+            recon(&shown_refused),
+            false,
+            None,
+            false,
+            false,
+            Failed,
+        ),
+        (
+            "reconciled: its account refusal shown, maybe sent",
+            recon(&shown_refused),
+            false,
+            NEXT,
+            false,
+            true,
+            Unknown,
+        ),
+        (
+            "reconciled: a retryable rejection shown, next",
+            recon(&shown_retryable),
+            false,
+            NEXT,
+            false,
+            false,
+            MoveOn,
+        ),
+        (
+            "reconciled: its rejection of the message shown",
+            recon(&shown_rejected),
+            false,
+            NEXT,
+            false,
+            false,
+            Failed,
+        ),
+        (
+            "reconciled pending (a log that lags)",
+            recon(&pending),
+            false,
+            NEXT,
+            false,
+            false,
+            Recheck,
+        ),
     ];
     for (name, event, open, next, dedupes, maybe_sent, want) in table {
         let s = Snapshot {
@@ -410,7 +483,7 @@ fn the_routing_table() {
             current_open: open,
             next,
         };
-        let t = route(&s, &event, NOW, &policy(), dedupes, &r);
+        let t = route(&s, &event, NOW, &policy(), dedupes.into(), &r);
         assert_eq!(kind(&t), want, "{name}: {t:?}");
     }
 }
@@ -423,7 +496,14 @@ fn moving_on_closes_the_answered_attempt_and_names_the_next_provider() {
         next: NEXT,
     };
     let o = refused_connection();
-    let t = route(&snap(), &Event::Answered(&o), NOW, &policy(), false, &r);
+    let t = route(
+        &snap(),
+        &Event::Answered(&o),
+        NOW,
+        &policy(),
+        false.into(),
+        &r,
+    );
     let Transition::Step(Step::MoveOn {
         to,
         reason,
@@ -446,7 +526,7 @@ fn moving_on_closes_the_answered_attempt_and_names_the_next_provider() {
         current_open: true,
         ..r
     };
-    let t = route(&snap(), &starting, NOW, &policy(), false, &open);
+    let t = route(&snap(), &starting, NOW, &policy(), false.into(), &open);
     assert!(
         matches!(&t, Transition::Step(Step::MoveOn { attempt: None, reason, .. }) if reason.contains("circuit is open")),
         "{t:?}"
@@ -465,7 +545,14 @@ fn no_move_on_past_the_attempt_budget() {
         ..snap()
     };
     for o in [refused(), refused_connection(), busy()] {
-        let t = route(&last, &Event::Answered(&o), NOW, &policy(), false, &r);
+        let t = route(
+            &last,
+            &Event::Answered(&o),
+            NOW,
+            &policy(),
+            false.into(),
+            &r,
+        );
         assert_eq!(kind(&t), Want::Failed, "{o:?}: {t:?}");
     }
 }

@@ -221,15 +221,29 @@ impl SendOutcome {
 }
 
 /// What a provider says about a send whose outcome we did not see.
+///
+/// A provider's log or message list may lag behind its answers without
+/// bound unless its documentation bounds it (neither Infobip nor Twilio
+/// does): an empty lookup is `Pending`, never `NotSent`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reconciled {
     /// It has the message: it was sent once, under this id.
     Sent { provider_message_id: String },
-    /// It certainly has no such message: sending again is safe.
+    /// It certainly has no such message: sending again is safe. Only a
+    /// lookup its provider documents as complete may answer it; no adapter
+    /// does today (an attempt an adapter refused before any request says
+    /// so with [`Reconciled::Answered`]).
     NotSent,
-    /// Not yet known: the provider is still acting on the request, or its
-    /// one candidate could still turn out to be another in-flight message's.
-    /// Nothing is sent; the question is asked again later.
+    /// The provider shows this attempt's own answer, as a send would have
+    /// returned it (Infobip's log entry with a `REJECTED` status): the
+    /// attempt is decided as if the provider had answered it. Never
+    /// `Ambiguous`.
+    Answered(SendOutcome),
+    /// Not yet known: the provider is still acting on the request, its
+    /// lookup shows nothing yet (it may lag), or its one candidate could
+    /// still turn out to be another in-flight message's. Nothing is sent;
+    /// the question is asked again later (and past the retry deadline the
+    /// message ends `unknown`).
     Pending(String),
     /// Nobody can tell.
     Unknown(String),
@@ -238,9 +252,18 @@ pub enum Reconciled {
 /// The attempt a reconciliation asks about.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttemptRef {
-    /// When it started, on the clock of the instance that started it.
+    /// When it started, on the wall clock of the instance that started it
+    /// (a fresh message's insert, before its wait for a send slot). Only
+    /// for a window on the provider's own clock that must not start late
+    /// (Twilio's message list): never an age.
     pub started_at: OffsetDateTime,
-    /// How long ago that was by the asking instance's clock.
+    /// At least this long ago its request was written, on a clock that
+    /// cannot step (`crate::clock::Stamp`): a lower bound, for every window
+    /// an adapter judges by age. For this instance's own call it runs from
+    /// when the call returned; for an attempt it inherited (a takeover, a
+    /// recheck) from its own claim, less the provider timeout and the lease
+    /// freshness (the previous owner may have written its request that
+    /// long after our claim), saturating at zero.
     pub age: Duration,
     /// Who it sent as, in the provider's words ([`Provider::sender`]), when
     /// that was recorded (attempts made before it was are not).
@@ -270,8 +293,20 @@ pub trait Provider: Send + Sync + 'static {
     }
 
     /// Whether the provider de-duplicates on the idempotency key we pass it,
-    /// so that resending after an ambiguous outcome cannot send twice.
+    /// so that resending after an ambiguous outcome cannot send twice. Only
+    /// where its documentation says so (docs/providers.md cites it).
     fn dedupes_by_key(&self) -> bool;
+
+    /// Whether a refusal of a resend under our key also says that no
+    /// earlier attempt under that key sent the message, so that the message
+    /// may end `failed` after an ambiguous attempt. True for a key that
+    /// replays its first answer (the `http` bridge); false where the
+    /// refusal is about the repeat alone (Infobip's idempotency refuses a
+    /// repeat whatever became of the first). Defaults to
+    /// [`Provider::dedupes_by_key`].
+    fn rejection_covers_earlier_attempts(&self) -> bool {
+        self.dedupes_by_key()
+    }
 
     /// Makes one attempt. Never panics; every failure is classified.
     async fn send(&self, sms: &OutgoingSms) -> SendOutcome;

@@ -194,6 +194,10 @@ pub struct Context {
     pub public_url: Option<String>,
     /// `SENDONCE_LOG_BODIES`.
     pub log_bodies: bool,
+    /// `SENDONCE_RETRY_DEADLINE`: no attempt of a message starts later
+    /// than this after it was accepted (a window of the provider's that a
+    /// resend relies on must outlast it).
+    pub retry_deadline: Duration,
 }
 
 /// One adapter's settings, ready to build its client.
@@ -204,6 +208,11 @@ pub trait Configured: std::fmt::Debug + Send + Sync + 'static {
     fn build(&self) -> Result<Arc<dyn Provider>, ProviderError>;
     /// The settings themselves, for whoever knows their type (tests).
     fn as_any(&self) -> &dyn Any;
+    /// What an operator should hear at start about these settings, though
+    /// they are allowed (a variable that no longer has an effect).
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Why an adapter's variables were refused. Mapped into the configuration's

@@ -1,13 +1,14 @@
 //! The Infobip adapter end to end, against the mock's Infobip (written from
-//! Infobip's SMS API reference; it refuses a repeated `messageId` as Infobip
-//! does and de-duplicates nothing else): the send, its classes, an
-//! ambiguous answer reconciled by our id (found: sent, never resent; not
-//! found once `INFOBIP_LOOKUP_AFTER` passed: resent under the same id;
-//! lookups failing: asked again, never resent, never failed), the
-//! duplicate-id answer, and delivery reports (batched, duplicated, forged).
+//! Infobip's SMS API reference; it de-duplicates nothing unless a test turns
+//! on the idempotency Infobip enables per account on request): the send,
+//! its classes, an ambiguous answer reconciled by our id (found: sent,
+//! never resent; nothing in the logs: asked again, never resent, `unknown`
+//! at the retry deadline; lookups failing: asked again, never resent, never
+//! failed), idempotency declared (resent under the same id, the repeat
+//! refused), and delivery reports (batched, duplicated, forged).
 //!
-//! Time that matters to the service (the lookup delay, rechecks) runs on a
-//! hand-moved clock, with the scheduler driven by hand: nothing waits for
+//! Time that matters to the service (the retry deadline, rechecks) runs on
+//! a hand-moved clock, with the scheduler driven by hand: nothing waits for
 //! time to pass.
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use sendonce::clock::Clock;
 use sendonce::domain::MessageId;
-use sendonce::provider::infobip::{DEFAULT_LOOKUP_AFTER, delivery_url};
+use sendonce::provider::infobip::delivery_url;
 use sendonce::provider::{
     AttemptRef, InfobipProvider, InfobipSettings, OutgoingSms, Provider, Reconciled, SendOutcome,
 };
@@ -32,6 +33,27 @@ const TO: &str = "+14155550100";
 /// The Infobip provider aimed at the mock, its delivery reports coming
 /// back to this instance with the receipt secret.
 pub fn infobip() -> ProviderFactory {
+    infobip_declaring(None)
+}
+
+/// The adapter's settings aimed at `base_url`, idempotency declared with
+/// `grace` when given.
+pub fn settings(base_url: &str, grace: Option<Duration>) -> InfobipSettings {
+    InfobipSettings {
+        base_url: base_url.to_string(),
+        api_key: API_KEY.into(),
+        from: Some(DEFAULT_FROM.into()),
+        delivery_url: None,
+        idempotency_grace: grace,
+        warnings: Vec::new(),
+        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(1),
+    }
+}
+
+/// As [`infobip`], with Infobip's idempotency declared with `grace`
+/// (`INFOBIP_IDEMPOTENCY_GRACE`) when given.
+pub fn infobip_declaring(grace: Option<Duration>) -> ProviderFactory {
     Box::new(move |mock, app, s| {
         s.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([(
             "INFOBIP_RECEIPT_SECRET",
@@ -40,13 +62,8 @@ pub fn infobip() -> ProviderFactory {
         .expect("receipt settings");
         s.server.public_url = Some(app.to_string());
         let settings = InfobipSettings {
-            base_url: mock.to_string(),
-            api_key: API_KEY.into(),
-            from: Some(DEFAULT_FROM.into()),
             delivery_url: Some(delivery_url(app, RECEIPT_SECRET)),
-            lookup_after: DEFAULT_LOOKUP_AFTER,
-            timeout: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(1),
+            ..settings(mock, grace)
         };
         Arc::new(InfobipProvider::new(settings).expect("infobip provider"))
     })
@@ -62,15 +79,15 @@ async fn spawn_infobip(backend: Backend) -> TestApp {
 }
 
 /// An instance on a hand-moved clock whose scheduler only runs when the
-/// test ticks it.
-async fn spawn_infobip_on_a_manual_clock(backend: Backend) -> TestApp {
+/// test ticks it; Infobip's idempotency declared with `grace` when given.
+async fn spawn_infobip_on_a_manual_clock(backend: Backend, grace: Option<Duration>) -> TestApp {
     let mut settings = test_settings();
     settings.scheduler.poll_interval = Duration::from_secs(3600);
     spawn_with(TestOptions {
         backend,
         settings,
         clock: Clock::manual(time::OffsetDateTime::now_utc()),
-        provider: Some(infobip()),
+        provider: Some(infobip_declaring(grace)),
         ..TestOptions::default()
     })
     .await
@@ -284,37 +301,34 @@ async fn same_text_twice_at_once_each_is_found_by_its_own_id(backend: Backend) {
     assert_eq!(app.mock.deliveries_to(TO, "Your parcel is at the door"), 2);
 }
 
-async fn nothing_created_is_resent_under_the_same_id_once_the_delay_passed(backend: Backend) {
-    let app = spawn_infobip_on_a_manual_clock(backend).await;
+async fn nothing_in_the_logs_is_never_resent_and_ends_unknown_at_the_deadline(backend: Backend) {
+    let app = spawn_infobip_on_a_manual_clock(backend, None).await;
+    // The connection drops before Infobip creates anything: its logs will
+    // never show it, but an empty log cannot tell that from one that lags.
     app.mock.infobip_drop_before_create(1);
     post_now(&app, "NOTHING", "hello").await;
     settled(&app, 1).await;
     let m = app.get("/messages/NOTHING").await.json();
     assert_eq!(m["status"], "processing", "{m}");
-    assert_eq!(app.mock.call_count(), 1);
     assert_eq!(app.mock.stats().lookups, 1, "looked up once");
+    // Minutes later, the log still empty: asked again, never resent.
+    for n in 2..=3 {
+        advance_and_recheck(&app, Duration::from_secs(120), n).await;
+        let m = app.get("/messages/NOTHING").await.json();
+        assert_eq!(m["status"], "processing", "lookup {n}: {m}");
+        assert_eq!(app.mock.call_count(), 1, "lookup {n}: never resent");
+    }
+    // Past the retry deadline: nobody can tell, so `unknown`, never failed.
+    advance_and_recheck(&app, Duration::from_secs(15 * 60), 4).await;
+    let m = app.wait_for_status("NOTHING", "unknown").await;
+    assert_eq!(m["attempts"], 1, "{m}");
+    assert_eq!(m["error"]["code"], "outcome_unknown", "{m}");
+    assert_eq!(app.mock.call_count(), 1);
     assert_eq!(app.mock.created(), 0);
-
-    // Half the delay: the empty log may only lag behind.
-    advance_and_recheck(&app, Duration::from_secs(30), 2).await;
-    let m = app.get("/messages/NOTHING").await.json();
-    assert_eq!(m["status"], "processing", "{m}");
-    assert_eq!(app.mock.call_count(), 1, "not resent before the delay");
-
-    // Past it: not sent, so resent, under the same id.
-    advance_and_recheck(&app, Duration::from_secs(31), 3).await;
-    let m = app.wait_for_status("NOTHING", "sent").await;
-    assert_eq!(m["attempts"], 2, "{m}");
-    assert_eq!(m["provider_message_id"], m["id"]);
-    let ids = sent_ids(&app);
-    assert_eq!(ids.len(), 2);
-    assert_eq!(ids[0], ids[1]);
-    assert_eq!(ids[0], m["id"].as_str().unwrap());
-    assert_eq!(app.mock.deliveries_to(TO, "hello"), 1);
 }
 
 async fn failing_lookups_keep_it_in_flight_and_never_resend(backend: Backend) {
-    let app = spawn_infobip_on_a_manual_clock(backend).await;
+    let app = spawn_infobip_on_a_manual_clock(backend, None).await;
     app.mock.push([Behaviour::AcceptThenDrop]);
     app.mock.infobip_fail_lookups(1000);
     post_now(&app, "BLIND", "hello").await;
@@ -339,46 +353,114 @@ async fn failing_lookups_keep_it_in_flight_and_never_resend(backend: Backend) {
     assert_eq!(app.mock.deliveries_to(TO, "hello"), 1);
 }
 
-async fn a_duplicate_id_answer_is_looked_up_and_not_resent(backend: Backend) {
-    let app = spawn_infobip_on_a_manual_clock(backend).await;
-    // Created, the answer lost, and the logs lag behind by far more than
-    // the lookup delay: the first lookup after the delay finds nothing,
-    // so the message is resent under its id, and Infobip calls it a
-    // duplicate.
-    app.mock.push([Behaviour::AcceptThenDrop]);
-    app.mock.infobip_set_log_lag(Duration::from_secs(24 * 3600));
+async fn a_duplicate_id_answer_without_declared_idempotency_is_looked_up(backend: Backend) {
+    let app = spawn_infobip_on_a_manual_clock(backend, None).await;
+    // Infobip refuses the id (its idempotency is on for this account, but
+    // the operator did not declare it): that says a message with our id
+    // reached Infobip, not that it was accepted, so it is looked up.
+    app.mock
+        .infobip_reject_next("REJECTED_DUPLICATE_MESSAGE_ID");
     post_now(&app, "DUP", "hello").await;
     settled(&app, 1).await;
     let m = app.get("/messages/DUP").await.json();
     assert_eq!(m["status"], "processing", "{m}");
-    // One run: the lookup (2) finds nothing after the delay, the resend is
-    // answered "duplicate", and that answer is looked up (3).
-    advance_and_recheck(&app, Duration::from_secs(61), 3).await;
-    assert_eq!(app.mock.call_count(), 2, "resent once, under the same id");
-    let ids = sent_ids(&app);
-    assert_eq!(ids[0], ids[1]);
-    let m = app.get("/messages/DUP").await.json();
-    assert_eq!(m["status"], "processing", "{m}");
-    assert!(
-        m["error"]["message"]
-            .as_str()
-            .is_some_and(|e| e.contains("duplicate")),
-        "{m}"
+    assert_eq!(app.mock.call_count(), 1, "not resent");
+    // The logs show only the repeat's refusal: nothing of a first send.
+    advance_and_recheck(&app, Duration::from_secs(120), 2).await;
+    assert_eq!(app.mock.call_count(), 1, "never resent");
+    assert_eq!(
+        app.mock.infobip_logged(
+            app.get("/messages/DUP").await.json()["id"]
+                .as_str()
+                .unwrap()
+        ),
+        ["REJECTED_DUPLICATE_MESSAGE_ID"]
     );
-    // Long past the delay, the logs still silent: the duplicate answer said
-    // Infobip has it, so it is asked again, never resent.
-    for n in 4..=5 {
-        advance_and_recheck(&app, Duration::from_secs(120), n).await;
-        assert_eq!(app.mock.call_count(), 2, "lookup {n}: not resent");
-    }
-    // The log catches up: sent, one message.
-    app.mock.infobip_set_log_lag(Duration::ZERO);
-    advance_and_recheck(&app, Duration::from_secs(1), 6).await;
-    let m = app.wait_for_status("DUP", "sent").await;
-    assert_eq!(m["provider_message_id"], m["id"]);
-    assert_eq!(app.mock.call_count(), 2);
-    assert_eq!(app.mock.infobip_messages().len(), 1);
-    assert_eq!(app.mock.deliveries_to(TO, "hello"), 1);
+    assert_eq!(app.mock.created(), 0);
+}
+
+/// `INFOBIP_IDEMPOTENCY_GRACE` declared, and the mock's idempotency on as
+/// Infobip documents it: an ambiguous answer is resent under the same
+/// `messageId`, never looked up, and the one message is all there is.
+async fn declared_idempotency_resends_under_the_same_id(backend: Backend) {
+    let grace = Duration::from_secs(24 * 3600);
+    let app = spawn_infobip_on_a_manual_clock(backend, Some(grace)).await;
+    app.mock.infobip_set_idempotency(Some(grace));
+    // Created, the answer lost: the resend is refused as a repeat, which
+    // with idempotency declared means Infobip has it.
+    app.mock.push([Behaviour::AcceptThenDrop]);
+    post_now(&app, "DECLARED-1", "created once").await;
+    eventually("the first send", || async {
+        (app.mock.call_count() == 1).then_some(())
+    })
+    .await;
+    eventually("its retry to be written", || async {
+        let due = app
+            .db
+            .count("SELECT count(*) FROM messages WHERE next_attempt_at IS NOT NULL")
+            .await;
+        (due == 1).then_some(())
+    })
+    .await;
+    app.clock.advance(Duration::from_secs(1));
+    assert_eq!(app.handle.scheduler.tick().await.expect("scan"), 1);
+    let m = app.wait_for_status("DECLARED-1", "sent").await;
+    assert_eq!(m["attempts"], 2, "{m}");
+    assert_eq!(m["provider_message_id"], m["id"], "{m}");
+    let ids = sent_ids(&app);
+    assert_eq!(ids, [ids[0].clone(), ids[0].clone()], "the same messageId");
+    let id = m["id"].as_str().unwrap();
+    assert_eq!(
+        app.mock.infobip_logged(id),
+        ["PENDING_ACCEPTED", "REJECTED_DUPLICATE_MESSAGE_ID"]
+    );
+    assert_eq!(app.mock.deliveries_to(TO, "created once"), 1);
+    assert_eq!(app.mock.stats().lookups, 0, "resent, never looked up");
+
+    // Nothing created, the answer lost: the resend creates the one message.
+    app.mock.infobip_drop_before_create(1);
+    post_now(&app, "DECLARED-2", "created on the resend").await;
+    eventually("the first send", || async {
+        (app.mock.call_count() == 3).then_some(())
+    })
+    .await;
+    eventually("its retry to be written", || async {
+        let due = app
+            .db
+            .count("SELECT count(*) FROM messages WHERE next_attempt_at IS NOT NULL")
+            .await;
+        (due == 1).then_some(())
+    })
+    .await;
+    app.clock.advance(Duration::from_secs(1));
+    assert_eq!(app.handle.scheduler.tick().await.expect("scan"), 1);
+    let m = app.wait_for_status("DECLARED-2", "sent").await;
+    assert_eq!(m["attempts"], 2, "{m}");
+    assert_eq!(app.mock.deliveries_to(TO, "created on the resend"), 1);
+
+    // After an ambiguous attempt, a refusal of the repeat says nothing of
+    // the first: `unknown`, never `failed`.
+    app.mock.push([Behaviour::AcceptThenDrop]);
+    post_now(&app, "DECLARED-3", "refused on the resend").await;
+    eventually("the first send", || async {
+        (app.mock.call_count() == 5).then_some(())
+    })
+    .await;
+    eventually("its retry to be written", || async {
+        let due = app
+            .db
+            .count("SELECT count(*) FROM messages WHERE next_attempt_at IS NOT NULL")
+            .await;
+        (due == 1).then_some(())
+    })
+    .await;
+    app.mock.infobip_reject_next("REJECTED_DESTINATION");
+    app.clock.advance(Duration::from_secs(1));
+    assert_eq!(app.handle.scheduler.tick().await.expect("scan"), 1);
+    let m = app.wait_for_status("DECLARED-3", "unknown").await;
+    assert_eq!(m["error"]["code"], "provider_rejected", "{m}");
+    assert_eq!(m["error"]["provider_code"], "REJECTED_DESTINATION", "{m}");
+    assert_eq!(app.mock.deliveries_to(TO, "refused on the resend"), 1);
 }
 
 /// Posts a delivery report body to the Infobip endpoint with `secret` as
@@ -546,9 +628,10 @@ on_both_backends!(
     a_rejected_destination_fails,
     accepted_then_dropped_is_found_and_not_resent,
     same_text_twice_at_once_each_is_found_by_its_own_id,
-    nothing_created_is_resent_under_the_same_id_once_the_delay_passed,
+    nothing_in_the_logs_is_never_resent_and_ends_unknown_at_the_deadline,
     failing_lookups_keep_it_in_flight_and_never_resend,
-    a_duplicate_id_answer_is_looked_up_and_not_resent,
+    a_duplicate_id_answer_without_declared_idempotency_is_looked_up,
+    declared_idempotency_resends_under_the_same_id,
     delivery_reports_are_matched_batched_and_deduplicated,
     forged_reports_are_refused_and_change_nothing,
     the_mock_reports_to_the_url_each_message_carried,
@@ -574,33 +657,34 @@ fn aged(age: Duration) -> AttemptRef {
     }
 }
 
-/// The adapter against the mock directly: the mock refuses a repeated id
-/// and de-duplicates nothing else, and the adapter's lookup answers by its
-/// rules (found; nothing yet; nothing after the delay; a duplicate answer;
-/// a failing lookup; an attempt too old for Infobip's logs).
+/// The adapter against the mock directly: the mock de-duplicates nothing
+/// unless its idempotency is on, and the adapter's lookup answers by its
+/// rules (found; nothing yet, at any age; the attempt's own rejection; a
+/// repeat's refusal; a failing lookup; an attempt too old for Infobip's
+/// logs).
 #[tokio::test]
 async fn the_adapter_and_the_mock_follow_infobips_rules() {
     sendonce::install_crypto_provider();
     let (mock, url, _) = MockProvider::start().await.unwrap();
-    let p = InfobipProvider::new(InfobipSettings {
-        base_url: url.trim_end_matches("/messages").to_string(),
-        api_key: API_KEY.into(),
-        from: Some(DEFAULT_FROM.into()),
-        delivery_url: None,
-        lookup_after: DEFAULT_LOOKUP_AFTER,
-        timeout: Duration::from_secs(2),
-        connect_timeout: Duration::from_secs(1),
-    })
-    .unwrap();
+    let base = url.trim_end_matches("/messages");
+    let p = InfobipProvider::new(settings(base, None)).unwrap();
+    let declared =
+        InfobipProvider::new(settings(base, Some(Duration::from_secs(24 * 3600)))).unwrap();
+    assert!(!p.dedupes_by_key() && !p.rejection_covers_earlier_attempts());
+    assert!(declared.dedupes_by_key() && !declared.rejection_covers_earlier_attempts());
     let first = outgoing("Your code is 4821");
-    assert_eq!(
-        p.send(&first).await,
-        SendOutcome::Accepted {
-            provider_message_id: first.message_id.to_string(),
-            http_status: Some(200),
-        }
-    );
-    // The same id again: Infobip's duplicate answer, nothing created.
+    let accepted = SendOutcome::Accepted {
+        provider_message_id: first.message_id.to_string(),
+        http_status: Some(200),
+    };
+    assert_eq!(p.send(&first).await, accepted);
+    // The same id again, idempotency off (Infobip's default): a second
+    // message.
+    assert_eq!(p.send(&first).await, accepted);
+    assert_eq!(mock.deliveries_to(TO, "Your code is 4821"), 2);
+    // With it on: the repeat refused, nothing created; ambiguous unless
+    // declared, accepted under our id when declared.
+    mock.infobip_set_idempotency(Some(Duration::from_secs(3600)));
     match p.send(&first).await {
         SendOutcome::Ambiguous { message, .. } => {
             assert!(
@@ -610,41 +694,47 @@ async fn the_adapter_and_the_mock_follow_infobips_rules() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(mock.created(), 1);
+    assert_eq!(declared.send(&first).await, accepted);
+    assert_eq!(mock.deliveries_to(TO, "Your code is 4821"), 2);
     // The same text under another id is another message.
     let second = outgoing("Your code is 4821");
     assert_eq!(p.send(&second).await.class(), "ok");
-    assert_eq!(mock.deliveries_to(TO, "Your code is 4821"), 2);
+    assert_eq!(mock.deliveries_to(TO, "Your code is 4821"), 3);
 
     // Found by its id, at once.
     let now = aged(Duration::ZERO);
-    assert_eq!(
-        p.reconcile(&first, &now).await,
-        Reconciled::Sent {
-            provider_message_id: first.message_id.to_string()
-        }
-    );
-    // Never created: nothing yet before the delay, not sent after it.
+    let sent = |sms: &OutgoingSms| Reconciled::Sent {
+        provider_message_id: sms.message_id.to_string(),
+    };
+    assert_eq!(p.reconcile(&first, &now).await, sent(&first));
+    // Never created: not known yet, at any age (the log may lag).
     let never = outgoing("never sent");
-    assert!(matches!(
-        p.reconcile(&never, &now).await,
-        Reconciled::Pending(_)
-    ));
-    let late = aged(DEFAULT_LOOKUP_AFTER);
-    assert_eq!(p.reconcile(&never, &late).await, Reconciled::NotSent);
-    // Logs lagging far behind: an id Infobip called a duplicate is never
-    // "not sent", however late.
+    for age in [0, 60, 3600] {
+        let got = p.reconcile(&never, &aged(Duration::from_secs(age))).await;
+        assert!(matches!(got, Reconciled::Pending(_)), "{age} s: {got:?}");
+    }
+    // Logs lagging: nothing yet, however late.
     mock.infobip_set_log_lag(Duration::from_secs(3600));
+    let late = aged(Duration::from_secs(3600));
     assert!(matches!(
-        p.reconcile(&first, &late).await,
+        p.reconcile(&second, &late).await,
         Reconciled::Pending(_)
     ));
-    assert_eq!(p.reconcile(&second, &late).await, Reconciled::NotSent);
     mock.infobip_set_log_lag(Duration::ZERO);
+    // Rejected before it could be sent: the attempt's own answer.
+    let refused = outgoing("refused");
+    mock.infobip_reject_next("REJECTED_DESTINATION");
+    assert_eq!(p.send(&refused).await.class(), "permanent");
+    match p.reconcile(&refused, &now).await {
+        Reconciled::Answered(SendOutcome::Rejected { provider_code, .. }) => {
+            assert_eq!(provider_code.as_deref(), Some("REJECTED_DESTINATION"));
+        }
+        other => panic!("{other:?}"),
+    }
     // A failing lookup: asked again, whatever the age.
     mock.infobip_fail_lookups(1);
     assert!(matches!(
-        p.reconcile(&never, &late).await,
+        p.reconcile(&first, &late).await,
         Reconciled::Pending(_)
     ));
     // Older than Infobip's logs are kept: nobody can tell.
@@ -653,10 +743,66 @@ async fn the_adapter_and_the_mock_follow_infobips_rules() {
         p.reconcile(&first, &old).await,
         Reconciled::Unknown(_)
     ));
-    let calls: Vec<_> = mock
-        .calls()
-        .into_iter()
-        .filter(|c| c.endpoint == "infobip")
-        .collect();
-    assert_eq!(calls.len(), 3);
+    // A recipient Infobip cannot reach: refused before any request, as the
+    // send would have answered.
+    let chat = OutgoingSms {
+        to: sendonce::domain::Recipient::from_stored("telegram:42").expect("a chat"),
+        ..outgoing("to a chat")
+    };
+    assert!(matches!(
+        p.reconcile(&chat, &now).await,
+        Reconciled::Answered(SendOutcome::Refused { .. })
+    ));
+}
+
+/// `INFOBIP_IDEMPOTENCY_GRACE` shorter than `SENDONCE_RETRY_DEADLINE` plus
+/// an hour stops the binary at start (exit code 2, one line naming both):
+/// a resend relies on Infobip refusing the repeat, which it does only within
+/// the grace period. `INFOBIP_LOOKUP_AFTER` is still taken, whatever it says.
+#[tokio::test]
+async fn the_binary_refuses_a_grace_period_the_deadline_could_outlast() {
+    let infobip = [
+        ("SENDONCE_PROVIDER", "infobip"),
+        ("INFOBIP_API_KEY", "k"),
+        ("INFOBIP_BASE_URL", "xk3e9.api.infobip.com"),
+    ];
+    // (extra variables, refused)
+    let table: [(&[(&str, &str)], bool); 5] = [
+        (&[("INFOBIP_IDEMPOTENCY_GRACE", "30m")], true),
+        (&[("INFOBIP_IDEMPOTENCY_GRACE", "75m")], false),
+        (
+            &[
+                ("INFOBIP_IDEMPOTENCY_GRACE", "2h"),
+                ("SENDONCE_RETRY_DEADLINE", "2h"),
+            ],
+            true,
+        ),
+        (&[("INFOBIP_IDEMPOTENCY_GRACE", "24h")], false),
+        (&[("INFOBIP_LOOKUP_AFTER", "2h")], false),
+    ];
+    for (extra, refused) in table {
+        let out = crate::process::sendonce("postgres://x@127.0.0.1:1/db")
+            .arg("migrate")
+            .envs(infobip.iter().chain(extra.iter()).copied())
+            .env("SENDONCE_DB_ACQUIRE_TIMEOUT", "200ms")
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        if refused {
+            assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+            assert_eq!(stderr.trim().lines().count(), 1, "{extra:?}: {stderr}");
+            assert!(
+                stderr.contains("INFOBIP_IDEMPOTENCY_GRACE")
+                    && stderr.contains("SENDONCE_RETRY_DEADLINE"),
+                "{extra:?}: {stderr}"
+            );
+        } else {
+            // Past the configuration: it fails on the unreachable database.
+            assert!(
+                stderr.contains("cannot reach the database"),
+                "{extra:?}: {stderr}"
+            );
+        }
+    }
 }

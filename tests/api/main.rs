@@ -69,6 +69,7 @@ mod hardening3;
 mod hardening4;
 mod helpers;
 mod infobip;
+mod lagging_lookups;
 mod lifecycle;
 mod npm_smsc;
 mod observability;

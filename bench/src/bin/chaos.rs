@@ -23,6 +23,25 @@
 //! close; a phone getting one SMS twice through either or both providers
 //! counts as a duplicate.
 //!
+//! `--infobip` runs every instance with `SENDONCE_PROVIDER=infobip,http`:
+//! Infobip's SMS API at the mock first, its idempotency off (as Infobip
+//! leaves it unless asked: a repeated `messageId` is a second message), its
+//! logs lagging by `--infobip-log-lag-ms` behind every message it creates
+//! (Infobip documents no bound), its answers dropped after accepting at
+//! `--accept-then-drop`, and each instance's sends queued for
+//! `--max-concurrent-sends` slots (4 by default here), so that attempts
+//! wait for a slot as in a brownout; `/messages` after it, de-duplicating
+//! as with `--provider http`. A phone getting one SMS twice through either
+//! or both providers counts as a duplicate; an ambiguous send Infobip's
+//! logs never show (a 500 that created nothing) ends `unknown` at the
+//! retry deadline, never resent and never moved on.
+//!
+//! The instances' retry deadline is `--retry-deadline-secs` (30 s; 600 s
+//! with `--gateway`): a send whose provider's lookup shows nothing yet is
+//! asked again until then (a client retrying its key meanwhile is answered
+//! 409), and the run waits for it (at least the deadline and 30 s after the
+//! load) before judging anything stuck.
+//!
 //! `--provider smpp` runs every instance as an SMPP client
 //! (`SENDONCE_PROVIDER=smpp`, two binds each) of the npm `smpp` package's
 //! server (`testkit/smsc/smsc.js`, the SMPP adapter's test SMSC, started
@@ -231,6 +250,25 @@ struct Args {
     /// row and probes after 2 s.
     #[arg(long)]
     two_providers: bool,
+    /// Run every instance with Infobip first, then http
+    /// (`SENDONCE_PROVIDER=infobip,http`), both on the mock: Infobip's
+    /// idempotency off, its logs lagging by --infobip-log-lag-ms, its
+    /// answers dropped after accepting at --accept-then-drop, sends queued
+    /// for --max-concurrent-sends slots; circuits as with --two-providers.
+    #[arg(long)]
+    infobip: bool,
+    /// With --infobip: how long a message Infobip created stays out of its
+    /// logs, in ms.
+    #[arg(long, default_value_t = 3000)]
+    infobip_log_lag_ms: u64,
+    /// Each instance's SENDONCE_MAX_CONCURRENT_SENDS (default: the
+    /// service's own, 64; 4 with --infobip).
+    #[arg(long)]
+    max_concurrent_sends: Option<usize>,
+    /// Each instance's SENDONCE_RETRY_DEADLINE, in seconds (default 30;
+    /// 600 with --gateway); --clock-step adds its steps to it.
+    #[arg(long)]
+    retry_deadline_secs: Option<u64>,
     /// The instances' `DATABASE_URL` names these hosts (`h1:p1,h2:p2`, a
     /// highly available cluster, `scripts/ha.sh`) instead of the admin
     /// server alone, with `target_session_attrs=read-write`.
@@ -326,6 +364,9 @@ impl Args {
             // Gateway messages and SMS are told apart per phone.
             return Err("--gateway: not over smpp, and at most 10000 --keys".into());
         }
+        if self.infobip && (self.two_providers || self.gateway || self.smpp()) {
+            return Err("--infobip: not with --two-providers, --gateway or --provider smpp".into());
+        }
         if self.gateway && self.fallback_after_secs >= self.ttl_secs {
             return Err("--fallback-after-secs must be less than --ttl-secs".into());
         }
@@ -340,6 +381,9 @@ impl Args {
 
     /// `SENDONCE_PROVIDER`.
     fn providers(&self) -> &'static str {
+        if self.infobip {
+            return "infobip,http";
+        }
         match (self.two_providers, self.provider) {
             (true, _) => "twilio,http",
             (false, ProviderChoice::Twilio) => "twilio",
@@ -354,6 +398,26 @@ impl Args {
 
     fn uses_http(&self) -> bool {
         self.providers().contains("http")
+    }
+
+    /// Whether the instances fail over between two providers.
+    fn failover(&self) -> bool {
+        self.providers().contains(',')
+    }
+
+    /// `SENDONCE_RETRY_DEADLINE` of the instances, before clock steps.
+    fn retry_deadline(&self) -> Duration {
+        Duration::from_secs(
+            self.retry_deadline_secs
+                .unwrap_or(if self.gateway { 600 } else { 30 }),
+        )
+    }
+
+    /// `SENDONCE_MAX_CONCURRENT_SENDS` of the instances, when not the
+    /// service's default.
+    fn max_concurrent_sends(&self) -> Option<usize> {
+        self.max_concurrent_sends
+            .or(if self.infobip { Some(4) } else { None })
     }
 }
 
@@ -419,6 +483,14 @@ impl Run {
                 format!("{}/messages", self.mock_base),
             );
         }
+        if self.args.providers().contains("infobip") {
+            cmd.env("INFOBIP_BASE_URL", &self.mock_base)
+                .env("INFOBIP_API_KEY", "chaos-infobip-key")
+                .env("INFOBIP_FROM", "ChaosSMS");
+        }
+        if let Some(n) = self.args.max_concurrent_sends() {
+            cmd.env("SENDONCE_MAX_CONCURRENT_SENDS", n.to_string());
+        }
         if self.args.gateway {
             // The mock's Gateway checks no token unless told to; the
             // verifications' limits and pauses are off (one tenant, one
@@ -433,7 +505,7 @@ impl Run {
                 .env("SENDONCE_VERIFY_PAUSE_MIN_STARTS", "0")
                 .env("SENDONCE_VERIFY_PAUSE_COUNTRY_MIN_STARTS", "0");
         }
-        if self.args.two_providers {
+        if self.args.failover() {
             cmd.env("SENDONCE_CIRCUIT_FAILURES", "3")
                 .env("SENDONCE_CIRCUIT_OPEN_FOR", "2s");
         }
@@ -460,7 +532,10 @@ impl Run {
             .env("SENDONCE_RETRY_BASE_MS", "50")
             .env("SENDONCE_RETRY_CAP_MS", "1000")
             .env("SENDONCE_RETRY_MAX_ATTEMPTS", "30")
-            .env("SENDONCE_RETRY_DEADLINE_SECS", (600 + stepped).to_string())
+            .env(
+                "SENDONCE_RETRY_DEADLINE_SECS",
+                (self.args.retry_deadline().as_secs() + stepped).to_string(),
+            )
             .env("SENDONCE_RETRY_AFTER_MAX_SECS", "2")
             .env("SENDONCE_SYNC_WAIT_MS", sync_wait)
             .env("SENDONCE_SHUTDOWN_GRACE_SECS", "1")
@@ -694,6 +769,9 @@ struct Outcome {
     /// Messages by the provider that has them, and failovers recorded.
     by_provider: Vec<(String, i64)>,
     failovers: i64,
+    /// Messages `sent` whose provider was asked about them (an ambiguous
+    /// answer, or an attempt taken over) and showed them.
+    found_by_lookup: i64,
     /// Per key: creations at the mock and the verdict.
     keys: Vec<(usize, u32, Verdict)>,
     /// Messages the mock created that are no key's (To, Body).
@@ -764,6 +842,9 @@ async fn run_on(
     if args.gateway {
         mock.set_gateway_check_failures(args.gateway_check_failures);
         mock.set_gateway_revoke_latency(Duration::from_millis(args.gateway_revoke_ms));
+    }
+    if args.infobip {
+        mock.infobip_set_log_lag(Duration::from_millis(args.infobip_log_lag_ms));
     }
     // The `http` contract is a provider (or bridge) that de-duplicates on
     // Idempotency-Key; Twilio's endpoint never does, whatever this says.
@@ -923,6 +1004,9 @@ fn print_setup(run: &Run) {
         (_, true) if a.two_providers => {
             "Twilio's API never de-duplicates; /messages de-duplicates (MOCK_DEDUP=ietf)"
         }
+        (_, true) if a.infobip => {
+            "Infobip's idempotency is off (a repeated messageId is a second message); /messages de-duplicates (MOCK_DEDUP=ietf)"
+        }
         _ => "/messages de-duplicates (MOCK_DEDUP=ietf)",
     };
     match &run.smsc {
@@ -934,6 +1018,14 @@ fn print_setup(run: &Run) {
         ),
         None => println!("chaos: provider {} at the mock ({dedup})", a.providers()),
     }
+    if a.infobip {
+        println!(
+            "chaos: Infobip's logs lag {} ms behind each message; {} send slots per instance",
+            a.infobip_log_lag_ms,
+            a.max_concurrent_sends().unwrap_or(64)
+        );
+    }
+    println!("chaos: retry deadline {} s", a.retry_deadline().as_secs());
     if a.gateway {
         println!(
             "chaos: verifications, channels telegram then sms: the Telegram Gateway at the mock (a message for every accepted send: no de-duplication on request_id; faults as above on its sends, {:.0}% of its checks failing, revokes answered within {} ms, {:.0}% of its messages reported delivered), {:.0}% of the verifications canceled, fallback after {} s, ttl {} s",
@@ -1528,7 +1620,11 @@ async fn count_not_final(conn: &mut PgConnection) -> i64 {
 /// the messages' states and the mock's counts, and judges every key.
 async fn settle(run: &Run, database_url: &str, load: &Load) -> Result<Outcome, String> {
     let mut db = connect_writable(database_url).await?;
-    let settle_deadline = Instant::now() + Duration::from_secs(run.args.settle_secs);
+    // A send whose provider shows nothing yet is asked again until its
+    // retry deadline: never judged stuck before that has passed.
+    let settle = Duration::from_secs(run.args.settle_secs)
+        .max(run.args.retry_deadline() + Duration::from_secs(30));
+    let settle_deadline = Instant::now() + settle;
     let mut stuck: i64;
     loop {
         stuck = count_not_final(&mut db).await;
@@ -1563,6 +1659,14 @@ async fn settle(run: &Run, database_url: &str, load: &Load) -> Result<Outcome, S
             .fetch_one(&mut db)
             .await
             .map_err(|e| e.to_string())?;
+    let found_by_lookup: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT m.id) FROM messages m JOIN attempts a ON a.message_id = m.id \
+         WHERE m.status IN ('sent', 'delivered') AND a.outcome IN ('ambiguous', 'reconciled') \
+         AND a.number = m.attempts",
+    )
+    .fetch_one(&mut db)
+    .await
+    .map_err(|e| e.to_string())?;
     let acknowledged = load
         .acknowledged
         .lock()
@@ -1605,6 +1709,7 @@ async fn settle(run: &Run, database_url: &str, load: &Load) -> Result<Outcome, S
     Ok(Outcome {
         by_provider,
         failovers,
+        found_by_lookup,
         load_secs: 0.0,
         hits: Hits::default(),
         steps: Vec::new(),
@@ -1916,6 +2021,10 @@ fn report(run: &Run, load: &Load, o: &Outcome) -> bool {
     }
     println!("by provider:        {:?}", o.by_provider);
     println!("failovers:          {}", o.failovers);
+    println!(
+        "found by a lookup:  {}  (sent: the provider, asked after an ambiguous answer or a takeover, showed it)",
+        o.found_by_lookup
+    );
     println!("max sends per key:  {max_created}");
     println!(
         "duplicates:         {duplicates}  (keys created more than once, over both providers)"
@@ -2080,7 +2189,11 @@ async fn explain(run: &Run, database_url: &str, o: &Outcome) {
                         .unwrap_or_default()
                         .to_string()
                 };
-                field("To", "to") == to && field("Body", "body") == body
+                // Infobip's JSON: the number without `+`, the text inside.
+                let infobip = |p: &str| c.body.pointer(p).and_then(|v| v.as_str());
+                (field("To", "to") == to && field("Body", "body") == body)
+                    || (infobip("/messages/0/destinations/0/to") == Some(&to[1..])
+                        && infobip("/messages/0/content/text") == Some(body.as_str()))
             })
             .collect();
         if let Some(smsc) = &run.smsc {

@@ -15,36 +15,43 @@
 //! (`REJECTED_DESTINATION`, `REJECTED_INVALID_DESTINATION`, `MISSING_TO`,
 //! `REJECTED_DND`, ...) rejected; `REJECTED_NOT_ENOUGH_CREDITS` and
 //! `REJECTED_PREPAID_PACKAGE_EXPIRED` refused (the account, not the message);
-//! `REJECTED_SYSTEM_ERROR` retryable (Infobip asks for a resubmission);
-//! `REJECTED_DUPLICATE_MESSAGE_ID` ambiguous: Infobip already has a message
-//! with our id, so it is looked up and never resent blindly (see
-//! [`InfobipProvider::reconcile`]). HTTP 401/403 refused; 429 retryable with
-//! `Retry-After` when given; other 4xx and 3xx rejected; 5xx, timeouts and
-//! resets after the request was written ambiguous; connection failures
-//! before it retryable. Infobip's error body
-//! `{"requestError":{"serviceException":{"messageId","text"}}}` becomes the
-//! provider code and message.
+//! `REJECTED_SYSTEM_ERROR` retryable (Infobip's own error: it did not act).
+//! HTTP 401/403 refused; 429 retryable with `Retry-After` when given; other
+//! 4xx and 3xx rejected; 5xx, timeouts and resets after the request was
+//! written ambiguous; connection failures before it retryable. Infobip's
+//! error body `{"requestError":{"serviceException":{"messageId","text"}}}`
+//! becomes the provider code and message.
 //!
-//! Infobip answers a repeated `messageId` with `REJECTED_DUPLICATE_MESSAGE_ID`
-//! rather than a second message, but its documentation says only that ids
-//! "should be unique": it does not say for how long, nor whether the answer
-//! is always synchronous. So [`Provider::dedupes_by_key`] is `false`: an
-//! ambiguous answer is reconciled, never simply resent, and the duplicate
-//! refusal is a second line of defence only.
+//! Idempotency: Infobip documents it as opt-in, "enabled for your channels"
+//! on request, keyed on the `messageId` we assign: "Retries with the same
+//! messageId within the configured grace period are rejected during
+//! processing, so they do not send another copy of the message." Unless
+//! the operator declares it (`INFOBIP_IDEMPOTENCY_GRACE`, the grace period
+//! Infobip configured), [`Provider::dedupes_by_key`] is false: a repeated
+//! `messageId` may create a second message, so an ambiguous answer is
+//! looked up, never resent blindly, and a `REJECTED_DUPLICATE_MESSAGE_ID`
+//! answer is ambiguous too (looked up). Declared, an ambiguous answer is
+//! resent under the same `messageId` (the configuration makes sure the
+//! grace period outlasts the retry deadline by an hour), and
+//! `REJECTED_DUPLICATE_MESSAGE_ID` means Infobip accepted a message with
+//! our id within the period: accepted under it. A refusal of a repeat says
+//! nothing of an earlier attempt, so
+//! [`Provider::rejection_covers_earlier_attempts`] is false either way.
 //!
 //! Reconcile: `GET {base}/sms/3/logs?messageId=<our id>` (logs are kept 48
 //! hours; `/sms/3/reports` is not used: each report is returned only once,
-//! and taking it would steal it from whoever else reads them). A log entry
-//! with our id: sent, under that id, whatever its status. No entry, once
-//! `INFOBIP_LOOKUP_AFTER` has passed since the attempt started: not sent (a
-//! resend goes under the same id, so should the log merely have lagged,
-//! Infobip refuses the resend as a duplicate). No entry before that, or
-//! after Infobip called the id a duplicate: not known yet, asked again
-//! later. A lookup that fails (5xx, 401, a timeout, an unreadable answer):
-//! asked again later, never resent.
+//! and taking it would steal it from whoever else reads them), read by each
+//! entry's status (`lookup.rs`): an entry of any group but `REJECTED`:
+//! sent, under our id; a `REJECTED` one: the attempt's own refusal
+//! ([`Reconciled::Answered`], classified as a send answer's status);
+//! `REJECTED_DUPLICATE_MESSAGE_ID` entries say nothing of the first send.
+//! Infobip documents no bound on how soon a message shows in its logs, so
+//! no entry never means "not sent": asked again later, never resent, never
+//! moved to another provider (past the retry deadline: `unknown`). A lookup
+//! that fails (5xx, 401, a timeout, an unreadable answer): asked again.
+//! `INFOBIP_LOOKUP_AFTER`, which made an empty log "not sent" after a
+//! delay, is accepted and ignored (a warning at start).
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -54,16 +61,17 @@ use serde::Deserialize;
 use super::{AttemptRef, OutgoingSms, Provider, Reconciled, SendOutcome, parse_retry_after};
 use crate::domain::Phone;
 
-pub mod receipts;
 mod classify;
+mod lookup;
+pub mod receipts;
 mod settings;
 
 use classify::{classify_accepted, classify_error, classify_status};
 
 pub use receipts::InfobipReceipts;
 pub use settings::{
-    ADAPTER, DEFAULT_LOOKUP_AFTER, MAX_LOOKUP_AFTER, MIN_LOOKUP_AFTER, base_url, delivery_url,
-    lookup_after,
+    ADAPTER, GRACE_MARGIN, IDEMPOTENCY_GRACE, LOOKUP_AFTER, base_url, delivery_url,
+    idempotency_grace,
 };
 
 /// Where this service receives Infobip's delivery reports.
@@ -75,7 +83,8 @@ pub const SEND_PATH: &str = "/sms/3/messages";
 /// The log lookup, under the account's base URL.
 pub const LOGS_PATH: &str = "/sms/3/logs";
 
-/// The status Infobip answers a `messageId` it already has with.
+/// The status of a send Infobip refused as a repeat of a `messageId` it
+/// has (its idempotency, when enabled).
 pub const DUPLICATE_MESSAGE_ID: &str = "REJECTED_DUPLICATE_MESSAGE_ID";
 
 /// How long Infobip keeps message logs.
@@ -88,9 +97,6 @@ pub const LOOKUP_HORIZON: Duration = Duration::from_secs(47 * 3600);
 /// The largest log answer read (bytes).
 pub const MAX_LOG_BYTES: usize = 256 * 1024;
 
-/// Message ids Infobip called duplicates, remembered per process (at most).
-const REMEMBERED_DUPLICATES: usize = 10_000;
-
 /// What the adapter needs to know.
 #[derive(Clone)]
 pub struct InfobipSettings {
@@ -101,8 +107,13 @@ pub struct InfobipSettings {
     pub from: Option<String>,
     /// Our receipt endpoint with its secret, sent as `webhooks.delivery.url`.
     pub delivery_url: Option<String>,
-    /// How long after an attempt started an empty log means "not sent".
-    pub lookup_after: Duration,
+    /// The grace period of Infobip's idempotency, when the operator
+    /// declares that Infobip enabled it (`INFOBIP_IDEMPOTENCY_GRACE`):
+    /// then a resend under the same `messageId` is safe.
+    pub idempotency_grace: Option<Duration>,
+    /// What the operator should hear at start (a variable that no longer
+    /// has an effect).
+    pub warnings: Vec<String>,
     /// Upper bound of one call.
     pub timeout: Duration,
     /// Upper bound of connecting: until then, nothing was sent.
@@ -116,7 +127,7 @@ impl std::fmt::Debug for InfobipSettings {
             .field("api_key", &"***")
             .field("from", &self.from)
             .field("delivery_url", &self.delivery_url.as_ref().map(|_| "***"))
-            .field("lookup_after", &self.lookup_after)
+            .field("idempotency_grace", &self.idempotency_grace)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .finish()
@@ -129,10 +140,6 @@ pub struct InfobipProvider {
     settings: InfobipSettings,
     send_url: reqwest::Url,
     logs_url: reqwest::Url,
-    /// Our message ids Infobip answered `REJECTED_DUPLICATE_MESSAGE_ID` for
-    /// in this process: it has them, so an empty log never makes them "not
-    /// sent" here. Oldest first, bounded.
-    duplicates: Mutex<(HashSet<String>, VecDeque<String>)>,
 }
 
 /// A message status object (send answer, log, report).
@@ -165,10 +172,12 @@ struct LogsAnswer {
     results: Vec<LogEntry>,
 }
 
-#[derive(Debug, Deserialize)]
+/// One entry of Infobip's logs: a message, with its status.
+#[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct LogEntry {
     message_id: Option<String>,
+    status: Option<Status>,
 }
 
 /// Infobip's error body, in its two shapes: `requestError.serviceException`
@@ -232,7 +241,6 @@ impl InfobipProvider {
             settings,
             send_url,
             logs_url,
-            duplicates: Mutex::new((HashSet::new(), VecDeque::new())),
         })
     }
 
@@ -268,30 +276,6 @@ impl InfobipProvider {
             message["webhooks"] = serde_json::json!({ "delivery": { "url": url } });
         }
         serde_json::json!({ "messages": [message] })
-    }
-
-    fn remember_duplicate(&self, id: &str) {
-        let mut guard = self
-            .duplicates
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (set, order) = &mut *guard;
-        if set.insert(id.to_string()) {
-            order.push_back(id.to_string());
-            while order.len() > REMEMBERED_DUPLICATES {
-                if let Some(old) = order.pop_front() {
-                    set.remove(&old);
-                }
-            }
-        }
-    }
-
-    fn called_duplicate(&self, id: &str) -> bool {
-        self.duplicates
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .0
-            .contains(id)
     }
 
     /// Infobip's log entries for message `id`, or why they could not be read.
@@ -357,9 +341,14 @@ impl Provider for InfobipProvider {
     }
 
     fn dedupes_by_key(&self) -> bool {
-        // Infobip refuses a repeated `messageId`, but documents neither for
-        // how long nor that the refusal is always in the answer: an
-        // ambiguous send is reconciled by its id, not resent.
+        // Only where the operator declares Infobip's opt-in idempotency
+        // enabled: otherwise a repeated `messageId` may be a second message.
+        self.settings.idempotency_grace.is_some()
+    }
+
+    fn rejection_covers_earlier_attempts(&self) -> bool {
+        // Infobip's idempotency refuses a repeat whatever became of the
+        // first send: the refusal says nothing of it.
         false
     }
 
@@ -373,6 +362,7 @@ impl Provider for InfobipProvider {
             Err(refused) => return refused,
         };
         let ours = sms.message_id.to_string();
+        let idempotent = self.dedupes_by_key();
         let req = self
             .client
             .post(self.send_url.clone())
@@ -400,74 +390,53 @@ impl Provider for InfobipProvider {
                         message: format!("reading Infobip's answer failed: {}", e.describe()),
                     }
                 } else {
-                    classify_status(status, None, retry_after)
+                    classify_status(status, None, retry_after, &ours, idempotent)
                 };
             }
         };
         if !status.is_success() {
-            return classify_status(status, serde_json::from_slice(&bytes).ok(), retry_after);
+            let error = serde_json::from_slice(&bytes).ok();
+            return classify_status(status, error, retry_after, &ours, idempotent);
         }
         let answer = serde_json::from_slice::<SendAnswer>(&bytes).ok();
         let first = answer.and_then(|a| a.messages.into_iter().next());
-        let outcome = match first {
-            Some(m) => classify_accepted(status.as_u16(), m.message_id, m.status.as_ref(), &ours),
+        match first {
+            Some(m) => classify_accepted(
+                status.as_u16(),
+                m.message_id,
+                m.status.as_ref(),
+                &ours,
+                idempotent,
+            ),
             None => SendOutcome::Ambiguous {
                 http_status: Some(status.as_u16()),
                 retry_after: None,
                 message: "Infobip answered 2xx without the message".into(),
             },
-        };
-        if matches!(&outcome, SendOutcome::Ambiguous { message, .. } if message.contains(DUPLICATE_MESSAGE_ID))
-        {
-            self.remember_duplicate(&ours);
         }
-        outcome
     }
 
-    /// Asks Infobip's logs for our id: found, sent; none, not sent only once
-    /// the lookup delay has passed since the attempt started (and Infobip
-    /// never called the id a duplicate here); a failing lookup, ask again.
+    /// Asks Infobip's logs for our id and reads them by status
+    /// (`lookup.rs`): found, sent; its own rejection shown, that answer; no
+    /// entry yet, or a lookup that fails: asked again, never resent.
     async fn reconcile(&self, sms: &OutgoingSms, attempt: &AttemptRef) -> Reconciled {
         // A recipient Infobip cannot reach was refused before any request.
-        if sms.phone().is_err() {
-            return Reconciled::NotSent;
+        if let Err(refused) = sms.phone() {
+            return Reconciled::Answered(refused);
         }
         let ours = sms.message_id.to_string();
         if attempt.age > LOOKUP_HORIZON {
             return Reconciled::Unknown(format!(
-                "the attempt started more than {} hours ago and Infobip keeps logs for {} hours: \
+                "the attempt was made more than {} hours ago and Infobip keeps logs for {} hours: \
                  its logs cannot tell any more",
                 LOOKUP_HORIZON.as_secs() / 3600,
                 LOG_RETENTION.as_secs() / 3600
             ));
         }
-        let entries = match self.logs(&ours).await {
-            Ok(entries) => entries,
-            Err(reason) => {
-                return Reconciled::Pending(format!("{reason}; asking again, never resending"));
-            }
-        };
-        if let Some(entry) = entries
-            .iter()
-            .find(|e| e.message_id.as_deref() == Some(ours.as_str()))
-        {
-            return Reconciled::Sent {
-                provider_message_id: entry.message_id.clone().unwrap_or_else(|| ours.clone()),
-            };
+        match self.logs(&ours).await {
+            Ok(entries) => lookup::read_logs(&entries, &ours, sms.attempt),
+            Err(reason) => Reconciled::Pending(format!("{reason}; asking again, never resending")),
         }
-        if self.called_duplicate(&ours) {
-            return Reconciled::Pending(format!(
-                "Infobip called message id {ours} a duplicate but its logs do not show it yet"
-            ));
-        }
-        if attempt.age < self.settings.lookup_after {
-            return Reconciled::Pending(format!(
-                "Infobip's logs show no message {ours} yet; it counts as not sent only {}s after \
-                 the attempt started (INFOBIP_LOOKUP_AFTER)",
-                self.settings.lookup_after.as_secs()
-            ));
-        }
-        Reconciled::NotSent
     }
 }
 

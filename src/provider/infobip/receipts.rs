@@ -18,6 +18,8 @@
 //! intermediate: the handset may still not get it), which is only `sent`;
 //! `UNDELIVERABLE`, `EXPIRED` and `REJECTED` undelivered; `PENDING` sent
 //! (recorded, changes nothing on a sent message).
+//! `REJECTED_DUPLICATE_MESSAGE_ID` is the refusal of a repeat of our id,
+//! not of the message first sent under it: recorded, changes nothing.
 
 use std::sync::Arc;
 
@@ -166,6 +168,8 @@ pub fn infobip_status(word: &str) -> Option<MessageStatus> {
         }
     };
     match group.as_str() {
+        // About a repeat, not the message: nothing to apply.
+        _ if name == super::DUPLICATE_MESSAGE_ID => None,
         "DELIVERED" if name == "DELIVERED_TO_OPERATOR" => Some(MessageStatus::Sent),
         "DELIVERED" => Some(MessageStatus::Delivered),
         "UNDELIVERABLE" | "EXPIRED" | "REJECTED" => Some(MessageStatus::Undelivered),

@@ -26,22 +26,15 @@ pub const API_KEY: &str = "INFOBIP_API_KEY";
 pub const BASE_URL: &str = "INFOBIP_BASE_URL";
 pub const FROM: &str = "INFOBIP_FROM";
 pub const LOOKUP_AFTER: &str = "INFOBIP_LOOKUP_AFTER";
+pub const IDEMPOTENCY_GRACE: &str = "INFOBIP_IDEMPOTENCY_GRACE";
 
-/// How long after an attempt started Infobip's logs must still show no
-/// message with our id before that counts as "not sent", unless
-/// `INFOBIP_LOOKUP_AFTER` says otherwise.
-pub const DEFAULT_LOOKUP_AFTER: Duration = Duration::from_secs(60);
+/// How much longer than `SENDONCE_RETRY_DEADLINE` Infobip's idempotency
+/// grace period must be to be relied on: no attempt starts after a
+/// message's deadline, measured from before its first `messageId` was
+/// written, and this absorbs the clocks involved stepping.
+pub const GRACE_MARGIN: Duration = Duration::from_secs(3600);
 
-/// The longest `INFOBIP_LOOKUP_AFTER` accepted. Infobip keeps logs for 48
-/// hours; a lookup delay anywhere near that would ask after the log is gone
-/// (and a message's retry deadline ends it long before).
-pub const MAX_LOOKUP_AFTER: Duration = Duration::from_secs(3600);
-
-/// The shortest: Infobip's logs lag behind its answers, so a lookup made at
-/// once could miss a message it just created.
-pub const MIN_LOOKUP_AFTER: Duration = Duration::from_secs(1);
-
-const VARS: [Var; 5] = [
+const VARS: [Var; 6] = [
     Var {
         env: API_KEY,
         flag: "infobip-api-key",
@@ -67,9 +60,15 @@ const VARS: [Var; 5] = [
         secret: true,
     },
     Var {
+        env: IDEMPOTENCY_GRACE,
+        flag: "infobip-idempotency-grace",
+        help: "Set only when Infobip enabled idempotency for your account: its grace period (e.g. 24h; at least SENDONCE_RETRY_DEADLINE plus 1h); then an unanswered send is resent under the same messageId",
+        secret: false,
+    },
+    Var {
         env: LOOKUP_AFTER,
         flag: "infobip-lookup-after",
-        help: "How long Infobip's logs must show no message before an unanswered send counts as not sent (default 60s, 1s to 1h)",
+        help: "No longer has an effect (an empty log never means not sent); accepted so existing configurations start",
         secret: false,
     },
 ];
@@ -102,22 +101,40 @@ pub fn base_url(value: &str) -> Result<String, String> {
     Ok(url.as_str().trim_end_matches('/').to_string())
 }
 
-/// `INFOBIP_LOOKUP_AFTER`, in humantime syntax (`60s`, `2m`), within
-/// [`MIN_LOOKUP_AFTER`] and [`MAX_LOOKUP_AFTER`].
-pub fn lookup_after(value: Option<&str>) -> Result<Duration, VarError> {
+/// `INFOBIP_IDEMPOTENCY_GRACE`, in humantime syntax (`24h`): `None` when
+/// unset (Infobip's idempotency not declared). Refused unless it exceeds
+/// `retry_deadline` (`SENDONCE_RETRY_DEADLINE`) by at least
+/// [`GRACE_MARGIN`]: a resend relies on Infobip refusing the repeat, which
+/// it does only within the grace period from the first send.
+pub fn idempotency_grace(
+    value: Option<&str>,
+    retry_deadline: Duration,
+) -> Result<Option<Duration>, VarError> {
     let Some(v) = value else {
-        return Ok(DEFAULT_LOOKUP_AFTER);
+        return Ok(None);
     };
-    let d = humantime::parse_duration(v.trim()).map_err(|e| {
-        VarError::invalid(LOOKUP_AFTER, format!("is not a duration ({v:?}): {e}"))
+    let grace = humantime::parse_duration(v.trim()).map_err(|e| {
+        VarError::invalid(
+            IDEMPOTENCY_GRACE,
+            format!("is not a duration ({v:?}, e.g. 24h): {e}"),
+        )
     })?;
-    if !(MIN_LOOKUP_AFTER..=MAX_LOOKUP_AFTER).contains(&d) {
+    let least = retry_deadline + GRACE_MARGIN;
+    if grace < least {
         return Err(VarError::invalid(
-            LOOKUP_AFTER,
-            "must be between 1s and 1h (Infobip keeps logs for 48 hours)",
+            IDEMPOTENCY_GRACE,
+            format!(
+                "({}) must exceed SENDONCE_RETRY_DEADLINE ({}) by at least {}: a message is \
+                 resent under its messageId until its retry deadline, and Infobip refuses the \
+                 repeat only within the grace period; ask Infobip for a longer one, or shorten \
+                 SENDONCE_RETRY_DEADLINE",
+                humantime::format_duration(grace),
+                humantime::format_duration(retry_deadline),
+                humantime::format_duration(GRACE_MARGIN),
+            ),
         ));
     }
-    Ok(d)
+    Ok(Some(grace))
 }
 
 /// Where Infobip posts delivery reports for a message: our endpoint under
@@ -143,7 +160,17 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
         needed_by,
     })?;
     let base_url = base_url(base).map_err(|reason| VarError::invalid(BASE_URL, reason))?;
-    let lookup_after = lookup_after(vars.get(LOOKUP_AFTER))?;
+    let idempotency_grace = idempotency_grace(vars.get(IDEMPOTENCY_GRACE), ctx.retry_deadline)?;
+    let warnings = vars
+        .get(LOOKUP_AFTER)
+        .map(|_| {
+            format!(
+                "{LOOKUP_AFTER} no longer has an effect and is ignored: Infobip documents no bound \
+                 on how soon a message shows in its logs, so an empty log never counts as not sent"
+            )
+        })
+        .into_iter()
+        .collect();
     // Checked (length) by the receipt route's own configuration.
     let secret = vars.get(RECEIPT_SECRET);
     let delivery_url = match (&ctx.public_url, secret) {
@@ -155,7 +182,8 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
         api_key: api_key.trim().to_string(),
         from: vars.get(FROM).map(str::to_string),
         delivery_url,
-        lookup_after,
+        idempotency_grace,
+        warnings,
         timeout: ctx.timeout,
         connect_timeout: ctx.connect_timeout,
     }))
@@ -172,5 +200,9 @@ impl Configured for InfobipSettings {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
     }
 }

@@ -1,5 +1,5 @@
-//! The adapter's pure parts as tables: base URLs, the lookup delay, answer
-//! classes, receipt statuses, the request body.
+//! The adapter's pure parts as tables: base URLs, the idempotency grace
+//! period, answer classes, log entries, receipt statuses, the request body.
 
 use super::receipts::{infobip_status, status_word};
 use super::*;
@@ -48,15 +48,42 @@ fn base_urls_with_or_without_a_scheme() {
 }
 
 #[test]
-fn lookup_delays() {
-    assert_eq!(lookup_after(None).unwrap(), Duration::from_secs(60));
-    assert_eq!(lookup_after(Some("90s")).unwrap(), Duration::from_secs(90));
-    assert_eq!(lookup_after(Some(" 2m ")).unwrap(), Duration::from_secs(120));
-    assert_eq!(lookup_after(Some("1h")).unwrap(), MAX_LOOKUP_AFTER);
-    assert_eq!(lookup_after(Some("1s")).unwrap(), MIN_LOOKUP_AFTER);
-    for bad in ["0s", "500ms", "61m", "2h", "soon", "60"] {
-        assert!(lookup_after(Some(bad)).is_err(), "{bad:?} was taken");
+fn idempotency_grace_periods_outlast_the_retry_deadline_by_an_hour() {
+    let deadline = Duration::from_secs(15 * 60);
+    assert_eq!(idempotency_grace(None, deadline).unwrap(), None);
+    // (given, taken)
+    #[rustfmt::skip]
+    let table = [
+        ("24h", Some(Duration::from_secs(24 * 3600))),
+        (" 2h ", Some(Duration::from_secs(7200))),
+        ("75m", Some(Duration::from_secs(75 * 60))),
+        ("74m 59s", None),
+        ("1h", None),
+        ("15m", None),
+        ("0s", None),
+        ("soon", None),
+        ("86400", None),
+    ];
+    for (given, taken) in table {
+        match (idempotency_grace(Some(given), deadline), taken) {
+            (Ok(got), Some(want)) => assert_eq!(got, Some(want), "{given:?}"),
+            (Err(e), None) => {
+                assert!(e.to_string().contains(IDEMPOTENCY_GRACE), "{given:?}: {e}");
+            }
+            (got, want) => panic!("{given:?}: got {got:?}, want {want:?}"),
+        }
     }
+    // The refusal names both variables.
+    let e = idempotency_grace(Some("1h"), deadline).unwrap_err().to_string();
+    assert!(
+        e.contains("INFOBIP_IDEMPOTENCY_GRACE") && e.contains("SENDONCE_RETRY_DEADLINE"),
+        "{e}"
+    );
+    // A longer deadline needs a longer grace period.
+    let day = Duration::from_secs(24 * 3600);
+    assert!(idempotency_grace(Some("24h"), day).is_err());
+    assert!(idempotency_grace(Some("25h"), day).unwrap().is_some());
+    assert_eq!(GRACE_MARGIN, Duration::from_secs(3600));
 }
 
 #[test]
@@ -71,7 +98,7 @@ fn the_delivery_url_carries_the_secret_as_a_query_parameter() {
 fn accepted_answers_by_status() {
     let ours = "0190a1b2-0000-7000-8000-000000000001";
     let id = || Some(ours.to_string());
-    let c = |s: Status| classify_accepted(200, id(), Some(&s), ours);
+    let c = |s: Status| classify_accepted(200, id(), Some(&s), ours, false);
     // (group, name, class, provider code)
     #[rustfmt::skip]
     let table = [
@@ -112,16 +139,125 @@ fn accepted_answers_by_status() {
     // No id, or no status: it may have the message, so ambiguous.
     let pending = status("PENDING", "PENDING_ACCEPTED");
     assert_eq!(
-        classify_accepted(200, None, Some(&pending), ours).class(),
+        classify_accepted(200, None, Some(&pending), ours, false).class(),
         "ambiguous"
     );
-    assert_eq!(classify_accepted(200, id(), None, ours).class(), "ambiguous");
-    // The duplicate answer names our id and says it is never resent.
+    assert_eq!(
+        classify_accepted(200, id(), None, ours, false).class(),
+        "ambiguous"
+    );
+    // The duplicate answer, without idempotency declared, names our id and
+    // says it is never resent: a repeat may be a second message, and its
+    // refusal says nothing of whether the first was accepted.
     match c(status("REJECTED", DUPLICATE_MESSAGE_ID)) {
         SendOutcome::Ambiguous { message, .. } => {
             assert!(message.contains(ours) && message.contains(DUPLICATE_MESSAGE_ID));
         }
         other => panic!("{other:?}"),
+    }
+    // Declared: Infobip accepted a message with our id within the grace
+    // period, so it is accepted under our id (whatever id the answer
+    // carries).
+    assert_eq!(
+        classify_accepted(200, None, Some(&status("REJECTED", DUPLICATE_MESSAGE_ID)), ours, true),
+        SendOutcome::Accepted {
+            provider_message_id: ours.into(),
+            http_status: Some(200),
+        }
+    );
+    // Idempotency changes nothing else.
+    for (group, name) in [("PENDING", "PENDING_ACCEPTED"), ("REJECTED", "REJECTED_DESTINATION")] {
+        let s = status(group, name);
+        assert_eq!(
+            classify_accepted(200, id(), Some(&s), ours, true),
+            classify_accepted(200, id(), Some(&s), ours, false),
+            "{name}"
+        );
+    }
+}
+
+/// The log entries a lookup by our id returns, read by status.
+#[test]
+fn log_entries_by_status() {
+    use super::lookup::read_logs;
+    let ours = "0190a1b2-0000-7000-8000-000000000001";
+    let entry = |group: &str, name: &str| LogEntry {
+        message_id: Some(ours.into()),
+        status: Some(status(group, name)),
+    };
+    let pending = || entry("PENDING", "PENDING_ACCEPTED");
+    let dup = || entry("REJECTED", DUPLICATE_MESSAGE_ID);
+    let destination = || entry("REJECTED", "REJECTED_DESTINATION");
+    let credits = || entry("REJECTED", "REJECTED_NOT_ENOUGH_CREDITS");
+    let system = || entry("REJECTED", "REJECTED_SYSTEM_ERROR");
+    let someone_elses = LogEntry {
+        message_id: Some("not-ours".into()),
+        status: Some(status("PENDING", "PENDING_ACCEPTED")),
+    };
+    let no_status = LogEntry {
+        message_id: Some(ours.into()),
+        status: None,
+    };
+    let sent = Reconciled::Sent {
+        provider_message_id: ours.into(),
+    };
+    // What a row wants: Sent, Pending, or the shown answer's class and code.
+    #[derive(Debug, PartialEq)]
+    enum Want {
+        Sent,
+        Pending,
+        Shown(&'static str, String),
+    }
+    // (entries, attempt number, want)
+    #[rustfmt::skip]
+    let table: Vec<(&str, Vec<LogEntry>, u32, Want)> = vec![
+        ("none: the log may lag", vec![], 1, Want::Pending),
+        ("only another message's", vec![someone_elses], 1, Want::Pending),
+        ("pending", vec![pending()], 1, Want::Sent),
+        ("delivered", vec![entry("DELIVERED", "DELIVERED_TO_HANDSET")], 1, Want::Sent),
+        ("undeliverable: it was sent", vec![entry("UNDELIVERABLE", "UNDELIVERABLE_NOT_DELIVERED")], 1, Want::Sent),
+        ("expired: it was sent", vec![entry("EXPIRED", "EXPIRED_EXPIRED")], 1, Want::Sent),
+        ("the group from the name alone", vec![LogEntry { message_id: Some(ours.into()), status: Some(Status { name: Some("REJECTED_DESTINATION".into()), ..Status::default() }) }], 1, Want::Shown("permanent", "REJECTED_DESTINATION".into())),
+        ("rejected, the destination", vec![destination()], 1, Want::Shown("permanent", "REJECTED_DESTINATION".into())),
+        ("rejected, the account", vec![credits()], 1, Want::Shown("refused", "REJECTED_NOT_ENOUGH_CREDITS".into())),
+        ("rejected, Infobip's own error", vec![system()], 1, Want::Shown("retryable", "REJECTED_SYSTEM_ERROR".into())),
+        ("only a repeat refused: nothing of the first", vec![dup()], 1, Want::Pending),
+        ("a repeat refused, the first accepted", vec![dup(), pending()], 2, Want::Sent),
+        ("a repeat refused, the first rejected", vec![destination(), dup()], 2, Want::Shown("permanent", "REJECTED_DESTINATION".into())),
+        ("a second message under our id: sent", vec![system(), pending()], 2, Want::Sent),
+        ("an earlier attempt's system error, this one's not shown yet", vec![system()], 2, Want::Pending),
+        ("both attempts' system errors", vec![system(), system()], 2, Want::Shown("retryable", "REJECTED_SYSTEM_ERROR".into())),
+        ("an earlier system error, this attempt's destination refusal", vec![system(), destination()], 2, Want::Shown("permanent", "REJECTED_DESTINATION".into())),
+        ("the message refused over the account", vec![credits(), destination()], 1, Want::Shown("permanent", "REJECTED_DESTINATION".into())),
+        ("no status", vec![no_status], 1, Want::Pending),
+        ("a group Infobip does not document", vec![entry("SOMETHING_NEW", "SOMETHING_NEW")], 1, Want::Pending),
+    ];
+    for (name, entries, attempt, want) in table {
+        let got = read_logs(&entries, ours, attempt);
+        let as_want = match &got {
+            r if *r == sent => Want::Sent,
+            Reconciled::Pending(_) => Want::Pending,
+            Reconciled::Answered(o) => {
+                let code = match o {
+                    SendOutcome::Rejected { provider_code, .. }
+                    | SendOutcome::Refused { provider_code, .. }
+                    | SendOutcome::Retryable { provider_code, .. } => provider_code.clone(),
+                    _ => None,
+                };
+                Want::Shown(o.class(), code.unwrap_or_default())
+            }
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!(as_want, want, "{name}: {got:?}");
+        // A log is not an HTTP answer: no status is made up for it.
+        if let Reconciled::Answered(
+            SendOutcome::Rejected { http_status, .. }
+            | SendOutcome::Refused { http_status, .. }
+            | SendOutcome::Retryable { http_status, .. },
+        ) = &got
+        {
+            assert_eq!(*http_status, None, "{name}");
+        }
     }
 }
 
@@ -133,7 +269,8 @@ fn error_answers_by_http_status() {
         }))
         .ok()
     };
-    let c = |s: u16, e| classify_status(StatusCode::from_u16(s).unwrap(), e, None);
+    let ours = "0190a1b2-0000-7000-8000-000000000001";
+    let c = |s: u16, e| classify_status(StatusCode::from_u16(s).unwrap(), e, None, ours, false);
     // (status, class)
     let table = [
         (400, "permanent"),
@@ -165,6 +302,8 @@ fn error_answers_by_http_status() {
         StatusCode::TOO_MANY_REQUESTS,
         body("TOO_MANY_REQUESTS", "Too many requests"),
         Some(Duration::from_secs(7)),
+        ours,
+        false,
     );
     assert_eq!(
         throttled,
@@ -175,11 +314,26 @@ fn error_answers_by_http_status() {
             message: "Too many requests".into(),
         }
     );
-    // The duplicate refusal in an error answer is still "Infobip has it".
+    // The duplicate refusal in an error answer reads as in a 2xx one:
+    // ambiguous, or accepted under our id with idempotency declared.
     let dup = c(400, body("REJECTED_DUPLICATE_MESSAGE_ID", "duplicate"));
     assert!(
         matches!(&dup, SendOutcome::Ambiguous { message, .. } if message.contains(DUPLICATE_MESSAGE_ID)),
         "{dup:?}"
+    );
+    let declared = classify_status(
+        StatusCode::BAD_REQUEST,
+        body("REJECTED_DUPLICATE_MESSAGE_ID", "duplicate"),
+        None,
+        ours,
+        true,
+    );
+    assert_eq!(
+        declared,
+        SendOutcome::Accepted {
+            provider_message_id: ours.into(),
+            http_status: Some(400),
+        }
     );
     // The newer error shape reads the same.
     let newer = serde_json::from_value::<ErrorBody>(serde_json::json!({
@@ -211,6 +365,8 @@ fn report_statuses() {
         ("REJECTED", "MISSING_TO", "REJECTED/MISSING_TO", Some(MessageStatus::Undelivered)),
         ("PENDING", "PENDING_WAITING_DELIVERY", "PENDING/PENDING_WAITING_DELIVERY", Some(MessageStatus::Sent)),
         ("delivered", "DELIVERED_TO_HANDSET", "DELIVERED/DELIVERED_TO_HANDSET", Some(MessageStatus::Delivered)),
+        // A repeat's refusal is about the repeat: recorded, changes nothing.
+        ("REJECTED", "REJECTED_DUPLICATE_MESSAGE_ID", "REJECTED/REJECTED_DUPLICATE_MESSAGE_ID", None),
         ("NEW_GROUP", "WHATEVER", "NEW_GROUP/WHATEVER", None),
     ];
     for (group, name, word, meaning) in table {
@@ -221,6 +377,7 @@ fn report_statuses() {
     assert_eq!(infobip_status("DELIVERED_TO_HANDSET"), Some(MessageStatus::Delivered));
     assert_eq!(infobip_status("EXPIRED"), Some(MessageStatus::Undelivered));
     assert_eq!(infobip_status("delivered"), Some(MessageStatus::Delivered));
+    assert_eq!(infobip_status("REJECTED_DUPLICATE_MESSAGE_ID"), None);
     assert_eq!(infobip_status(""), None);
 }
 
@@ -231,7 +388,8 @@ fn the_body_carries_our_id_the_sender_validity_and_the_delivery_url() {
         api_key: "key".into(),
         from: Some("ACME".into()),
         delivery_url: Some("https://sms.example.com/providers/infobip/status?secret=s".into()),
-        lookup_after: DEFAULT_LOOKUP_AFTER,
+        idempotency_grace: None,
+        warnings: Vec::new(),
         timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
     })
@@ -275,13 +433,14 @@ fn the_body_carries_our_id_the_sender_validity_and_the_delivery_url() {
 
 #[test]
 fn configuration_from_the_variables() {
-    use super::super::registry::{self, ReceiptRoutes, Vars};
+    use super::super::registry::{self, Configured, ReceiptRoutes, Vars};
     let adapter = registry::adapter("infobip").expect("registered");
     let ctx = |public: Option<&str>| super::super::registry::Context {
         timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_secs(1),
         public_url: public.map(str::to_string),
         log_bodies: false,
+        retry_deadline: Duration::from_secs(15 * 60),
     };
     let settings = |pairs: &[(&str, &str)], public: Option<&str>| {
         (adapter.configure)(&Vars::from_pairs(pairs.iter().copied()), &ctx(public)).map(|c| {
@@ -296,13 +455,15 @@ fn configuration_from_the_variables() {
         ("INFOBIP_BASE_URL", "xk3e9.api.infobip.com"),
         ("INFOBIP_FROM", "ACME"),
         ("INFOBIP_RECEIPT_SECRET", "receipt-secret-0123456789"),
-        ("INFOBIP_LOOKUP_AFTER", "90s"),
+        ("INFOBIP_IDEMPOTENCY_GRACE", "24h"),
     ];
     let s = settings(&full, Some("https://sms.example.com")).unwrap();
     assert_eq!(s.base_url, "https://xk3e9.api.infobip.com");
     assert_eq!(s.api_key, "k3y");
     assert_eq!(s.from.as_deref(), Some("ACME"));
-    assert_eq!(s.lookup_after, Duration::from_secs(90));
+    assert_eq!(s.idempotency_grace, Some(Duration::from_secs(24 * 3600)));
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    assert!(s.build().unwrap().dedupes_by_key());
     assert_eq!(s.timeout, Duration::from_secs(5));
     assert_eq!(
         s.delivery_url.as_deref(),
@@ -313,9 +474,11 @@ fn configuration_from_the_variables() {
     // No public URL: no delivery URL (reports would have nowhere to go).
     let s = settings(&full, None).unwrap();
     assert_eq!(s.delivery_url, None);
-    // The default delay, and errors that name their variable.
+    // No idempotency unless declared, and errors that name their variable.
     let s = settings(&full[..2], Some("https://sms.example.com")).unwrap();
-    assert_eq!(s.lookup_after, DEFAULT_LOOKUP_AFTER);
+    assert_eq!(s.idempotency_grace, None);
+    assert!(!s.build().unwrap().dedupes_by_key());
+    assert!(!s.build().unwrap().rejection_covers_earlier_attempts());
     assert_eq!(s.delivery_url, None, "no secret, no delivery URL");
     let e = settings(&full[1..], None).unwrap_err();
     assert!(e.to_string().contains("INFOBIP_API_KEY"), "{e}");
@@ -327,8 +490,18 @@ fn configuration_from_the_variables() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("INFOBIP_BASE_URL"), "{e}");
-    let e = settings(&[full[0], full[1], ("INFOBIP_LOOKUP_AFTER", "2h")], None).unwrap_err();
-    assert!(e.to_string().contains("INFOBIP_LOOKUP_AFTER"), "{e}");
+    // A grace period the retry deadline could outlast is refused at start.
+    let e = settings(&[full[0], full[1], ("INFOBIP_IDEMPOTENCY_GRACE", "30m")], None).unwrap_err();
+    assert!(e.to_string().contains("INFOBIP_IDEMPOTENCY_GRACE"), "{e}");
+    assert!(e.to_string().contains("SENDONCE_RETRY_DEADLINE"), "{e}");
+    // INFOBIP_LOOKUP_AFTER is still accepted, whatever it says, with a
+    // warning that it does nothing.
+    for old in ["90s", "2h"] {
+        let s = settings(&[full[0], full[1], ("INFOBIP_LOOKUP_AFTER", old)], None).unwrap();
+        assert_eq!(s.warnings.len(), 1, "{old}");
+        assert!(s.warnings[0].contains("INFOBIP_LOOKUP_AFTER"), "{:?}", s.warnings);
+        assert_eq!(s.warnings, s.warnings(), "the warning reaches the start");
+    }
     // The receipt route refuses a short secret, and refuses every report
     // without one.
     let e = ReceiptRoutes::from_pairs([("INFOBIP_RECEIPT_SECRET", "short")]).unwrap_err();

@@ -108,11 +108,17 @@ impl Tally {
     }
 
     /// The answer once the whole window has been read: exactly one message
-    /// that is ours and none that may be, sent; none at all, not sent;
-    /// anything else, nobody can tell which (never a guess).
+    /// that is ours and none that may be, sent; none at all, not known
+    /// yet (Twilio documents no bound on how soon a message it created is
+    /// listed: asked again, never resent); anything else, nobody can tell
+    /// which (never a guess).
     pub(super) fn verdict(self) -> Reconciled {
         match (self.same.as_slice(), self.maybe) {
-            ([], 0) => Reconciled::NotSent,
+            ([], 0) => Reconciled::Pending(
+                "Twilio lists no such message yet (its list may lag: Twilio documents no \
+                 bound); asking again, never resending"
+                    .into(),
+            ),
             ([sid], 0) => Reconciled::Sent {
                 provider_message_id: sid.clone(),
             },

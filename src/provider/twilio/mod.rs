@@ -14,11 +14,14 @@
 //! which lists the account's messages to that `To`, newest first, back to
 //! [`CLOCK_SLACK`] before the attempt started, and looks for one from the
 //! sender this attempt used with exactly our body, whatever its status
-//! (`queued`/`accepted` ones included: Twilio's `date_sent` is null until
-//! the carrier has it, so no `DateSent` filter is used). Exactly one such
-//! message: sent, under its sid. None, with the window read to its end: a
-//! resend is safe. Two, one we cannot judge, or a lookup that fails: nobody
-//! can tell (`unknown`). Answers are read up to a size limit, error texts
+//! (`queued`/`accepted` ones included: Twilio's list filters on `DateSent`,
+//! to the day, and a message not sent yet has none, so no `DateSent`
+//! filter is used). Exactly one such message: sent, under its sid. None,
+//! with the window read to its end: not known yet, asked again later and
+//! never resent (Twilio documents no bound on how soon a message it
+//! created is listed; past the retry deadline the message ends `unknown`).
+//! Two, one we cannot judge, or a lookup that fails: nobody can tell
+//! (`unknown`). Answers are read up to a size limit, error texts
 //! cut to [`super::MAX_ERROR_TEXT`], and a `next_page_uri` is followed only
 //! to the configured base URL's Messages list (the credentials go with it).
 //!
@@ -500,14 +503,14 @@ impl Provider for TwilioProvider {
     /// the window, judging each against the sender the attempt used.
     ///
     /// The window starts [`CLOCK_SLACK`] before the attempt, read on both
-    /// clocks that could be wrong: the attempt's start on ours, and
-    /// Twilio's own now (its `Date` header) less the attempt's age. The
-    /// earlier of the two is used, so a host clock ahead of Twilio's (or
-    /// behind it) does not hide a message the attempt created.
+    /// clocks that could be wrong ([`window_start`]). A window that starts
+    /// too late can only hide our message, which is never "not sent" (an
+    /// empty list is asked again): it cannot send twice.
     async fn reconcile(&self, sms: &OutgoingSms, attempt: &AttemptRef) -> Reconciled {
         // A recipient Twilio cannot reach was refused before any request.
-        let Ok(to) = sms.phone() else {
-            return Reconciled::NotSent;
+        let to = match sms.phone() {
+            Ok(to) => to,
+            Err(refused) => return Reconciled::Answered(refused),
         };
         let sender = self.sender_of(sms, attempt);
         let mut url = self.messages_url.clone();
@@ -521,7 +524,8 @@ impl Provider for TwilioProvider {
                 Ok(p) => p,
                 Err(reason) => return Reconciled::Unknown(reason),
             };
-            let not_before = *not_before.get_or_insert_with(|| window_start(attempt, page.date));
+            let not_before = *not_before
+                .get_or_insert_with(|| window_start(attempt, page.date, self.settings.timeout));
             let mut past_window = false;
             for m in &page.messages {
                 tally.add(m, compare(m, sms, &sender, not_before));
@@ -546,12 +550,20 @@ impl Provider for TwilioProvider {
 }
 
 /// The earliest creation time, on Twilio's clock, of a message `attempt`
-/// may have created: [`CLOCK_SLACK`] before the earlier of its start on our
-/// clock and Twilio's `now` less its age (when Twilio told its time).
-pub fn window_start(attempt: &AttemptRef, twilio_now: Option<OffsetDateTime>) -> OffsetDateTime {
+/// may have created: [`CLOCK_SLACK`] before the earlier of its start on
+/// the wall clock of the instance that made it ([`AttemptRef::started_at`])
+/// and, when Twilio told its time, Twilio's `now` less the attempt's age
+/// and one `call` (the age runs from when this instance's call returned,
+/// at most `call` after its request was written; for an inherited attempt
+/// the age is smaller still, and the start on the wall clock decides).
+pub fn window_start(
+    attempt: &AttemptRef,
+    twilio_now: Option<OffsetDateTime>,
+    call: Duration,
+) -> OffsetDateTime {
     let ours = attempt.started_at;
     let theirs = twilio_now.and_then(|now| {
-        time::Duration::try_from(attempt.age)
+        time::Duration::try_from(attempt.age + call)
             .ok()
             .map(|age| now - age)
     });

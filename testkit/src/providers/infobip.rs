@@ -2,25 +2,34 @@
 //!
 //! - `POST /sms/3/messages` (JSON, `Authorization: App <key>`): every
 //!   accepted destination creates a message under the destination's
-//!   `messageId` (one of ours when none is given). A `messageId` it already
-//!   has is answered `200` with the status `REJECTED_DUPLICATE_MESSAGE_ID`
-//!   (group `REJECTED`) and creates nothing, as Infobip documents; nothing
-//!   else is de-duplicated (the same text to the same number under another
-//!   id is another message). Answers `{"bulkId","messages":[{"messageId",
-//!   "status":{...},"destination","details":{"messageCount"}}]}`; errors as
+//!   `messageId` (one of ours when none is given). Nothing is
+//!   de-duplicated by default: a repeated `messageId` creates a second
+//!   message, as at an account whose idempotency Infobip has not enabled
+//!   (Infobip documents its idempotency as opt-in, "enabled for your
+//!   channels" on request). With idempotency on
+//!   ([`MockProvider::infobip_set_idempotency`]) a `messageId` it created
+//!   within the grace period is refused: answered `200` with the status
+//!   `REJECTED_DUPLICATE_MESSAGE_ID` (group `REJECTED`), nothing created.
+//!   Answers `{"bulkId","messages":[{"messageId","status":{...},
+//!   "destination","details":{"messageCount"}}]}`; errors as
 //!   `{"requestError":{"serviceException":{"messageId","text"}}}`.
 //! - `GET /sms/3/logs?messageId=...` (comma-separated ids allowed):
 //!   `{"results":[{"sender","destination","bulkId","messageId","sentAt",
-//!   "doneAt","messageCount","status","content":{"text"}}]}`, with a
-//!   configurable lag (a message created less than the lag ago is not in the
-//!   logs yet) and lookups that fail (500).
+//!   "doneAt","messageCount","status","content":{"text"}}]}`, one entry per
+//!   message it created (`PENDING_ACCEPTED`) and per send it rejected (its
+//!   `REJECTED` status), with a configurable lag (an entry made less than
+//!   the lag ago is not in the logs yet: Infobip documents no bound on how
+//!   soon a message shows) and lookups that fail (500).
 //! - Delivery reports `{"results":[...]}` posted to each message's
 //!   `webhooks.delivery.url`, as the receipt plan says, and on demand for
 //!   all messages in one request ([`MockProvider::infobip_report_all`]).
 //!
 //! Faults beyond the common behaviours: dropping the connection before
-//! creating anything ([`MockProvider::infobip_drop_before_create`]) and
-//! answering the next sends with a `REJECTED` status of one's choice.
+//! creating anything ([`MockProvider::infobip_drop_before_create`]),
+//! answering the next sends with a `REJECTED` status of one's choice
+//! ([`MockProvider::infobip_reject_next`]), and rejecting the next send
+//! but dropping the connection before the answer
+//! ([`MockProvider::infobip_reject_then_drop`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -49,8 +58,18 @@ pub fn routes(router: Router<MockProvider>) -> Router<MockProvider> {
 pub(crate) struct Protocol {
     /// Messages created, oldest first.
     messages: Vec<InfobipRecord>,
-    /// How long a created message stays out of the logs.
+    /// The logs: every message created and every send rejected, oldest
+    /// first.
+    log: Vec<InfobipRecord>,
+    /// How long an entry stays out of the logs.
     log_lag: Duration,
+    /// Idempotency as Infobip enables it on request: a `messageId` created
+    /// less than this long ago is refused, nothing created. `None` (the
+    /// default): every send creates a message.
+    idempotency_grace: Option<Duration>,
+    /// `REJECTED` status names the next sends are rejected with, the
+    /// connection dropped before the answer.
+    rejections_dropped: VecDeque<String>,
     /// How many of the next log lookups fail.
     failing_lookups: usize,
     /// How many of the next sends drop the connection before creating.
@@ -70,6 +89,8 @@ pub struct InfobipRecord {
     pub sender: Option<String>,
     pub text: String,
     pub delivery_url: Option<String>,
+    /// Its status in the logs (`PENDING_ACCEPTED` for a message created).
+    pub status: String,
     created: Instant,
     created_at: time::OffsetDateTime,
 }
@@ -122,11 +143,51 @@ fn rejection(name: &str) -> serde_json::Value {
     })
 }
 
+/// The status JSON of a log entry's status name.
+fn logged_status(name: &str) -> serde_json::Value {
+    if name == PENDING_ACCEPTED.3 {
+        status_json(PENDING_ACCEPTED)
+    } else if name == DUPLICATE.3 {
+        status_json(DUPLICATE)
+    } else {
+        rejection(name)
+    }
+}
+
 impl MockProvider {
-    /// Makes created messages stay out of Infobip's logs for `lag` (judged
-    /// at each lookup: setting it to zero shows every message at once).
+    /// Makes log entries stay out of Infobip's logs for `lag` after they
+    /// were made (judged at each lookup: setting it to zero shows every
+    /// entry at once).
     pub fn infobip_set_log_lag(&self, lag: Duration) {
         self.lock().protocol::<Protocol>().log_lag = lag;
+    }
+
+    /// Turns Infobip's idempotency on with this grace period (`None`: off,
+    /// the default): a send whose `messageId` it created less than `grace`
+    /// ago is refused `REJECTED_DUPLICATE_MESSAGE_ID`, nothing created.
+    pub fn infobip_set_idempotency(&self, grace: Option<Duration>) {
+        self.lock().protocol::<Protocol>().idempotency_grace = grace;
+    }
+
+    /// Rejects the next send with this `REJECTED` status (logged, nothing
+    /// created) and drops the connection before answering.
+    pub fn infobip_reject_then_drop(&self, name: &str) {
+        self.lock()
+            .protocol::<Protocol>()
+            .rejections_dropped
+            .push_back(name.to_string());
+    }
+
+    /// The log entries of `message_id`'s sends: each status name, oldest
+    /// first (lag or not).
+    pub fn infobip_logged(&self, message_id: &str) -> Vec<String> {
+        self.lock()
+            .protocol::<Protocol>()
+            .log
+            .iter()
+            .filter(|r| r.message_id == message_id)
+            .map(|r| r.status.clone())
+            .collect()
     }
 
     /// Makes the next `n` log lookups answer 500.
@@ -182,26 +243,26 @@ impl MockProvider {
     }
 
     /// Creates an Infobip message (a delivery); `None`, creating nothing,
-    /// when a message with its id exists already (checked under the same
-    /// lock, so two racing sends of one id create one message).
+    /// when idempotency is on and a message with its id was created within
+    /// the grace period (checked under the same lock, so two racing sends
+    /// of one id create one message then). Without idempotency, every call
+    /// creates a message, a repeated id included.
     fn infobip_create(&self, m: &Wanted) -> Option<InfobipRecord> {
         let mut inner = self.lock();
         let p = inner.protocol::<Protocol>();
-        if p.messages.iter().any(|r| r.message_id == m.message_id) {
+        if let Some(grace) = p.idempotency_grace
+            && p
+                .messages
+                .iter()
+                .any(|r| r.message_id == m.message_id && r.created.elapsed() < grace)
+        {
+            let refused = p.entry(m, DUPLICATE.3);
+            p.log.push(refused);
             return None;
         }
-        p.next_bulk += 1;
-        let record = InfobipRecord {
-            message_id: m.message_id.clone(),
-            bulk_id: format!("bulk-{}", p.next_bulk),
-            destination: m.to.clone(),
-            sender: m.sender.clone(),
-            text: m.text.clone(),
-            delivery_url: m.delivery_url.clone(),
-            created: Instant::now(),
-            created_at: sendonce::clock::truncate_to_micros(time::OffsetDateTime::now_utc()),
-        };
+        let record = p.entry(m, PENDING_ACCEPTED.3);
         p.messages.push(record.clone());
+        p.log.push(record.clone());
         // Counted as the number the phone has, `+` and all.
         let to = format!("+{}", record.destination.trim_start_matches('+'));
         *inner
@@ -213,6 +274,30 @@ impl MockProvider {
             .entry(record.message_id.clone())
             .or_default() += 1;
         Some(record)
+    }
+}
+
+impl Protocol {
+    /// A log entry for the send `m` with this status, made now.
+    fn entry(&mut self, m: &Wanted, status: &str) -> InfobipRecord {
+        self.next_bulk += 1;
+        InfobipRecord {
+            message_id: m.message_id.clone(),
+            bulk_id: format!("bulk-{}", self.next_bulk),
+            destination: m.to.clone(),
+            sender: m.sender.clone(),
+            text: m.text.clone(),
+            delivery_url: m.delivery_url.clone(),
+            status: status.to_string(),
+            created: Instant::now(),
+            created_at: sendonce::clock::truncate_to_micros(time::OffsetDateTime::now_utc()),
+        }
+    }
+
+    /// Logs the send `m` as rejected with `status`, creating nothing.
+    fn reject(&mut self, m: &Wanted, status: &str) {
+        let entry = self.entry(m, status);
+        self.log.push(entry);
     }
 }
 
@@ -313,7 +398,7 @@ async fn infobip_send(
 ) -> Response {
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let busy = Busy::new(&mock);
-    let (behaviour, latency, drop_first, rejection_name) = {
+    let (behaviour, latency, drop_first, rejection_name, rejected_dropped) = {
         let mut inner = mock.lock();
         inner.calls.push(Call {
             endpoint: "infobip".into(),
@@ -331,7 +416,18 @@ async fn infobip_send(
             p.drops_before_create -= 1;
         }
         let rejection_name = p.rejections.pop_front();
-        (behaviour, latency, drop_first, rejection_name)
+        let rejected_dropped = if rejection_name.is_none() {
+            p.rejections_dropped.pop_front()
+        } else {
+            None
+        };
+        (
+            behaviour,
+            latency,
+            drop_first,
+            rejection_name,
+            rejected_dropped,
+        )
     };
     if !has_api_key(&headers) {
         return infobip_error(401, "UNAUTHORIZED", "Invalid login details", None);
@@ -344,7 +440,13 @@ async fn infobip_send(
         return std::future::pending().await;
     }
     if let Some(name) = rejection_name {
+        mock.lock().protocol::<Protocol>().reject(&want, &name);
         return sent(&want.message_id, &want.to, rejection(&name), "bulk-rejected");
+    }
+    if let Some(name) = rejected_dropped {
+        mock.lock().protocol::<Protocol>().reject(&want, &name);
+        drop_connection(switch);
+        return std::future::pending().await;
     }
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -352,7 +454,8 @@ async fn infobip_send(
     let behaviour = behaviour.after_gates().await;
     let create = {
         let (mock, want) = (mock.clone(), want.clone());
-        // `None`: Infobip refuses an id it already has, creating nothing.
+        // `None`: Infobip's idempotency refused an id it has, creating
+        // nothing.
         move || -> Option<InfobipRecord> {
             let record = mock.infobip_create(&want)?;
             let receipts = mock.lock().receipts.clone();
@@ -437,7 +540,7 @@ async fn infobip_logs(
             return infobip_error(500, "GENERAL_ERROR", "injected lookup failure", None);
         }
         let lag = p.log_lag;
-        p.messages
+        p.log
             .iter()
             .filter(|m| m.created.elapsed() >= lag)
             .filter(|m| ids.is_empty() || ids.contains(&m.message_id))
@@ -460,7 +563,7 @@ async fn infobip_logs(
                 "sentAt": iso(m.created_at),
                 "doneAt": iso(m.created_at),
                 "messageCount": 1,
-                "status": status_json(PENDING_ACCEPTED),
+                "status": logged_status(&m.status),
                 "content": { "text": m.text },
             })
         })

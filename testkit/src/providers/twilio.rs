@@ -4,7 +4,10 @@
 //! filtered by `To` and `DateSent>`, newest first by creation, paged), with
 //! Twilio's error bodies. As at Twilio, a created message stays `queued`
 //! with a null `date_sent` until it is handed to the carrier
-//! ([`MockProvider::twilio_hand_over`]). Status callbacks go to each
+//! ([`MockProvider::twilio_hand_over`]). Twilio documents no bound on how
+//! soon a message it created shows in the list, so the list may lag
+//! ([`MockProvider::twilio_set_list_lag`]: a message created less than the
+//! lag ago is not listed yet). Status callbacks go to each
 //! message's `StatusCallback`, signed with the auth token the request was
 //! authenticated with.
 
@@ -41,6 +44,8 @@ pub(crate) struct Protocol {
     messages: Vec<TwilioRecord>,
     /// How many of the next message list lookups fail.
     failing_lookups: usize,
+    /// How long a created message stays out of the list.
+    list_lag: Duration,
 }
 
 /// A message created through the Twilio endpoint.
@@ -57,6 +62,9 @@ struct TwilioRecord {
     status: &'static str,
     /// Null until handed to the carrier, as at Twilio.
     date_sent: Option<time::OffsetDateTime>,
+    /// When it was created, on this machine's monotonic clock (the list's
+    /// lag is judged by it).
+    created: std::time::Instant,
 }
 
 impl MockProvider {
@@ -82,6 +90,12 @@ impl MockProvider {
         resp
     }
 
+    /// Makes created messages stay out of the message list for `lag`
+    /// (judged at each lookup: zero lists every message at once).
+    pub fn twilio_set_list_lag(&self, lag: Duration) {
+        self.lock().protocol::<Protocol>().list_lag = lag;
+    }
+
     /// Makes the next `n` Twilio message list lookups answer 500.
     pub fn fail_lookups(&self, n: usize) {
         self.lock().protocol::<Protocol>().failing_lookups = n;
@@ -101,6 +115,7 @@ impl MockProvider {
             created_at: sendonce::clock::truncate_to_micros(now),
             status: "queued",
             date_sent: None,
+            created: std::time::Instant::now(),
         };
         *inner
             .by_recipient_body
@@ -378,18 +393,21 @@ async fn twilio_list(
         .get("Page")
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(0);
-    let mut matching: Vec<TwilioRecord> = mock
-        .lock()
-        .protocol::<Protocol>()
+    let mut inner = mock.lock();
+    let p = inner.protocol::<Protocol>();
+    let lag = p.list_lag;
+    let mut matching: Vec<TwilioRecord> = p
         .messages
         .iter()
         .rev()
+        .filter(|m| m.created.elapsed() >= lag)
         .filter(|m| m.account_sid == account_sid)
         .filter(|m| query.get("To").is_none_or(|to| &m.to == to))
         // Twilio's date filters match `date_sent`: never a message not sent yet.
         .filter(|m| after.is_none_or(|a| m.date_sent.is_some_and(|d| d >= a)))
         .cloned()
         .collect();
+    drop(inner);
     // Newest first by creation.
     matching.sort_by_key(|m| std::cmp::Reverse(m.created_at));
     let messages: Vec<serde_json::Value> = matching

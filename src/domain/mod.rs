@@ -16,6 +16,7 @@ pub mod schedule;
 pub mod sealed;
 pub mod segments;
 pub mod stop;
+pub mod verification;
 
 pub use attempt::AttemptOutcome;
 pub use idempotency_key::IdempotencyKey;

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::{Lease, MessageRecord, NewMessage, StoreError, VerificationRecord};
 use crate::domain::stop::Stop;
 use crate::domain::{MessageId, Status};
-use crate::verify::decide::VerificationStatus;
+use crate::domain::verification::VerificationStatus;
 
 /// Where a send's next channel stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

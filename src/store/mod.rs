@@ -372,7 +372,7 @@ pub trait OptOutStore: Send + Sync {
 /// Verifications (one-time codes). A start is one transaction that
 /// serialises the starts to one destination prefix (Postgres: an advisory
 /// lock; SQLite: the single writer) and decides its limits and pause with
-/// the pure functions of `verify::decide`. A check or a resend is decided
+/// the pure functions of `domain::verification`. A check or a resend is decided
 /// by its caller, with the same functions, from the row as read; the store
 /// writes the change only if the row is still as read (fenced on its
 /// status, checks left and sends, as a circuit on its version), with the

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::{MessageRecord, StoredResponse};
 use crate::verify::Channels;
-use crate::verify::decide::{self, PausePolicy, VerificationStatus};
+use crate::domain::verification::{self as decide, PausePolicy, VerificationStatus};
 
 /// A verification to insert, with its first send.
 #[derive(Clone, Debug)]

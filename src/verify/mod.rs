@@ -26,7 +26,9 @@ use crate::store::{MessageRecord, NewMessage, VerificationRecord, send_key};
 
 pub mod channels;
 pub mod crypto;
-pub mod decide;
+/// A verification's pure decisions live with the domain (the store uses
+/// them too); here under their old name.
+pub use crate::domain::verification as decide;
 pub mod expiry;
 pub mod fallback;
 mod request;

@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use crate::store::time::DbTime;
 use crate::store::{StoreError, StoredOp, StoredResponse, VerificationRecord};
-use crate::verify::decide::VerificationStatus;
+use crate::domain::verification::VerificationStatus;
 
 /// The columns of a verification row, in [`VerificationRow`]'s order.
 macro_rules! verification_columns {

@@ -18,7 +18,7 @@ use crate::store::{
     FallbackDue, FallbackState, FallbackStore, FellBack, Lease, MessageRecord, NewMessage,
     StoreError,
 };
-use crate::verify::decide::VerificationStatus;
+use crate::domain::verification::VerificationStatus;
 
 /// Open rows with something to do at `$1`, oldest due first.
 const DUE: &str = "SELECT f.verification_id, f.send_number, f.tenant_id, f.message_id, \

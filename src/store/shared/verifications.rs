@@ -26,7 +26,7 @@ use crate::store::{
     StartOutcome, StartPolicy, StoreError, StoredOp, StoredResponse, VerificationRecord,
     VerificationStore, fallback_of,
 };
-use crate::verify::decide::{self, VerificationStatus};
+use crate::domain::verification::{self as decide, VerificationStatus};
 
 const ENSURE_SECRET: &str = "INSERT INTO verify_secrets (name, secret, created_at) \
      VALUES ('verify', $1, $2) ON CONFLICT (name) DO NOTHING";

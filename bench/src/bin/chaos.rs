@@ -301,9 +301,13 @@ struct Args {
     /// With --gateway: each start's `fallback_after_seconds`.
     #[arg(long, default_value_t = 5)]
     fallback_after_secs: u64,
-    /// With --gateway: each start's `ttl_seconds` (longer than the run, so
-    /// no verification expires before its SMS is judged).
-    #[arg(long, default_value_t = 300)]
+    /// With --gateway: each start's `ttl_seconds`. A message whose
+    /// outcome the provider cannot tell yet (an ambiguous send that the
+    /// Gateway's `checkVerificationStatus` or Twilio's message list does
+    /// not show) is asked again until its verification's validity ends,
+    /// then ends `unknown`: the settling waits for every verification's
+    /// expiry (plus --settle-secs' slack), so the default is short.
+    #[arg(long, default_value_t = 60)]
     ttl_secs: u64,
     /// With --gateway: the share of `checkSendAbility` calls the Gateway
     /// answers 500, so that some Telegram sends are still being checked
@@ -2703,7 +2707,15 @@ async fn gateway_settle(
     let first_ack: HashMap<usize, Instant> =
         load.first_ack.lock().map(|f| f.clone()).unwrap_or_default();
     let settle_started = Instant::now();
-    let deadline = settle_started + Duration::from_secs(run.args.settle_secs);
+    // A message the provider cannot tell about yet is asked again until
+    // its verification expires: never judged stuck before the last expiry
+    // (and --settle-secs after the load in any case).
+    let last_expiry = first_ack
+        .values()
+        .max()
+        .map(|at| *at + Duration::from_secs(run.args.ttl_secs + 30));
+    let deadline = (settle_started + Duration::from_secs(run.args.settle_secs))
+        .max(last_expiry.unwrap_or(settle_started));
     let mut views: HashMap<usize, VerView> = HashMap::new();
     let mut not_final;
     loop {

@@ -117,14 +117,13 @@ impl Deliverer {
                 } else {
                     msg.final_response()
                 };
+                let provider = self.provider(&msg.provider);
                 let opt_out = attempt
                     .as_ref()
                     .filter(|a| {
-                        crate::provider::telegram::classify::opts_out(
-                            &msg.to,
-                            a.outcome,
-                            a.provider_code.as_deref(),
-                        )
+                        provider.as_ref().is_some_and(|p| {
+                            p.opts_out(&msg.to, a.outcome, a.provider_code.as_deref())
+                        })
                     })
                     .map(|_| msg.to.as_str().to_string());
                 let f = Finish {

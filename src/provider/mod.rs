@@ -308,6 +308,19 @@ pub trait Provider: Send + Sync + 'static {
         self.dedupes_by_key()
     }
 
+    /// Whether a finished attempt to `to` means the recipient opted out of
+    /// everything this installation sends them (a Telegram chat that
+    /// blocked the bot): the finishing write records the opt-out with the
+    /// message, so that nothing more is sent there. Defaults to never.
+    fn opts_out(
+        &self,
+        _to: &Recipient,
+        _outcome: crate::domain::AttemptOutcome,
+        _provider_code: Option<&str>,
+    ) -> bool {
+        false
+    }
+
     /// Makes one attempt. Never panics; every failure is classified.
     async fn send(&self, sms: &OutgoingSms) -> SendOutcome;
 

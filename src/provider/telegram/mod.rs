@@ -96,6 +96,15 @@ impl Provider for TelegramProvider {
         false
     }
 
+    fn opts_out(
+        &self,
+        to: &crate::domain::Recipient,
+        outcome: crate::domain::AttemptOutcome,
+        provider_code: Option<&str>,
+    ) -> bool {
+        classify::opts_out(to, outcome, provider_code)
+    }
+
     async fn send(&self, sms: &OutgoingSms) -> SendOutcome {
         let Some(chat) = sms.to.telegram_chat() else {
             return SendOutcome::Refused {

@@ -227,7 +227,7 @@ impl Deliverer {
     /// An address of a channel of its own (a Telegram chat) starts, and
     /// stays, on that channel's adapter; `None` when none is configured.
     /// Routes and the SMS providers are for numbers only.
-    pub fn first_route(&self, to: &str, from: Option<&str>) -> Option<crate::verify::Via> {
+    pub fn first_route(&self, to: &str, from: Option<&str>) -> Option<crate::domain::Via> {
         let channel = channel_of(to);
         if channel != SMS {
             let first = self
@@ -235,7 +235,7 @@ impl Deliverer {
                 .providers
                 .iter()
                 .find(|p| p.channel() == channel)?;
-            return Some(crate::verify::Via {
+            return Some(crate::domain::Via {
                 provider: first.name().to_string(),
                 sender: first.sender(from),
                 route: None,
@@ -255,7 +255,7 @@ impl Deliverer {
                 (Some(r.prefix.clone()), first)
             }
         };
-        Some(crate::verify::Via {
+        Some(crate::domain::Via {
             provider: first.name().to_string(),
             sender: first.sender(from),
             route,
@@ -263,8 +263,8 @@ impl Deliverer {
     }
 
     /// Where a test key's message starts, and stays: test mode's provider.
-    pub fn test_route() -> crate::verify::Via {
-        crate::verify::Via {
+    pub fn test_route() -> crate::domain::Via {
+        crate::domain::Via {
             provider: crate::provider::testmode::NAME.to_string(),
             sender: None,
             route: None,
@@ -273,10 +273,10 @@ impl Deliverer {
 
     /// Where a verification's Telegram send starts, and stays: the
     /// Telegram Gateway, when it is configured.
-    pub fn gateway_route(&self) -> Option<crate::verify::Via> {
+    pub fn gateway_route(&self) -> Option<crate::domain::Via> {
         let name = crate::provider::telegram_gateway::NAME;
         self.provider_named_ref(name)?;
-        Some(crate::verify::Via {
+        Some(crate::domain::Via {
             provider: name.to_string(),
             sender: None,
             route: None,

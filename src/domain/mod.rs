@@ -4,6 +4,7 @@
 //! message's states.
 
 pub mod attempt;
+pub mod channels;
 pub mod idempotency_key;
 pub mod message;
 pub mod phone;
@@ -17,11 +18,14 @@ pub mod sealed;
 pub mod segments;
 pub mod stop;
 pub mod verification;
+pub mod via;
 
 pub use attempt::AttemptOutcome;
+pub use channels::{Channel, Channels};
 pub use idempotency_key::IdempotencyKey;
 pub use message::{MessageError, MessageId, MessageOut, Status};
 pub use phone::Phone;
 pub use recipient::Recipient;
 pub use request::{FieldError, SendRequest};
 pub use segments::{Encoding, SegmentCount};
+pub use via::Via;

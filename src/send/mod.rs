@@ -67,7 +67,7 @@ pub struct Prepared {
     request: SendRequest,
     fingerprint: [u8; 32],
     /// The provider (and route) it starts on.
-    via: crate::verify::Via,
+    via: crate::domain::Via,
     /// When it starts, if not at once (a future `send_at`, quiet hours).
     due: Option<OffsetDateTime>,
     now: OffsetDateTime,

@@ -112,7 +112,7 @@ impl Sends {
         channels: &crate::verify::Channels,
         to: &str,
         test: bool,
-    ) -> Result<Option<crate::verify::Via>, FieldError> {
+    ) -> Result<Option<crate::domain::Via>, FieldError> {
         if test {
             return Ok(Some(crate::delivery::Deliverer::test_route()));
         }

@@ -67,7 +67,7 @@ pub fn fallback_of(v: &VerificationRecord, n: u32, m: &NewMessage) -> Option<New
     if m.provider != crate::provider::telegram_gateway::NAME {
         return None;
     }
-    let due_at = match v.channels.after(crate::verify::Channel::Telegram) {
+    let due_at = match v.channels.after(crate::domain::Channel::Telegram) {
         Some(_) => (m.created_at + time::Duration::seconds(i64::from(v.fallback_after_seconds)))
             .min(v.expires_at),
         None => v.expires_at,
@@ -105,7 +105,7 @@ pub struct FallbackDue {
     pub verification_status: VerificationStatus,
     pub expires_at: OffsetDateTime,
     /// The verification's channels.
-    pub channels: crate::verify::Channels,
+    pub channels: crate::domain::Channels,
 }
 
 /// What a fallback's transaction came to.

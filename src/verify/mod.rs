@@ -24,7 +24,7 @@ use crate::clock::to_time;
 use crate::domain::{IdempotencyKey, MessageId, Phone, Recipient, segments};
 use crate::store::{MessageRecord, NewMessage, VerificationRecord, send_key};
 
-pub mod channels;
+pub use crate::domain::channels;
 pub mod crypto;
 /// A verification's pure decisions live with the domain (the store uses
 /// them too); here under their old name.
@@ -34,7 +34,7 @@ pub mod fallback;
 mod request;
 pub mod settings;
 
-pub use channels::{Channel, Channels};
+pub use crate::domain::{Channel, Channels};
 pub use crypto::{Keys, SecretSource};
 pub use decide::VerificationStatus;
 pub use request::{StartRequest, parse_check};
@@ -88,15 +88,7 @@ pub fn parse_id(s: &str) -> Option<Uuid> {
     Uuid::try_parse(hex).ok()
 }
 
-/// The provider a verification's message starts on, and who its first
-/// attempt sends as there.
-#[derive(Clone, Debug)]
-pub struct Via {
-    pub provider: String,
-    pub sender: Option<String>,
-    /// The route (`SENDONCE_ROUTES` prefix) the number took, if routed.
-    pub route: Option<String>,
-}
+pub use crate::domain::Via;
 
 /// The message of send number `v.sends + 1`: the code opened, rendered,
 /// and sealed again to the new message's id. `None` when the code does not
@@ -157,7 +149,7 @@ fn build(
     retry_deadline: std::time::Duration,
     now: OffsetDateTime,
 ) -> Option<NewMessage> {
-    let channel = Channel::of_provider(&via.provider);
+    let channel = channel_of_provider(&via.provider);
     // The Gateway is handed the code alone (its own text carries it).
     let body = match channel {
         Channel::Telegram => code.to_string(),
@@ -217,7 +209,7 @@ impl SentMessage {
     /// A send about to be inserted, as its claimed row will stand
     /// (`processing`).
     pub fn queued(m: &NewMessage, v: &VerificationRecord) -> Self {
-        let channel = Channel::of_provider(&m.provider);
+        let channel = channel_of_provider(&m.provider);
         Self {
             id: m.id.to_string(),
             idempotency_key: m.idempotency_key.to_string(),
@@ -229,7 +221,7 @@ impl SentMessage {
     }
 
     pub fn of(m: &MessageRecord, v: &VerificationRecord) -> Self {
-        let channel = Channel::of_provider(&m.provider);
+        let channel = channel_of_provider(&m.provider);
         Self {
             id: m.id.to_string(),
             idempotency_key: m.idempotency_key.to_string(),
@@ -303,6 +295,15 @@ impl VerificationOut {
 
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// The channel of a message that went through `provider`.
+fn channel_of_provider(provider: &str) -> Channel {
+    if provider == crate::provider::telegram_gateway::NAME {
+        Channel::Telegram
+    } else {
+        Channel::Sms
     }
 }
 

@@ -70,7 +70,7 @@ impl TryFrom<VerificationRow> for VerificationRecord {
             last_sent_at: r.last_sent_at.0,
             approved_at: r.approved_at.map(|t| t.0),
             updated_at: r.updated_at.0,
-            channels: crate::verify::Channels::parse_stored(&r.channels)
+            channels: crate::domain::Channels::parse_stored(&r.channels)
                 .ok_or(StoreError::Invariant("an unknown verification channel"))?,
             fallback_after_seconds: count(r.fallback_after_seconds)?,
         })

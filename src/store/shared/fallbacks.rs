@@ -91,7 +91,7 @@ impl TryFrom<DueRow> for FallbackDue {
             verification_status: VerificationStatus::parse(&r.verification_status)
                 .ok_or(StoreError::Invariant("an unknown verification status"))?,
             expires_at: r.expires_at.0,
-            channels: crate::verify::Channels::parse_stored(&r.channels)
+            channels: crate::domain::Channels::parse_stored(&r.channels)
                 .ok_or(StoreError::Invariant("an unknown verification channel"))?,
         })
     }

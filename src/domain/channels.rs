@@ -2,7 +2,8 @@
 //! `["sms"]` (the default), `["telegram"]`, or `["telegram", "sms"]`
 //! (Telegram first, SMS when it did not deliver). Telegram can only come
 //! first: it is the channel that reports delivery to wait on, and SMS the
-//! one that reaches every number.
+//! one that reaches every number. In `domain`: the store, delivery and
+//! verify all read them, and none of those is below the others.
 
 /// One channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,15 +26,6 @@ impl Channel {
             "telegram" => Some(Channel::Telegram),
             "sms" => Some(Channel::Sms),
             _ => None,
-        }
-    }
-
-    /// The channel of a message that went through `provider`.
-    pub fn of_provider(provider: &str) -> Self {
-        if provider == crate::provider::telegram_gateway::NAME {
-            Channel::Telegram
-        } else {
-            Channel::Sms
         }
     }
 }

@@ -584,13 +584,18 @@ async fn a_batch_of_a_thousand_is_written_at_once_and_each_sent_once(backend: Ba
     }
     // How long it takes is the benchmark's (`batch_once`, BENCHMARKS.md).
     assert_eq!(app.message_count().await, 1000);
-    eventually("every message to be sent", || async {
-        (app.db
-            .count("SELECT count(*) FROM messages WHERE status = 'sent'")
-            .await
-            == 1000)
-            .then_some(())
-    })
+    // Sent as fast as the machine goes (a debug build on shared cores took
+    // over 10 s in CI): judged on progress, failing when it stops.
+    while_progressing(
+        "every message sent",
+        1000,
+        Duration::from_secs(15),
+        || async {
+            app.db
+                .count("SELECT count(*) FROM messages WHERE status = 'sent'")
+                .await
+        },
+    )
     .await;
     let stats = app.mock.stats();
     assert_eq!(stats.calls, 1000);

@@ -538,6 +538,34 @@ where
     within(Duration::from_secs(10), what, check).await
 }
 
+/// Polls `count` until it reaches `total`, failing only when it has not
+/// moved for `stall`: for work whose speed is the machine's (a thousand
+/// sends of a debug build on shared cores), where a deadline for the whole
+/// would fail a slow machine and not a stuck one.
+pub async fn while_progressing<F, Fut>(what: &str, total: i64, stall: Duration, mut count: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = i64>,
+{
+    let mut last = -1;
+    let mut moved = tokio::time::Instant::now();
+    loop {
+        let now = count().await;
+        if now >= total {
+            return;
+        }
+        if now != last {
+            last = now;
+            moved = tokio::time::Instant::now();
+        }
+        assert!(
+            moved.elapsed() < stall,
+            "{what}: stuck at {now} of {total} for {stall:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Polls `check` until it yields a value, failing after `limit`.
 pub async fn within<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
 where

@@ -43,7 +43,7 @@ pub mod ratelimit;
 pub mod scopes;
 pub mod send;
 pub mod shutdown;
-pub mod spend;
+pub use domain::spend;
 pub mod store;
 pub mod telemetry;
 pub mod verify;

@@ -7,6 +7,7 @@ pub mod attempt;
 pub mod channels;
 pub mod idempotency_key;
 pub mod message;
+pub mod opt_out;
 pub mod phone;
 #[cfg(test)]
 mod proptests;
@@ -16,6 +17,7 @@ pub mod request;
 pub mod schedule;
 pub mod sealed;
 pub mod segments;
+pub mod spend;
 pub mod stop;
 pub mod verification;
 pub mod via;

@@ -205,7 +205,7 @@ pub fn keyword(text: &str) -> Option<bool> {
             _ => None,
         };
     }
-    crate::http::opt_outs::keyword(t)
+    crate::domain::opt_out::keyword(t)
 }
 
 #[cfg(test)]

@@ -632,3 +632,87 @@ fn a_telegram_bot_is_a_channel_on_when_its_token_is_set() {
         "says what turns it on: {e}"
     );
 }
+
+/// Issue 42, item 4: a provider whose delivery reports cannot arrive (no
+/// `SENDONCE_PUBLIC_URL` to give it, or no secret to check them with) is
+/// named at start, with the setting that would turn them on.
+#[test]
+fn reports_that_cannot_arrive_are_warned_of_at_start() {
+    let reports = |extra: &[&str]| -> Vec<String> {
+        args(extra)
+            .unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+            .warnings()
+            .into_iter()
+            .filter(|w| w.contains("delivery reports") || w.contains("reports are off"))
+            .collect()
+    };
+    let public = ["--public-url", "https://sms.example.com"];
+    let infobip = [
+        "--provider",
+        "infobip",
+        "--infobip-api-key",
+        "k",
+        "--infobip-base-url",
+        "https://xyz.api.infobip.com",
+    ];
+    let secret = ["--infobip-receipt-secret", "0123456789abcdef0123"];
+    let sid = "AC0123456789abcdef0123456789abcdef";
+    let twilio = [
+        "--provider",
+        "twilio",
+        "--twilio-account-sid",
+        sid,
+        "--twilio-auth-token",
+        "tok",
+        "--twilio-from",
+        "+14155550000",
+    ];
+    let vonage = [
+        "--provider",
+        "vonage",
+        "--vonage-api-key",
+        "k",
+        "--vonage-api-secret",
+        "s",
+        "--vonage-from",
+        "Shop",
+    ];
+    let gateway = ["--telegram-gateway-token", "tok"];
+    let http = [
+        "--provider",
+        "http",
+        "--http-provider-url",
+        "http://127.0.0.1:9/send",
+    ];
+    let http_secret = ["--receipt-secret", "0123456789abcdef"];
+    let cat = |parts: &[&[&'static str]]| -> Vec<&'static str> { parts.concat() };
+    // (arguments, a word every warning must have; None: no warning)
+    let cases: Vec<(Vec<&str>, Option<&str>)> = vec![
+        (cat(&[&infobip, &secret]), Some("SENDONCE_PUBLIC_URL")),
+        (cat(&[&infobip, &public]), Some("INFOBIP_RECEIPT_SECRET")),
+        (cat(&[&infobip, &public, &secret]), None),
+        (cat(&[&twilio]), Some("SENDONCE_PUBLIC_URL")),
+        (cat(&[&twilio, &public]), None),
+        (cat(&[&vonage]), Some("SENDONCE_PUBLIC_URL")),
+        (cat(&[&vonage, &public]), None),
+        (cat(&[&gateway]), Some("SENDONCE_PUBLIC_URL")),
+        (
+            cat(&[&gateway, &["--public-url", "http://sms.example.com"]]),
+            Some("https"),
+        ),
+        (cat(&[&gateway, &public]), None),
+        (cat(&[&http]), Some("SENDONCE_RECEIPT_SECRET")),
+        (cat(&[&http, &http_secret]), None),
+        (Vec::new(), None),
+    ];
+    for (extra, want) in cases {
+        let got = reports(&extra);
+        match want {
+            None => assert!(got.is_empty(), "{extra:?}: {got:?}"),
+            Some(word) => {
+                assert_eq!(got.len(), 1, "{extra:?}: {got:?}");
+                assert!(got[0].contains(word), "{extra:?}: {got:?}");
+            }
+        }
+    }
+}

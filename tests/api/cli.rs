@@ -170,6 +170,22 @@ async fn key_and_disable_commands_are_audited(backend: Backend) {
     assert_eq!(log[1].detail, serde_json::json!({"disabled": true}));
 }
 
+/// Issue 42, item 4: a database that does not exist is said once, on one
+/// line, with what to do.
+#[tokio::test]
+async fn a_missing_database_is_one_line_said_once() {
+    let mut url = reqwest::Url::parse(&admin_url()).expect("admin URL");
+    let name = format!("sendonce_absent_{}", uuid::Uuid::new_v4().simple());
+    url.set_path(&name);
+    let (ok, _, err) = run(url.as_str(), &["migrate"]).await;
+    assert!(!ok, "{err}");
+    let said = err.trim_end();
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert_eq!(said.matches("does not exist").count(), 1, "{said}");
+    assert!(said.contains(&name), "{said}");
+    assert!(said.contains("createdb"), "{said}");
+}
+
 on_both_backends!(
     tenant_commands_say_what_they_changed,
     key_and_disable_commands_are_audited,

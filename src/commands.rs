@@ -353,7 +353,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
             };
             println!("name: {}", t.name);
             println!("id: {}", t.id);
-            println!("created: {}", t.created_at);
+            println!("created: {}", rfc3339(t.created_at));
             println!("quiet hours: {}", quiet_text(t.quiet_hours));
             println!("senders: {}", senders_text(t.allowed_senders.as_deref()));
             println!(
@@ -377,7 +377,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                     "{}\t{}\t{}\tquiet hours {}\tsenders {}\tcountries {}\thome {}",
                     t.id,
                     t.name,
-                    t.created_at,
+                    rfc3339(t.created_at),
                     quiet_text(t.quiet_hours),
                     senders_text(t.allowed_senders.as_deref()),
                     countries_text(t.allowed_countries.as_deref()),
@@ -580,8 +580,7 @@ pub async fn key(settings: &Settings, command: &KeyCommand) -> Result<(), Comman
                     state,
                     k.scopes.to_stored(),
                     k.label.as_deref().unwrap_or("-"),
-                    k.last_used_at
-                        .map_or_else(|| "never".to_string(), |t| t.to_string()),
+                    k.last_used_at.map_or_else(|| "never".to_string(), rfc3339),
                 );
             }
             Ok(())
@@ -593,19 +592,32 @@ pub async fn receipts(settings: &Settings, command: &ReceiptsCommand) -> Result<
     let store = migrated_store(settings).await?;
     match command {
         ReceiptsCommand::Unmatched { limit } => {
-            for r in store
+            let receipts = store
                 .unmatched_receipts(*limit)
                 .await
-                .context("listing unmatched receipts")?
-            {
+                .context("listing unmatched receipts")?;
+            if receipts.is_empty() {
+                println!("no unmatched receipts");
+            }
+            for r in receipts {
                 println!(
                     "{}\t{}\t{}\t{}\t{}",
-                    r.received_at, r.provider, r.provider_message_id, r.provider_status, r.event_id
+                    rfc3339(r.received_at),
+                    r.provider,
+                    r.provider_message_id,
+                    r.provider_status,
+                    r.event_id
                 );
             }
             Ok(())
         }
     }
+}
+
+/// A time as the CLI prints it: RFC 3339, as the API answers it.
+fn rfc3339(t: time::OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| t.to_string())
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ pub fn error(title: &str, detail: &str, session: Option<&Session>) -> Markup {
     )
 }
 
-pub fn login(token: &str, error: Option<&str>) -> Markup {
+pub fn login(token: &str, error: Option<Markup>) -> Markup {
     layout(
         "Sign in",
         None,

@@ -950,8 +950,46 @@ fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
+/// Issue 42, item 5: a key without `read` is told so (the API names the
+/// scope too), and a sign-in is a use of its key.
+async fn a_sign_in_names_the_missing_scope_and_counts_as_use(backend: Backend) {
+    use sendonce::scopes::{Scope, Scopes};
+    let app = spawn_app_on(backend).await;
+    let send_only = crate::access::key_with(&app, Scopes::of(&[Scope::Send]), None).await;
+    let mut b = Browser::new(&app);
+    let refused = b.sign_in(&send_only).await;
+    assert_eq!(refused.status, 401);
+    let page = text(&refused);
+    assert!(page.contains("<code>read</code>"), "{page}");
+    assert!(!page.contains("not accepted"), "{page}");
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
+    let last_used = || async {
+        app.handle
+            .store
+            .list_keys()
+            .await
+            .expect("keys")
+            .into_iter()
+            .find(|k| k.tenant_name == app.tenant && k.scopes.contains(Scope::Read))
+            .and_then(|k| k.last_used_at)
+    };
+    assert_eq!(last_used().await, None);
+    let ok = b.sign_in(&app.api_key).await;
+    assert_eq!(ok.status, 303);
+    assert!(last_used().await.is_some(), "the sign-in used the key");
+    // A key no one holds is still only "not accepted".
+    let mut c = Browser::new(&app);
+    let wrong = c.sign_in("so_not-a-key-of-anyone-000000000").await;
+    assert!(text(&wrong).contains("not accepted"));
+    assert!(!text(&wrong).contains("<code>read</code>"));
+}
+
 on_both_backends!(
     signs_in_with_a_safe_cookie_and_signs_out,
+    a_sign_in_names_the_missing_scope_and_counts_as_use,
     the_cookie_is_secure_behind_https,
     posts_without_the_csrf_token_are_refused_and_change_nothing,
     search_finds_every_kind_and_the_timeline_tells_the_story,

@@ -56,9 +56,48 @@ async fn migrated_store(settings: &Settings) -> Result<Arc<dyn Store>, CommandEr
             "cannot reach the database at {}",
             redact_url(&settings.database.url)
         )),
+        other if database_missing(&other) => anyhow!(
+            "the database at {} does not exist: create it (createdb NAME, or CREATE DATABASE) \
+             or point DATABASE_URL at one that does",
+            redact_url(&settings.database.url)
+        ),
         other => anyhow!(other).context("migration failed"),
     })?;
     Ok(store)
+}
+
+/// Whether Postgres answered that the database named in the URL does not
+/// exist (SQLSTATE 3D000, `invalid_catalog_name`).
+fn database_missing(e: &StoreError) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(sqlx::Error::Database(db)) = c.downcast_ref::<sqlx::Error>()
+            && db.code().as_deref() == Some("3D000")
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// A failure as one line: its causes joined by `: ` (as `{:#}` does), a
+/// cause left out when the line already says it (a driver's error that
+/// repeats its source's text), line breaks made spaces.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// The client of one configured provider (its adapter builds it).
@@ -314,7 +353,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
             };
             println!("name: {}", t.name);
             println!("id: {}", t.id);
-            println!("created: {}", t.created_at);
+            println!("created: {}", rfc3339(t.created_at));
             println!("quiet hours: {}", quiet_text(t.quiet_hours));
             println!("senders: {}", senders_text(t.allowed_senders.as_deref()));
             println!(
@@ -338,7 +377,7 @@ pub async fn tenant(settings: &Settings, command: &TenantCommand) -> Result<(), 
                     "{}\t{}\t{}\tquiet hours {}\tsenders {}\tcountries {}\thome {}",
                     t.id,
                     t.name,
-                    t.created_at,
+                    rfc3339(t.created_at),
                     quiet_text(t.quiet_hours),
                     senders_text(t.allowed_senders.as_deref()),
                     countries_text(t.allowed_countries.as_deref()),
@@ -541,8 +580,7 @@ pub async fn key(settings: &Settings, command: &KeyCommand) -> Result<(), Comman
                     state,
                     k.scopes.to_stored(),
                     k.label.as_deref().unwrap_or("-"),
-                    k.last_used_at
-                        .map_or_else(|| "never".to_string(), |t| t.to_string()),
+                    k.last_used_at.map_or_else(|| "never".to_string(), rfc3339),
                 );
             }
             Ok(())
@@ -554,19 +592,32 @@ pub async fn receipts(settings: &Settings, command: &ReceiptsCommand) -> Result<
     let store = migrated_store(settings).await?;
     match command {
         ReceiptsCommand::Unmatched { limit } => {
-            for r in store
+            let receipts = store
                 .unmatched_receipts(*limit)
                 .await
-                .context("listing unmatched receipts")?
-            {
+                .context("listing unmatched receipts")?;
+            if receipts.is_empty() {
+                println!("no unmatched receipts");
+            }
+            for r in receipts {
                 println!(
                     "{}\t{}\t{}\t{}\t{}",
-                    r.received_at, r.provider, r.provider_message_id, r.provider_status, r.event_id
+                    rfc3339(r.received_at),
+                    r.provider,
+                    r.provider_message_id,
+                    r.provider_status,
+                    r.event_id
                 );
             }
             Ok(())
         }
     }
+}
+
+/// A time as the CLI prints it: RFC 3339, as the API answers it.
+fn rfc3339(t: time::OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| t.to_string())
 }
 
 #[cfg(test)]
@@ -605,5 +656,29 @@ mod tests {
         assert_eq!(countries_text(None), "any");
         assert_eq!(countries_text(Some(&["US".into(), "CA".into()])), "US, CA");
         assert_eq!(quiet_text(None), "off");
+    }
+}
+
+#[cfg(test)]
+mod one_line_tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("database error: {0}")]
+    struct Outer(#[source] Middle);
+    #[derive(Debug, thiserror::Error)]
+    #[error("error returned from database: {0}")]
+    struct Middle(#[source] Leaf);
+    #[derive(Debug, thiserror::Error)]
+    #[error("database \"x\"\ndoes not exist")]
+    struct Leaf;
+
+    #[test]
+    fn causes_said_already_are_left_out() {
+        let e = anyhow::Error::new(Outer(Middle(Leaf))).context("migration failed");
+        assert_eq!(
+            super::one_line(&e),
+            "migration failed: database error: error returned from database: database \"x\" does not exist"
+        );
+        let e = anyhow::anyhow!("a").context("b");
+        assert_eq!(super::one_line(&e), "b: a");
     }
 }

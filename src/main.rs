@@ -1,5 +1,6 @@
 //! The `sendonce` binary: parse configuration, set up logging, run a command.
-//! Failures are printed with their whole cause chain (`{:#}`).
+//! Failures are printed with their whole cause chain, on one line, a
+//! cause that repeats what the line says left out (`commands::one_line`).
 
 use std::process::ExitCode;
 
@@ -18,7 +19,7 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             // Log setup needs the settings; this line goes straight to stderr.
-            eprintln!("sendonce: {:#}", anyhow::Error::new(e));
+            eprintln!("sendonce: {}", commands::one_line(&anyhow::Error::new(e)));
             return ExitCode::from(2);
         }
     };
@@ -27,7 +28,7 @@ fn main() -> ExitCode {
     match run(cli.command.unwrap_or(Command::Serve), settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sendonce: {e:#}");
+            eprintln!("sendonce: {}", commands::one_line(&e));
             ExitCode::FAILURE
         }
     }

@@ -36,6 +36,17 @@ impl Rate {
         per: Duration::from_secs(1),
     };
 
+    /// The steady rate, per second: a whole burst (`capacity`) refills
+    /// over `per` (0: no limit).
+    pub fn per_second(&self) -> f64 {
+        let secs = self.per.as_secs_f64();
+        if self.is_unlimited() || secs == 0.0 {
+            0.0
+        } else {
+            f64::from(self.capacity) / secs
+        }
+    }
+
     pub fn is_unlimited(&self) -> bool {
         self.capacity == 0
     }

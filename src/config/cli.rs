@@ -248,7 +248,7 @@ pub struct ConfigArgs {
         long,
         env = "SENDONCE_PROVIDER",
         global = true,
-        value_parser = clap::builder::PossibleValuesParser::new(crate::provider::registry::names()),
+        value_parser = clap::builder::PossibleValuesParser::new(crate::provider::registry::provider_values()),
         value_delimiter = ','
     )]
     pub provider: Vec<String>,
@@ -348,10 +348,11 @@ pub struct ConfigArgs {
     /// Most SMS segments one message may take.
     #[arg(long, env = "SENDONCE_MAX_SEGMENTS", global = true)]
     pub max_segments: Option<String>,
-    /// POST /messages per tenant per second, steady rate (0: no limit).
+    /// Requests per tenant per second, steady rate: each POST /messages,
+    /// batch item, POST /verifications and resend counts (0: no limit).
     #[arg(long, env = "SENDONCE_RATE_TENANT_RPS", global = true)]
     pub rate_tenant_rps: Option<String>,
-    /// POST /messages per tenant in a burst.
+    /// Requests per tenant in a burst (counted as for --rate-tenant-rps).
     #[arg(long, env = "SENDONCE_RATE_TENANT_BURST", global = true)]
     pub rate_tenant_burst: Option<String>,
     /// New messages per destination number per hour, per tenant (0: no limit).

@@ -166,7 +166,7 @@ impl Settings {
             );
         }
         out.extend(self.provider.receipts.warnings());
-        for p in std::iter::once(&self.provider.kind).chain(&self.provider.fallbacks) {
+        for p in self.provider.all() {
             out.extend(p.warnings());
         }
         if self.server.metrics_listen.is_none() {

@@ -150,7 +150,14 @@ impl ProviderSettings {
                 };
                 ConfigError::invalid("SENDONCE_PROVIDER", why)
             })?;
-            kinds.push((adapter.configure)(vars, &ctx)?);
+            let configured = (adapter.configure)(vars, &ctx).map_err(|e| match (&routes, e) {
+                // The routes asked for it, not SENDONCE_PROVIDER.
+                (Some(_), registry::VarError::Missing { var, .. }) => {
+                    ConfigError::invalid(var, format!("is needed: SENDONCE_ROUTES names {name}"))
+                }
+                (_, e) => ConfigError::from(e),
+            })?;
+            kinds.push(configured);
         }
         if kinds.is_empty() {
             return Err(ConfigError::invalid(

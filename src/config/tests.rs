@@ -632,3 +632,188 @@ fn a_telegram_bot_is_a_channel_on_when_its_token_is_set() {
         "says what turns it on: {e}"
     );
 }
+
+/// Issue 42, item 4: a provider whose delivery reports cannot arrive (no
+/// `SENDONCE_PUBLIC_URL` to give it, or no secret to check them with) is
+/// named at start, with the setting that would turn them on.
+#[test]
+fn reports_that_cannot_arrive_are_warned_of_at_start() {
+    let reports = |extra: &[&str]| -> Vec<String> {
+        args(extra)
+            .unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+            .warnings()
+            .into_iter()
+            .filter(|w| w.contains("delivery reports") || w.contains("reports are off"))
+            .collect()
+    };
+    let public = ["--public-url", "https://sms.example.com"];
+    let infobip = [
+        "--provider",
+        "infobip",
+        "--infobip-api-key",
+        "k",
+        "--infobip-base-url",
+        "https://xyz.api.infobip.com",
+    ];
+    let secret = ["--infobip-receipt-secret", "0123456789abcdef0123"];
+    let sid = "AC0123456789abcdef0123456789abcdef";
+    let twilio = [
+        "--provider",
+        "twilio",
+        "--twilio-account-sid",
+        sid,
+        "--twilio-auth-token",
+        "tok",
+        "--twilio-from",
+        "+14155550000",
+    ];
+    let vonage = [
+        "--provider",
+        "vonage",
+        "--vonage-api-key",
+        "k",
+        "--vonage-api-secret",
+        "s",
+        "--vonage-from",
+        "Shop",
+    ];
+    let gateway = ["--telegram-gateway-token", "tok"];
+    let http = [
+        "--provider",
+        "http",
+        "--http-provider-url",
+        "http://127.0.0.1:9/send",
+    ];
+    let http_secret = ["--receipt-secret", "0123456789abcdef"];
+    let cat = |parts: &[&[&'static str]]| -> Vec<&'static str> { parts.concat() };
+    // (arguments, a word every warning must have; None: no warning)
+    let cases: Vec<(Vec<&str>, Option<&str>)> = vec![
+        (cat(&[&infobip, &secret]), Some("SENDONCE_PUBLIC_URL")),
+        (cat(&[&infobip, &public]), Some("INFOBIP_RECEIPT_SECRET")),
+        (cat(&[&infobip, &public, &secret]), None),
+        (cat(&[&twilio]), Some("SENDONCE_PUBLIC_URL")),
+        (cat(&[&twilio, &public]), None),
+        (cat(&[&vonage]), Some("SENDONCE_PUBLIC_URL")),
+        (cat(&[&vonage, &public]), None),
+        (cat(&[&gateway]), Some("SENDONCE_PUBLIC_URL")),
+        (
+            cat(&[&gateway, &["--public-url", "http://sms.example.com"]]),
+            Some("https"),
+        ),
+        (cat(&[&gateway, &public]), None),
+        (cat(&[&http]), Some("SENDONCE_RECEIPT_SECRET")),
+        (cat(&[&http, &http_secret]), None),
+        (Vec::new(), None),
+    ];
+    for (extra, want) in cases {
+        let got = reports(&extra);
+        match want {
+            None => assert!(got.is_empty(), "{extra:?}: {got:?}"),
+            Some(word) => {
+                assert_eq!(got.len(), 1, "{extra:?}: {got:?}");
+                assert!(got[0].contains(word), "{extra:?}: {got:?}");
+            }
+        }
+    }
+}
+
+/// Issue 42, item 6: `--provider` offers the SMS providers only (a channel
+/// of its own is refused there), and `--rate-tenant-rps` says what counts,
+/// as docs/configuration.md does.
+#[test]
+fn help_offers_what_is_taken_and_says_what_counts() {
+    let cli = Cli::command();
+    let arg = |id: &str| {
+        cli.get_arguments()
+            .find(|a| a.get_id() == id)
+            .unwrap_or_else(|| panic!("{id}"))
+    };
+    let offered: Vec<String> = arg("provider")
+        .get_possible_values()
+        .iter()
+        .filter(|v| !v.is_hide_set())
+        .map(|v| v.get_name().to_string())
+        .collect();
+    let sms: Vec<&str> = crate::provider::registry::ADAPTERS
+        .iter()
+        .filter(|a| a.channel == crate::provider::registry::Channel::Sms)
+        .map(|a| a.name)
+        .collect();
+    assert_eq!(offered, sms);
+    assert!(offered.iter().any(|n| n == "smpp"), "{offered:?}");
+    let help = arg("rate_tenant_rps")
+        .get_help()
+        .map(|h| h.to_string())
+        .unwrap_or_default();
+    for counted in [
+        "POST /messages",
+        "batch item",
+        "POST /verifications",
+        "resend",
+    ] {
+        assert!(help.contains(counted), "{help}");
+    }
+}
+
+/// Issue 42, item 6: with routes alone, a missing provider variable names
+/// SENDONCE_ROUTES, the setting that asked for the provider.
+#[test]
+fn a_routes_error_names_routes() {
+    let e = args(&["--routes", "+966=infobip; *=simulated"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("SENDONCE_ROUTES") && e.contains("INFOBIP_API_KEY"),
+        "{e}"
+    );
+    assert!(!e.contains("SENDONCE_PROVIDER"), "{e}");
+}
+
+/// Issue 42, item 6: the docs name every adapter: configuration.md's
+/// provider list every SMS one, providers.md's `adapters!` line all.
+#[test]
+fn the_docs_name_every_adapter() {
+    let config = include_str!("../../docs/configuration.md");
+    let row = config
+        .lines()
+        .find(|l| l.starts_with("| `SENDONCE_PROVIDER` |"))
+        .expect("the SENDONCE_PROVIDER row");
+    let adapters = crate::provider::registry::ADAPTERS;
+    for a in adapters
+        .iter()
+        .filter(|a| a.channel == crate::provider::registry::Channel::Sms)
+    {
+        assert!(
+            row.contains(&format!("`{}`", a.name)),
+            "{} not in {row}",
+            a.name
+        );
+    }
+    let providers = include_str!("../../docs/providers.md")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let names: Vec<&str> = adapters.iter().map(|a| a.name).collect();
+    let line = format!("adapters!({})", names.join(", "));
+    assert!(providers.contains(&line), "docs/providers.md lacks {line}");
+}
+
+/// Issue 42, item 6: the README and docs/console.md give the console's
+/// session lifetimes the code has, and docs/api.md the OTP template's
+/// `{code}`.
+#[test]
+fn the_docs_say_the_session_lifetimes_and_the_template() {
+    let one_line = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let idle = crate::console::IDLE_TIMEOUT.as_secs() / 60;
+    let life = crate::console::SESSION_LIFETIME.as_secs() / 3600;
+    let readme = one_line(include_str!("../../README.md"));
+    let said = format!("after {idle} minutes unused or {life} hours after sign-in");
+    assert!(readme.contains(&said), "README lacks {said:?}");
+    let console = one_line(include_str!("../../docs/console.md"));
+    assert!(console.contains(&said), "docs/console.md lacks {said:?}");
+    let api = one_line(include_str!("../../docs/api.md"));
+    assert!(
+        api.contains("`\"template\"`, the SMS text with `{code}`"),
+        "docs/api.md"
+    );
+}

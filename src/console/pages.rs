@@ -61,7 +61,7 @@ pub fn error(title: &str, detail: &str, session: Option<&Session>) -> Markup {
     )
 }
 
-pub fn login(token: &str, error: Option<&str>) -> Markup {
+pub fn login(token: &str, error: Option<Markup>) -> Markup {
     layout(
         "Sign in",
         None,
@@ -86,7 +86,7 @@ fn search_form(q: &str) -> Markup {
         form method="get" action="/console/search" role="search" {
             label for="q" { "Idempotency key or part of one, metadata value, message id, verification id, provider message id or phone number" }
             div.row {
-                input #q type="search" name="q" value=(q) maxlength="255";
+                input #q type="search" name="q" value=(q) dir="auto" maxlength="255";
                 button.primary type="submit" { "Find" }
             }
         }
@@ -100,18 +100,18 @@ fn status(s: crate::domain::Status) -> Markup {
 fn message_table(caption: &str, list: &[MessageSummary]) -> Markup {
     html! {
         div.table-wrap {
-            table {
+            table.stack {
                 caption.visually-hidden { (caption) }
                 thead { tr { th scope="col" { "Created" } th scope="col" { "Message" } th scope="col" { "Status" } th scope="col" { "To" } th scope="col" { "Provider" } th scope="col" { "Attempts" } } }
                 tbody {
                     @for m in list {
                         tr {
-                            td { (when(m.created_at)) }
-                            td { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
-                            td { (status(m.status)) }
-                            td { (m.to) }
-                            td { (m.provider) }
-                            td { (m.attempts) }
+                            td data-label="Created" { (when(m.created_at)) }
+                            td data-label="Message" { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
+                            td data-label="Status" { (status(m.status)) }
+                            td data-label="To" { (m.to) }
+                            td data-label="Provider" { (m.provider) }
+                            td data-label="Attempts" { (m.attempts) }
                         }
                     }
                 }
@@ -149,16 +149,16 @@ pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
                 @if !r.exact.is_empty() {
                     h2 { "Matches" }
                     div.table-wrap {
-                        table {
+                        table.stack {
                             caption.visually-hidden { "Messages matching the search" }
                             thead { tr { th scope="col" { "Matched by" } th scope="col" { "Message" } th scope="col" { "Status" } th scope="col" { "Created" } } }
                             tbody {
                                 @for (how, m) in &r.exact {
                                     tr {
-                                        td { (how) }
-                                        td { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
-                                        td { (status(m.status)) }
-                                        td { (when(m.created_at)) }
+                                        td data-label="Matched by" { (how) }
+                                        td data-label="Message" { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
+                                        td data-label="Status" { (status(m.status)) }
+                                        td data-label="Created" { (when(m.created_at)) }
                                     }
                                 }
                             }
@@ -217,7 +217,7 @@ pub fn timeline(
                 @if let Some(p) = &m.provider_message_id { dt { "Provider message id" } dd { code { (p) } } }
                 dt { "Attempts" } dd { (m.attempts) }
                 dt { "Created" } dd { (when(m.created_at)) }
-                @for (k, v) in &m.metadata { dt { "Metadata " code { (k) } } dd { (v) } }
+                @for (k, v) in &m.metadata { dt { "Metadata " code { (k) } } dd dir="auto" { (v) } }
                 @if let Some(due) = m.next_attempt_at { dt { "Next attempt due" } dd { (when(due)) } }
                 @if let Some(v) = verification {
                     @let vid = crate::verify::public_id(v.id);
@@ -225,7 +225,7 @@ pub fn timeline(
                 }
             }
             h2 { "Text" }
-            pre.body { (body) }
+            pre.body dir="auto" { (body) }
             @if !webhooks.is_empty() {
                 h2 { "Webhook deliveries" }
                 div.table-wrap {
@@ -402,28 +402,28 @@ pub fn overview(
             }
             h2 { "By provider" }
             div.table-wrap {
-                table {
+                table.stack {
                     caption.visually-hidden { "Messages in the last 24 hours by provider and status" }
                     thead { tr { th scope="col" { "Provider" } @for s in statuses { th scope="col" { (s) } } th scope="col" { "Total" } } }
                     tbody {
                         @for (p, by) in &providers {
-                            tr { th scope="row" { (p) } @for s in statuses { td { (by.get(s).copied().unwrap_or(0)) } } td { (by.values().sum::<i64>()) } }
+                            tr { th scope="row" { (p) } @for s in statuses { td data-label=(s) { (by.get(s).copied().unwrap_or(0)) } } td data-label="Total" { (by.values().sum::<i64>()) } }
                         }
                     }
                 }
             }
             h2 { "Provider error rate" }
             div.table-wrap {
-                table {
+                table.stack {
                     caption.visually-hidden { "Provider attempts and errors in the last 24 hours" }
                     thead { tr { th scope="col" { "Provider" } th scope="col" { "Attempts" } th scope="col" { "Errors" } th scope="col" { "Error rate" } } }
                     tbody {
                         @for (p, attempts, errors) in &c.attempts_by_provider {
                             tr {
                                 th scope="row" { (p) }
-                                td { (attempts) }
-                                td { (errors) }
-                                td { (rate(*errors, *attempts)) }
+                                td data-label="Attempts" { (attempts) }
+                                td data-label="Errors" { (errors) }
+                                td data-label="Error rate" { (rate(*errors, *attempts)) }
                             }
                         }
                     }
@@ -431,15 +431,15 @@ pub fn overview(
             }
             h2 { "Spend" }
             div.table-wrap {
-                table {
+                table.stack {
                     caption.visually-hidden { "Estimated spend against the account's caps" }
                     thead { tr { th scope="col" { "Period" } th scope="col" { "Spent" } th scope="col" { "Cap" } } }
                     tbody {
                         @for (label, (spent, cap), money) in &spend_rows {
                             tr {
                                 th scope="row" { (label) }
-                                td { (spent) @if *money && !currency.is_empty() { " " (currency) } }
-                                td { (cap) }
+                                td data-label="Spent" { (spent) @if *money && !currency.is_empty() { " " (currency) } }
+                                td data-label="Cap" { (cap) }
                             }
                         }
                     }
@@ -500,17 +500,17 @@ pub fn opt_outs(
                 p { "No opt-outs" @if !q.is_empty() { " match “" (q) "”" } "." }
             } @else {
                 div.table-wrap {
-                    table {
+                    table.stack {
                         caption.visually-hidden { "Opted-out numbers" }
                         thead { tr { th scope="col" { "Number" } th scope="col" { "Added by" } th scope="col" { "When" } @if session.may_edit_opt_outs() { th scope="col" { "Remove" } } } }
                         tbody {
                             @for o in list {
                                 tr {
-                                    td { (o.number) }
-                                    td { (who(o)) }
-                                    td { (when(o.created_at)) }
+                                    td data-label="Number" { (o.number) }
+                                    td data-label="Added by" { (who(o)) }
+                                    td data-label="When" { (when(o.created_at)) }
                                     @if session.may_edit_opt_outs() {
-                                        td {
+                                        td data-label="Remove" {
                                             form method="post" action="/console/opt-outs/remove" {
                                                 input type="hidden" name="csrf" value=(session.csrf);
                                                 input type="hidden" name="number" value=(o.number);
@@ -574,7 +574,7 @@ pub fn verification(
                 @if let Some(a) = v.approved_at { dt { "Approved" } dd { (when(a)) } }
             }
             h2 { "Text" }
-            pre.body { (crate::verify::masked(v)) }
+            pre.body dir="auto" { (crate::verify::masked(v)) }
             h2 { "Its messages" }
             @if messages.is_empty() {
                 p { "None left (they were purged after the retention period)." }

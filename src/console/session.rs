@@ -300,7 +300,11 @@ pub(super) async fn login_page(
 /// The sign-in form with its CSRF token, set as a cookie beside it: the
 /// browser's token if it has one (so two open sign-in tabs both work), else
 /// a fresh one.
-pub(super) fn login_form(headers: &HeaderMap, status: StatusCode, error: Option<&str>) -> Response {
+pub(super) fn login_form(
+    headers: &HeaderMap,
+    status: StatusCode,
+    error: Option<maud::Markup>,
+) -> Response {
     let token = cookie(headers, LOGIN_COOKIE)
         .filter(|t| {
             t.len() == 43
@@ -344,18 +348,28 @@ pub(super) async fn login(
     } else {
         None
     };
-    // The console reads: a key without `read`, or of a disabled tenant, is
-    // refused as an unknown one is.
-    let auth = auth.filter(|a| !a.disabled && a.scopes.contains(crate::scopes::Scope::Read));
-    let Some(auth) = auth else {
+    // The console reads: a key of a disabled tenant is refused as an
+    // unknown one is; a key without `read` is told which scope it lacks
+    // (as the API's 403 insufficient-scope says to its holder). Both count
+    // as failed sign-ins.
+    let refusal = match &auth {
+        Some(a) if !a.disabled && a.scopes.contains(crate::scopes::Scope::Read) => None,
+        Some(a) if !a.disabled => Some(maud::html! {
+            "That API key does not have the " code { "read" } " scope the console needs. "
+            "Sign in with a key that has it, or make one: "
+            code { "sendonce key create TENANT --scopes read" } "."
+        }),
+        _ => Some(maud::html! { "That API key was not accepted." }),
+    };
+    let (Some(auth), None) = (auth, refusal.clone()) else {
         signins.failed(peer, now);
         tracing::info!("console sign-in refused");
-        return Ok(login_form(
-            &headers,
-            StatusCode::UNAUTHORIZED,
-            Some("That API key was not accepted."),
-        ));
+        return Ok(login_form(&headers, StatusCode::UNAUTHORIZED, refusal));
     };
+    // A sign-in is a use of the key (its "last used"), as an API call is.
+    if let Err(e) = state.store.touch_key(auth.key_id, now).await {
+        tracing::warn!(error = %e, "could not record the API key's last use");
+    }
     let id = random_token();
     let cutoff = now - time::Duration::try_from(IDLE_TIMEOUT).unwrap_or(time::Duration::HOUR);
     state

@@ -97,6 +97,62 @@ pub fn parse(input: &str) -> Option<ParsedPhone> {
     Some(ParsedPhone { e164, country })
 }
 
+/// What a refused number's field says when it was written in international
+/// form (or in no form a number takes).
+pub const INVALID_INTERNATIONAL: &str =
+    "must be a valid phone number in international form, e.g. +14155550100";
+
+/// Parses a number as a request gives it: in international form (`+` and
+/// the country code), or, read as libphonenumber reads it in `home` (the
+/// tenant's `home_country`, ISO 3166 alpha-2), in that country's national
+/// form (`0501234567` in SA), after its international prefix
+/// (`00966501234567`) or with the country code and no `+`
+/// (`966501234567`). The error is the field's message: without a home
+/// country it says what to add.
+pub fn parse_in(input: &str, home: Option<&str>) -> Result<ParsedPhone, String> {
+    let trimmed = input.trim();
+    if trimmed.starts_with('+') {
+        return parse(trimmed).ok_or_else(|| INVALID_INTERNATIONAL.to_string());
+    }
+    if trimmed.len() > 32 || !is_national(trimmed) {
+        return Err(INVALID_INTERNATIONAL.to_string());
+    }
+    let Some(home) = home else {
+        return Err(without_home(trimmed));
+    };
+    let read = home
+        .parse::<phonenumber::country::Id>()
+        .ok()
+        .and_then(|id| phonenumber::parse(Some(id), trimmed).ok())
+        .filter(phonenumber::is_valid);
+    match read {
+        Some(number) => Ok(ParsedPhone {
+            e164: number.format().mode(phonenumber::Mode::E164).to_string(),
+            country: number.country().id().map(|id| id.as_ref().to_string()),
+        }),
+        None => Err(format!(
+            "must be a valid phone number, in international form (e.g. +14155550100) or in the national form of {home} (the tenant's home_country)"
+        )),
+    }
+}
+
+/// The refusal of a number without `+` when the tenant has no home country:
+/// the number with `+` if that is one, else how to give the country.
+fn without_home(digits_and_marks: &str) -> String {
+    let digits: String = digits_and_marks
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    let international = digits.strip_prefix("00").unwrap_or(&digits);
+    if let Some(p) = parse(&format!("+{international}")) {
+        return format!(
+            "must be a phone number in international form, + before its country code: if it is {}, write it so (the tenant has no home_country to read numbers without + in)",
+            p.e164
+        );
+    }
+    "must be a phone number in international form: add + and its country code (e.g. +966 501234567 for Saudi Arabia's 0501234567), or set the tenant's home_country (sendonce tenant home-country NAME SA, or PATCH /admin/tenants/{name}) so national numbers are read as that country's".to_string()
+}
+
 /// A number in national format (`4155550100`, `(415) 555-0100`) read in
 /// `country` (ISO 3166 alpha-2), as E.164, if it is a valid number there.
 pub fn national_number(q: &str, country: &str) -> Option<String> {
@@ -183,5 +239,41 @@ mod tests {
         ] {
             assert_eq!(parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn numbers_are_read_in_the_home_country() {
+        for written in [
+            "0501234567",
+            "050 123 4567",
+            "966501234567",
+            "00966501234567",
+            "+966501234567",
+        ] {
+            let p = parse_in(written, Some("SA")).unwrap_or_else(|e| panic!("{written}: {e}"));
+            assert_eq!(p.e164, "+966501234567", "{written}");
+            assert_eq!(p.country.as_deref(), Some("SA"), "{written}");
+        }
+        let p = parse_in("(415) 555-2671", Some("US")).unwrap();
+        assert_eq!(p.e164, "+14155552671");
+        let e = parse_in("0501234567", None).unwrap_err();
+        assert!(
+            e.contains("home_country") && e.contains("country code"),
+            "{e}"
+        );
+        let e = parse_in("966501234567", None).unwrap_err();
+        assert!(e.contains("+966501234567"), "{e}");
+        let e = parse_in("00966501234567", None).unwrap_err();
+        assert!(e.contains("+966501234567"), "{e}");
+        let e = parse_in("0501234", Some("SA")).unwrap_err();
+        assert!(e.contains("SA"), "{e}");
+        assert_eq!(
+            parse_in("+4764", Some("SA")).unwrap_err(),
+            INVALID_INTERNATIONAL
+        );
+        assert_eq!(
+            parse_in("hello", Some("SA")).unwrap_err(),
+            INVALID_INTERNATIONAL
+        );
     }
 }

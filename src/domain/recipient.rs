@@ -91,8 +91,8 @@ pub struct ParsedRecipient {
 }
 
 /// Why a `to` was refused: the message a 422 shows for the field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InvalidRecipient(pub &'static str);
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidRecipient(pub std::borrow::Cow<'static, str>);
 
 impl Recipient {
     /// How many parts `body` goes out as on this recipient's channel: for
@@ -113,6 +113,12 @@ impl Recipient {
     /// Parses a request's `to`: a phone number in international form,
     /// checked against its numbering plan, or `telegram:<chat_id>`.
     pub fn parse(input: &str) -> Result<ParsedRecipient, InvalidRecipient> {
+        Self::parse_in(input, None)
+    }
+
+    /// [`Recipient::parse`], a number without `+` read in `home` (the
+    /// tenant's `home_country`) as [`phone::parse_in`] reads it.
+    pub fn parse_in(input: &str, home: Option<&str>) -> Result<ParsedRecipient, InvalidRecipient> {
         if let Some(id) = input.trim().strip_prefix(TELEGRAM_PREFIX) {
             return match chat_id(id) {
                 Some(id) => Ok(ParsedRecipient {
@@ -120,21 +126,19 @@ impl Recipient {
                     country: None,
                 }),
                 None => Err(InvalidRecipient(
-                    "a Telegram address is telegram:<chat_id>, the chat id a number, e.g. telegram:123456789",
+                    "a Telegram address is telegram:<chat_id>, the chat id a number, e.g. telegram:123456789".into(),
                 )),
             };
         }
-        match phone::parse(input) {
-            Some(p) => {
+        match phone::parse_in(input, home) {
+            Ok(p) => {
                 let (phone, country) = p.into_parts();
                 Ok(ParsedRecipient {
                     recipient: Recipient::Sms(phone),
                     country,
                 })
             }
-            None => Err(InvalidRecipient(
-                "must be a valid phone number in international form, e.g. +14155550100",
-            )),
+            Err(message) => Err(InvalidRecipient(message.into())),
         }
     }
 
@@ -267,7 +271,7 @@ mod tests {
                     );
                 }
                 None => assert!(
-                    matches!(got, Err(InvalidRecipient(m)) if m.contains("phone number")),
+                    matches!(&got, Err(InvalidRecipient(m)) if m.contains("phone number")),
                     "{input}: {got:?}"
                 ),
             }
@@ -312,7 +316,7 @@ mod tests {
                     );
                 }
                 None => assert!(
-                    matches!(got, Err(InvalidRecipient(m)) if m.contains("telegram:<chat_id>")),
+                    matches!(&got, Err(InvalidRecipient(m)) if m.contains("telegram:<chat_id>")),
                     "{input}: {got:?}"
                 ),
             }

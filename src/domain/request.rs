@@ -98,6 +98,12 @@ struct Input {
 impl SendRequest {
     /// Parses and validates a JSON body.
     pub fn parse(bytes: &[u8]) -> Result<Self, RequestError> {
+        Self::parse_in(bytes, None)
+    }
+
+    /// [`SendRequest::parse`], a `to` without `+` read in `home` (the
+    /// tenant's `home_country`, see [`super::phone::parse_in`]).
+    pub fn parse_in(bytes: &[u8], home: Option<&str>) -> Result<Self, RequestError> {
         let value: Value = serde_json::from_slice(bytes).map_err(|_| RequestError::Malformed)?;
         if let Some(path) = duplicate_key(bytes) {
             return Err(RequestError::Invalid(vec![FieldError::new(
@@ -190,7 +196,7 @@ impl SendRequest {
                 }
                 None
             }
-            Some(to) => match Recipient::parse(&to) {
+            Some(to) => match Recipient::parse_in(&to, home) {
                 Ok(to) => Some(to),
                 Err(InvalidRecipient(message)) => {
                     errors.push(FieldError::new("to", message));

@@ -66,6 +66,8 @@ fn actor(auth: &TenantAuth) -> Actor {
 fn limits_json(l: &crate::ratelimit::Limits) -> Value {
     json!({
         "requests": {
+            "per_second": l.tenant.per_second(),
+            "burst": l.tenant.capacity,
             "capacity": l.tenant.capacity,
             "per_seconds": l.tenant.per.as_secs_f64(),
         },
@@ -312,4 +314,20 @@ async fn audit(
     let rows = state.store.audit_log(before, page.limit + 1).await?;
     let (data, next) = page.finish(rows, |r| r.id.as_bytes().to_vec());
     Ok(Json(json!({ "data": data, "next_cursor": next })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Issue 42, item 6: the tenant rate reads as the docs say it, 100 a
+    /// second in bursts of 200, beside the bucket it is.
+    #[test]
+    fn the_request_rate_reads_as_documented() {
+        let limits = crate::config::Settings::default().limits.rates;
+        let shown = super::limits_json(&limits);
+        let r = &shown["requests"];
+        assert_eq!(r["per_second"], 100.0, "{shown}");
+        assert_eq!(r["burst"], 200, "{shown}");
+        assert_eq!(r["capacity"], 200, "{shown}");
+        assert_eq!(r["per_seconds"], 2.0, "{shown}");
+    }
 }

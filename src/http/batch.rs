@@ -432,7 +432,7 @@ async fn parse_item(
     };
     let key_text = key.to_string();
     let body = serde_json::to_vec(&Value::Object(fields)).unwrap_or_default();
-    let request = match SendRequest::parse(&body) {
+    let request = match SendRequest::parse_in(&body, tenant.home_country.as_deref()) {
         Ok(r) => r,
         Err(RequestError::Malformed) => {
             return Ok(Parsed::Done(ItemResult::refused(

@@ -31,6 +31,11 @@ enum Event {
         at: OffsetDateTime,
         #[serde(flatten)]
         attempt: AttemptRow,
+        /// The message's route (`SENDONCE_ROUTES`' prefix, `*` the
+        /// default), whose providers the attempt was made along; absent
+        /// when the service does not route by destination.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        route: Option<String>,
     },
     /// The message moved on from provider `from` to `to`.
     Failover {
@@ -39,6 +44,9 @@ enum Event {
         from: String,
         to: String,
         reason: String,
+        /// As on an attempt: the route it moved along.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        route: Option<String>,
     },
     /// An answer to this message opened or closed its provider's circuit.
     Circuit {
@@ -110,6 +118,7 @@ impl Position {
 /// from when more remain. `receipts` must hold the receipts after `after`
 /// in order (at least `limit + 1` of them if there are that many).
 fn page(
+    route: Option<&str>,
     attempts: Vec<AttemptRow>,
     routing: Vec<crate::store::MessageEvent>,
     receipts: Vec<ReceiptRow>,
@@ -124,6 +133,7 @@ fn page(
                 from: e.provider,
                 to: e.to_provider.unwrap_or_default(),
                 reason: e.detail,
+                route: route.map(str::to_string),
             }
         } else {
             Event::Circuit {
@@ -148,6 +158,7 @@ fn page(
             Event::Attempt {
                 at: a.started_at,
                 attempt: a,
+                route: route.map(str::to_string),
             },
         ));
     }
@@ -209,7 +220,14 @@ async fn list_events(
         .store
         .receipts_after(record.id, receipts_after, limit + 1)
         .await?;
-    let (data, next) = page(attempts, routing, receipts, after, limit as usize);
+    let (data, next) = page(
+        record.route.as_deref(),
+        attempts,
+        routing,
+        receipts,
+        after,
+        limit as usize,
+    );
     Ok(axum::Json(serde_json::json!({
         "data": data,
         "next_cursor": next.map(|p| paged.cursor(p.cursor().as_bytes())),
@@ -281,7 +299,7 @@ mod tests {
         let attempts = || vec![attempt(1, 10), attempt(2, 20)];
         let routing = || vec![failover(20)];
         let receipts = || vec![receipt(1, 15), receipt(2, 20), receipt(3, 30)];
-        let (all, next) = page(attempts(), routing(), receipts(), None, 10);
+        let (all, next) = page(None, attempts(), routing(), receipts(), None, 10);
         assert_eq!(names(&all), ["a1", "e1", "a2", "fhttp", "e2", "e3"]);
         assert_eq!(next, None);
 
@@ -295,7 +313,7 @@ mod tests {
                     after.is_none_or(|p: Position| Position::at(r.received_at, 2, r.seq) > p)
                 })
                 .collect();
-            let (events, next) = page(attempts(), routing(), rs, after, 2);
+            let (events, next) = page(None, attempts(), routing(), rs, after, 2);
             assert!(events.len() <= 2);
             seen.extend(names(&events));
             let Some(next) = next else { break };

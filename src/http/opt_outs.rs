@@ -17,7 +17,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use super::page::Page;
-use super::{SharedState, Tenant};
+use super::{Authenticated, SharedState, Tenant};
 use crate::domain::FieldError;
 use crate::domain::phone;
 use crate::domain::recipient::{InvalidRecipient, Recipient};
@@ -64,25 +64,27 @@ pub(crate) async fn json_object(
     Ok(map)
 }
 
-fn number_field(map: &serde_json::Map<String, Value>, field: &str) -> Result<String, ApiError> {
-    let invalid = |message: &str| {
-        ApiError::Validation(vec![FieldError {
-            field: field.into(),
-            message: message.into(),
-        }])
-    };
+fn number_field(
+    map: &serde_json::Map<String, Value>,
+    field: &str,
+    home: Option<&str>,
+) -> Result<String, ApiError> {
     match map.get(field) {
-        None | Some(Value::Null) => Err(invalid("is required")),
-        Some(Value::String(s)) => phone::parse(s).map(|p| p.e164).ok_or_else(|| {
-            invalid("must be a valid phone number in international form, e.g. +14155550100")
-        }),
-        Some(_) => Err(invalid("must be a string")),
+        None | Some(Value::Null) => Err(ApiError::invalid(field, "is required")),
+        Some(Value::String(s)) => phone::parse_in(s, home)
+            .map(|p| p.e164)
+            .map_err(|message| ApiError::invalid(field, message)),
+        Some(_) => Err(ApiError::invalid(field, "must be a string")),
     }
 }
 
-/// A number, or another channel's address (`telegram:<chat_id>`): what a
-/// message's `to` takes.
-fn address_field(map: &serde_json::Map<String, Value>, field: &str) -> Result<String, ApiError> {
+/// A number (without `+` read in the tenant's `home_country`), or another
+/// channel's address (`telegram:<chat_id>`): what a message's `to` takes.
+fn address_field(
+    map: &serde_json::Map<String, Value>,
+    field: &str,
+    home: Option<&str>,
+) -> Result<String, ApiError> {
     match map.get(field) {
         Some(Value::String(s))
             if s.trim()
@@ -92,18 +94,19 @@ fn address_field(map: &serde_json::Map<String, Value>, field: &str) -> Result<St
                 .map(|p| p.recipient.as_str().to_string())
                 .map_err(|InvalidRecipient(m)| ApiError::invalid(field, m))
         }
-        _ => number_field(map, field),
+        _ => number_field(map, field, home),
     }
 }
 
 async fn add(
     State(state): State<SharedState>,
-    Tenant(tenant_id): Tenant,
+    Authenticated(tenant): Authenticated,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let map = json_object(&state, &headers, body, &["number"]).await?;
-    let number = address_field(&map, "number")?;
+    let tenant_id = tenant.id;
+    let number = address_field(&map, "number", tenant.home_country.as_deref())?;
     let now = state.clock.now();
     let created = state
         .store
@@ -119,11 +122,12 @@ async fn add(
 
 async fn remove(
     State(state): State<SharedState>,
-    Tenant(tenant_id): Tenant,
+    Authenticated(tenant): Authenticated,
     number: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let tenant_id = tenant.id;
     let Path(number) = number.map_err(|_| ApiError::NotFound)?;
-    let number = Recipient::parse(&number)
+    let number = Recipient::parse_in(&number, tenant.home_country.as_deref())
         .map_err(|_| ApiError::NotFound)?
         .recipient
         .as_str()
@@ -158,7 +162,7 @@ async fn inbound(
     body: Body,
 ) -> Result<Response, ApiError> {
     let map = json_object(&state, &headers, body, &["from", "to", "body"]).await?;
-    let from = number_field(&map, "from")?;
+    let from = number_field(&map, "from", None)?;
     if !matches!(
         map.get("to"),
         None | Some(Value::Null) | Some(Value::String(_))

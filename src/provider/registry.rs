@@ -64,6 +64,15 @@ pub fn names() -> impl Iterator<Item = &'static str> {
     ADAPTERS.iter().map(|a| a.name)
 }
 
+/// What `--provider` takes: the SMS adapters' names, shown in `--help`;
+/// a channel of its own is taken too but not shown, so that the
+/// configuration refuses it saying what turns it on.
+pub fn provider_values() -> impl Iterator<Item = clap::builder::PossibleValue> {
+    ADAPTERS
+        .iter()
+        .map(|a| clap::builder::PossibleValue::new(a.name).hide(a.channel != Channel::Sms))
+}
+
 /// What the service knows about one adapter.
 pub struct Adapter {
     /// `SENDONCE_PROVIDER`'s word for it, stored with its messages and

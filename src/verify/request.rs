@@ -26,6 +26,12 @@ pub struct StartRequest {
 impl StartRequest {
     /// Parses a JSON body; `Err(None)`: not a JSON object.
     pub fn parse(body: &[u8]) -> Result<Self, Option<Vec<FieldError>>> {
+        Self::parse_in(body, None)
+    }
+
+    /// [`StartRequest::parse`], a `to` without `+` read in `home` (the
+    /// tenant's `home_country`, see [`crate::domain::phone::parse_in`]).
+    pub fn parse_in(body: &[u8], home: Option<&str>) -> Result<Self, Option<Vec<FieldError>>> {
         let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| None)?;
         refuse_duplicate_keys(body)?;
         let obj = value.as_object().ok_or(None)?;
@@ -50,12 +56,9 @@ impl StartRequest {
         match obj.get("to").map(|v| v.as_str()) {
             None => errors.push(err("to", "is required")),
             Some(None) => errors.push(err("to", "must be a string")),
-            Some(Some(s)) => match crate::domain::phone::parse(s) {
-                Some(p) => to = Some(p.into_parts()),
-                None => errors.push(err(
-                    "to",
-                    "must be a valid phone number in E.164 (+ and digits)",
-                )),
+            Some(Some(s)) => match crate::domain::phone::parse_in(s, home) {
+                Ok(p) => to = Some(p.into_parts()),
+                Err(message) => errors.push(err("to", &message)),
             },
         }
         let int =
@@ -214,7 +217,25 @@ fn refuse_duplicate_keys(body: &[u8]) -> Result<(), Option<Vec<FieldError>>> {
     }
 }
 
-/// A check's code: 4 to 10 digits.
+/// A code as typed: spaces around it dropped, Arabic-Indic (U+0660..0669)
+/// and Eastern Arabic-Indic (U+06F0..06F9) digits read as ASCII ones, so
+/// the constant-time compare sees the digits the code was made of. `None`:
+/// something else than digits.
+fn ascii_digits(typed: &str) -> Option<String> {
+    typed
+        .trim()
+        .chars()
+        .map(|c| match c {
+            '0'..='9' => Some(c),
+            '\u{0660}'..='\u{0669}' => char::from_digit(c as u32 - 0x0660, 10),
+            '\u{06F0}'..='\u{06F9}' => char::from_digit(c as u32 - 0x06F0, 10),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A check's code: 4 to 10 digits (ASCII, Arabic-Indic or Eastern
+/// Arabic-Indic, spaces around them allowed), returned in ASCII.
 pub fn parse_check(body: &[u8]) -> Result<String, Option<Vec<FieldError>>> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| None)?;
     refuse_duplicate_keys(body)?;
@@ -233,11 +254,10 @@ pub fn parse_check(body: &[u8]) -> Result<String, Option<Vec<FieldError>>> {
     }
     match obj.get("code") {
         None => Err(bad("is required")),
-        Some(serde_json::Value::String(c))
-            if (4..=10).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit()) =>
-        {
-            Ok(c.clone())
-        }
+        Some(serde_json::Value::String(c)) => match ascii_digits(c) {
+            Some(code) if (4..=10).contains(&code.len()) => Ok(code),
+            _ => Err(bad("must be a string of 4 to 10 digits")),
+        },
         Some(_) => Err(bad("must be a string of 4 to 10 digits")),
     }
 }
@@ -334,5 +354,21 @@ mod tests {
         assert!(matches!(parse_check(br#"{"code": "123"}"#), Err(Some(_))));
         assert!(matches!(parse_check(br#"{}"#), Err(Some(_))));
         assert!(matches!(parse_check(b"nope"), Err(None)));
+        // Issue 42: digits as an Arabic keyboard types them, spaces around.
+        for typed in [
+            "\u{0660}\u{0667}\u{0667}\u{0669}\u{0667}\u{0663}",
+            "\u{06F0}\u{06F7}\u{06F7}\u{06F9}\u{06F7}\u{06F3}",
+            " 077973\t",
+        ] {
+            let body = serde_json::json!({ "code": typed }).to_string();
+            assert_eq!(parse_check(body.as_bytes()).unwrap(), "077973", "{typed}");
+        }
+        for typed in ["07 7973", "\u{0966}77973", "+77973", " "] {
+            let body = serde_json::json!({ "code": typed }).to_string();
+            assert!(
+                matches!(parse_check(body.as_bytes()), Err(Some(_))),
+                "{typed}"
+            );
+        }
     }
 }

@@ -100,16 +100,25 @@ pub enum UrlRefused {
     TooLong,
     #[error("must use https")]
     NotHttps,
+    /// `http`, which `SENDONCE_WEBHOOK_ALLOW_PRIVATE` allows.
+    #[error(
+        "must use https (plain http is allowed when the service runs with SENDONCE_WEBHOOK_ALLOW_PRIVATE=true, for local development)"
+    )]
+    PlainHttp,
     #[error("must not carry a user name or password")]
     Credentials,
-    #[error("must not point at a loopback, private, link-local or metadata address ({0})")]
+    #[error(
+        "must not point at a loopback, private, link-local or metadata address ({0}); SENDONCE_WEBHOOK_ALLOW_PRIVATE=true allows it, for local development"
+    )]
     Forbidden(IpAddr),
     /// A name that resolves to such an address: the address is not named,
     /// so the answer tells nothing of the internal DNS.
-    #[error("must not resolve to a loopback, private, link-local, metadata or translated address")]
+    #[error(
+        "must not resolve to a loopback, private, link-local, metadata or translated address; SENDONCE_WEBHOOK_ALLOW_PRIVATE=true allows it, for local development"
+    )]
     ResolvesInside,
     #[error(
-        "must use port 443 or a port from 1024 up that is not a well-known internal service's (not {0})"
+        "must use port 443 or a port from 1024 up that is not a well-known internal service's (not {0}); SENDONCE_WEBHOOK_ALLOW_PRIVATE=true allows any, for local development"
     )]
     Port(u16),
 }
@@ -125,6 +134,7 @@ pub fn check_form(url: &str, allow_private: bool) -> Result<Url, UrlRefused> {
     match parsed.scheme() {
         "https" => {}
         "http" if allow_private => {}
+        "http" => return Err(UrlRefused::PlainHttp),
         _ => return Err(UrlRefused::NotHttps),
     }
     if !parsed.username().is_empty() || parsed.password().is_some() {
@@ -272,7 +282,7 @@ mod tests {
     fn url_forms() {
         let table: &[(&str, bool, Result<(), UrlRefused>)] = &[
             ("https://example.com/hook", false, Ok(())),
-            ("http://example.com/hook", false, Err(UrlRefused::NotHttps)),
+            ("http://example.com/hook", false, Err(UrlRefused::PlainHttp)),
             ("http://example.com/hook", true, Ok(())),
             ("ftp://example.com/", true, Err(UrlRefused::NotHttps)),
             (
@@ -341,6 +351,28 @@ mod tests {
                 *expected,
                 "{url} allow_private={allow}"
             );
+        }
+    }
+
+    /// Issue 42: what a local setup meets first (an http or loopback URL)
+    /// names the setting that allows it; what no setting allows does not.
+    #[tokio::test]
+    async fn refusals_name_the_setting_that_allows_them() {
+        const SETTING: &str = "SENDONCE_WEBHOOK_ALLOW_PRIVATE";
+        for url in [
+            "http://127.0.0.1:8080/hook",
+            "http://example.com/hook",
+            "https://127.0.0.1:8443/hook",
+            "https://10.0.0.1/hook",
+            "https://example.com:80/hook",
+            "https://localhost/hook",
+        ] {
+            let said = check(url, false).await.expect_err(url).to_string();
+            assert!(said.contains(SETTING), "{url}: {said}");
+        }
+        for url in ["ftp://example.com/", "https://u:p@example.com/", "nope"] {
+            let said = check(url, false).await.expect_err(url).to_string();
+            assert!(!said.contains(SETTING), "{url}: {said}");
         }
     }
 

@@ -170,7 +170,51 @@ async fn key_and_disable_commands_are_audited(backend: Backend) {
     assert_eq!(log[1].detail, serde_json::json!({"disabled": true}));
 }
 
+/// Issue 42, item 6: times in RFC 3339, and an empty list says so.
+async fn times_are_rfc3339_and_an_empty_list_says_so(backend: Backend) {
+    let db = fresh_database_on(backend).await;
+    let (ok, _, err) = run(&db, &["tenant", "create", "shop"]).await;
+    assert!(ok, "{err}");
+    let (ok, out, err) = run(&db, &["tenant", "list"]).await;
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("\tshop\t"))
+        .expect("the tenant's line");
+    let created = line.split('\t').nth(2).expect("created");
+    time::OffsetDateTime::parse(created, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("{created:?}: {e}"));
+    let (ok, out, err) = run(&db, &["tenant", "show", "shop"]).await;
+    assert!(ok, "{err}");
+    let created = out
+        .lines()
+        .find_map(|l| l.strip_prefix("created: "))
+        .expect("created line");
+    time::OffsetDateTime::parse(created, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("{created:?}: {e}"));
+    let (ok, out, err) = run(&db, &["receipts", "unmatched"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "no unmatched receipts", "{out:?}");
+}
+
+/// Issue 42, item 4: a database that does not exist is said once, on one
+/// line, with what to do.
+#[tokio::test]
+async fn a_missing_database_is_one_line_said_once() {
+    let mut url = reqwest::Url::parse(&admin_url()).expect("admin URL");
+    let name = format!("sendonce_absent_{}", uuid::Uuid::new_v4().simple());
+    url.set_path(&name);
+    let (ok, _, err) = run(url.as_str(), &["migrate"]).await;
+    assert!(!ok, "{err}");
+    let said = err.trim_end();
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert_eq!(said.matches("does not exist").count(), 1, "{said}");
+    assert!(said.contains(&name), "{said}");
+    assert!(said.contains("createdb"), "{said}");
+}
+
 on_both_backends!(
+    times_are_rfc3339_and_an_empty_list_says_so,
     tenant_commands_say_what_they_changed,
     key_and_disable_commands_are_audited,
 );

@@ -950,8 +950,104 @@ fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
+/// Issue 42, item 5: an Arabic body and user text read in their own
+/// direction (`dir="auto"`), and every table of the overview and the search
+/// stacks on a phone (`table.stack`, each cell under its column's name) as
+/// the webhook table does, so nothing is cut at 390 px.
+async fn user_text_has_its_direction_and_tables_stack(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let body = "تم تأكيد طلبك رقم ١٢٣.";
+    let a = app
+        .post(
+            "ORDER-AR-123",
+            &json!({"to": "+14155550100", "body": body, "metadata": {"order": "طلب ١٢٣"}}),
+        )
+        .await;
+    assert_eq!(a.status / 100, 2, "{}", text(&a));
+    app.wait_for_status("ORDER-AR-123", "sent").await;
+    let second = app.post("ORDER-AR-124", &sms("+14155550100", body)).await;
+    assert_eq!(second.status / 100, 2, "{}", text(&second));
+    let id = app.get("/messages/ORDER-AR-123").await.json()["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let page = text(&b.get(&format!("/console/messages/{id}")).await);
+    assert!(
+        page.contains(&format!(r#"<pre class="body" dir="auto">{body}</pre>"#)),
+        "{page}"
+    );
+    assert!(page.contains(r#"<dd dir="auto">طلب ١٢٣</dd>"#), "{page}");
+    for path in [
+        "/console/overview".to_string(),
+        format!("/console/search?q={}", enc("+14155550100")),
+        "/console/search?q=ORDER-AR".to_string(),
+        "/console/opt-outs".to_string(),
+    ] {
+        let page = text(&b.get(&path).await);
+        let tables = page.matches("<table").count();
+        assert!(tables > 0 || path.contains("opt-outs"), "{path}: {page}");
+        assert_eq!(
+            page.matches(r#"<table class="stack""#).count(),
+            tables,
+            "{path}: {page}"
+        );
+        let cells = page.matches("<td").count();
+        assert_eq!(
+            page.matches("<td data-label=").count(),
+            cells,
+            "{path}: {page}"
+        );
+    }
+    let search = text(&b.get("/console/search?q=ORDER-AR").await);
+    assert!(
+        search.contains(r#"name="q" value="ORDER-AR" dir="auto""#),
+        "{search}"
+    );
+}
+
+/// Issue 42, item 5: a key without `read` is told so (the API names the
+/// scope too), and a sign-in is a use of its key.
+async fn a_sign_in_names_the_missing_scope_and_counts_as_use(backend: Backend) {
+    use sendonce::scopes::{Scope, Scopes};
+    let app = spawn_app_on(backend).await;
+    let send_only = crate::access::key_with(&app, Scopes::of(&[Scope::Send]), None).await;
+    let mut b = Browser::new(&app);
+    let refused = b.sign_in(&send_only).await;
+    assert_eq!(refused.status, 401);
+    let page = text(&refused);
+    assert!(page.contains("<code>read</code>"), "{page}");
+    assert!(!page.contains("not accepted"), "{page}");
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM console_sessions").await,
+        0
+    );
+    let last_used = || async {
+        app.handle
+            .store
+            .list_keys()
+            .await
+            .expect("keys")
+            .into_iter()
+            .find(|k| k.tenant_name == app.tenant && k.scopes.contains(Scope::Read))
+            .and_then(|k| k.last_used_at)
+    };
+    assert_eq!(last_used().await, None);
+    let ok = b.sign_in(&app.api_key).await;
+    assert_eq!(ok.status, 303);
+    assert!(last_used().await.is_some(), "the sign-in used the key");
+    // A key no one holds is still only "not accepted".
+    let mut c = Browser::new(&app);
+    let wrong = c.sign_in("so_not-a-key-of-anyone-000000000").await;
+    assert!(text(&wrong).contains("not accepted"));
+    assert!(!text(&wrong).contains("<code>read</code>"));
+}
+
 on_both_backends!(
     signs_in_with_a_safe_cookie_and_signs_out,
+    a_sign_in_names_the_missing_scope_and_counts_as_use,
+    user_text_has_its_direction_and_tables_stack,
     the_cookie_is_secure_behind_https,
     posts_without_the_csrf_token_are_refused_and_change_nothing,
     search_finds_every_kind_and_the_timeline_tells_the_story,

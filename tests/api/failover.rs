@@ -125,6 +125,8 @@ async fn primary_down_sends_on_the_secondary_once(backend: Backend) {
     assert_eq!(failover.len(), 1, "{ev:?}");
     assert_eq!(failover[0]["from"], "twilio");
     assert_eq!(failover[0]["to"], "http");
+    // Not routed by destination: no event names a route.
+    assert!(ev.iter().all(|e| e.get("route").is_none()), "{ev:?}");
     // A replay changes nothing and sends nothing.
     let again = p.app.post("down-1", &sms(TO, "code 1")).await;
     assert_eq!(again.bytes, a.bytes);

@@ -71,6 +71,7 @@ mod helpers;
 mod infobip;
 mod lagging_lookups;
 mod lifecycle;
+mod national;
 mod npm_smsc;
 mod observability;
 mod outage;

@@ -108,6 +108,16 @@ async fn a_routes_first_provider_down_sends_on_its_second_once(backend: Backend)
     assert_eq!(failover[0]["to"], "http");
     let reason = failover[0]["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("(route +966)"), "{reason}");
+    // Issue 42, item 7: the route is on the message's events too: each
+    // attempt and failover says the route it followed.
+    let routed: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e["type"] == "attempt" || e["type"] == "failover")
+        .collect();
+    assert_eq!(routed.len(), 3, "{ev:?}");
+    for e in routed {
+        assert_eq!(e["route"], "+966", "{e}");
+    }
     // A replay sends nothing more.
     let again = r.app.post("sa-down", &sms(SAUDI, "code 1")).await;
     assert_eq!(again.bytes, a.bytes);

@@ -27,6 +27,7 @@ pub(crate) fn gateway_calling_back(base: &str, public_url: Option<&str>) -> Arc<
             url: base.to_string(),
             token: TOKEN.into(),
             callback_url: sendonce::provider::telegram_gateway::callback_url(public_url),
+            public_url: public_url.map(str::to_string),
             timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(1),
         })

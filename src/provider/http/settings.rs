@@ -53,6 +53,9 @@ const VARS: [Var; 3] = [
 pub struct HttpSettings {
     pub url: String,
     pub token: Option<String>,
+    /// `SENDONCE_RECEIPT_SECRET` is set: the provider's receipts can be
+    /// taken.
+    pub receipt_secret_set: bool,
     pub timeout: Duration,
     pub connect_timeout: Duration,
 }
@@ -78,6 +81,7 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
     Ok(Arc::new(HttpSettings {
         url: url.to_string(),
         token: vars.get(TOKEN).map(str::to_string),
+        receipt_secret_set: vars.get(RECEIPT_SECRET).is_some(),
         timeout: ctx.timeout,
         connect_timeout: ctx.connect_timeout,
     }))
@@ -99,5 +103,16 @@ impl Configured for HttpSettings {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        if self.receipt_secret_set {
+            return Vec::new();
+        }
+        vec![format!(
+            "http provider delivery reports are off: {RECEIPT_SECRET} is not set, so every \
+             receipt posted to {} is refused and messages stay `sent`",
+            super::receipts::STATUS_PATH
+        )]
     }
 }

@@ -161,7 +161,7 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
     })?;
     let base_url = base_url(base).map_err(|reason| VarError::invalid(BASE_URL, reason))?;
     let idempotency_grace = idempotency_grace(vars.get(IDEMPOTENCY_GRACE), ctx.retry_deadline)?;
-    let warnings = vars
+    let mut warnings: Vec<String> = vars
         .get(LOOKUP_AFTER)
         .map(|_| {
             format!(
@@ -175,7 +175,18 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
     let secret = vars.get(RECEIPT_SECRET);
     let delivery_url = match (&ctx.public_url, secret) {
         (Some(public), Some(secret)) => Some(delivery_url(public, secret)),
-        _ => None,
+        (public, secret) => {
+            let missing = match (public, secret) {
+                (None, None) => "SENDONCE_PUBLIC_URL and INFOBIP_RECEIPT_SECRET are",
+                (None, _) => "SENDONCE_PUBLIC_URL is",
+                _ => "INFOBIP_RECEIPT_SECRET is",
+            };
+            warnings.push(format!(
+                "Infobip delivery reports are off: {missing} not set, so no notifyUrl goes with a \
+                 message and its messages stay `sent` (set them to have reports)"
+            ));
+            None
+        }
     };
     Ok(Arc::new(InfobipSettings {
         base_url,

@@ -497,7 +497,11 @@ fn configuration_from_the_variables() {
     // INFOBIP_LOOKUP_AFTER is still accepted, whatever it says, with a
     // warning that it does nothing.
     for old in ["90s", "2h"] {
-        let s = settings(&[full[0], full[1], ("INFOBIP_LOOKUP_AFTER", old)], None).unwrap();
+        let s = settings(
+            &[full[0], full[1], full[3], ("INFOBIP_LOOKUP_AFTER", old)],
+            Some("https://sms.example.com"),
+        )
+        .unwrap();
         assert_eq!(s.warnings.len(), 1, "{old}");
         assert!(s.warnings[0].contains("INFOBIP_LOOKUP_AFTER"), "{:?}", s.warnings);
         assert_eq!(s.warnings, s.warnings(), "the warning reaches the start");

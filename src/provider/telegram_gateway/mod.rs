@@ -72,6 +72,9 @@ pub struct GatewaySettings {
     pub token: String,
     /// Where reports go (https only), if anywhere.
     pub callback_url: Option<String>,
+    /// `SENDONCE_PUBLIC_URL`, to say at start why there is no
+    /// `callback_url`.
+    pub public_url: Option<String>,
     pub timeout: Duration,
     pub connect_timeout: Duration,
 }
@@ -325,6 +328,7 @@ mod tests {
             url: DEFAULT_URL.into(),
             token: "very-secret".into(),
             callback_url: None,
+            public_url: None,
             timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
         };

@@ -62,6 +62,7 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
         url: url.to_string(),
         token: token.trim().to_string(),
         callback_url: super::callback_url(ctx.public_url.as_deref()),
+        public_url: ctx.public_url.clone(),
         timeout: ctx.timeout,
         connect_timeout: ctx.connect_timeout,
     }))
@@ -84,5 +85,22 @@ impl Configured for GatewaySettings {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        if self.callback_url.is_some() {
+            return Vec::new();
+        }
+        let why = match &self.public_url {
+            None => "SENDONCE_PUBLIC_URL is not set".to_string(),
+            Some(url) => format!(
+                "SENDONCE_PUBLIC_URL ({url}) is not https, or too long for the Gateway's 256 bytes"
+            ),
+        };
+        vec![format!(
+            "Telegram Gateway delivery reports are off: {why}, so no callback_url goes with a \
+             code and a fallback to SMS must first ask the Gateway (checkVerificationStatus) \
+             whether it was delivered"
+        )]
     }
 }

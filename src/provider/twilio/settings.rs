@@ -127,4 +127,16 @@ impl Configured for TwilioSettings {
     fn as_any(&self) -> &dyn Any {
         self
     }
+
+    fn warnings(&self) -> Vec<String> {
+        if self.status_callback.is_some() {
+            return Vec::new();
+        }
+        vec![
+            "Twilio delivery reports are off: SENDONCE_PUBLIC_URL is not set, so no \
+             StatusCallback goes with a message and its messages stay `sent` (set it to have \
+             reports)"
+                .to_string(),
+        ]
+    }
 }

@@ -109,4 +109,15 @@ impl Configured for VonageSettings {
     fn as_any(&self) -> &dyn Any {
         self
     }
+
+    fn warnings(&self) -> Vec<String> {
+        if self.callback.is_some() {
+            return Vec::new();
+        }
+        vec![
+            "Vonage delivery reports are off: SENDONCE_PUBLIC_URL is not set, so no callback \
+             goes with a message and its messages stay `sent` (set it to have reports)"
+                .to_string(),
+        ]
+    }
 }

@@ -36,10 +36,14 @@ pub const ACK_CHANNEL: &str = "sendonce_ack";
 pub const LISTENER_NAME: &str = "sendonce-listener";
 
 /// How long a writer waits for every instance to acknowledge a tenant
-/// change: the same bound as a cached key's life without a notification
-/// connection, so an instance that does not answer in time has lost its
-/// connection and trusts nothing older than this.
-pub const ACK_WAIT: Duration = Duration::from_secs(2);
+/// change: longer than a cached key's life without a notification
+/// connection (2 s by default), so an instance that does not answer in time
+/// has lost its connection and trusts nothing older than this. Healthy
+/// instances answer in milliseconds; 2 s was too short for a connected
+/// instance on a machine starved of CPU (a revoked key still accepted
+/// after the revocation returned), so the bound is generous: only an
+/// instance that is gone makes a writer wait it out.
+pub const ACK_WAIT: Duration = Duration::from_secs(10);
 
 /// Something other instances (or this one) changed.
 #[derive(Clone, Debug, PartialEq, Eq)]

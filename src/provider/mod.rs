@@ -163,8 +163,11 @@ impl SendOutcome {
     /// the provider's error text: a provider that quotes the SMS in its
     /// error must not leak a code into the attempt, the message's error,
     /// the events, webhooks, the console or the logs (issue 29, finding 2).
+    /// The provider's error code is scrubbed the same way: a provider may
+    /// quote the SMS there too (issue 41, finding 1).
     pub fn scrubbed(self, body: &str) -> SendOutcome {
         let clean = |m: String| scrub(&m, body);
+        let clean_code = |c: Option<String>| c.map(|c| scrub(&c, body));
         match self {
             SendOutcome::Accepted { .. } => self,
             SendOutcome::Rejected {
@@ -173,7 +176,7 @@ impl SendOutcome {
                 message,
             } => SendOutcome::Rejected {
                 http_status,
-                provider_code,
+                provider_code: clean_code(provider_code),
                 message: clean(message),
             },
             SendOutcome::Refused {
@@ -182,7 +185,7 @@ impl SendOutcome {
                 message,
             } => SendOutcome::Refused {
                 http_status,
-                provider_code,
+                provider_code: clean_code(provider_code),
                 message: clean(message),
             },
             SendOutcome::Retryable {
@@ -192,7 +195,7 @@ impl SendOutcome {
                 message,
             } => SendOutcome::Retryable {
                 http_status,
-                provider_code,
+                provider_code: clean_code(provider_code),
                 retry_after,
                 message: clean(message),
             },

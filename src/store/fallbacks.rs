@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use super::{Lease, MessageRecord, NewMessage, StoreError, VerificationRecord};
 use crate::domain::stop::Stop;
-use crate::domain::{MessageId, Status};
 use crate::domain::verification::VerificationStatus;
+use crate::domain::{MessageId, Status};
 
 /// Where a send's next channel stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

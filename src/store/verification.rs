@@ -6,8 +6,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{MessageRecord, StoredResponse};
-use crate::verify::Channels;
 use crate::domain::verification::{self as decide, PausePolicy, VerificationStatus};
+use crate::verify::Channels;
 
 /// A verification to insert, with its first send.
 #[derive(Clone, Debug)]

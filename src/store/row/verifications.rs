@@ -3,9 +3,9 @@
 
 use uuid::Uuid;
 
+use crate::domain::verification::VerificationStatus;
 use crate::store::time::DbTime;
 use crate::store::{StoreError, StoredOp, StoredResponse, VerificationRecord};
-use crate::domain::verification::VerificationStatus;
 
 /// The columns of a verification row, in [`VerificationRow`]'s order.
 macro_rules! verification_columns {

@@ -11,6 +11,7 @@ use super::messages::cancel_sql;
 use super::{per_backend, to_i32};
 use crate::domain::schedule::cancelable_sql;
 use crate::domain::stop::{self, Fresh, Stop};
+use crate::domain::verification::VerificationStatus;
 use crate::domain::{MessageId, Status};
 use crate::store::row::{MessageRow, message_columns};
 use crate::store::time::{DbTime, db, micros};
@@ -18,7 +19,6 @@ use crate::store::{
     FallbackDue, FallbackState, FallbackStore, FellBack, Lease, MessageRecord, NewMessage,
     StoreError,
 };
-use crate::domain::verification::VerificationStatus;
 
 /// Open rows with something to do at `$1`, oldest due first.
 const DUE: &str = "SELECT f.verification_id, f.send_number, f.tenant_id, f.message_id, \

@@ -18,6 +18,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{per_backend, to_i32};
+use crate::domain::verification::{self as decide, VerificationStatus};
 use crate::store::row::verifications::{OpRow, VerificationRow, verification_columns};
 use crate::store::time::{DbTime, db, micros};
 use crate::store::verification::{pause_window_start, start_limit};
@@ -26,7 +27,6 @@ use crate::store::{
     StartOutcome, StartPolicy, StoreError, StoredOp, StoredResponse, VerificationRecord,
     VerificationStore, fallback_of,
 };
-use crate::domain::verification::{self as decide, VerificationStatus};
 
 const ENSURE_SECRET: &str = "INSERT INTO verify_secrets (name, secret, created_at) \
      VALUES ('verify', $1, $2) ON CONFLICT (name) DO NOTHING";

@@ -101,6 +101,7 @@ impl App {
             Arc::clone(&store),
         ));
         deliverer.open_sealed_bodies_with(Arc::clone(&secret));
+        deliverer.scrub_secrets(settings.provider.secrets.clone());
         let verify = Arc::new(crate::verify::Verifier {
             settings: settings.verify.clone(),
             secret,

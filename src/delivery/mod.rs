@@ -128,6 +128,9 @@ struct CallSide {
     /// Opens sealed message bodies (verification codes) right before the
     /// provider call; set once by `App::build`.
     sealed: std::sync::OnceLock<Arc<crate::verify::SecretSource>>,
+    /// The configured secrets, taken out of every provider answer; set
+    /// once by `App::build` (none until then).
+    secrets: std::sync::OnceLock<crate::provider::Secrets>,
     /// Provider calls that may be in flight (see [`Deliverer::shutdown`]).
     in_flight: std::sync::Mutex<Calls>,
 }
@@ -195,6 +198,7 @@ impl Deliverer {
                 circuit_policy,
                 circuits: routing::cache(),
                 sealed: std::sync::OnceLock::new(),
+                secrets: std::sync::OnceLock::new(),
                 in_flight: std::sync::Mutex::default(),
             },
             slots: Slots {
@@ -214,6 +218,21 @@ impl Deliverer {
     /// Where the key to open sealed bodies comes from (verifications).
     pub fn open_sealed_bodies_with(&self, secret: Arc<crate::verify::SecretSource>) {
         let _ = self.calls.sealed.set(secret);
+    }
+
+    /// Takes `secrets` out of every provider answer from now on (see
+    /// [`SendOutcome::scrubbed`](crate::provider::SendOutcome::scrubbed)).
+    pub fn scrub_secrets(&self, secrets: crate::provider::Secrets) {
+        let _ = self.calls.secrets.set(secrets);
+    }
+
+    /// The secrets taken out of provider answers.
+    pub(super) fn secrets(&self) -> &crate::provider::Secrets {
+        static NONE: std::sync::OnceLock<crate::provider::Secrets> = std::sync::OnceLock::new();
+        self.calls
+            .secrets
+            .get()
+            .unwrap_or_else(|| NONE.get_or_init(crate::provider::Secrets::default))
     }
 
     pub fn owner(&self) -> &str {

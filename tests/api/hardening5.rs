@@ -115,7 +115,61 @@ async fn revoking_a_revoked_key_writes_no_second_row(backend: Backend) {
     assert_eq!(audited(&app.db, "key.revoke").await, 1);
 }
 
+/// Finding 10: the console tells test mode from the key's record, not its
+/// text: a live key whose text starts `so_test_` (one stored by a start
+/// before such a bootstrap key was refused) is shown as live.
+async fn the_console_tells_test_mode_by_the_keys_record(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let secret = format!(
+        "{}{}",
+        sendonce::apikey::TEST_PREFIX,
+        &sendonce::apikey::generate().secret[sendonce::apikey::PREFIX.len()..]
+    );
+    let mut stored = sendonce::apikey::stored_form(&secret);
+    stored.scopes = Scopes::ALL;
+    assert!(!stored.test, "a live key");
+    app.handle
+        .store
+        .add_key(&app.tenant, &stored)
+        .await
+        .expect("add key")
+        .expect("the tenant");
+    let mut browser = crate::console::Browser::new(&app);
+    let signed = browser.sign_in(&secret).await;
+    assert_eq!(
+        signed.status,
+        303,
+        "{}",
+        String::from_utf8_lossy(&signed.bytes)
+    );
+    let page = browser.get("/console/overview").await;
+    assert_eq!(page.status, 200);
+    let text = String::from_utf8_lossy(&page.bytes);
+    assert!(
+        !text.contains("Test mode"),
+        "a live key is shown as test mode: {text}"
+    );
+    // A real test key is still shown as test mode.
+    let admin = crate::access::key_with(&app, Scopes::ALL, Some("ops")).await;
+    let made = answer(
+        app.request(Method::POST, &format!("/admin/tenants/{}/keys", app.tenant))
+            .bearer_auth(&admin)
+            .json(&json!({"scopes": ["read"], "test": true}))
+            .send()
+            .await
+            .expect("POST key"),
+    )
+    .await;
+    assert_eq!(made.status, 201, "{}", String::from_utf8_lossy(&made.bytes));
+    let test_secret = made.json()["key"].as_str().expect("key").to_string();
+    let mut browser = crate::console::Browser::new(&app);
+    browser.sign_in(&test_secret).await;
+    let page = browser.get("/console/overview").await;
+    assert!(String::from_utf8_lossy(&page.bytes).contains("Test mode"));
+}
+
 on_both_backends!(
+    the_console_tells_test_mode_by_the_keys_record,
     a_bootstrap_key_rotation_is_audited,
     sender_list_edits_are_audited,
     revoking_a_revoked_key_writes_no_second_row,

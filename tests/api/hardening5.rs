@@ -168,7 +168,108 @@ async fn the_console_tells_test_mode_by_the_keys_record(backend: Backend) {
     assert!(String::from_utf8_lossy(&page.bytes).contains("Test mode"));
 }
 
+/// Finding 5: a test key never holds `admin` (refused when it is made)
+/// and, one stored before that was refused, never uses it: it cannot list
+/// live tenants, mint a live key, or disable its own live tenant.
+async fn a_test_key_has_no_admin_powers(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let admin = crate::access::key_with(&app, Scopes::ALL, Some("ops")).await;
+    let keys = format!("/admin/tenants/{}/keys", app.tenant);
+    let minted = answer(
+        app.request(Method::POST, &keys)
+            .bearer_auth(&admin)
+            .json(&json!({"scopes": ["send", "read", "admin"], "test": true}))
+            .send()
+            .await
+            .expect("POST key"),
+    )
+    .await;
+    assert_eq!(
+        (minted.status, minted.slug()),
+        (400, "validation".into()),
+        "{}",
+        String::from_utf8_lossy(&minted.bytes)
+    );
+    assert_eq!(minted.json()["errors"][0]["field"], "scopes");
+    assert!(
+        minted.json()["errors"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("test")),
+        "{}",
+        minted.json()
+    );
+
+    // One stored with `admin` anyway (before the refusal): a test key made
+    // with the default scopes, then given every scope in the database.
+    let made = answer(
+        app.request(Method::POST, &keys)
+            .bearer_auth(&admin)
+            .json(&json!({"test": true}))
+            .send()
+            .await
+            .expect("POST key"),
+    )
+    .await;
+    assert_eq!(made.status, 201, "{}", String::from_utf8_lossy(&made.bytes));
+    let test_key = made.json()["key"].as_str().expect("key").to_string();
+    let hash = sendonce::apikey::hash(&test_key);
+    let all = Scopes::ALL.to_stored();
+    match &app.db {
+        Db::Pg(p) => sqlx::query("UPDATE api_keys SET scopes = $1 WHERE key_hash = $2")
+            .bind(&all)
+            .bind(&hash)
+            .execute(p)
+            .await
+            .map(|_| ()),
+        Db::Sqlite(p) => sqlx::query("UPDATE api_keys SET scopes = $1 WHERE key_hash = $2")
+            .bind(&all)
+            .bind(&hash)
+            .execute(p)
+            .await
+            .map(|_| ()),
+    }
+    .expect("scopes set");
+    let with_test_key = |method: Method, path: String, body: Option<serde_json::Value>| {
+        let mut r = app.request(method, &path).bearer_auth(&test_key);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        async move { answer(r.send().await.expect("request")).await }
+    };
+    let listed = with_test_key(Method::GET, "/admin/tenants".into(), None).await;
+    let minted = with_test_key(
+        Method::POST,
+        keys.clone(),
+        Some(json!({"scopes": ["send", "admin"]})),
+    )
+    .await;
+    let disabled = with_test_key(
+        Method::PATCH,
+        format!("/admin/tenants/{}", app.tenant),
+        Some(json!({"disabled": true})),
+    )
+    .await;
+    for (what, a) in [("list", &listed), ("mint", &minted), ("disable", &disabled)] {
+        assert_eq!(
+            (a.status, a.slug()),
+            (403, "insufficient-scope".into()),
+            "{what}: {}",
+            String::from_utf8_lossy(&a.bytes)
+        );
+        assert!(
+            a.json()["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("test-mode")),
+            "{what} says why: {}",
+            a.json()
+        );
+    }
+    // The live tenant still works.
+    assert_eq!(app.get("/messages/none").await.status, 404);
+}
+
 on_both_backends!(
+    a_test_key_has_no_admin_powers,
     the_console_tells_test_mode_by_the_keys_record,
     a_bootstrap_key_rotation_is_audited,
     sender_list_edits_are_audited,

@@ -131,6 +131,10 @@ struct CallSide {
     /// The configured secrets, taken out of every provider answer; set
     /// once by `App::build` (none until then).
     secrets: std::sync::OnceLock<crate::provider::Secrets>,
+    /// The price table: a message that moves to another provider is
+    /// charged at that one's price; set once by `App::build` (until then
+    /// a move keeps the cost).
+    prices: std::sync::OnceLock<Arc<crate::spend::Prices>>,
     /// Provider calls that may be in flight (see [`Deliverer::shutdown`]).
     in_flight: std::sync::Mutex<Calls>,
 }
@@ -199,6 +203,7 @@ impl Deliverer {
                 circuits: routing::cache(),
                 sealed: std::sync::OnceLock::new(),
                 secrets: std::sync::OnceLock::new(),
+                prices: std::sync::OnceLock::new(),
                 in_flight: std::sync::Mutex::default(),
             },
             slots: Slots {
@@ -224,6 +229,21 @@ impl Deliverer {
     /// [`SendOutcome::scrubbed`](crate::provider::SendOutcome::scrubbed)).
     pub fn scrub_secrets(&self, secrets: crate::provider::Secrets) {
         let _ = self.calls.secrets.set(secrets);
+    }
+
+    /// Prices a message that moves on to another provider with `prices`.
+    pub fn price_with(&self, prices: Arc<crate::spend::Prices>) {
+        let _ = self.calls.prices.set(prices);
+    }
+
+    /// What `msg` costs when sent through `provider`, if it has a cost
+    /// (`None`: keep the stored one).
+    pub(super) fn cost_at(&self, msg: &MessageRecord, provider: &str) -> Option<i64> {
+        let prices = self.calls.prices.get()?;
+        msg.cost.as_ref()?;
+        let phone = msg.to.phone()?;
+        let country = crate::domain::phone::parse(phone.as_str()).and_then(|p| p.into_parts().1);
+        Some(prices.cost(country.as_deref(), provider, msg.segments))
     }
 
     /// The secrets taken out of provider answers.

@@ -268,7 +268,81 @@ async fn a_test_key_has_no_admin_powers(backend: Backend) {
     assert_eq!(app.get("/messages/none").await.status, 404);
 }
 
+/// Finding 9: a message that fails over is charged at the price of the
+/// provider that sends it, in its cost and in the tenant's spend counters:
+/// `http` (0.01) refuses everything, `simulated` (1.00) sends.
+async fn a_failover_is_charged_at_the_senders_price(backend: Backend) {
+    let mut settings = test_settings();
+    settings.prices = std::sync::Arc::new(
+        sendonce::spend::Prices::parse(
+            "country,provider,price_per_segment,currency\n\
+             *,http,0.01,USD\n\
+             *,simulated,1.00,USD\n",
+        )
+        .expect("prices"),
+    );
+    let app = spawn_with(TestOptions {
+        backend,
+        settings,
+        fallbacks: vec![std::sync::Arc::new(
+            sendonce::provider::SimulatedProvider::default(),
+        )],
+        ..TestOptions::default()
+    })
+    .await;
+    let admin = crate::access::key_with(&app, Scopes::ALL, Some("ops")).await;
+    let capped = answer(
+        app.request(Method::PATCH, &format!("/admin/tenants/{}", app.tenant))
+            .bearer_auth(&admin)
+            .json(&json!({"spend_caps": {"daily": "100.00"}}))
+            .send()
+            .await
+            .expect("PATCH"),
+    )
+    .await;
+    assert_eq!(
+        capped.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&capped.bytes)
+    );
+    for _ in 0..5 {
+        app.mock.push([testkit::mock_provider::Behaviour::Fail {
+            status: 401,
+            body: json!({"message": "bad credentials"}),
+            retry_after: None,
+        }]);
+    }
+    for i in 0..5 {
+        let key = format!("failover-{i}");
+        let a = app.post(&key, &sms("+14155550100", "hello")).await;
+        assert!(
+            matches!(a.status, 201 | 202),
+            "{}",
+            String::from_utf8_lossy(&a.bytes)
+        );
+        let m = eventually("the message to be sent", || async {
+            let m = app.get(&format!("/messages/{key}")).await.json();
+            (m["status"] == "sent" || m["status"] == "delivered").then_some(m)
+        })
+        .await;
+        assert_eq!(m["provider"], "simulated", "{m}");
+        assert_eq!(m["cost"]["amount"], "1.00", "{m}");
+    }
+    let spent = app
+        .db
+        .count("SELECT CAST(COALESCE(MAX(spent_micros), 0) AS BIGINT) FROM tenant_spend")
+        .await;
+    assert_eq!(spent, 5_000_000, "the daily counter holds what was sent");
+    let costs = app
+        .db
+        .count("SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM messages")
+        .await;
+    assert_eq!(costs, 5_000_000);
+}
+
 on_both_backends!(
+    a_failover_is_charged_at_the_senders_price,
     a_test_key_has_no_admin_powers,
     the_console_tells_test_mode_by_the_keys_record,
     a_bootstrap_key_rotation_is_audited,

@@ -349,3 +349,147 @@ on_both_backends!(
     sender_list_edits_are_audited,
     revoking_a_revoked_key_writes_no_second_row,
 );
+
+/// A receipt sink that holds every receipt until the test lets it go,
+/// counting how many it holds at once.
+struct HeldReceipts {
+    gate: tokio::sync::Semaphore,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    taken: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl sendonce::provider::receipts::ReceiptSink for HeldReceipts {
+    async fn take(
+        &self,
+        _provider: &'static str,
+        _receipt: sendonce::provider::receipts::Receipt,
+        _status: Option<sendonce::domain::Status>,
+    ) -> Result<(), String> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(n, SeqCst);
+        let permit = self.gate.acquire().await.map_err(|e| e.to_string())?;
+        permit.forget();
+        self.now.fetch_sub(1, SeqCst);
+        self.taken.fetch_add(1, SeqCst);
+        Ok(())
+    }
+}
+
+/// Finding 3: a hostile SMSC flooding `deliver_sm` gets at most the
+/// session's window of them handled at once: the rest wait in the socket
+/// (back-pressure), not as tasks holding their bodies. Every one is still
+/// taken once the sink moves.
+#[tokio::test]
+async fn a_deliver_sm_flood_is_held_to_the_window() {
+    use sendonce::provider::Provider;
+    use sendonce::provider::smpp::pdu::{self, id};
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const FLOOD: usize = 2_000;
+    const WINDOW: usize = 8;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let smsc = tokio::spawn(async move {
+        let (sock, _) = listener.accept().await.expect("accept");
+        let (mut read, mut write) = sock.into_split();
+        let mut head = [0u8; 16];
+        read.read_exact(&mut head).await.expect("bind");
+        let h = pdu::header(&head).expect("header");
+        let mut body = vec![0u8; h.command_length as usize - 16];
+        read.read_exact(&mut body).await.expect("bind body");
+        assert_eq!(h.command_id, id::BIND_TRANSCEIVER);
+        write
+            .write_all(&pdu::encode(
+                id::BIND_TRANSCEIVER_RESP,
+                0,
+                h.sequence,
+                &pdu::id_body("smsc"),
+            ))
+            .await
+            .expect("bind_resp");
+        // Whatever the ESME answers is read and dropped.
+        tokio::spawn(async move {
+            let mut sink = vec![0u8; 64 * 1024];
+            while read.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        });
+        for n in 0..FLOOD {
+            let text = format!(
+                "id:flood-{n} sub:001 dlvrd:001 submit date:2601011200 done date:2601011201 stat:DELIVRD err:000 text:"
+            );
+            let body = pdu::Submit {
+                source_addr: "+14155550100".into(),
+                destination_addr: "sendonce".into(),
+                esm_class: pdu::ESM_RECEIPT,
+                registered_delivery: 0,
+                data_coding: 0,
+                short_message: text.into_bytes(),
+            }
+            .body();
+            let seq = u32::try_from(n).expect("small") + 1;
+            if write
+                .write_all(&pdu::encode(id::DELIVER_SM, 0, seq, &body))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        // Held open until the test ends.
+        std::future::pending::<()>().await;
+    });
+    let mut s = sendonce::provider::smpp::SmppSettings::new(
+        &addr.ip().to_string(),
+        addr.port(),
+        "sendonce",
+        "secret",
+    );
+    s.window = WINDOW;
+    let provider = sendonce::provider::smpp::SmppProvider::new(s);
+    let sink = std::sync::Arc::new(HeldReceipts {
+        gate: tokio::sync::Semaphore::new(0),
+        now: Default::default(),
+        most: Default::default(),
+        taken: Default::default(),
+    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = provider
+        .start(sendonce::provider::ProviderRuntime {
+            stop: stop.clone(),
+            receipts: sink.clone(),
+        })
+        .expect("an SMPP provider runs a session");
+    // The sink holds every receipt: the session fills its window.
+    within(
+        std::time::Duration::from_secs(10),
+        "the window to fill",
+        || async { (sink.now.load(SeqCst) >= WINDOW).then_some(()) },
+    )
+    .await;
+    // Then let them through a few at a time: each release makes room for
+    // one more, never more than the window at once.
+    while sink.taken.load(SeqCst) < FLOOD {
+        sink.gate.add_permits(WINDOW);
+        let before = sink.taken.load(SeqCst);
+        within(
+            std::time::Duration::from_secs(10),
+            "receipts to be taken",
+            || async { (sink.taken.load(SeqCst) >= (before + WINDOW).min(FLOOD)).then_some(()) },
+        )
+        .await;
+        assert!(
+            sink.most.load(SeqCst) <= WINDOW,
+            "{} deliver_sm handled at once (window {WINDOW})",
+            sink.most.load(SeqCst)
+        );
+    }
+    assert_eq!(sink.taken.load(SeqCst), FLOOD, "every receipt taken");
+    stop.cancel();
+    smsc.abort();
+    running.abort();
+}

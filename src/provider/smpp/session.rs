@@ -320,7 +320,7 @@ async fn write_loop(
         })
         .await;
         let ok = matches!(written, Ok(Ok(())));
-        if matches!(written, Err(_)) {
+        if written.is_err() {
             tracing::warn!(
                 deadline_ms = deadline.as_millis() as u64,
                 "the SMSC read nothing for too long: ending the session"

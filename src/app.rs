@@ -101,6 +101,8 @@ impl App {
             Arc::clone(&store),
         ));
         deliverer.open_sealed_bodies_with(Arc::clone(&secret));
+        deliverer.scrub_secrets(settings.provider.secrets.clone());
+        deliverer.price_with(Arc::clone(&settings.prices));
         let verify = Arc::new(crate::verify::Verifier {
             settings: settings.verify.clone(),
             secret,

@@ -24,6 +24,10 @@ pub enum ApiError {
     /// The key lacks the scope the operation needs.
     #[error("insufficient scope: needs {0}")]
     InsufficientScope(crate::scopes::Scope),
+    /// A test-mode key on an `admin` route: a test key never administers,
+    /// whatever scopes it lists (issue 41, finding 5).
+    #[error("a test-mode key has no admin powers")]
+    AdminInTestMode,
     /// A resource of that name already exists (the admin API).
     #[error("conflict: {0}")]
     Conflict(String),
@@ -141,7 +145,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized | ApiError::TenantDisabled => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden | ApiError::InsufficientScope(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden | ApiError::InsufficientScope(_) | ApiError::AdminInTestMode => {
+                StatusCode::FORBIDDEN
+            }
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::MissingIdempotencyKey
             | ApiError::InvalidIdempotencyKey(_)
@@ -174,7 +180,7 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => "unauthorized",
             ApiError::TenantDisabled => "tenant-disabled",
-            ApiError::InsufficientScope(_) => "insufficient-scope",
+            ApiError::InsufficientScope(_) | ApiError::AdminInTestMode => "insufficient-scope",
             ApiError::Conflict(_) => "conflict",
             ApiError::Forbidden => "forbidden",
             ApiError::MissingIdempotencyKey => "missing-idempotency-key",
@@ -207,7 +213,7 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => "Unauthorized",
             ApiError::TenantDisabled => "Tenant disabled",
-            ApiError::InsufficientScope(_) => "Insufficient scope",
+            ApiError::InsufficientScope(_) | ApiError::AdminInTestMode => "Insufficient scope",
             ApiError::Conflict(_) => "Conflict",
             ApiError::Forbidden => "Forbidden",
             ApiError::MissingIdempotencyKey => "Missing Idempotency-Key",
@@ -244,6 +250,10 @@ impl ApiError {
             ApiError::TenantDisabled => {
                 "this API key's tenant is disabled by the operator; nothing was changed".into()
             }
+            ApiError::AdminInTestMode => "a test-mode key never has the `admin` scope (it \
+                 cannot administer tenants, live or test): use a live key with `admin`; \
+                 nothing was changed"
+                .into(),
             ApiError::InsufficientScope(scope) => format!(
                 "this API key does not have the `{scope}` scope this operation needs; nothing was changed"
             ),
@@ -331,6 +341,7 @@ fn problem(e: &ApiError) -> Problem<'_> {
         retry_after: e.retry_after_secs(),
         required_scope: match e {
             ApiError::InsufficientScope(s) => Some(s.as_str()),
+            ApiError::AdminInTestMode => Some(crate::scopes::Scope::Admin.as_str()),
             _ => None,
         },
     }

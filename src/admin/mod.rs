@@ -214,6 +214,15 @@ impl Admin<'_> {
         if !crate::scopes::may_grant(actor.scopes, spec.scopes) {
             return Err(AdminError::Scope(Scope::Admin));
         }
+        // A test key administers nothing: never one with `admin` (issue 41,
+        // finding 5).
+        if spec.test && spec.scopes.contains(Scope::Admin) {
+            return Err(AdminError::Invalid(vec![FieldError::new(
+                "scopes",
+                "a test-mode key cannot have the admin scope: leave `admin` out, or make a \
+                 live key (\"test\": false) to administer",
+            )]));
+        }
         let mut key = crate::apikey::generate_in(spec.test);
         key.stored.scopes = spec.scopes;
         key.stored.label.clone_from(&spec.label);

@@ -41,6 +41,9 @@ pub struct ProviderSettings {
     /// Upper bound of connecting to the provider (the upper bound of a whole
     /// call is `delivery.provider_timeout`).
     pub connect_timeout: Duration,
+    /// Every adapter secret configured: taken out of provider answers
+    /// before a tenant or a log sees them.
+    pub secrets: crate::provider::Secrets,
 }
 
 impl Default for ProviderSettings {
@@ -54,6 +57,7 @@ impl Default for ProviderSettings {
             receipts: ReceiptRoutes::default(),
             circuit: CircuitPolicy::default(),
             connect_timeout: Duration::from_secs(3),
+            secrets: crate::provider::Secrets::default(),
         }
     }
 }
@@ -180,6 +184,7 @@ impl ProviderSettings {
             receipts,
             circuit,
             connect_timeout,
+            secrets: crate::provider::Secrets::from_vars(vars),
         })
     }
 

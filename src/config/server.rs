@@ -203,6 +203,22 @@ impl ServerSettings {
                 ),
             ));
         }
+        // A bootstrap key is live with every scope: one that reads as a
+        // test-mode key would be shown and taken for one (issue 41, finding 10).
+        if let Some(key) = &bootstrap_api_key
+            && key.starts_with(apikey::TEST_PREFIX)
+        {
+            return Err(ConfigError::invalid(
+                "SENDONCE_BOOTSTRAP_API_KEY",
+                format!(
+                    "starts with {}, which marks a test-mode key, but the bootstrap key is a \
+                     live key with every scope: use a key starting so_ but not {} (sendonce key \
+                     create makes one; make test keys with the admin API's \"test\": true)",
+                    apikey::TEST_PREFIX,
+                    apikey::TEST_PREFIX
+                ),
+            ));
+        }
         if let Some(key) = &bootstrap_api_key
             && apikey::estimated_bits(key) < apikey::MIN_BOOTSTRAP_BITS
         {

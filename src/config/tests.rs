@@ -817,3 +817,20 @@ fn the_docs_say_the_session_lifetimes_and_the_template() {
         "docs/api.md"
     );
 }
+
+/// Issue 41, finding 10: a bootstrap key with the test-mode prefix would be
+/// stored as a live all-scope key that reads as a test key: refused, saying
+/// what to use instead.
+#[test]
+fn a_test_mode_bootstrap_key_is_refused() {
+    let key = format!(
+        "{}{}",
+        crate::apikey::TEST_PREFIX,
+        &crate::apikey::generate().secret[crate::apikey::PREFIX.len()..]
+    );
+    let e = args(&["--bootstrap-api-key", &key]).expect_err("refused");
+    let text = e.to_string();
+    assert!(text.contains("SENDONCE_BOOTSTRAP_API_KEY"), "{text}");
+    assert!(text.contains("so_test_"), "{text}");
+    assert!(text.contains("sendonce key create"), "{text}");
+}

@@ -89,13 +89,16 @@ pub struct Session {
     pub csrf: String,
     /// The key's scopes: opt-out forms need `opt-outs`.
     pub scopes: crate::scopes::Scopes,
+    /// Signed in with a test-mode key, as the key's record says.
+    pub test: bool,
 }
 
 impl Session {
     /// Whether it was signed in with a test-mode key (it sees the tenant's
-    /// test data only): the pages say so.
+    /// test data only): the pages say so. Read from the key's record, not
+    /// its text (issue 41, finding 10).
     pub fn is_test(&self) -> bool {
-        self.key_prefix.starts_with(crate::apikey::TEST_PREFIX)
+        self.test
     }
 
     /// Whether this session may add and remove opt-outs.
@@ -176,6 +179,7 @@ pub(super) async fn current(
         key_prefix: row.key_prefix,
         csrf: row.csrf_token,
         scopes: row.scopes,
+        test: row.test,
     }))
 }
 

@@ -105,7 +105,9 @@ impl Deliverer {
             && let Some(prepared) = self.prepare(msg, lease, provider, sms).await?
         {
             drop(call);
-            return Ok(Called::Answered(prepared.scrubbed(&sms.body)));
+            return Ok(Called::Answered(
+                prepared.scrubbed(&sms.body, self.secrets()),
+            ));
         }
         // A message that carries a verification's code is checked, in a
         // write right before its call, for a stop since it was read: the
@@ -163,7 +165,7 @@ impl Deliverer {
         drop(call);
         // Before it is logged, stored or decided on: a provider's error
         // text may quote the message, a one-time code included.
-        let outcome = outcome.scrubbed(&sms.body);
+        let outcome = outcome.scrubbed(&sms.body, self.secrets());
         crate::failpoint::hit("call.after_answer");
         let class = outcome.class();
         self.metrics

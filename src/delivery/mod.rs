@@ -128,6 +128,13 @@ struct CallSide {
     /// Opens sealed message bodies (verification codes) right before the
     /// provider call; set once by `App::build`.
     sealed: std::sync::OnceLock<Arc<crate::verify::SecretSource>>,
+    /// The configured secrets, taken out of every provider answer; set
+    /// once by `App::build` (none until then).
+    secrets: std::sync::OnceLock<crate::provider::Secrets>,
+    /// The price table: a message that moves to another provider is
+    /// charged at that one's price; set once by `App::build` (until then
+    /// a move keeps the cost).
+    prices: std::sync::OnceLock<Arc<crate::spend::Prices>>,
     /// Provider calls that may be in flight (see [`Deliverer::shutdown`]).
     in_flight: std::sync::Mutex<Calls>,
 }
@@ -195,6 +202,8 @@ impl Deliverer {
                 circuit_policy,
                 circuits: routing::cache(),
                 sealed: std::sync::OnceLock::new(),
+                secrets: std::sync::OnceLock::new(),
+                prices: std::sync::OnceLock::new(),
                 in_flight: std::sync::Mutex::default(),
             },
             slots: Slots {
@@ -214,6 +223,36 @@ impl Deliverer {
     /// Where the key to open sealed bodies comes from (verifications).
     pub fn open_sealed_bodies_with(&self, secret: Arc<crate::verify::SecretSource>) {
         let _ = self.calls.sealed.set(secret);
+    }
+
+    /// Takes `secrets` out of every provider answer from now on (see
+    /// [`SendOutcome::scrubbed`](crate::provider::SendOutcome::scrubbed)).
+    pub fn scrub_secrets(&self, secrets: crate::provider::Secrets) {
+        let _ = self.calls.secrets.set(secrets);
+    }
+
+    /// Prices a message that moves on to another provider with `prices`.
+    pub fn price_with(&self, prices: Arc<crate::spend::Prices>) {
+        let _ = self.calls.prices.set(prices);
+    }
+
+    /// What `msg` costs when sent through `provider`, if it has a cost
+    /// (`None`: keep the stored one).
+    pub(super) fn cost_at(&self, msg: &MessageRecord, provider: &str) -> Option<i64> {
+        let prices = self.calls.prices.get()?;
+        msg.cost.as_ref()?;
+        let phone = msg.to.phone()?;
+        let country = crate::domain::phone::parse(phone.as_str()).and_then(|p| p.into_parts().1);
+        Some(prices.cost(country.as_deref(), provider, msg.segments))
+    }
+
+    /// The secrets taken out of provider answers.
+    pub(super) fn secrets(&self) -> &crate::provider::Secrets {
+        static NONE: std::sync::OnceLock<crate::provider::Secrets> = std::sync::OnceLock::new();
+        self.calls
+            .secrets
+            .get()
+            .unwrap_or_else(|| NONE.get_or_init(crate::provider::Secrets::default))
     }
 
     pub fn owner(&self) -> &str {

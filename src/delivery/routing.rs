@@ -255,7 +255,9 @@ impl Deliverer {
             Some(route) => format!("{reason} (route {route})"),
             None => reason,
         };
+        let cost_micros = self.cost_at(msg, &to);
         let m = MoveOn {
+            cost_micros,
             id: msg.id,
             lease: lease.clone(),
             from: msg.provider.clone(),
@@ -280,6 +282,9 @@ impl Deliverer {
         lease.written = written_at;
         tracing::warn!(from = %m.from, to = %m.to, reason = %m.reason, "moved on to the next provider");
         self.metrics.failover(&m.from, &m.to);
+        if let (Some(micros), Some(cost)) = (m.cost_micros, &mut msg.cost) {
+            *cost = crate::spend::Cost::new(micros, &cost.currency);
+        }
         msg.provider = m.to;
         msg.attempts = n;
         msg.last_attempt_started_at = Some(now);

@@ -57,7 +57,9 @@ fn actor(auth: &TenantAuth) -> Actor {
         key_id: Some(auth.key_id),
         key_label: auth.key_label.clone(),
         scopes: auth.scopes,
-        tenant_id: Some(auth.id),
+        // The live tenant, for a test key too (its shadow's id would let it
+        // disable the live tenant it belongs to).
+        tenant_id: Some(auth.live_id.unwrap_or(auth.id)),
     }
 }
 

@@ -204,7 +204,7 @@ impl FromRequestParts<SharedState> for Authenticated {
 
 /// Whether a key may make this request: its tenant not disabled, and the
 /// scope the route needs held ([`crate::scopes::ROUTES`]; a route missing
-/// there is refused to every key).
+/// there is refused to every key), and never `admin` with a test-mode key.
 pub fn admit(auth: &TenantAuth, method: &axum::http::Method, path: &str) -> Result<(), ApiError> {
     if auth.disabled {
         return Err(ApiError::TenantDisabled);
@@ -214,6 +214,11 @@ pub fn admit(auth: &TenantAuth, method: &axum::http::Method, path: &str) -> Resu
             "route {method} {path} takes an API key but has no scope in scopes::ROUTES"
         )));
     };
+    // A test key administers nothing, whatever it lists (one stored with
+    // `admin` before that was refused at its making).
+    if scope == crate::scopes::Scope::Admin && auth.is_test() {
+        return Err(ApiError::AdminInTestMode);
+    }
     if auth.scopes.contains(scope) {
         Ok(())
     } else {

@@ -163,8 +163,16 @@ impl SendOutcome {
     /// the provider's error text: a provider that quotes the SMS in its
     /// error must not leak a code into the attempt, the message's error,
     /// the events, webhooks, the console or the logs (issue 29, finding 2).
-    pub fn scrubbed(self, body: &str) -> SendOutcome {
-        let clean = |m: String| scrub(&m, body);
+    /// The provider's error code is scrubbed the same way: a provider may
+    /// quote the SMS there too (issue 41, finding 1).
+    ///
+    /// Every configured secret in `secrets`, and the query of any URL, are
+    /// taken out as well: a provider that quotes the request (the delivery
+    /// report URL carrying `INFOBIP_RECEIPT_SECRET`, a credential) must not
+    /// show a secret to the tenant (issue 41, finding 8).
+    pub fn scrubbed(self, body: &str, secrets: &Secrets) -> SendOutcome {
+        let clean = |m: String| secrets.scrub(&scrub(&m, body));
+        let clean_code = |c: Option<String>| c.map(|c| secrets.scrub(&scrub(&c, body)));
         match self {
             SendOutcome::Accepted { .. } => self,
             SendOutcome::Rejected {
@@ -173,7 +181,7 @@ impl SendOutcome {
                 message,
             } => SendOutcome::Rejected {
                 http_status,
-                provider_code,
+                provider_code: clean_code(provider_code),
                 message: clean(message),
             },
             SendOutcome::Refused {
@@ -182,7 +190,7 @@ impl SendOutcome {
                 message,
             } => SendOutcome::Refused {
                 http_status,
-                provider_code,
+                provider_code: clean_code(provider_code),
                 message: clean(message),
             },
             SendOutcome::Retryable {
@@ -192,7 +200,7 @@ impl SendOutcome {
                 message,
             } => SendOutcome::Retryable {
                 http_status,
-                provider_code,
+                provider_code: clean_code(provider_code),
                 retry_after,
                 message: clean(message),
             },
@@ -457,6 +465,88 @@ pub fn scrub(text: &str, body: &str) -> String {
     out
 }
 
+/// The installation's configured secrets (every adapter variable marked
+/// secret: API keys, tokens, receipt secrets), taken out of any provider
+/// text before it is stored, shown or logged. Its `Debug` shows a count only.
+#[derive(Clone, Default)]
+pub struct Secrets(std::sync::Arc<[String]>);
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} values)", self.0.len())
+    }
+}
+
+impl Secrets {
+    /// The shortest value taken out: a shorter one (a PIN-like test value)
+    /// would blank out common words and numbers; every configured secret
+    /// the service accepts is longer.
+    pub const MIN_LEN: usize = 6;
+
+    /// `values`, blanks and those under [`Secrets::MIN_LEN`] characters
+    /// left out, longest first (so one inside another goes with it).
+    pub fn new(values: impl IntoIterator<Item = String>) -> Secrets {
+        let mut v: Vec<String> = values
+            .into_iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| s.chars().count() >= Self::MIN_LEN)
+            .collect();
+        v.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        v.dedup();
+        Secrets(v.into())
+    }
+
+    /// The values of every adapter variable marked secret in `vars`.
+    pub fn from_vars(vars: &registry::Vars) -> Secrets {
+        Secrets::new(
+            registry::Vars::known()
+                .filter(|v| v.secret)
+                .filter_map(|v| vars.get(v.env))
+                .map(str::to_string),
+        )
+    }
+
+    /// `text` with every secret replaced by `[secret]` and the query of
+    /// every `http(s)://` URL by `[query]`.
+    pub fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for secret in self.0.iter() {
+            out = out.replace(secret.as_str(), "[secret]");
+        }
+        without_url_queries(&out)
+    }
+}
+
+/// `text` with the query (and fragment) of every `http://` or `https://`
+/// URL in it replaced by `[query]`: a URL's query is where a secret rides
+/// (a receipt secret, a token), and nothing a tenant needs is in it.
+fn without_url_queries(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(found) = ["http://", "https://"]
+        .iter()
+        .filter_map(|scheme| lower[at..].find(scheme).map(|i| at + i))
+        .min()
+    {
+        let end = text[found..]
+            .find(|c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '<' | '>' | '`'))
+            .map_or(text.len(), |i| found + i);
+        let url = &text[found..end];
+        out.push_str(&text[at..found]);
+        match url.find(['?', '#']) {
+            Some(q) => {
+                out.push_str(&url[..q]);
+                out.push_str("?[query]");
+            }
+            None => out.push_str(url),
+        }
+        at = end;
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
 /// The largest provider answer to a send that is read (bytes); a longer one
 /// is not read on (see [`read_body`]).
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
@@ -591,11 +681,53 @@ mod tests {
             provider_code: Some("21617".into()),
             message: "the body 'Your verification code is 482913' is too long".into(),
         }
-        .scrubbed(body);
+        .scrubbed(body, &Secrets::default());
         assert!(
             matches!(&scrubbed, SendOutcome::Rejected { message, .. }
             if !message.contains("482913")),
             "{scrubbed:?}"
+        );
+    }
+
+    #[test]
+    fn error_texts_lose_configured_secrets_and_url_queries() {
+        let secrets = Secrets::from_vars(&registry::Vars::from_pairs([
+            ("INFOBIP_RECEIPT_SECRET", "receipt-secret-0123456789"),
+            ("INFOBIP_API_KEY", "app-key-abcdef"),
+            ("INFOBIP_FROM", "ACME-SENDER"),
+        ]));
+        let outcome = SendOutcome::Rejected {
+            http_status: Some(400),
+            provider_code: Some("BAD receipt-secret-0123456789".into()),
+            message: "bad key app-key-abcdef; report URL \
+                      'https://sms.example/providers/infobip/status?secret=abc&x=1' \
+                      from ACME-SENDER"
+                .into(),
+        }
+        .scrubbed("hello", &secrets);
+        let SendOutcome::Rejected {
+            provider_code,
+            message,
+            ..
+        } = outcome
+        else {
+            panic!("{outcome:?}");
+        };
+        assert_eq!(provider_code.as_deref(), Some("BAD [secret]"));
+        assert_eq!(
+            message,
+            "bad key [secret]; report URL \
+             'https://sms.example/providers/infobip/status?[query]' from ACME-SENDER"
+        );
+        // A URL without a query, at the end, stays whole.
+        assert_eq!(
+            Secrets::default().scrub("see HTTPS://x.example/a"),
+            "see HTTPS://x.example/a"
+        );
+        assert_eq!(
+            format!("{secrets:?}"),
+            "Secrets(2 values)",
+            "no value in Debug"
         );
     }
 

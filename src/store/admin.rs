@@ -31,7 +31,8 @@ pub trait AdminStore: Send + Sync {
         key: &NewApiKey,
         audit: &AuditEntry,
     ) -> Result<Option<ApiKeyInfo>, StoreError>;
-    /// Revokes a key; false if there is no such key (or it was revoked).
+    /// Revokes a key; false if there is no such key. A key revoked already
+    /// stays as it is, and no second audit row is written.
     async fn admin_revoke_key(&self, id: Uuid, audit: &AuditEntry) -> Result<bool, StoreError>;
     /// The audit log, newest first, from before `before` (an audit id).
     async fn audit_log(

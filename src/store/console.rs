@@ -32,6 +32,9 @@ pub struct SessionRecord {
     pub last_seen_at: OffsetDateTime,
     /// The signing-in key's scopes (read now: a change holds at once).
     pub scopes: crate::scopes::Scopes,
+    /// Signed in with a test-mode key, as its record says (never read
+    /// from the key's text).
+    pub test: bool,
 }
 
 /// One line of a message list.

@@ -136,7 +136,8 @@ pub trait TenantStore: Send + Sync {
     /// one transaction. Keys added with [`TenantStore::add_key`] are never
     /// bootstrap keys. A configured key that was revoked stays revoked and
     /// then nothing else is revoked (an instance started with an old value
-    /// must not lock out the new one).
+    /// must not lock out the new one). Each key it revokes is audited
+    /// (`key.revoke`, as the CLI's).
     async fn ensure_bootstrap_key(
         &self,
         name: &str,
@@ -184,7 +185,8 @@ pub trait TenantStore: Send + Sync {
     /// Adds (`add`) or removes a sender on a tenant's list, creating the
     /// list if there is none (removing the last sender leaves an empty list:
     /// the provider's default sender only). `None` if there is no such
-    /// tenant, else whether the list changed.
+    /// tenant, else whether the list changed. A change is audited as the
+    /// CLI's (`tenant.senders.add` / `.remove`), in its transaction.
     async fn edit_senders(
         &self,
         tenant_name: &str,

@@ -94,6 +94,11 @@ pub struct MoveOn {
     pub now: OffsetDateTime,
     /// Who the attempt on `to` sends as ([`crate::provider::Provider::sender`]).
     pub sender: Option<String>,
+    /// The message's cost at `to`'s price, when it has a cost: it replaces
+    /// the stored one, and the tenant's spend counters take the difference
+    /// (a failover is charged at the price of the provider that sends;
+    /// issue 41, finding 9).
+    pub cost_micros: Option<i64>,
 }
 
 /// A routing event of one message.

@@ -2,13 +2,20 @@
 //! code, and the sealing (authenticated encryption) of a code and of a
 //! verification message's body.
 //!
-//! Sealing is encrypt-then-MAC over HMAC-SHA256 alone (already a
-//! dependency): the keystream is HMAC(enc key, nonce || block counter) (a
-//! PRF in counter mode), the tag HMAC(auth key, aad || nonce || ciphertext),
-//! checked in constant time before anything is decrypted. A 16-byte random
-//! nonce per seal; the associated data binds a sealed value to the row it
-//! belongs to (a verification's code to its id, a message body to the
-//! message id), so a sealed value copied into another row does not open.
+//! Sealing is ChaCha20-Poly1305 (RFC 8439), ring's `aead`, with a 96-bit
+//! random nonce per seal; its key is derived from the verify secret with
+//! ring's HKDF-SHA256 (one `info` per purpose). A sealed value is the
+//! version tag `SOv3`, the nonce, the ciphertext and the 16-byte tag. The
+//! associated data binds a sealed value to the row it belongs to (a
+//! verification's code to its id, a message body to the message id and its
+//! shown text, a page cursor to its list), so a sealed value copied into
+//! another row does not open.
+//!
+//! Values sealed before (issue 41) by our own encrypt-then-MAC over
+//! HMAC-SHA256 (keystream HMAC(enc key, nonce || counter), tag
+//! HMAC(auth key, aad || nonce || ciphertext)) still open, until they expire
+//! or are purged; nothing new is sealed so. The stored code's HMAC-SHA256
+//! (the `hmac` crate's) is unchanged.
 
 use std::sync::Arc;
 
@@ -28,6 +35,14 @@ type HmacSha256 = Hmac<Sha256>;
 const NONCE: usize = 16;
 const TAG: usize = 32;
 
+/// What a value sealed with the AEAD starts with (the version tag); any
+/// other sealed value is of the first construction.
+const AEAD_V3: &[u8] = b"SOv3";
+/// HKDF's salt (fixed: the secret is already uniformly random).
+const HKDF_SALT: &[u8] = b"sendonce verify hkdf v3";
+/// HKDF's info for the sealing key.
+const INFO_SEAL: &[u8] = b"sendonce verify seal chacha20-poly1305 v3";
+
 pub use crate::domain::sealed::{
     SEALED_MARK, SEALED_PREFIX, SEALED_UNSHOWN, SEALED_V1, is_sealed, shown_body,
 };
@@ -35,9 +50,27 @@ pub use crate::domain::sealed::{
 /// Keys derived from the verify secret, one per purpose.
 pub struct Keys {
     code_mac: [u8; 32],
+    /// ChaCha20-Poly1305, from HKDF: what seals now.
+    seal: ring::aead::LessSafeKey,
+    /// The first construction's keys: they only open.
     enc: [u8; 32],
     auth: [u8; 32],
 }
+
+/// The sealing key ring's HKDF-SHA256 derives from `secret`.
+fn seal_key(secret: &[u8]) -> ring::aead::LessSafeKey {
+    use ring::aead::{CHACHA20_POLY1305, LessSafeKey, UnboundKey};
+    let prk = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, HKDF_SALT).extract(secret);
+    let info = [INFO_SEAL];
+    // 32 bytes is far below HKDF's limit of 255 blocks: this cannot fail.
+    let okm = prk
+        .expand(&info, &CHACHA20_POLY1305)
+        .unwrap_or_else(|_| unreachable!("HKDF-SHA256 gives 32 bytes"));
+    LessSafeKey::new(UnboundKey::from(okm))
+}
+
+/// The AEAD's nonce length (96 bits).
+const AEAD_NONCE: usize = 12;
 
 impl std::fmt::Debug for Keys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -63,6 +96,7 @@ impl Keys {
     pub fn derive(secret: &[u8]) -> Self {
         Self {
             code_mac: hmac(secret, &[b"sendonce verify code-mac v1"]),
+            seal: seal_key(secret),
             enc: hmac(secret, &[b"sendonce verify enc v1"]),
             auth: hmac(secret, &[b"sendonce verify auth v1"]),
         }
@@ -94,22 +128,52 @@ impl Keys {
         hmac(&self.auth, &[&len, aad, nonce, ct])
     }
 
-    /// `plain` encrypted and authenticated, bound to `aad`.
+    /// `plain` encrypted and authenticated (ChaCha20-Poly1305), bound to
+    /// `aad`: `SOv3`, the nonce, the ciphertext and its tag.
     pub fn seal(&self, aad: &[u8], plain: &[u8]) -> Vec<u8> {
-        let mut nonce = [0u8; NONCE];
+        use ring::aead::{Aad, Nonce};
+        let mut nonce = [0u8; AEAD_NONCE];
         rand::rng().fill_bytes(&mut nonce);
-        let mut out = Vec::with_capacity(NONCE + plain.len() + TAG);
+        let mut buf = plain.to_vec();
+        // Sealing fails only on an input longer than 256 GiB.
+        let sealed = self.seal.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(aad),
+            &mut buf,
+        );
+        if sealed.is_err() {
+            unreachable!("a sealed value is far below ChaCha20-Poly1305's limit");
+        }
+        let mut out = Vec::with_capacity(AEAD_V3.len() + AEAD_NONCE + buf.len());
+        out.extend_from_slice(AEAD_V3);
         out.extend_from_slice(&nonce);
-        let mut ct = plain.to_vec();
-        self.keystream_xor(&nonce, &mut ct);
-        let tag = self.tag(aad, &nonce, &ct);
-        out.extend_from_slice(&ct);
-        out.extend_from_slice(&tag);
+        out.extend_from_slice(&buf);
         out
     }
 
-    /// The plain text of a value [`Keys::seal`] made with the same `aad`.
+    /// The plain text of a value [`Keys::seal`] made with the same `aad`
+    /// (or one sealed by the first construction).
     pub fn open(&self, aad: &[u8], sealed: &[u8]) -> Result<Vec<u8>, OpenError> {
+        use ring::aead::{Aad, Nonce};
+        if let Some(rest) = sealed.strip_prefix(AEAD_V3)
+            && rest.len() >= AEAD_NONCE + self.seal.algorithm().tag_len()
+        {
+            let (nonce, ct) = rest.split_at(AEAD_NONCE);
+            let mut buf = ct.to_vec();
+            if let Ok(nonce) = Nonce::try_assume_unique_for_key(nonce)
+                && let Ok(plain) = self.seal.open_in_place(nonce, Aad::from(aad), &mut buf)
+            {
+                return Ok(plain.to_vec());
+            }
+            // Not ours: a first-construction value that happens to start
+            // with the tag (one in 2^32) is tried as one below.
+        }
+        self.open_v1(aad, sealed)
+    }
+
+    /// A value of the first construction (encrypt-then-MAC over
+    /// HMAC-SHA256), as it was sealed before the AEAD.
+    fn open_v1(&self, aad: &[u8], sealed: &[u8]) -> Result<Vec<u8>, OpenError> {
         if sealed.len() < NONCE + TAG {
             return Err(OpenError);
         }
@@ -277,5 +341,103 @@ mod tests {
         // Not constant: 20 six-digit codes are not all equal.
         let codes: std::collections::HashSet<_> = (0..20).map(|_| generate_code(6)).collect();
         assert!(codes.len() > 1);
+    }
+
+    /// Values sealed by the code before the AEAD (encrypt-then-MAC over
+    /// HMAC-SHA256), written by it for this test: they still open.
+    #[test]
+    fn values_sealed_before_the_aead_still_open() {
+        let k = Keys::derive(b"fixture verify secret");
+        let id = Uuid::parse_str("01a24c00-0000-7000-8000-000000000041").unwrap();
+        let code = "b1c9bc6a4bb749a34b86e16440e919c8768a6c3e6ce018471d4c27bd5a273669\
+                    d4e81c46ce768e2e95d73c5cff736840d54c920d0851";
+        let code: Vec<u8> = (0..code.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&code[i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(k.open(id.as_bytes(), &code).unwrap(), b"482913");
+        assert!(k.open(Uuid::now_v7().as_bytes(), &code).is_err());
+        let body = "sendonce-sealed:v2:WW91ciBjb2RlIGlzICoqKioqKg.fKiwyiqRA8j6CZQmpff6D0ziF-\
+                    0zIyn7VcUg_RKUukAAOn_kdJeiGCGhDAaT0C7VvePPY1mjIfxXsRXLwNhA6q4klQ";
+        assert_eq!(k.open_body(id, body).unwrap(), "Your code is 482913");
+        assert_eq!(shown_body(body), "Your code is ******");
+        // The stored code's HMAC is unchanged too (verifications in flight
+        // still check).
+        let mac: String = k
+            .code_mac(id, "482913")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            mac,
+            "d0d856f905f3983f1f25cf1749e9b655d0aa4ab40b9d5d0eb3f53b2ab69b8fcc"
+        );
+    }
+
+    /// New values are ChaCha20-Poly1305 (ring) under the version tag, with
+    /// the key ring's HKDF derives for sealing: opened here by ring itself.
+    #[test]
+    fn new_values_are_chacha20_poly1305_under_their_version_tag() {
+        use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
+        let secret = b"another verify secret";
+        let k = Keys::derive(secret);
+        let sealed = k.seal(b"row 1", b"Your code is 123456");
+        assert!(sealed.starts_with(AEAD_V3), "{sealed:?}");
+        let rest = &sealed[AEAD_V3.len()..];
+        let (nonce, ct) = rest.split_at(12);
+        let prk = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, HKDF_SALT).extract(secret);
+        let info = [INFO_SEAL];
+        let okm = prk.expand(&info, &CHACHA20_POLY1305).unwrap();
+        let key = LessSafeKey::new(UnboundKey::from(okm));
+        let mut buf = ct.to_vec();
+        let nonce = Nonce::try_assume_unique_for_key(nonce).unwrap();
+        let plain = key
+            .open_in_place(nonce, Aad::from(b"row 1"), &mut buf)
+            .unwrap();
+        assert_eq!(plain, b"Your code is 123456");
+        assert_eq!(k.open(b"row 1", &sealed).unwrap(), b"Your code is 123456");
+        assert!(k.open(b"row 2", &sealed).is_err(), "bound to its row");
+        let mut flipped = sealed.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        assert!(k.open(b"row 1", &flipped).is_err());
+        assert!(Keys::derive(b"x").open(b"row 1", &sealed).is_err());
+    }
+
+    /// RFC 8439, section 2.8.2: ring's ChaCha20-Poly1305 gives the
+    /// published ciphertext and tag.
+    #[test]
+    fn the_aead_matches_rfc_8439() {
+        use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
+        let hex = |s: &str| -> Vec<u8> {
+            let s: String = s.split_whitespace().collect();
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+                .collect()
+        };
+        let key: Vec<u8> = (0x80..=0x9f).collect();
+        let nonce = hex("07000000 40414243 44454647");
+        let aad = hex("50515253 c0c1c2c3 c4c5c6c7");
+        let plain = b"Ladies and Gentlemen of the class of '99: If I could offer you only one \
+                      tip for the future, sunscreen would be it.";
+        let want_ct = hex(
+            "d31a8d34648e60db7b86afbc53ef7ec2 a4aded51296e08fea9e2b5a736ee62d6 \
+             3dbea45e8ca9671282fafb69da92728b 1a71de0a9e060b2905d6a5b67ecd3b36 \
+             92ddbd7f2d778b8c9803aee328091b58 fab324e4fad675945585808b4831d7bc \
+             3ff4def08e4b7a9de576d26586cec64b 6116",
+        );
+        let want_tag = hex("1ae10b594f09e26a7e902ecbd0600691");
+        let key = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &key).unwrap());
+        let mut buf = plain.to_vec();
+        let tag = key
+            .seal_in_place_separate_tag(
+                Nonce::try_assume_unique_for_key(&nonce).unwrap(),
+                Aad::from(&aad),
+                &mut buf,
+            )
+            .unwrap();
+        assert_eq!(buf, want_ct);
+        assert_eq!(tag.as_ref(), want_tag.as_slice());
     }
 }

@@ -76,7 +76,8 @@ pub enum Behaviour {
     /// message that already exists).
     AcceptThenDelay(Duration),
     /// Refuse the message with this status, quoting its text in the error
-    /// (as some providers do), without creating it.
+    /// (as some providers do), without creating it; the `http` protocol
+    /// quotes it in the error code as well.
     RejectQuoting { status: u16 },
     /// Wait for the gate to open, then behave as the inner behaviour says.
     After(Arc<Notify>, Box<Behaviour>),

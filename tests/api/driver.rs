@@ -163,6 +163,7 @@ fn move_on(id: MessageId, lease: &Lease, closing: Option<AttemptResult>) -> Move
         reason: "a is down".into(),
         now: T0 + time::Duration::seconds(1),
         sender: Some("Acme".into()),
+        cost_micros: None,
     }
 }
 

@@ -60,6 +60,12 @@ pub fn infobip_declaring(grace: Option<Duration>) -> ProviderFactory {
             RECEIPT_SECRET,
         )])
         .expect("receipt settings");
+        s.provider.secrets = sendonce::provider::Secrets::from_vars(
+            &sendonce::provider::registry::Vars::from_pairs([
+                ("INFOBIP_RECEIPT_SECRET", RECEIPT_SECRET),
+                ("INFOBIP_API_KEY", API_KEY),
+            ]),
+        );
         s.server.public_url = Some(app.to_string());
         let settings = InfobipSettings {
             delivery_url: Some(delivery_url(app, RECEIPT_SECRET)),
@@ -209,6 +215,44 @@ async fn bad_credentials_are_refused(backend: Backend) {
         1,
         "nothing resent to a refusing account"
     );
+}
+
+/// Issue 41, finding 8: Infobip quoting the request (the delivery report
+/// URL, `INFOBIP_RECEIPT_SECRET` in its query) in its refusal shows the
+/// tenant neither the secret nor the URL's query, anywhere.
+async fn a_refusal_quoting_the_report_url_shows_no_secret(backend: Backend) {
+    let app = spawn_infobip(backend).await;
+    app.mock.push([Behaviour::RejectQuoting { status: 400 }]);
+    let m = app.post("QUOTED-URL", &sms(TO, "hello there")).await.json();
+    assert_eq!(m["status"], "failed", "{m}");
+    let quoted = app.mock.calls()[0].body["messages"][0]["webhooks"]["delivery"]["url"]
+        .as_str()
+        .expect("the report URL was sent")
+        .to_string();
+    assert!(quoted.contains(RECEIPT_SECRET), "{quoted}");
+    let shown = m["error"]["message"]
+        .as_str()
+        .expect("an error")
+        .to_string();
+    assert!(
+        shown.contains("/providers/infobip/status?[query]"),
+        "the refusal is still shown: {shown}"
+    );
+    for path in [
+        "/messages/QUOTED-URL",
+        "/messages/QUOTED-URL/attempts",
+        "/messages/QUOTED-URL/events",
+        "/events",
+    ] {
+        let a = app.get(path).await;
+        assert_eq!(a.status, 200, "{path}");
+        let text = String::from_utf8_lossy(&a.bytes);
+        assert!(
+            !text.contains(RECEIPT_SECRET),
+            "{path} shows the secret: {text}"
+        );
+        assert!(!text.contains("secret="), "{path} shows the query: {text}");
+    }
 }
 
 async fn throttling_is_retried(backend: Backend) {
@@ -624,6 +668,7 @@ async fn the_mock_reports_to_the_url_each_message_carried(backend: Backend) {
 on_both_backends!(
     sends_json_with_our_id_and_keeps_it,
     bad_credentials_are_refused,
+    a_refusal_quoting_the_report_url_shows_no_secret,
     throttling_is_retried,
     a_rejected_destination_fails,
     accepted_then_dropped_is_found_and_not_resent,

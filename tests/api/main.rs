@@ -67,6 +67,7 @@ mod hardening;
 mod hardening2;
 mod hardening3;
 mod hardening4;
+mod hardening5;
 mod helpers;
 mod infobip;
 mod lagging_lookups;

@@ -37,6 +37,11 @@ pub(super) struct Session {
     pending: Arc<Pending>,
     seq: AtomicU32,
     window: Semaphore,
+    /// Room for the SMSC's requests (`deliver_sm`) handled at once: the
+    /// window, as for ours. The reader waits for room before it reads on,
+    /// so a flood waits in the socket (back-pressure on the SMSC), not in
+    /// tasks holding their bodies (issue 41, finding 3).
+    inbound: Arc<Semaphore>,
     /// Cancelled when the connection is done.
     pub(super) closed: CancellationToken,
 }
@@ -201,9 +206,15 @@ async fn session(
         pending: Arc::default(),
         seq: AtomicU32::new(0),
         window: Semaphore::new(s.window.max(1)),
+        inbound: Arc::new(Semaphore::new(s.window.max(1))),
         closed: CancellationToken::new(),
     });
-    let writer = tokio::spawn(write_loop(write, out_rx, Arc::clone(&session)));
+    let writer = tokio::spawn(write_loop(
+        write,
+        out_rx,
+        Arc::clone(&session),
+        s.response_timeout,
+    ));
     let reader = tokio::spawn(read_loop(
         read,
         Arc::clone(&session),
@@ -287,10 +298,14 @@ async fn serve(
     }
 }
 
+/// Writes the session's frames in order. A frame not written within
+/// `deadline` (an SMSC that stopped reading) ends the session: nothing
+/// waits on it for ever, and its requests end as not written.
 async fn write_loop(
     mut write: tokio::io::WriteHalf<Box<dyn Io>>,
     mut rx: mpsc::Receiver<Out>,
     session: Arc<Session>,
+    deadline: Duration,
 ) {
     loop {
         let out = tokio::select! {
@@ -299,7 +314,18 @@ async fn write_loop(
             () = session.closed.cancelled() => None,
         };
         let Some(out) = out else { break };
-        let ok = write.write_all(&out.frame).await.is_ok() && write.flush().await.is_ok();
+        let written = tokio::time::timeout(deadline, async {
+            write.write_all(&out.frame).await?;
+            write.flush().await
+        })
+        .await;
+        let ok = matches!(written, Ok(Ok(())));
+        if written.is_err() {
+            tracing::warn!(
+                deadline_ms = deadline.as_millis() as u64,
+                "the SMSC read nothing for too long: ending the session"
+            );
+        }
         if !ok {
             // Some of it may have left: its request waits as Dropped.
             session.closed.cancel();
@@ -385,12 +411,19 @@ async fn handle(
             });
         }
         id::DELIVER_SM => {
+            // Room first: the reader reads no further until there is.
+            let room = tokio::select! {
+                r = Arc::clone(&session.inbound).acquire_owned() => r,
+                () = session.closed.cancelled() => return,
+            };
+            let Ok(room) = room else { return };
             let s = Arc::clone(session);
             let receipts = Arc::clone(receipts);
             tokio::spawn(async move {
                 let code = deliver(&body, receipts.as_ref()).await;
                 s.reply(id::DELIVER_SM_RESP, code, h.sequence, &pdu::id_body(""))
                     .await;
+                drop(room);
             });
         }
         _ => {

@@ -4,7 +4,7 @@
 //! `&name=value&name=value...`; then either `md5hash` (the lower-case hex
 //! MD5 of that string followed by the signature secret, Vonage's default)
 //! or an HMAC keyed with the secret (`md5`, `sha1`, `sha256`, `sha512`),
-//! upper-case hex. Vonage compares signatures without regard to case, and
+//! upper-case hex. The HMACs are the `hmac` crate's, not our own. Vonage compares signatures without regard to case, and
 //! so does [`verify`], in constant time.
 
 use subtle::ConstantTimeEq;
@@ -63,31 +63,35 @@ fn md5(data: &[u8]) -> Vec<u8> {
     <md5::Md5 as md5::Digest>::digest(data).to_vec()
 }
 
-fn sha1(data: &[u8]) -> Vec<u8> {
-    <sha1::Sha1 as sha1::Digest>::digest(data).to_vec()
-}
-
-fn sha256(data: &[u8]) -> Vec<u8> {
-    <sha2::Sha256 as sha2::Digest>::digest(data).to_vec()
-}
-
-fn sha512(data: &[u8]) -> Vec<u8> {
-    <sha2::Sha512 as sha2::Digest>::digest(data).to_vec()
-}
-
-/// HMAC (RFC 2104) over `hash`, whose block is `block` bytes.
-pub fn hmac(hash: fn(&[u8]) -> Vec<u8>, block: usize, key: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut k = if key.len() > block {
-        hash(key)
-    } else {
-        key.to_vec()
-    };
-    k.resize(block, 0);
-    let mut inner: Vec<u8> = k.iter().map(|b| b ^ 0x36).collect();
-    inner.extend_from_slice(data);
-    let mut outer: Vec<u8> = k.iter().map(|b| b ^ 0x5c).collect();
-    outer.extend_from_slice(&hash(&inner));
-    hash(&outer)
+/// The HMAC (RFC 2104) of `data` keyed with `key` for one of the HMAC
+/// methods (the `hmac` crate's; `Md5Hash` is no HMAC: empty).
+pub fn mac(method: SignatureMethod, key: &[u8], data: &[u8]) -> Vec<u8> {
+    // `new_from_slice` takes a key of any length (HMAC hashes a long one).
+    fn of<M: hmac::Mac + hmac::digest::KeyInit>(key: &[u8], data: &[u8]) -> Vec<u8> {
+        match <M as hmac::digest::KeyInit>::new_from_slice(key) {
+            Ok(mut m) => {
+                m.update(data);
+                m.finalize().into_bytes().to_vec()
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+    match method {
+        SignatureMethod::Md5Hash => Vec::new(),
+        SignatureMethod::HmacMd5 => {
+            use hmac_digest011::{KeyInit as _, Mac as _};
+            match hmac_digest011::Hmac::<md5::Md5>::new_from_slice(key) {
+                Ok(mut m) => {
+                    m.update(data);
+                    m.finalize().into_bytes().to_vec()
+                }
+                Err(_) => Vec::new(),
+            }
+        }
+        SignatureMethod::HmacSha1 => of::<hmac::Hmac<sha1::Sha1>>(key, data),
+        SignatureMethod::HmacSha256 => of::<hmac::Hmac<sha2::Sha256>>(key, data),
+        SignatureMethod::HmacSha512 => of::<hmac::Hmac<sha2::Sha512>>(key, data),
+    }
 }
 
 fn hex(bytes: &[u8], upper: bool) -> String {
@@ -105,14 +109,9 @@ fn hex(bytes: &[u8], upper: bool) -> String {
 /// The `sig` Vonage computes for `params` with `secret`.
 pub fn sign(method: SignatureMethod, secret: &str, params: &[(String, String)]) -> String {
     let base = signed_string(params);
-    let key = secret.as_bytes();
-    let data = base.as_bytes();
     match method {
         SignatureMethod::Md5Hash => hex(&md5(format!("{base}{secret}").as_bytes()), false),
-        SignatureMethod::HmacMd5 => hex(&hmac(md5, 64, key, data), true),
-        SignatureMethod::HmacSha1 => hex(&hmac(sha1, 64, key, data), true),
-        SignatureMethod::HmacSha256 => hex(&hmac(sha256, 64, key, data), true),
-        SignatureMethod::HmacSha512 => hex(&hmac(sha512, 128, key, data), true),
+        hmac_method => hex(&mac(hmac_method, secret.as_bytes(), base.as_bytes()), true),
     }
 }
 

@@ -18,6 +18,8 @@ pub(crate) struct SessionRow {
     created_at: DbTime,
     last_seen_at: DbTime,
     scopes: String,
+    /// The key is a test-mode key (of a test namespace).
+    test: bool,
 }
 
 impl From<SessionRow> for SessionRecord {
@@ -29,6 +31,7 @@ impl From<SessionRow> for SessionRecord {
             created_at: r.created_at.0,
             last_seen_at: r.last_seen_at.0,
             scopes: crate::scopes::Scopes::from_stored(&r.scopes),
+            test: r.test,
         }
     }
 }

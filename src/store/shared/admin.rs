@@ -57,7 +57,11 @@ const KEY_BY_ID: &str = "SELECT k.id, l.name, k.key_prefix, k.created_at, \
      FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
      JOIN tenants l ON l.id = COALESCE(t.live_tenant_id, t.id) WHERE k.id = $1";
 
-const REVOKE_KEY: &str = "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1";
+/// Revokes a key not revoked yet: revoking it again changes nothing and is
+/// not audited again (issue 41, finding 7).
+const REVOKE_KEY: &str = "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL";
+
+const KEY_EXISTS: &str = "SELECT count(*) FROM api_keys WHERE id = $1";
 
 const AUDIT_PAGE: &str = "SELECT id, at, actor, key_id, key_label, action, target, detail \
      FROM audit_log ORDER BY id DESC LIMIT $1";
@@ -97,6 +101,14 @@ const TENANT_BY_NAME: &str = "SELECT id, name, created_at, allowed_countries, \
      WHERE name = $1 AND live_tenant_id IS NULL";
 
 per_backend! {
+    impl Driver {
+        /// Writes audit row `a` in the transaction of the change it records
+        /// (for changes made outside the admin API's own writes).
+        pub(crate) async fn write_audit(c: &mut Conn, a: &AuditEntry) -> Result<(), sqlx::Error> {
+            write_audit(c, a).await
+        }
+    }
+
     async fn write_audit(c: &mut Conn, a: &AuditEntry) -> Result<(), sqlx::Error> {
         sqlx::query(INSERT_AUDIT)
             .bind(a.id)
@@ -232,7 +244,8 @@ per_backend! {
         async fn admin_revoke_key(&self, id: Uuid, audit: &AuditEntry) -> Result<bool, StoreError> {
             let acks = self.start_acks().await;
             let audit = audit.clone();
-            let changed = self
+            // (whether the key exists, whether this revoked it)
+            let (exists, changed) = self
                 .write_tx(move |c| {
                     Box::pin(async move {
                         let done = sqlx::query(REVOKE_KEY)
@@ -241,10 +254,14 @@ per_backend! {
                             .execute(&mut *c)
                             .await?;
                         if done.rows_affected() == 0 {
-                            return Ok(false);
+                            let n: i64 = sqlx::query_scalar(KEY_EXISTS)
+                                .bind(id)
+                                .fetch_one(&mut *c)
+                                .await?;
+                            return Ok((n > 0, false));
                         }
                         write_audit(c, &audit).await?;
-                        Ok(true)
+                        Ok((true, true))
                     })
                 })
                 .await?;
@@ -253,7 +270,7 @@ per_backend! {
             {
                 acks.wait().await;
             }
-            Ok(changed)
+            Ok(exists)
         }
 
         async fn audit_log(

@@ -38,7 +38,7 @@ const INSERT_SESSION: &str = "INSERT INTO console_sessions \
 /// A session whose key is not revoked, with the `read` scope, of a tenant
 /// not disabled (a test key's: its shadow nor its live tenant).
 const SESSION: &str = "SELECT s.tenant_id, s.key_prefix, s.csrf_token, s.created_at, \
-        s.last_seen_at, k.scopes \
+        s.last_seen_at, k.scopes, t.live_tenant_id IS NOT NULL AS test \
      FROM console_sessions s \
      JOIN api_keys k ON k.key_hash = s.key_hash AND k.revoked_at IS NULL \
      JOIN tenants t ON t.id = k.tenant_id AND NOT t.disabled \

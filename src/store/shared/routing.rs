@@ -9,7 +9,17 @@ use crate::domain::MessageId;
 use crate::store::StoreError;
 use crate::store::routing::{Circuit, MessageEvent, MoveOn, RoutingStore};
 use crate::store::row::routing::{CircuitRow, EventRow};
-use crate::store::time::db;
+use crate::store::time::{DbTime, db};
+
+/// A message's stored cost, tenant and creation (the periods it was
+/// charged in).
+const MESSAGE_COST: &str = "SELECT cost_micros, tenant_id, created_at FROM messages WHERE id = $1";
+
+const SET_MESSAGE_COST: &str = "UPDATE messages SET cost_micros = $2 WHERE id = $1";
+
+/// A tenant's day (`$2`) and month (`$3`) spend counters moved by `$4`.
+const MOVE_SPEND: &str = "UPDATE tenant_spend SET spent_micros = spent_micros + $4 \
+     WHERE tenant_id = $1 AND period IN ($2, $3)";
 
 const CIRCUITS: &str = "SELECT provider, state, failures, window_started_at, opened_at, \
         probe_started_at, version, updated_at FROM provider_circuits ORDER BY provider";
@@ -111,6 +121,38 @@ per_backend! {
         }
     }
 
+    /// The message's stored cost set to `new` (when it has one), and the
+    /// tenant's spend counters of the day and month it was charged in moved
+    /// by the difference (only counters that exist: one seeded later sums
+    /// the messages' costs, this one included).
+    async fn reprice(tx: &mut Conn, id: MessageId, new: i64) -> Result<(), StoreError> {
+        let row: Option<(Option<i64>, Uuid, DbTime)> = sqlx::query_as(MESSAGE_COST)
+            .bind(id.0)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some((Some(old), tenant_id, created_at)) = row else {
+            return Ok(());
+        };
+        let delta = new.saturating_sub(old);
+        if delta == 0 {
+            return Ok(());
+        }
+        sqlx::query(SET_MESSAGE_COST)
+            .bind(id.0)
+            .bind(new)
+            .execute(&mut *tx)
+            .await?;
+        let period = crate::spend::Period::at(created_at.0);
+        sqlx::query(MOVE_SPEND)
+            .bind(tenant_id)
+            .bind(&period.day)
+            .bind(&period.month)
+            .bind(delta)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+
     /// [`RoutingStore::move_on`] inside a transaction: nothing is written
     /// when the lease is no longer ours.
     async fn move_on(tx: &mut Conn, m: &MoveOn) -> Result<Option<u32>, StoreError> {
@@ -132,6 +174,9 @@ per_backend! {
             .bind(&m.from)
             .execute(&mut *tx)
             .await?;
+        if let Some(cost) = m.cost_micros {
+            reprice(tx, m.id, cost).await?;
+        }
         if let Some(a) = &m.closing {
             sqlx::query(CLOSE_ATTEMPT)
                 .bind(m.id.0)

@@ -42,6 +42,24 @@ pub(crate) fn edited_senders(
     }
 }
 
+/// An audit row of the operator's (the CLI, or the bootstrap key's
+/// environment variable) for a change made outside the admin API.
+fn cli_audit(
+    at: OffsetDateTime,
+    action: &'static str,
+    target: String,
+    detail: serde_json::Value,
+) -> crate::admin::AuditEntry {
+    crate::admin::AuditEntry {
+        id: Uuid::now_v7(),
+        at,
+        actor: crate::admin::Actor::cli(),
+        action,
+        target,
+        detail,
+    }
+}
+
 const COUNT: &str = "SELECT count(*) FROM tenants";
 
 const INSERT_TENANT: &str = "INSERT INTO tenants (id, name) VALUES ($1, $2)";
@@ -190,6 +208,20 @@ per_backend! {
                                     .bind(db(at))
                                     .fetch_all(&mut *c)
                                     .await?;
+                                // Each revoke audited as the operator's
+                                // (issue 41, finding 7).
+                                for (id, prefix) in &outcome.revoked {
+                                    let audit = cli_audit(
+                                        at,
+                                        "key.revoke",
+                                        id.to_string(),
+                                        serde_json::json!({
+                                            "prefix": prefix,
+                                            "why": "SENDONCE_BOOTSTRAP_API_KEY changed",
+                                        }),
+                                    );
+                                    Driver::write_audit(c, &audit).await?;
+                                }
                             }
                             // Revoked earlier, or (never in practice) another tenant's key.
                             _ => outcome.configured_key_revoked = true,
@@ -353,6 +385,18 @@ per_backend! {
                             .bind(StringList(list))
                             .execute(&mut *c)
                             .await?;
+                        let action = if add {
+                            "tenant.senders.add"
+                        } else {
+                            "tenant.senders.remove"
+                        };
+                        let audit = cli_audit(
+                            OffsetDateTime::now_utc(),
+                            action,
+                            tenant_name.clone(),
+                            serde_json::json!({ "sender": sender }),
+                        );
+                        Driver::write_audit(c, &audit).await?;
                         Ok(Some(true))
                     })
                 })

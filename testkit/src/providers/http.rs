@@ -210,7 +210,12 @@ async fn send(
             let text = quoted.clone();
             json_answer(
                 status,
-                &serde_json::json!({ "message": format!("invalid message '{text}'") }),
+                // The text quoted in the error code as well (issue 41,
+                // finding 1): some providers put the refused content there.
+                &serde_json::json!({
+                    "message": format!("invalid message '{text}'"),
+                    "code": format!("BLOCKED_CONTENT:{text}"),
+                }),
                 None,
             )
         }

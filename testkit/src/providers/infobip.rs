@@ -506,7 +506,12 @@ async fn infobip_send(
             )
         }
         Answer::RejectQuoting { status } => {
-            let text = format!("invalid message '{}'", want.text);
+            // Quoting the request whole: the text and the delivery URL,
+            // the receipt secret in its query.
+            let text = match &want.delivery_url {
+                Some(url) => format!("invalid message '{}' (reports to {url})", want.text),
+                None => format!("invalid message '{}'", want.text),
+            };
             infobip_error(status, "BAD_REQUEST", &text, None)
         }
     }

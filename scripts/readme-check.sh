@@ -2,7 +2,9 @@
 # Runs the README's commands exactly as written and checks their answers:
 #  1. the Quick start's first command (`cargo run`), in the
 #     background, reading the API key it prints;
-#  2. every command of the walk-through block, checking each HTTP status;
+#  2. every command of the walk-through block, checking each HTTP status,
+#     then the outbox block (a verification, then `cargo run -q -- outbox`
+#     showing the walk-through's message and the code);
 #  3. every command of the scheduling example in docs/api.md (schedule for
 #     tomorrow, cancel, a batch), checking each HTTP status and the status
 #     of what it answers: a `send_at` that is not in the future would be sent
@@ -122,6 +124,37 @@ check_walkthrough() { # index, answer
 }
 expect=("201" "201" "422" "200" "200")
 run_block "$(block_after "<!-- readme-check: walkthrough -->")" walkthrough
+
+# The outbox block: its curl must answer 201, and `cargo run -q -- outbox`
+# must print the walk-through's message and the verification's code.
+outbox_block=$(block_after "<!-- readme-check: outbox -->")
+[ -n "$outbox_block" ] || fail "no outbox block found"
+outbox_ran=0
+while IFS= read -r line; do
+    case "$line" in ''|'#'*) continue ;; esac
+    out=$(bash -c "$line") || fail "command failed: $line"
+    case "$line" in
+        curl*)
+            status=$(printf '%s\n' "$out" | head -1 | awk '{print $2}')
+            [ "$status" = 201 ] || fail "expected 201, got $status from: $line" ;;
+        *outbox*)
+            # The code's SMS goes out on its own task, just after the 201:
+            # read again until it is there (at most 30 s).
+            deadline=$((SECONDS + 30))
+            until printf '%s' "$out" | grep -q 'Your verification code is' || [ $SECONDS -ge $deadline ]; do
+                sleep 0.5
+                out=$(bash -c "$line") || fail "command failed: $line"
+            done
+            printf '%s' "$out" | grep -q 'ORDER-92831-CONFIRMATION-SMS.*Your order 92831 is confirmed\.' \
+                || fail "the outbox does not show the walk-through's message: $out"
+            printf '%s' "$out" | grep -Eq '	\+14155550100	.*	Your verification code is [0-9]{6}$' \
+                || fail "the outbox does not show the code: $out"
+            outbox_ran=1 ;;
+        *) fail "unexpected command in the outbox block: $line" ;;
+    esac
+    say "ok: ${line:0:70}..."
+done <<<"$outbox_block"
+[ $outbox_ran -eq 1 ] || fail "the outbox block ran no outbox command"
 
 check_schedule() { # index, answer
     case $1 in

@@ -614,6 +614,79 @@ pub async fn receipts(settings: &Settings, command: &ReceiptsCommand) -> Result<
     }
 }
 
+/// `sendonce outbox`: what the simulated provider was handed, bodies opened
+/// with the verify secret as delivery opens them; with `follow`, what it is
+/// handed from then on too (read every second until interrupted).
+pub async fn outbox(
+    settings: &Settings,
+    tenant: Option<&str>,
+    limit: u32,
+    follow: bool,
+) -> Result<(), CommandError> {
+    let names: Vec<&str> = settings.provider.all().iter().map(|p| p.name()).collect();
+    if let Some(why) = crate::outbox::refusal(&names) {
+        bail!(why);
+    }
+    let store = migrated_store(settings).await?;
+    let tenant_id = match tenant {
+        None => None,
+        Some(name) => {
+            let tenants = store.tenant_settings().await.context("reading tenants")?;
+            let Some(t) = tenants.iter().find(|t| t.name == name) else {
+                bail!("no tenant named {name:?}")
+            };
+            Some(t.id)
+        }
+    };
+    let secret = crate::verify::SecretSource::new(
+        settings.verify.secret.as_ref().map(|s| s.0.clone()),
+        Arc::clone(&store),
+    );
+    let mut after = None;
+    let mut said_empty = false;
+    loop {
+        let entries = store
+            .outbox(tenant_id, after, limit.max(1))
+            .await
+            .context("reading the outbox")?;
+        if entries.is_empty() && after.is_none() && !said_empty {
+            println!("the outbox is empty: nothing was sent through the simulated provider yet");
+            said_empty = true;
+        }
+        for e in crate::outbox::opened(entries, &secret).await {
+            println!(
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                rfc3339(e.sent_at),
+                e.tenant,
+                e.to,
+                e.message_id,
+                e.idempotency_key,
+                e.provider_message_id.as_deref().unwrap_or("-"),
+                e.body
+                    .replace('\\', "\\\\")
+                    .replace('\n', "\\n")
+                    .replace('\t', "\\t")
+            );
+            after = Some(e.cursor());
+        }
+        if !follow {
+            return Ok(());
+        }
+        if after.is_none() {
+            // Nothing yet: from now on, everything is new.
+            after = Some((
+                time::OffsetDateTime::UNIX_EPOCH,
+                crate::domain::MessageId(uuid::Uuid::nil()),
+                0,
+            ));
+        }
+        tokio::select! {
+            () = shutdown::signal() => return Ok(()),
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
+    }
+}
+
 /// A time as the CLI prints it: RFC 3339, as the API answers it.
 fn rfc3339(t: time::OffsetDateTime) -> String {
     t.format(&time::format_description::well_known::Rfc3339)

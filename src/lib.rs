@@ -38,6 +38,7 @@ pub mod failpoint;
 pub mod http;
 pub mod metrics;
 pub mod notify;
+pub mod outbox;
 pub mod provider;
 pub mod ratelimit;
 pub mod scopes;

@@ -46,6 +46,11 @@ fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             Command::Tenant { command } => commands::tenant(&settings, &command).await,
             Command::Key { command } => commands::key(&settings, &command).await,
             Command::Receipts { command } => commands::receipts(&settings, &command).await,
+            Command::Outbox {
+                tenant,
+                limit,
+                follow,
+            } => commands::outbox(&settings, tenant.as_deref(), limit, follow).await,
         }
     })
 }

@@ -40,6 +40,22 @@ pub enum Command {
         #[command(subcommand)]
         command: ReceiptsCommand,
     },
+    /// What the simulated provider would have sent, codes included, oldest
+    /// first, one a line: sent at, tenant, to, message id, idempotency key,
+    /// provider message id, body (tab-separated; a line break in a body is
+    /// written `\n`). Only while every configured provider is `simulated`:
+    /// with a real one it shows nothing.
+    Outbox {
+        /// Only this tenant's messages.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// How many of the newest to show first.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// Keep printing what is sent from now on, until interrupted.
+        #[arg(long)]
+        follow: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -80,6 +80,7 @@ pub fn router(state: SharedState) -> Router<SharedState> {
         .route("/overview", get(overview))
         .route("/opt-outs", get(opt_outs).post(add_opt_out))
         .route("/opt-outs/remove", post(remove_opt_out))
+        .route("/outbox", get(outbox))
         .route("/console.css", get(stylesheet))
         .fallback(|| async { PageError::NotFound })
         .method_not_allowed_fallback(|| async { PageError::MethodNotAllowed })
@@ -440,6 +441,32 @@ async fn overview(
         .await?;
     let spend = state.store.spend_summary(session.tenant_id, now).await?;
     Ok(Html(pages::overview(&session, &counts, &spend, now).into_string()).into_response())
+}
+
+/// Messages the outbox page shows.
+const OUTBOX_PAGE: u32 = 50;
+
+/// The local outbox (the simulated provider's sends, codes included), only
+/// while every configured provider is `simulated`.
+async fn outbox(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+) -> Result<Response, PageError> {
+    let Some(session) = current(&state, &headers).await? else {
+        return Ok(to_login());
+    };
+    let refusal = crate::outbox::refusal(&state.deliverer.provider_names());
+    let entries = match refusal {
+        Some(_) => Vec::new(),
+        None => {
+            let entries = state
+                .store
+                .outbox(Some(session.tenant_id), None, OUTBOX_PAGE)
+                .await?;
+            crate::outbox::opened(entries, &state.verify.secret).await
+        }
+    };
+    Ok(Html(pages::outbox(&session, refusal.as_deref(), &entries).into_string()).into_response())
 }
 
 #[derive(Deserialize)]

@@ -10,7 +10,7 @@ use time::OffsetDateTime;
 use super::decide::{self, Entry, human, when};
 use super::{Session, enc};
 use crate::store::{
-    MessageRecord, MessageSummary, MessageWebhookDelivery, OptOut, OverviewCounts,
+    MessageRecord, MessageSummary, MessageWebhookDelivery, OptOut, OutboxEntry, OverviewCounts,
     VerificationRecord,
 };
 
@@ -35,6 +35,7 @@ fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
                             a href="/console/overview" { "Overview" }
                             a href="/console/search" { "Find a message" }
                             a href="/console/opt-outs" { "Opt-outs" }
+                            a href="/console/outbox" { "Outbox" }
                         }
                         form method="post" action="/console/logout" {
                             input type="hidden" name="csrf" value=(s.csrf);
@@ -526,6 +527,45 @@ pub fn opt_outs(
             }
             @if let Some(n) = next {
                 p { a href={"/console/opt-outs?q=" (enc(q)) "&after=" (enc(n))} { "More" } }
+            }
+        },
+    )
+}
+
+/// The local outbox: what the simulated provider was handed, newest first,
+/// bodies (codes included) in full; with a real provider, `refusal` and
+/// nothing else.
+pub fn outbox(session: &Session, refusal: Option<&str>, entries: &[OutboxEntry]) -> Markup {
+    layout(
+        "Outbox",
+        Some(session),
+        html! {
+            h1 { "Outbox" }
+            @if let Some(why) = refusal {
+                p.notice role="status" { "The outbox is only for the simulated provider: nothing is shown. (" (why) ".)" }
+            } @else {
+                p { "What the " code { "simulated" } " provider would have sent (nothing left this machine), newest first, codes included. " code { "sendonce outbox --follow" } " prints the same in a terminal." }
+                @if entries.is_empty() {
+                    p { "Nothing was sent through the simulated provider yet." }
+                } @else {
+                    div.table-wrap {
+                        table.stack {
+                            caption.visually-hidden { "Messages the simulated provider was handed" }
+                            thead { tr { th scope="col" { "Sent" } th scope="col" { "To" } th scope="col" { "Message" } th scope="col" { "Provider message id" } th scope="col" { "Body" } } }
+                            tbody {
+                                @for e in entries.iter().rev() {
+                                    tr {
+                                        td data-label="Sent" { (when(e.sent_at)) }
+                                        td data-label="To" { (e.to) }
+                                        td data-label="Message" { a href={"/console/messages/" (e.message_id)} { (e.idempotency_key) } }
+                                        td data-label="Provider message id" { (e.provider_message_id.as_deref().unwrap_or("-")) }
+                                        td data-label="Body" { pre.body dir="auto" { (e.body) } }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
             }
         },
     )

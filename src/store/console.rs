@@ -100,6 +100,37 @@ pub struct MessageWebhookAttempt {
     pub finished_at: OffsetDateTime,
 }
 
+/// What the simulated provider was handed: one attempt it answered `sent`
+/// (the local outbox, `sendonce outbox` and `/console/outbox`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxEntry {
+    pub message_id: MessageId,
+    /// The attempt's number: with `sent_at` and the message, its place.
+    pub attempt: u32,
+    pub tenant: String,
+    pub idempotency_key: String,
+    pub to: String,
+    /// The body as stored: a verification's sealed (open it with the
+    /// verify secret, as delivery does).
+    pub body: String,
+    pub provider_message_id: Option<String>,
+    /// When the provider answered.
+    pub sent_at: OffsetDateTime,
+}
+
+impl OutboxEntry {
+    /// Where this entry is in the outbox (for reading on after it).
+    pub fn cursor(&self) -> OutboxCursor {
+        (self.sent_at, self.message_id, self.attempt)
+    }
+}
+
+/// A place in the outbox: (sent at, message, attempt number).
+pub type OutboxCursor = (OffsetDateTime, MessageId, u32);
+
+/// The provider whose sends the outbox shows.
+pub const OUTBOX_PROVIDER: &str = "simulated";
+
 #[async_trait]
 pub trait ConsoleStore: Send + Sync {
     /// Stores a new session and deletes every session last used before
@@ -181,4 +212,13 @@ pub trait ConsoleStore: Send + Sync {
     ) -> Result<Vec<MessageSummary>, StoreError>;
     /// The tenant's home country (ISO 3166 alpha-2), if set.
     async fn home_country(&self, tenant_id: Uuid) -> Result<Option<String>, StoreError>;
+    /// The attempts the `simulated` provider answered `sent` (never another
+    /// provider's), of one tenant or of all, oldest first: the `limit`
+    /// newest, or with `after` the first `limit` after it.
+    async fn outbox(
+        &self,
+        tenant_id: Option<Uuid>,
+        after: Option<OutboxCursor>,
+        limit: u32,
+    ) -> Result<Vec<OutboxEntry>, StoreError>;
 }

@@ -76,6 +76,7 @@ mod national;
 mod npm_smsc;
 mod observability;
 mod outage;
+mod outbox;
 mod paging;
 mod pooler;
 mod process;

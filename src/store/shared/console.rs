@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 use super::per_backend;
 use crate::domain::MessageId;
+use crate::store::console::{OUTBOX_PROVIDER, OutboxCursor, OutboxEntry};
 use crate::store::row::console::{MessageWebhookRow, SessionRow, SummaryRow, group_webhook_rows};
 use crate::store::row::{MessageRow, OptOutRow, message_columns};
 use crate::store::time::{DbTime, db};
@@ -27,6 +28,60 @@ macro_rules! error_outcomes {
     () => {
         "('rejected', 'retryable', 'ambiguous', 'lost')"
     };
+}
+
+/// The outbox's columns and joins: attempts the provider `$1` answered
+/// `sent` (an attempt's own provider, else its message's for attempts
+/// written before attempts named theirs), of tenant `$2` or of all.
+macro_rules! outbox_from {
+    () => {
+        "SELECT a.message_id, CAST(a.number AS BIGINT) AS attempt, t.name AS tenant, \
+            m.idempotency_key, m.to_number, m.body, a.provider_message_id, \
+            a.finished_at AS sent_at \
+         FROM attempts a JOIN messages m ON m.id = a.message_id \
+         JOIN tenants t ON t.id = m.tenant_id \
+         WHERE a.outcome = 'sent' AND a.finished_at IS NOT NULL \
+         AND COALESCE(a.provider, m.provider) = $1 AND ($2 IS NULL OR m.tenant_id = $2)"
+    };
+}
+
+const OUTBOX_NEWEST: &str = concat!(
+    outbox_from!(),
+    " ORDER BY a.finished_at DESC, a.message_id DESC, a.number DESC LIMIT $3"
+);
+
+const OUTBOX_AFTER: &str = concat!(
+    outbox_from!(),
+    " AND (a.finished_at, a.message_id, a.number) > ($3, $4, $5) \
+     ORDER BY a.finished_at, a.message_id, a.number LIMIT $6"
+);
+
+/// One [`OutboxEntry`] as both databases return it.
+#[derive(sqlx::FromRow)]
+struct OutboxRow {
+    message_id: Uuid,
+    attempt: i64,
+    tenant: String,
+    idempotency_key: String,
+    to_number: String,
+    body: String,
+    provider_message_id: Option<String>,
+    sent_at: DbTime,
+}
+
+impl From<OutboxRow> for OutboxEntry {
+    fn from(r: OutboxRow) -> Self {
+        OutboxEntry {
+            message_id: MessageId(r.message_id),
+            attempt: u32::try_from(r.attempt).unwrap_or(0),
+            tenant: r.tenant,
+            idempotency_key: r.idempotency_key,
+            to: r.to_number,
+            body: r.body,
+            provider_message_id: r.provider_message_id,
+            sent_at: r.sent_at.0,
+        }
+    }
 }
 
 const DELETE_IDLE_SESSIONS: &str = "DELETE FROM console_sessions WHERE last_seen_at < $1";
@@ -374,6 +429,38 @@ per_backend! {
                 .fetch_optional(self.pool())
                 .await?;
             Ok(c.flatten())
+        }
+
+        async fn outbox(
+            &self,
+            tenant_id: Option<Uuid>,
+            after: Option<OutboxCursor>,
+            limit: u32,
+        ) -> Result<Vec<OutboxEntry>, StoreError> {
+            let rows: Vec<OutboxRow> = match after {
+                None => {
+                    let mut rows: Vec<OutboxRow> = sqlx::query_as(OUTBOX_NEWEST)
+                        .bind(OUTBOX_PROVIDER)
+                        .bind(tenant_id)
+                        .bind(i64::from(limit))
+                        .fetch_all(self.pool())
+                        .await?;
+                    rows.reverse();
+                    rows
+                }
+                Some((at, id, number)) => {
+                    sqlx::query_as(OUTBOX_AFTER)
+                        .bind(OUTBOX_PROVIDER)
+                        .bind(tenant_id)
+                        .bind(db(at))
+                        .bind(id.0)
+                        .bind(i64::from(number))
+                        .bind(i64::from(limit))
+                        .fetch_all(self.pool())
+                        .await?
+                }
+            };
+            Ok(rows.into_iter().map(OutboxEntry::from).collect())
         }
     }
 }

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::decide_hooks::webhook_entries;
 pub use super::decide_hooks::webhook_state;
 use super::entry::span;
-pub use super::entry::{Entry, Kind, human, when};
+pub use super::entry::{Entry, Kind, Zone, human, when, when_in, zone_of};
 
 use crate::domain::{MessageId, Status};
 use crate::store::{
@@ -179,7 +179,9 @@ pub fn timeline(
     routing: &[MessageEvent],
     receipts: &[ReceiptRow],
     webhooks: &[MessageWebhookDelivery],
+    zone: Zone,
 ) -> Vec<Entry> {
+    let when = |t| when_in(t, zone);
     let mut out = vec![Entry {
         at: m.created_at,
         kind: Kind::Accepted,
@@ -327,7 +329,7 @@ pub fn timeline(
         });
     }
     for d in webhooks {
-        out.extend(webhook_entries(d));
+        out.extend(webhook_entries(d, zone));
     }
     out.sort_by_key(|e| e.at);
     out
@@ -344,7 +346,8 @@ fn final_at(m: &MessageRecord) -> Option<OffsetDateTime> {
 }
 
 /// What support should tell the customer, in plain words.
-pub fn plain_words(m: &MessageRecord) -> String {
+pub fn plain_words(m: &MessageRecord, zone: Zone) -> String {
+    let when = |t| when_in(t, zone);
     let sent = m.sent_at.map(when);
     let tries = |n: u32| {
         if n == 1 {

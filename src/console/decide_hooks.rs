@@ -1,12 +1,13 @@
 //! A message's webhook deliveries as timeline entries (pure, with
 //! [`super::decide`]'s table tests).
 
-use super::entry::{Entry, Kind, human, span, when};
+use super::entry::{Entry, Kind, Zone, human, span, when_in};
 use crate::store::MessageWebhookDelivery;
 
 /// Where a webhook delivery stands, as the last line of its entries: when
 /// the next attempt is due, `delivered`, `given up` or `endpoint disabled`.
-pub fn webhook_state(d: &MessageWebhookDelivery) -> String {
+pub fn webhook_state(d: &MessageWebhookDelivery, zone: Zone) -> String {
+    let when = |t| when_in(t, zone);
     let gone = d.attempts.last().is_some_and(|a| a.outcome == "gone");
     match d.status.as_str() {
         "pending" => match (d.next_attempt_at, d.attempts.len()) {
@@ -30,7 +31,7 @@ pub fn webhook_state(d: &MessageWebhookDelivery) -> String {
 /// delivered to …", "Webhook failed …"), the last one saying where the
 /// delivery stands when it is not delivered; a delivery without attempts
 /// is one entry saying where it stands.
-pub(super) fn webhook_entries(d: &MessageWebhookDelivery) -> Vec<Entry> {
+pub(super) fn webhook_entries(d: &MessageWebhookDelivery, zone: Zone) -> Vec<Entry> {
     let mut facts = vec![("event", d.event_type.clone()), ("endpoint", d.url.clone())];
     let disabled = match (d.endpoint_enabled, &d.endpoint_disabled_reason) {
         (false, Some(r)) => Some(("endpoint disabled", r.clone())),
@@ -45,7 +46,7 @@ pub(super) fn webhook_entries(d: &MessageWebhookDelivery) -> Vec<Entry> {
         return vec![Entry {
             at,
             kind: Kind::Webhook,
-            title: format!("Webhook to {}: {}", d.url, webhook_state(d)),
+            title: format!("Webhook to {}: {}", d.url, webhook_state(d, zone)),
             facts,
         }];
     };
@@ -67,7 +68,7 @@ pub(super) fn webhook_entries(d: &MessageWebhookDelivery) -> Vec<Entry> {
         };
         if std::ptr::eq(a, last) {
             if d.status != "succeeded" {
-                facts.push(("then", webhook_state(d)));
+                facts.push(("then", webhook_state(d, zone)));
             }
             facts.extend(disabled.clone());
         }

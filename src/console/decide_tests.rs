@@ -234,7 +234,7 @@ fn plain_words_say_what_to_tell_the_customer() {
             "Unclear: the provider gave no clear answer after 5 attempts, so the message may or may not have reached the phone. Do not promise either way.",
         ),
     ] {
-        assert_eq!(plain_words(&m), want);
+        assert_eq!(plain_words(&m, None), want);
     }
 }
 
@@ -257,7 +257,7 @@ fn the_timeline_puts_everything_on_one_axis() {
         applied: true,
         received_at: at(5),
     }];
-    let entries = timeline(&m, &attempts, &[], &receipts, &[]);
+    let entries = timeline(&m, &attempts, &[], &receipts, &[], None);
     let kinds: Vec<Kind> = entries.iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds,
@@ -278,7 +278,14 @@ fn the_timeline_puts_everything_on_one_axis() {
     // A retry still waiting shows its due time.
     let mut waiting = message(Status::Processing);
     waiting.next_attempt_at = Some(at(60));
-    let entries = timeline(&waiting, &[attempt(1, 0, 1, "ambiguous")], &[], &[], &[]);
+    let entries = timeline(
+        &waiting,
+        &[attempt(1, 0, 1, "ambiguous")],
+        &[],
+        &[],
+        &[],
+        None,
+    );
     assert_eq!(
         entries.last().map(|e| e.title.as_str()),
         Some("Retry scheduled: attempt 2 due at 2026-12-01 14:03:11 UTC")
@@ -360,6 +367,7 @@ fn webhook_deliveries_join_the_timeline_once_each_worded_as_webhooks() {
             &[],
             &[],
             std::slice::from_ref(&d),
+            None,
         );
         let hooks: Vec<&Entry> = entries.iter().filter(|e| e.kind == Kind::Webhook).collect();
         let got: Vec<&str> = hooks.iter().map(|e| e.title.as_str()).collect();
@@ -401,7 +409,7 @@ fn webhook_deliveries_join_the_timeline_once_each_worded_as_webhooks() {
 #[test]
 fn an_opted_out_message_names_no_provider_call() {
     let m = message(Status::Failed);
-    let entries = timeline(&m, &[attempt(1, 0, 0, "opted_out")], &[], &[], &[]);
+    let entries = timeline(&m, &[attempt(1, 0, 0, "opted_out")], &[], &[], &[], None);
     let a = entries.iter().find(|e| e.kind == Kind::Attempt).unwrap();
     assert!(!a.title.contains("Attempt 1 to"), "{}", a.title);
     assert!(a.title.contains("opted out"), "{}", a.title);

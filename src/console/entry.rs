@@ -15,6 +15,44 @@ pub fn when(t: OffsetDateTime) -> String {
         .unwrap_or_else(|_| t.to_string())
 }
 
+/// The zone the console shows a tenant's times in: its home country's
+/// main zone (the first of [`crate::domain::quiet::zones_for`]'s, the
+/// capital's), `None` (UTC) with no home country or one the table lacks.
+pub type Zone = Option<chrono_tz::Tz>;
+
+/// The main zone of `country` (ISO 3166-1 alpha-2), see [`Zone`].
+pub fn zone_of(country: Option<&str>) -> Zone {
+    let country = country?;
+    crate::domain::quiet::zones_for("", Some(country))
+        .first()
+        .copied()
+}
+
+/// A time as support reads it in `zone`: `2026-12-01 17:02:11 +03`
+/// (the tz database's abbreviation, e.g. `EST`), or as [`when`] in UTC.
+pub fn when_in(t: OffsetDateTime, zone: Zone) -> String {
+    let Some(tz) = zone else {
+        return when(t);
+    };
+    use chrono::{Datelike, Timelike};
+    match chrono::DateTime::from_timestamp(t.unix_timestamp(), 0) {
+        Some(utc) => {
+            let local = utc.with_timezone(&tz);
+            format!(
+                "{:04}-{:02}-{:02} {:02}:{:02}:{:02} {}",
+                local.year(),
+                local.month(),
+                local.day(),
+                local.hour(),
+                local.minute(),
+                local.second(),
+                local.offset()
+            )
+        }
+        None => when(t),
+    }
+}
+
 /// A duration as support reads it: `850 ms`, `12.3 s`, `4 min 10 s`, `3 h 5 min`.
 pub fn human(d: Duration) -> String {
     let ms = d.as_millis();
@@ -70,4 +108,19 @@ pub struct Entry {
     pub title: String,
     /// Facts, each shown as "name: value".
     pub facts: Vec<(&'static str, String)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_in_the_home_countrys_main_zone() {
+        let t = time::macros::datetime!(2026-12-01 14:02:11.5 UTC);
+        assert_eq!(when_in(t, zone_of(Some("SA"))), "2026-12-01 17:02:11 +03");
+        assert_eq!(when_in(t, zone_of(Some("AE"))), "2026-12-01 18:02:11 +04");
+        assert_eq!(when_in(t, zone_of(Some("US"))), "2026-12-01 09:02:11 EST");
+        assert_eq!(when_in(t, zone_of(None)), "2026-12-01 14:02:11 UTC");
+        assert_eq!(zone_of(Some("ZZ")), None);
+    }
 }

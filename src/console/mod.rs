@@ -359,7 +359,7 @@ async fn timeline(
         .store
         .message_webhook_deliveries(session.tenant_id, m.id)
         .await?;
-    let entries = decide::timeline(&m, &attempts, &routing, &receipts, &webhooks);
+    let entries = decide::timeline(&m, &attempts, &routing, &receipts, &webhooks, session.zone);
     // A verification's SMS is stored sealed: show its template, code masked.
     let verification = match m
         .metadata

@@ -7,7 +7,23 @@ use std::time::Duration;
 use maud::{DOCTYPE, Markup, html};
 use time::OffsetDateTime;
 
-use super::decide::{self, Entry, human, when};
+use super::decide::{self, Entry, Zone, human, when, when_in};
+
+/// A time in the session's zone, its UTC time on hover (`title`) and in
+/// `datetime`; in UTC alone when the tenant has no home country.
+fn at(t: OffsetDateTime, zone: Zone) -> Markup {
+    let utc = t
+        .to_offset(time::UtcOffset::UTC)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    html! {
+        @if zone.is_some() {
+            time datetime=(utc) title=(when(t)) { (when_in(t, zone)) }
+        } @else {
+            time datetime=(utc) { (when(t)) }
+        }
+    }
+}
 use super::{Session, enc};
 use crate::store::{
     MessageRecord, MessageSummary, MessageWebhookDelivery, OptOut, OutboxEntry, OverviewCounts,
@@ -98,7 +114,7 @@ fn status(s: crate::domain::Status) -> Markup {
     html! { span class={"status status-" (s.as_str())} { (s.as_str()) } }
 }
 
-fn message_table(caption: &str, list: &[MessageSummary]) -> Markup {
+fn message_table(caption: &str, list: &[MessageSummary], zone: Zone) -> Markup {
     html! {
         div.table-wrap {
             table.stack {
@@ -107,7 +123,7 @@ fn message_table(caption: &str, list: &[MessageSummary]) -> Markup {
                 tbody {
                     @for m in list {
                         tr {
-                            td data-label="Created" { (when(m.created_at)) }
+                            td data-label="Created" { (at(m.created_at, zone)) }
                             td data-label="Message" { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
                             td data-label="Status" { (status(m.status)) }
                             td data-label="To" { (m.to) }
@@ -159,7 +175,7 @@ pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
                                         td data-label="Matched by" { (how) }
                                         td data-label="Message" { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
                                         td data-label="Status" { (status(m.status)) }
-                                        td data-label="Created" { (when(m.created_at)) }
+                                        td data-label="Created" { (at(m.created_at, session.zone)) }
                                     }
                                 }
                             }
@@ -171,7 +187,7 @@ pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
                     @if list.is_empty() {
                         p { "No messages to this number" @if r.paged { " before these" } "." }
                     } @else {
-                        (message_table(&format!("Messages to {number}, newest first"), list))
+                        (message_table(&format!("Messages to {number}, newest first"), list, session.zone))
                     }
                     @if let Some(c) = older {
                         p { a href={"/console/search?q=" (enc(number)) "&before=" (enc(c))} { "Older messages" } }
@@ -207,7 +223,7 @@ pub fn timeline(
         Some(session),
         html! {
             h1 { "Message " code { (m.idempotency_key) } }
-            p.say { strong { "Tell the customer: " } (decide::plain_words(m)) }
+            p.say { strong { "Tell the customer: " } (decide::plain_words(m, session.zone)) }
             dl.facts {
                 dt { "Status" } dd { (status(m.status)) }
                 dt { "Message id" } dd { code { (m.id) } }
@@ -217,9 +233,9 @@ pub fn timeline(
                 @if let Some(r) = &m.route { dt { "Route" } dd { code { (r) } } }
                 @if let Some(p) = &m.provider_message_id { dt { "Provider message id" } dd { code { (p) } } }
                 dt { "Attempts" } dd { (m.attempts) }
-                dt { "Created" } dd { (when(m.created_at)) }
+                dt { "Created" } dd { (at(m.created_at, session.zone)) }
                 @for (k, v) in &m.metadata { dt { "Metadata " code { (k) } } dd dir="auto" { (v) } }
-                @if let Some(due) = m.next_attempt_at { dt { "Next attempt due" } dd { (when(due)) } }
+                @if let Some(due) = m.next_attempt_at { dt { "Next attempt due" } dd { (at(due, session.zone)) } }
                 @if let Some(v) = verification {
                     @let vid = crate::verify::public_id(v.id);
                     dt { "Verification" } dd { a href={"/console/verifications/" (vid)} { (vid) } }
@@ -246,7 +262,7 @@ pub fn timeline(
                                     td data-label="Event" { code { (d.event_type) } }
                                     td data-label="Endpoint" { (d.url) }
                                     td data-label="Attempts" { (d.attempts.len()) }
-                                    td data-label="State" { (decide::webhook_state(d)) }
+                                    td data-label="State" { (decide::webhook_state(d, session.zone)) }
                                 }
                             }
                         }
@@ -258,7 +274,7 @@ pub fn timeline(
                 @for e in entries {
                     li {
                         span.kind { (e.kind.as_str()) }
-                        span.at { (when(e.at)) }
+                        span.at { (at(e.at, session.zone)) }
                         " "
                         strong { (e.title) }
                         @if !e.facts.is_empty() {
@@ -509,7 +525,7 @@ pub fn opt_outs(
                                 tr {
                                     td data-label="Number" { (o.number) }
                                     td data-label="Added by" { (who(o)) }
-                                    td data-label="When" { (when(o.created_at)) }
+                                    td data-label="When" { (at(o.created_at, session.zone)) }
                                     @if session.may_edit_opt_outs() {
                                         td data-label="Remove" {
                                             form method="post" action="/console/opt-outs/remove" {
@@ -555,7 +571,7 @@ pub fn outbox(session: &Session, refusal: Option<&str>, entries: &[OutboxEntry])
                             tbody {
                                 @for e in entries.iter().rev() {
                                     tr {
-                                        td data-label="Sent" { (when(e.sent_at)) }
+                                        td data-label="Sent" { (at(e.sent_at, session.zone)) }
                                         td data-label="To" { (e.to) }
                                         td data-label="Message" { a href={"/console/messages/" (e.message_id)} { (e.idempotency_key) } }
                                         td data-label="Provider message id" { (e.provider_message_id.as_deref().unwrap_or("-")) }
@@ -606,12 +622,12 @@ pub fn verification(
                 dt { "Status" } dd { span.status { (status) } }
                 dt { "To" } dd { a href={"/console/search?q=" (enc(&v.to))} { (v.to) } }
                 dt { "Idempotency key" } dd { code { (v.idempotency_key) } }
-                dt { "Created" } dd { (when(v.created_at)) }
-                dt { "Expires" } dd { (when(v.expires_at)) }
+                dt { "Created" } dd { (at(v.created_at, session.zone)) }
+                dt { "Expires" } dd { (at(v.expires_at, session.zone)) }
                 dt { "Channels" } dd { (v.channels.names().join(", then ")) @if v.channels.after(crate::verify::Channel::Telegram).is_some() { " (SMS when Telegram did not report delivery within " (v.fallback_after_seconds) " s)" } }
-                dt { "Codes sent" } dd { (v.sends) ", the last at " (when(v.last_sent_at)) }
+                dt { "Codes sent" } dd { (v.sends) ", the last at " (at(v.last_sent_at, session.zone)) }
                 dt { "Checks left" } dd { (v.checks_remaining) }
-                @if let Some(a) = v.approved_at { dt { "Approved" } dd { (when(a)) } }
+                @if let Some(a) = v.approved_at { dt { "Approved" } dd { (at(a, session.zone)) } }
             }
             h2 { "Text" }
             pre.body dir="auto" { (crate::verify::masked(v)) }
@@ -619,7 +635,7 @@ pub fn verification(
             @if messages.is_empty() {
                 p { "None left (they were purged after the retention period)." }
             } @else {
-                (message_table("The verification's messages", messages))
+                (message_table("The verification's messages", messages, session.zone))
             }
         },
     )

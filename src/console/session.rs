@@ -91,6 +91,8 @@ pub struct Session {
     pub scopes: crate::scopes::Scopes,
     /// Signed in with a test-mode key, as the key's record says.
     pub test: bool,
+    /// The zone its pages show times in (its tenant's home country's).
+    pub zone: super::decide::Zone,
 }
 
 impl Session {
@@ -173,7 +175,9 @@ pub(super) async fn current(
     if idle >= TOUCH_EVERY {
         state.store.touch_session(&id_hash, now).await?;
     }
+    let home = state.store.home_country(row.tenant_id).await?;
     Ok(Some(Session {
+        zone: super::decide::zone_of(home.as_deref()),
         id_hash,
         tenant_id: row.tenant_id,
         key_prefix: row.key_prefix,

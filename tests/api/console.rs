@@ -1044,7 +1044,110 @@ async fn a_sign_in_names_the_missing_scope_and_counts_as_use(backend: Backend) {
     assert!(!text(&wrong).contains("<code>read</code>"));
 }
 
+/// Every `<time>` of a page: (datetime, title, text).
+fn times(html: &str) -> Vec<(String, Option<String>, String)> {
+    html.split("<time ")
+        .skip(1)
+        .map(|rest| {
+            let attr = |name: &str| {
+                rest.split('>')
+                    .next()
+                    .and_then(|tag| tag.split(&format!("{name}=\"")).nth(1))
+                    .and_then(|v| v.split('"').next())
+                    .map(str::to_string)
+            };
+            let text = rest
+                .split_once('>')
+                .and_then(|(_, t)| t.split("</time>").next())
+                .unwrap_or_default()
+                .to_string();
+            (attr("datetime").unwrap_or_default(), attr("title"), text)
+        })
+        .collect()
+}
+
+fn formatted(t: time::OffsetDateTime, zone: &str) -> String {
+    let f = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
+    format!("{} {zone}", t.format(f).expect("format"))
+}
+
+/// Issue 42, item 5: times read in the tenant's zone (its home country's;
+/// Saudi Arabia: UTC+3 all year, `+03`), the UTC time on hover; in UTC
+/// alone without a home country.
+async fn times_are_in_the_tenants_zone_with_utc_on_hover(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    assert_eq!(
+        app.post("ORDER-TZ-1", &sms("+14155550100", "Order TZ confirmed"))
+            .await
+            .status,
+        201
+    );
+    app.wait_for_status("ORDER-TZ-1", "sent").await;
+    // A second to the number, so that a search by it lists both.
+    assert_eq!(
+        app.post("ORDER-TZ-2", &sms("+14155550100", "Order TZ2 confirmed"))
+            .await
+            .status,
+        201
+    );
+    let mut b = Browser::new(&app);
+    assert_eq!(b.sign_in(&app.api_key).await.status, 303);
+    let found = b.get("/console/search?q=ORDER-TZ-1").await;
+    let page = location(&found).to_string();
+    assert!(page.starts_with("/console/messages/"), "{page}");
+
+    // No home country: UTC, no title.
+    let html = text(&b.get(&page).await);
+    let utc_times = times(&html);
+    assert!(utc_times.len() >= 3, "{html}");
+    for (datetime, title, shown) in &utc_times {
+        let t =
+            time::OffsetDateTime::parse(datetime, &time::format_description::well_known::Rfc3339)
+                .expect("an RFC 3339 datetime");
+        assert_eq!(shown, &formatted(t, "UTC"));
+        assert_eq!(title, &None);
+    }
+
+    assert_eq!(
+        app.db
+            .count("UPDATE tenants SET home_country = 'SA' RETURNING CAST(1 AS BIGINT)")
+            .await,
+        1
+    );
+    for path in [page.as_str(), "/console/search?q=%2B14155550100"] {
+        let html = text(&b.get(path).await);
+        let local = times(&html);
+        assert!(!local.is_empty(), "{path}: {html}");
+        for (datetime, title, shown) in &local {
+            let t = time::OffsetDateTime::parse(
+                datetime,
+                &time::format_description::well_known::Rfc3339,
+            )
+            .expect("an RFC 3339 datetime");
+            assert_eq!(
+                shown,
+                &formatted(t + time::Duration::hours(3), "+03"),
+                "{path}"
+            );
+            assert_eq!(
+                title.as_deref(),
+                Some(formatted(t, "UTC").as_str()),
+                "{path}"
+            );
+        }
+    }
+    // The sentence for the customer says the local time too.
+    let html = text(&b.get(&page).await);
+    let say = html
+        .split("Tell the customer")
+        .nth(1)
+        .and_then(|r| r.split("</p>").next())
+        .unwrap_or_default();
+    assert!(say.contains(" +03") && !say.contains(" UTC"), "{say}");
+}
+
 on_both_backends!(
+    times_are_in_the_tenants_zone_with_utc_on_hover,
     signs_in_with_a_safe_cookie_and_signs_out,
     a_sign_in_names_the_missing_scope_and_counts_as_use,
     user_text_has_its_direction_and_tables_stack,

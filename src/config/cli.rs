@@ -79,8 +79,9 @@ pub enum TenantCommand {
     List,
     /// Show one tenant's settings.
     Show { name: String },
-    /// The country national-format numbers are read in by the console's
-    /// search (ISO 3166-1 alpha-2, e.g. `US`), or `off`.
+    /// The country national-format numbers are read in (the API and the
+    /// console's search) and whose main zone the console shows times in
+    /// (ISO 3166-1 alpha-2, e.g. `US`), or `off`.
     HomeCountry { name: String, country: String },
     /// Disable a tenant: its keys are refused (401 `tenant-disabled`) on
     /// every instance once this returns.

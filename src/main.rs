@@ -5,12 +5,11 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
 use sendonce::commands;
 use sendonce::config::{Cli, Command, Settings};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     if let Err(e) = sendonce::failpoint::check_configuration() {
         eprintln!("sendonce: {e}");
         return ExitCode::from(2);

@@ -19,6 +19,47 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+impl Cli {
+    /// The command line as parsed: [`Cli::command_line`]'s, so each
+    /// subcommand's help shows its own flags.
+    pub fn parse_args() -> Self {
+        let matches = Self::command_line().get_matches();
+        Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
+    /// The command with the server's settings (global flags, taken by
+    /// every subcommand) shown in the help of `sendonce` and `sendonce
+    /// serve` only: `sendonce tenant --help` lists the tenant commands' own
+    /// flags. They are still taken everywhere (`sendonce tenant list
+    /// --database-url …`).
+    pub fn command_line() -> clap::Command {
+        let mut cmd = <Self as clap::CommandFactory>::command();
+        // Propagates the global flags into every subcommand, so they can be
+        // hidden there; a built command is not built again.
+        cmd.build();
+        let names: Vec<String> = cmd
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .filter(|n| n != "serve")
+            .collect();
+        names
+            .iter()
+            .fold(cmd, |cmd, name| cmd.mut_subcommand(name, hide_globals))
+    }
+}
+
+/// `cmd` and its subcommands with the global flags hidden from their help.
+fn hide_globals(cmd: clap::Command) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    let cmd = cmd.mut_args(|a| if a.is_global_set() { a.hide(true) } else { a });
+    names
+        .iter()
+        .fold(cmd, |cmd, name| cmd.mut_subcommand(name, hide_globals))
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the API (the default). Applies pending migrations first.

@@ -834,3 +834,61 @@ fn a_test_mode_bootstrap_key_is_refused() {
     assert!(text.contains("so_test_"), "{text}");
     assert!(text.contains("sendonce key create"), "{text}");
 }
+
+/// Issue 42, item 6: a subcommand's help shows its own flags; the server's
+/// are in `sendonce --help` and `sendonce serve --help`, and still taken
+/// everywhere.
+#[test]
+fn a_subcommands_help_shows_its_own_flags() {
+    let help = |path: &[&str]| {
+        let mut cmd = Cli::command_line();
+        let mut sub = &mut cmd;
+        for p in path {
+            sub = sub.find_subcommand_mut(p).expect("subcommand");
+        }
+        sub.render_long_help().to_string()
+    };
+    for path in [
+        &["tenant"][..],
+        &["tenant", "create"],
+        &["key", "create"],
+        &["outbox"],
+    ] {
+        let h = help(path);
+        assert!(
+            !h.contains("--listen") && !h.contains("--database-url"),
+            "{path:?}: {h}"
+        );
+    }
+    assert!(help(&["key", "create"]).contains("--scopes"));
+    assert!(help(&["outbox"]).contains("--follow"));
+    for path in [&[][..], &["serve"]] {
+        let h = help(path);
+        assert!(
+            h.contains("--listen") && h.contains("--database-url"),
+            "{path:?}"
+        );
+    }
+    for argv in [
+        &["sendonce", "serve", "--database-url", "sqlite://a.db"][..],
+        &["sendonce", "--database-url", "sqlite://a.db", "serve"],
+        &["sendonce", "--database-url", "sqlite://a.db"],
+        &[
+            "sendonce",
+            "tenant",
+            "list",
+            "--database-url",
+            "sqlite://a.db",
+        ],
+    ] {
+        let m = Cli::command_line()
+            .try_get_matches_from(argv)
+            .expect("parses");
+        let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&m).expect("reads");
+        assert_eq!(
+            cli.config.database_url.as_deref(),
+            Some("sqlite://a.db"),
+            "{argv:?}"
+        );
+    }
+}

@@ -366,7 +366,43 @@ async fn verification_sms_count_against_the_caps(backend: Backend) {
     .await;
 }
 
+/// A verification's SMS away from the tenant's home country counts against
+/// the international cap (issue 41, finding 2); one at home does not.
+async fn verification_sms_count_against_the_international_cap(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let (store, _) = open_store(&app.database, Duration::from_secs(5));
+    assert!(
+        store
+            .set_home_country(&app.tenant, Some("GB".into()))
+            .await
+            .expect("home")
+    );
+    set_caps(
+        &app,
+        SpendCaps {
+            international_daily_messages: Some(1),
+            ..SpendCaps::default()
+        },
+    )
+    .await;
+    let start = |key: &'static str, to: &'static str| {
+        let req = app
+            .request(reqwest::Method::POST, "/verifications")
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", key)
+            .json(&json!({ "to": to }));
+        async move { answer(req.send().await.expect("POST")).await }
+    };
+    let first = start("ver-us-1", "+14155550106").await;
+    assert_eq!(first.status, 201, "{:?}", first.json());
+    assert_refused(&start("ver-us-2", "+14155550107").await, "international");
+    let home = start("ver-gb-1", "+442079460958").await;
+    assert_eq!(home.status, 201, "{:?}", home.json());
+    assert_eq!(app.db.count("SELECT count(*) FROM verifications").await, 2);
+}
+
 on_both_backends!(
+    verification_sms_count_against_the_international_cap,
     verification_sms_count_against_the_caps,
     a_cap_set_mid_day_counts_what_was_sent_before,
     the_console_shows_spend_against_the_caps,

@@ -246,6 +246,28 @@ impl Deliverer {
         Some(prices.cost(country.as_deref(), provider, msg.segments))
     }
 
+    /// What verification message `m` costs (issue 41, finding 2): an SMS
+    /// at its provider's price, a Telegram Gateway message only at a price
+    /// row naming the Gateway's provider (else it costs nothing and is not
+    /// charged). `international` is decided by the store, which knows the
+    /// tenant's home country. `None`: no price table.
+    pub fn verification_cost(&self, m: &crate::store::NewMessage) -> Option<crate::spend::Charge> {
+        let prices = self.calls.prices.get()?;
+        let phone = m.to.phone()?;
+        let country = crate::domain::phone::parse(phone.as_str()).and_then(|p| p.into_parts().1);
+        let per = match crate::verify::channel_of_provider(&m.provider) {
+            crate::verify::Channel::Telegram => prices.listed(country.as_deref(), &m.provider)?,
+            crate::verify::Channel::Sms => prices
+                .per_segment(country.as_deref(), &m.provider)
+                .unwrap_or(0),
+        };
+        Some(crate::spend::Charge {
+            micros: per.saturating_mul(i64::from(m.segments)),
+            currency: prices.currency().to_string(),
+            international: false,
+        })
+    }
+
     /// The secrets taken out of provider answers.
     pub(super) fn secrets(&self) -> &crate::provider::Secrets {
         static NONE: std::sync::OnceLock<crate::provider::Secrets> = std::sync::OnceLock::new();

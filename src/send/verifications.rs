@@ -195,7 +195,7 @@ impl Sends {
         };
         let mut first = VerificationRecord::started(&new);
         first.sends = 0;
-        let message = send_message(
+        let mut message = send_message(
             &keys,
             &first,
             1,
@@ -205,6 +205,7 @@ impl Sends {
             now,
         )
         .ok_or_else(|| ApiError::Internal("a parsed number is not E.164".into()))?;
+        message.cost = self.deliverer.verification_cost(&message);
         drop(code);
         let policy = StartPolicy {
             refused_here: None,
@@ -264,7 +265,7 @@ impl Sends {
         {
             self.limiter.refund(permit);
         }
-        let outcome = outcome?;
+        let outcome = outcome.map_err(|e| self.spend_refusal(e))?;
         if let StartOutcome::Created { message, .. } = &outcome {
             self.deliverer.spawn(message.as_ref().clone(), lease);
         }
@@ -425,7 +426,8 @@ impl Sends {
             match self
                 .store
                 .resend_verification(&v, &after, (op, &response), &m, &lease)
-                .await?
+                .await
+                .map_err(|e| self.spend_refusal(e))?
             {
                 Changed::Stale => v = self.verification(v.tenant_id, v.id).await?,
                 Changed::Replay(done) => return Ok(Resent::Replay(done.response)),
@@ -459,9 +461,10 @@ impl Sends {
             .first_channel(&v.channels, &v.to, test)
             .map_err(|e| ApiError::Validation(vec![e]))?
             .ok_or_else(super::no_route)?;
-        let m = next_send(keys, v, &via, deadline, now).ok_or(StoreError::Invariant(
+        let mut m = next_send(keys, v, &via, deadline, now).ok_or(StoreError::Invariant(
             "a verification's code does not open with the verify secret",
         ))?;
+        m.cost = self.deliverer.verification_cost(&m);
         let mut all = self.sent_messages(v).await?;
         all.push(SentMessage::queued(&m, &after));
         let response = StoredResponse {
@@ -469,6 +472,23 @@ impl Sends {
             body: VerificationOut::of(&after, all, settings, now).to_json(),
         };
         Ok((after, m, response))
+    }
+
+    /// A verification send over a spend cap is refused as a message is
+    /// (429 `spend-cap-reached`, nothing stored); other errors as they are.
+    fn spend_refusal(&self, e: StoreError) -> ApiError {
+        match e {
+            StoreError::SpendCap(cap) => {
+                self.deliverer
+                    .metrics()
+                    .spend_event("refused", cap.as_str());
+                ApiError::SpendCapReached {
+                    cap: cap.as_str(),
+                    retry_after: crate::spend::retry_after(cap, self.clock.now()),
+                }
+            }
+            other => other.into(),
+        }
     }
 
     async fn verification(

@@ -252,13 +252,16 @@ impl Fallbacks {
         };
         let now = self.clock.now();
         let deadline = self.deliverer.settings().retry.deadline;
-        let Some(m) = super::fallback_message(&keys, &v, f.send_number, &via, deadline, now) else {
+        let Some(mut m) = super::fallback_message(&keys, &v, f.send_number, &via, deadline, now)
+        else {
             tracing::error!(verification_id = %f.verification_id, "the code does not open: no fallback");
             return self
                 .store
                 .settle_fallback(f, FallbackState::Ended, now)
                 .await;
         };
+        // Charged at the SMS price, past a cap too (issue 41, finding 2).
+        m.cost = self.deliverer.verification_cost(&m);
         let lease = self.deliverer.new_lease();
         match self.store.fall_back(f, &m, &lease, now).await? {
             FellBack::Moved(message, stop) => {

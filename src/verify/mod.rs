@@ -299,7 +299,7 @@ impl VerificationOut {
 }
 
 /// The channel of a message that went through `provider`.
-fn channel_of_provider(provider: &str) -> Channel {
+pub fn channel_of_provider(provider: &str) -> Channel {
     if provider == crate::provider::telegram_gateway::NAME {
         Channel::Telegram
     } else {

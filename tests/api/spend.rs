@@ -14,11 +14,11 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 /// The default price table charges USD 0.10 a segment.
-const PRICE: i64 = 100_000;
+pub(crate) const PRICE: i64 = 100_000;
 
 /// Sets the caps as an operator does: `PATCH /admin/tenants/{name}` with an
 /// admin key; the tenant as shown then carries them.
-async fn set_caps(app: &TestApp, caps: SpendCaps) {
+pub(crate) async fn set_caps(app: &TestApp, caps: SpendCaps) {
     let admin = crate::access::key_with(app, Scopes::ALL, Some("ops")).await;
     let amount = |m: Option<i64>| m.map(sendonce::spend::format_amount);
     let body = json!({"spend_caps": {
@@ -54,7 +54,7 @@ async fn set_caps(app: &TestApp, caps: SpendCaps) {
     );
 }
 
-fn daily(n: i64) -> SpendCaps {
+pub(crate) fn daily(n: i64) -> SpendCaps {
     SpendCaps {
         daily: Some(n * PRICE),
         ..SpendCaps::default()
@@ -311,7 +311,99 @@ async fn a_cap_set_mid_day_counts_what_was_sent_before(backend: Backend) {
     assert_eq!(app.message_count().await, 3);
 }
 
+/// Verification SMS are charged (issue 41, finding 2): a start and each
+/// resend get the SMS price and count against the caps in their insert's
+/// transaction; past the cap a start or a resend is refused as a message
+/// is, and stores nothing.
+async fn verification_sms_count_against_the_caps(backend: Backend) {
+    let mut settings = test_settings();
+    settings.verify.resend_cooldown = Duration::ZERO;
+    let app = spawn_with(TestOptions {
+        backend,
+        settings,
+        ..TestOptions::default()
+    })
+    .await;
+    set_caps(&app, daily(2)).await;
+    let post = |path: String, key: &'static str, body: Option<Value>| {
+        let mut req = app
+            .request(reqwest::Method::POST, &path)
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        async move { answer(req.send().await.expect("POST")).await }
+    };
+    let to = json!({"to": "+14155550123"});
+    let v = post("/verifications".into(), "ver-a", Some(to.clone())).await;
+    assert_eq!(v.status, 201, "{:?}", v.json());
+    let id = v.json()["id"].as_str().expect("id").to_string();
+    let spent = || async {
+        app.db
+            .count("SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM messages")
+            .await
+    };
+    assert_eq!(spent().await, PRICE, "the first SMS is charged");
+    let r = post(format!("/verifications/{id}/resend"), "res-1", None).await;
+    assert_eq!(r.status, 201, "{:?}", r.json());
+    assert_eq!(spent().await, 2 * PRICE, "a resend is charged");
+    // The cap (2 SMS) is reached: a resend and a new start are refused.
+    let r = post(format!("/verifications/{id}/resend"), "res-2", None).await;
+    assert_refused(&r, "daily");
+    let v = post("/verifications".into(), "ver-b", Some(to)).await;
+    assert_refused(&v, "daily");
+    assert_eq!(app.message_count().await, 2, "nothing stored when refused");
+    assert_eq!(app.db.count("SELECT count(*) FROM verifications").await, 1);
+    let sends = app
+        .db
+        .count("SELECT CAST(sends AS BIGINT) FROM verifications")
+        .await;
+    assert_eq!(sends, 2, "a refused resend changed nothing");
+    within(Duration::from_secs(10), "two SMS sent", || async {
+        (app.mock.created() == 2).then_some(())
+    })
+    .await;
+}
+
+/// A verification's SMS away from the tenant's home country counts against
+/// the international cap (issue 41, finding 2); one at home does not.
+async fn verification_sms_count_against_the_international_cap(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let (store, _) = open_store(&app.database, Duration::from_secs(5));
+    assert!(
+        store
+            .set_home_country(&app.tenant, Some("GB".into()))
+            .await
+            .expect("home")
+    );
+    set_caps(
+        &app,
+        SpendCaps {
+            international_daily_messages: Some(1),
+            ..SpendCaps::default()
+        },
+    )
+    .await;
+    let start = |key: &'static str, to: &'static str| {
+        let req = app
+            .request(reqwest::Method::POST, "/verifications")
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", key)
+            .json(&json!({ "to": to }));
+        async move { answer(req.send().await.expect("POST")).await }
+    };
+    let first = start("ver-us-1", "+14155550106").await;
+    assert_eq!(first.status, 201, "{:?}", first.json());
+    assert_refused(&start("ver-us-2", "+14155550107").await, "international");
+    let home = start("ver-gb-1", "+442079460958").await;
+    assert_eq!(home.status, 201, "{:?}", home.json());
+    assert_eq!(app.db.count("SELECT count(*) FROM verifications").await, 2);
+}
+
 on_both_backends!(
+    verification_sms_count_against_the_international_cap,
+    verification_sms_count_against_the_caps,
     a_cap_set_mid_day_counts_what_was_sent_before,
     the_console_shows_spend_against_the_caps,
     concurrent_sends_never_pass_the_cap,

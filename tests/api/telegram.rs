@@ -214,6 +214,42 @@ async fn a_blocked_bot_fails_and_opts_the_chat_out(backend: Backend) {
     assert_eq!(calls(&app, "http"), 0);
 }
 
+/// The bot is the installation's: a chat that blocked it is opted out for
+/// every tenant, and another tenant's message never reaches sendMessage.
+async fn a_blocked_bot_opts_the_chat_out_for_every_tenant(backend: Backend) {
+    let app = spawn_bot(backend, Clock::system(), test_settings()).await;
+    let other = sendonce::apikey::generate();
+    app.handle
+        .store
+        .create_tenant("tg-other", &other.stored)
+        .await
+        .expect("tenant");
+    app.mock.telegram_block(43);
+    let m = app
+        .post("TG-BLOCKED", &json!({"to": "telegram:43", "body": "hi"}))
+        .await
+        .json();
+    assert_eq!(m["error"]["provider_code"], "403", "{m}");
+    let req = app
+        .request(reqwest::Method::POST, "/messages")
+        .bearer_auth(&other.secret)
+        .header("Idempotency-Key", "TG-OTHER")
+        .json(&json!({"to": "telegram:43", "body": "hello"}));
+    let m = answer(req.send().await.expect("POST")).await.json();
+    assert_eq!(m["status"], "failed", "{m}");
+    assert_eq!(m["error"]["code"], "recipient_opted_out", "{m}");
+    assert_eq!(calls(&app, "telegram"), 1, "only the first tenant's call");
+    let list = app
+        .request(reqwest::Method::GET, "/opt-outs")
+        .bearer_auth(&other.secret)
+        .send()
+        .await
+        .expect("GET");
+    let list = answer(list).await.json();
+    assert_eq!(list["data"][0]["number"], "telegram:43", "{list}");
+    assert_eq!(list["data"][0]["source"], "provider", "{list}");
+}
+
 async fn a_lost_answer_ends_unknown_and_is_never_resent(backend: Backend) {
     let app = spawn_bot(backend, Clock::system(), test_settings()).await;
     app.mock.push([Behaviour::AcceptThenDrop]);
@@ -321,6 +357,7 @@ on_both_backends!(
     a_chat_gets_one_message_through_the_bot,
     flood_control_waits_retry_after,
     a_blocked_bot_fails_and_opts_the_chat_out,
+    a_blocked_bot_opts_the_chat_out_for_every_tenant,
     a_lost_answer_ends_unknown_and_is_never_resent,
     a_refused_token_fails_the_chat_without_sms,
     chats_are_refused_without_a_bot_and_checked_with_one,

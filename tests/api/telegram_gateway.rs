@@ -238,6 +238,56 @@ async fn a_number_on_telegram_gets_one_gateway_message_and_no_sms(backend: Backe
     assert!(sms_to(&app, TO).is_empty());
 }
 
+/// A Telegram→SMS fallback's SMS is charged at the SMS price (issue 41,
+/// finding 2), and still goes when the tenant is at its cap: the code was
+/// promised; the counter passes the cap and later sends are refused. The
+/// Gateway message, without a price row of its own, costs nothing.
+async fn a_fallback_sms_is_charged_even_past_the_cap(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_gateway(backend, clock.clone()).await;
+    crate::spend::set_caps(&app, crate::spend::daily(1)).await;
+    let m = app
+        .post("fill", &sms("+14155550199", "fills the cap"))
+        .await;
+    assert!(matches!(m.status, 201 | 202), "{:?}", m.json());
+    let id = started(
+        &app,
+        "tg-cap",
+        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 10}),
+    )
+    .await;
+    messages_when(&app, &id, "the Telegram message sent", |m| {
+        m == [pair("telegram", "sent")]
+    })
+    .await;
+    clock.advance(Duration::from_secs(11));
+    messages_when(&app, &id, "the SMS after no report", |m| {
+        m.len() == 2 && m[1].1 == "sent"
+    })
+    .await;
+    let gateway = app
+        .db
+        .count(
+            "SELECT CAST(COALESCE(SUM(cost_micros), -1) AS BIGINT) FROM messages \
+             WHERE verification_id IS NOT NULL AND provider = 'telegram_gateway'",
+        )
+        .await;
+    assert_eq!(gateway, -1, "the Gateway message is not priced");
+    let sms = app
+        .db
+        .count(
+            "SELECT CAST(COALESCE(SUM(cost_micros), -1) AS BIGINT) FROM messages \
+             WHERE verification_id IS NOT NULL AND provider = 'http'",
+        )
+        .await;
+    assert_eq!(sms, crate::spend::PRICE, "the fallback SMS is");
+    let spent = app
+        .db
+        .count("SELECT CAST(spent_micros AS BIGINT) FROM tenant_spend WHERE period LIKE 'd%'")
+        .await;
+    assert_eq!(spent, 2 * crate::spend::PRICE, "counted past the cap");
+}
+
 async fn a_number_not_on_telegram_gets_the_sms_at_once(backend: Backend) {
     let app = spawn_gateway(backend, Clock::system()).await;
     app.mock.gateway_not_on_telegram(TO);
@@ -601,6 +651,7 @@ async fn a_telegram_send_still_checking_is_canceled_with_the_fallback(backend: B
 }
 
 on_both_backends!(
+    a_fallback_sms_is_charged_even_past_the_cap,
     a_refused_send_falls_back_and_a_cancel_revokes,
     a_number_on_telegram_gets_one_gateway_message_and_no_sms,
     a_number_not_on_telegram_gets_the_sms_at_once,

@@ -271,6 +271,81 @@ async fn stop_opts_the_chat_out_and_start_back_in(backend: Backend) {
     assert_eq!(received_events(&app).await, 3);
 }
 
+/// Posts `body` to `/messages` as the tenant whose key is `key`.
+async fn post_as(app: &TestApp, key: &str, idem: &str, body: &Value) -> Value {
+    let req = app
+        .request(reqwest::Method::POST, "/messages")
+        .bearer_auth(key)
+        .header("Idempotency-Key", idem)
+        .json(body);
+    answer(req.send().await.expect("POST /messages"))
+        .await
+        .json()
+}
+
+/// The bot is the installation's: a chat's `/stop` opts it out for every
+/// tenant (also one made after it), `/start` back in for every tenant.
+async fn stop_opts_the_chat_out_for_every_tenant(backend: Backend) {
+    let (database, key) = owned_database(backend).await;
+    let (mock, url, _) = MockProvider::start().await.expect("mock");
+    mock.set_telegram_token(TOKEN);
+    let app = spawn_inbound(backend, &database, &key, Clock::system(), Some((mock, url))).await;
+    let other = sendonce::apikey::generate();
+    app.handle
+        .store
+        .create_tenant("tg-other", &other.stored)
+        .await
+        .expect("tenant");
+    assert_eq!(
+        deliver(&app, &text_update(30, 42, "/stop")).await.status,
+        200
+    );
+    let later = sendonce::apikey::generate();
+    app.handle
+        .store
+        .create_tenant("tg-later", &later.stored)
+        .await
+        .expect("tenant");
+    for (who, k) in [("other", &other.secret), ("later", &later.secret)] {
+        let m = post_as(
+            &app,
+            k,
+            &format!("TG-{who}"),
+            &json!({"to": "telegram:42", "body": "news"}),
+        )
+        .await;
+        assert_eq!(m["status"], "failed", "{who}: {m}");
+        assert_eq!(m["error"]["code"], "recipient_opted_out", "{who}: {m}");
+        let list = app
+            .request(reqwest::Method::GET, "/opt-outs")
+            .bearer_auth(k)
+            .send()
+            .await
+            .expect("GET");
+        let list = answer(list).await.json();
+        assert_eq!(list["data"][0]["number"], "telegram:42", "{who}: {list}");
+        assert_eq!(list["data"][0]["source"], "inbound", "{who}: {list}");
+    }
+    assert_eq!(
+        app.mock.telegram_messages().len(),
+        0,
+        "no tenant's message reached the bot"
+    );
+    // /start opts the chat back in for every tenant.
+    deliver(&app, &text_update(31, 42, "/start")).await;
+    for (who, k) in [("other", &other.secret), ("later", &later.secret)] {
+        let m = post_as(
+            &app,
+            k,
+            &format!("TG-{who}-back"),
+            &json!({"to": "telegram:42", "body": "news"}),
+        )
+        .await;
+        assert_eq!(m["status"], "sent", "{who}: {m}");
+    }
+    assert_eq!(app.mock.deliveries_to("42", "news"), 2);
+}
+
 async fn an_id_seen_8_days_ago_is_a_new_update(backend: Backend) {
     let clock = Clock::manual(time::macros::datetime!(2026-11-20 12:00:00 UTC));
     let (database, key) = owned_database(backend).await;
@@ -310,5 +385,6 @@ on_both_backends!(
     one_update_delivered_five_times_concurrently_is_one_event,
     only_the_secret_gets_in_and_bad_bodies_store_nothing,
     stop_opts_the_chat_out_and_start_back_in,
+    stop_opts_the_chat_out_for_every_tenant,
     an_id_seen_8_days_ago_is_a_new_update,
 );

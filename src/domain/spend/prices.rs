@@ -156,6 +156,16 @@ impl Prices {
             .or_else(|| get("*", "*"))
     }
 
+    /// The price of one segment to `country` through `provider` from a row
+    /// naming `provider` itself (country+provider, `*`+provider): for a
+    /// channel charged only when it has a price of its own.
+    pub fn listed(&self, country: Option<&str>, provider: &str) -> Option<Micros> {
+        let c = country.map(str::to_ascii_uppercase);
+        let p = provider.to_ascii_lowercase();
+        let get = |c: &str| self.rows.get(&(c.to_string(), p.clone())).copied();
+        c.as_deref().and_then(get).or_else(|| get("*"))
+    }
+
     /// A message's estimated cost: segments × the price; zero when no row
     /// covers it.
     pub fn cost(&self, country: Option<&str>, provider: &str, segments: u32) -> Micros {
@@ -214,6 +224,12 @@ mod tests {
             assert_eq!(p.per_segment(*c, prov), *want, "{c:?} {prov}");
         }
         assert_eq!(p.cost(Some("GB"), "twilio", 3), 105_000);
+        // `listed`: only rows naming the provider (a Gateway message is
+        // charged only at a price of its own).
+        assert_eq!(p.listed(Some("GB"), "twilio"), Some(35_000));
+        assert_eq!(p.listed(Some("FR"), "vonage"), Some(80_000));
+        assert_eq!(p.listed(Some("GB"), "infobip"), None);
+        assert_eq!(p.listed(None, "telegram_gateway"), None);
         let no_default = Prices::parse(&format!("{HEADER}\nGB,*,0.04,GBP\n")).unwrap();
         assert_eq!(no_default.per_segment(Some("FR"), "x"), None);
         assert_eq!(no_default.cost(Some("FR"), "x", 2), 0);

@@ -236,7 +236,9 @@ impl PgStore {
                 WHERE message_id = (SELECT id FROM m) AND number = $10 AND finished_at IS NULL), \
              o AS ( \
                 INSERT INTO opt_outs (tenant_id, number, source, created_at) \
-                SELECT tenant_id, $17::text, 'provider', $7 FROM m WHERE $17::text IS NOT NULL \
+                SELECT t.id, $17::text, 'provider', $7 FROM m JOIN tenants t \
+                    ON t.id = m.tenant_id OR $17::text LIKE 'telegram:%' \
+                WHERE $17::text IS NOT NULL \
                 ON CONFLICT (tenant_id, number) DO NOTHING), \
              {EVENT_FROM_M} \
              SELECT count(*) FROM m",

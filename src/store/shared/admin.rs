@@ -142,9 +142,14 @@ per_backend! {
             let (name, audit) = (name.to_string(), audit.clone());
             self.write_tx(move |c| {
                 Box::pin(async move {
+                    let id = Uuid::now_v7();
                     sqlx::query(INSERT_TENANT)
-                        .bind(Uuid::now_v7())
+                        .bind(id)
                         .bind(&name)
+                        .execute(&mut *c)
+                        .await?;
+                    sqlx::query(crate::store::shared::opt_outs::INHERIT_CHAT_OPT_OUTS)
+                        .bind(id)
                         .execute(&mut *c)
                         .await?;
                     write_audit(c, &audit).await?;
@@ -212,11 +217,18 @@ per_backend! {
             self.write_tx(move |c| {
                 Box::pin(async move {
                     if key.test {
-                        sqlx::query(ENSURE_SHADOW)
-                            .bind(Uuid::now_v7())
+                        let id = Uuid::now_v7();
+                        let made = sqlx::query(ENSURE_SHADOW)
+                            .bind(id)
                             .bind(&tenant_name)
                             .execute(&mut *c)
                             .await?;
+                        if made.rows_affected() == 1 {
+                            sqlx::query(crate::store::shared::opt_outs::INHERIT_CHAT_OPT_OUTS)
+                                .bind(id)
+                                .execute(&mut *c)
+                                .await?;
+                        }
                     }
                     let done = sqlx::query(if key.test { ADD_TEST_KEY } else { ADD_KEY })
                         .bind(key.id)

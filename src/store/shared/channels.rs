@@ -19,10 +19,18 @@ const TAKE: &str = "INSERT INTO telegram_updates (bot_id, update_id, received_at
      SET received_at = excluded.received_at WHERE telegram_updates.received_at < $4 \
      RETURNING update_id";
 
+/// The bot is the installation's, so a chat's `/stop` opts it out for
+/// every tenant (each keeps its own row, listed and removable as its own);
+/// a tenant made later inherits it (`opt_outs::INHERIT_CHAT_OPT_OUTS`).
+/// `WHERE true`: SQLite reads `tenants ON CONFLICT` as a join otherwise.
 const OPT_OUT: &str = "INSERT INTO opt_outs (tenant_id, number, source, created_at) \
-     VALUES ($1, $2, 'inbound', $3) ON CONFLICT (tenant_id, number) DO NOTHING";
+     SELECT id, $1, 'inbound', $2 FROM tenants WHERE true ON CONFLICT (tenant_id, number) DO NOTHING";
 
-const OPT_IN: &str = "DELETE FROM opt_outs WHERE tenant_id = $1 AND number = $2";
+/// `/start` undoes what the chat and the bot did, for every tenant: the
+/// rows from `/stop` (`inbound`) and from a "blocked" answer (`provider`;
+/// to write `/start` the user unblocked the bot). A tenant's own entry
+/// (`api`, `console`) stays: that was the tenant's decision.
+const OPT_IN: &str = "DELETE FROM opt_outs WHERE number = $1 AND source IN ('inbound', 'provider')";
 
 const PURGE: &str = "DELETE FROM telegram_updates WHERE (bot_id, update_id) IN ( \
      SELECT bot_id, update_id FROM telegram_updates WHERE received_at < $1 \
@@ -58,7 +66,6 @@ per_backend! {
                         match opt_out {
                             Some(true) => {
                                 sqlx::query(OPT_OUT)
-                                    .bind(tenant)
                                     .bind(address)
                                     .bind(db(u.received_at))
                                     .execute(&mut *c)
@@ -66,7 +73,6 @@ per_backend! {
                             }
                             Some(false) => {
                                 sqlx::query(OPT_IN)
-                                    .bind(tenant)
                                     .bind(address)
                                     .execute(&mut *c)
                                     .await?;

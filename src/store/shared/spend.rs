@@ -155,6 +155,96 @@ per_backend! {
         }
     }
 
+    impl Driver {
+        /// Charges `charge` (message `message_id`'s, already inserted)
+        /// to tenant `tenant_id`'s day and month counters under `caps`, in
+        /// the caller's transaction, and writes a `tenant.spend_warning`
+        /// event per cap whose 80 % it crossed (returned). Over a cap it is
+        /// `Err(SpendCap)` (roll back) when `enforce`; otherwise the counter
+        /// may pass the cap (a send already promised is counted, later
+        /// sends are refused).
+        pub(crate) async fn charge_spend(
+            c: &mut Conn,
+            tenant_id: Uuid,
+            message_id: Uuid,
+            charge: &Charge,
+            caps: SpendCaps,
+            enforce: bool,
+            now: OffsetDateTime,
+        ) -> Result<Vec<Cap>, StoreError> {
+        let period = Period::at(now);
+        let day = Counter {
+            period: &period.day,
+            since: period.day_start,
+            amount_cap: caps.daily,
+            count_cap: caps.international_daily_messages,
+        };
+        let month = Counter {
+            period: &period.month,
+            since: period.month_start,
+            amount_cap: caps.monthly,
+            count_cap: None,
+        };
+        let mut warned = Vec::new();
+        for (counter, amount_kind) in [(day, Cap::Daily), (month, Cap::Monthly)] {
+            if counter.amount_cap.is_none() && counter.count_cap.is_none() {
+                continue;
+            }
+            let intl = i64::from(charge.international && counter.count_cap.is_some());
+            sqlx::query(SEED)
+                .bind(tenant_id)
+                .bind(counter.period)
+                .bind(db(counter.since))
+                .bind(message_id)
+                .execute(&mut *c)
+                .await?;
+            let after: Option<(i64, i64)> = sqlx::query_as(CHARGE)
+                .bind(tenant_id)
+                .bind(counter.period)
+                .bind(charge.micros)
+                .bind(intl)
+                .bind(counter.amount_cap.filter(|_| enforce).unwrap_or(i64::MAX))
+                .bind(counter.count_cap.filter(|_| enforce).unwrap_or(i64::MAX))
+                .fetch_optional(&mut *c)
+                .await?;
+            let Some((spent, count)) = after else {
+                // Which cap, for the answer (the decision was the UPDATE's).
+                let now_at: Option<(i64, i64)> = sqlx::query_as(COUNTER)
+                    .bind(tenant_id)
+                    .bind(counter.period)
+                    .fetch_optional(&mut *c)
+                    .await?;
+                let (s, _) = now_at.unwrap_or((0, 0));
+                let by_amount = counter
+                    .amount_cap
+                    .is_some_and(|cap| s.saturating_add(charge.micros) > cap);
+                return Err(StoreError::SpendCap(if by_amount {
+                    amount_kind
+                } else {
+                    Cap::InternationalDailyMessages
+                }));
+            };
+            let mut crossed = |cap: Cap, before: i64, after: i64, limit: i64, money: bool| {
+                if crossed_warning(before, after, limit) {
+                    warned.push((cap, after, limit, money));
+                }
+            };
+            if let Some(limit) = counter.amount_cap {
+                crossed(amount_kind, spent - charge.micros, spent, limit, true);
+            }
+            if let Some(limit) = counter.count_cap {
+                crossed(Cap::InternationalDailyMessages, count - intl, count, limit, false);
+            }
+        }
+        for (cap, after, limit, money) in &warned {
+            let data = warning_data(*cap, &period, *after, *limit, *money, &charge.currency);
+            Driver::enqueue_event(c, tenant_id, "tenant.spend_warning", None, &data, now)
+                .await?;
+        }
+        Ok(warned.into_iter().map(|w| w.0).collect())
+        }
+    }
+
     /// The capped insert's transaction (see the module's docs). A refusal
     /// is `Err(SpendCap)`, so the writer rolls it back.
     async fn charged(
@@ -224,75 +314,7 @@ per_backend! {
             currency: String::new(),
             international: false,
         });
-        let period = Period::at(now);
-        let day = Counter {
-            period: &period.day,
-            since: period.day_start,
-            amount_cap: caps.daily,
-            count_cap: caps.international_daily_messages,
-        };
-        let month = Counter {
-            period: &period.month,
-            since: period.month_start,
-            amount_cap: caps.monthly,
-            count_cap: None,
-        };
-        let mut warned = Vec::new();
-        for (counter, amount_kind) in [(day, Cap::Daily), (month, Cap::Monthly)] {
-            if counter.amount_cap.is_none() && counter.count_cap.is_none() {
-                continue;
-            }
-            let intl = i64::from(charge.international && counter.count_cap.is_some());
-            sqlx::query(SEED)
-                .bind(m.tenant_id)
-                .bind(counter.period)
-                .bind(db(counter.since))
-                .bind(m.id.0)
-                .execute(&mut *c)
-                .await?;
-            let after: Option<(i64, i64)> = sqlx::query_as(CHARGE)
-                .bind(m.tenant_id)
-                .bind(counter.period)
-                .bind(charge.micros)
-                .bind(intl)
-                .bind(counter.amount_cap.unwrap_or(i64::MAX))
-                .bind(counter.count_cap.unwrap_or(i64::MAX))
-                .fetch_optional(&mut *c)
-                .await?;
-            let Some((spent, count)) = after else {
-                // Which cap, for the answer (the decision was the UPDATE's).
-                let now_at: Option<(i64, i64)> = sqlx::query_as(COUNTER)
-                    .bind(m.tenant_id)
-                    .bind(counter.period)
-                    .fetch_optional(&mut *c)
-                    .await?;
-                let (s, _) = now_at.unwrap_or((0, 0));
-                let by_amount = counter
-                    .amount_cap
-                    .is_some_and(|cap| s.saturating_add(charge.micros) > cap);
-                return Err(StoreError::SpendCap(if by_amount {
-                    amount_kind
-                } else {
-                    Cap::InternationalDailyMessages
-                }));
-            };
-            let mut crossed = |cap: Cap, before: i64, after: i64, limit: i64, money: bool| {
-                if crossed_warning(before, after, limit) {
-                    warned.push((cap, after, limit, money));
-                }
-            };
-            if let Some(limit) = counter.amount_cap {
-                crossed(amount_kind, spent - charge.micros, spent, limit, true);
-            }
-            if let Some(limit) = counter.count_cap {
-                crossed(Cap::InternationalDailyMessages, count - intl, count, limit, false);
-            }
-        }
-        for (cap, after, limit, money) in &warned {
-            let data = warning_data(*cap, &period, *after, *limit, *money, &charge.currency);
-            Driver::enqueue_event(c, m.tenant_id, "tenant.spend_warning", None, &data, now)
-                .await?;
-        }
+        let warned = Driver::charge_spend(c, m.tenant_id, m.id.0, &charge, caps, true, now).await?;
         let record = match &item.lease {
             Some(lease) => {
                 let expires = lease_expires_at
@@ -305,7 +327,7 @@ per_backend! {
         };
         Ok(Charged::Created {
             claim: Claim::Created(Box::new(record)),
-            warned: warned.into_iter().map(|w| w.0).collect(),
+            warned,
         })
     }
 }

@@ -159,6 +159,10 @@ per_backend! {
                         .bind(&name)
                         .execute(&mut *c)
                         .await?;
+                    sqlx::query(crate::store::shared::opt_outs::INHERIT_CHAT_OPT_OUTS)
+                        .bind(id)
+                        .execute(&mut *c)
+                        .await?;
                     sqlx::query(INSERT_KEY)
                         .bind(key.id)
                         .bind(id)
@@ -187,11 +191,18 @@ per_backend! {
             let outcome = self
                 .write_tx(move |c| {
                     Box::pin(async move {
-                        sqlx::query(ENSURE_TENANT)
-                            .bind(Uuid::now_v7())
+                        let id = Uuid::now_v7();
+                        let made = sqlx::query(ENSURE_TENANT)
+                            .bind(id)
                             .bind(&name)
                             .execute(&mut *c)
                             .await?;
+                        if made.rows_affected() == 1 {
+                            sqlx::query(crate::store::shared::opt_outs::INHERIT_CHAT_OPT_OUTS)
+                                .bind(id)
+                                .execute(&mut *c)
+                                .await?;
+                        }
                         let configured: Option<(bool,)> = sqlx::query_as(ENSURE_BOOTSTRAP_KEY)
                             .bind(key.id)
                             .bind(&name)

@@ -109,6 +109,12 @@ const INSERT_FALLBACK: &str = "INSERT INTO verification_fallbacks (verification_
         send_number, tenant_id, message_id, due_at, state, updated_at) \
      VALUES ($1, $2, $3, $4, $5, 'waiting', $6)";
 
+/// A tenant's caps and home country, for a verification send's charge.
+const TENANT_SPEND: &str = "SELECT spend_cap_daily_micros, spend_cap_monthly_micros, \
+        spend_cap_international_daily, home_country FROM tenants WHERE id = $1";
+
+type TenantSpend = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
+
 const OPTED_OUT: &str =
     "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = $1 AND number = $2)";
 
@@ -154,13 +160,14 @@ per_backend! {
         "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
             to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
             provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
-            updated_at, expires_at, deadline_at, route, verification_id) \
+            updated_at, expires_at, deadline_at, route, verification_id, cost_micros, \
+            cost_currency) \
          VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, \
             $14, ",
         db_now!(),
         " + $15",
         us!(),
-        ", $16, $16, $17, $18, $19, $20) RETURNING lease_expires_at"
+        ", $16, $16, $17, $18, $19, $20, $21, $22) RETURNING lease_expires_at"
     );
 
     /// Up to `$2` pending verifications past their expiry at `$1`, marked
@@ -175,14 +182,20 @@ per_backend! {
     );
 
     /// Inserts verification `verification_id`'s message and its first
-    /// attempt, leased, with the fallback row of a Telegram send.
+    /// attempt, leased, with the fallback row of a Telegram send, and
+    /// charges its cost to the tenant's spend counters (issue 41, finding
+    /// 2): over a cap it is `Err(SpendCap)` when `enforce` (a start or a
+    /// resend: nothing stored), else counted past it (a fallback's SMS,
+    /// the code already promised).
     async fn insert_send(
         c: &mut Conn,
         verification_id: Uuid,
         m: &NewMessage,
         lease: &Lease,
         fallback: Option<NewFallback>,
+        enforce: bool,
     ) -> Result<MessageRecord, StoreError> {
+        let (cost, currency) = m.cost_columns();
         let lease_expires_at: DbTime = sqlx::query_scalar(INSERT_MESSAGE)
             .bind(m.id.0)
             .bind(m.tenant_id)
@@ -204,8 +217,38 @@ per_backend! {
             .bind(db(m.deadline_at))
             .bind(&m.route)
             .bind(verification_id)
+            .bind(cost)
+            .bind(currency)
             .fetch_one(&mut *c)
             .await?;
+        if let Some(charge) = &m.cost {
+            let tenant: Option<TenantSpend> = sqlx::query_as(TENANT_SPEND)
+                .bind(m.tenant_id)
+                .fetch_optional(&mut *c)
+                .await?;
+            let (daily, monthly, intl, home) = tenant.unwrap_or_default();
+            let caps = crate::spend::SpendCaps {
+                daily,
+                monthly,
+                international_daily_messages: intl,
+            };
+            if caps != crate::spend::SpendCaps::default() {
+                let country = m
+                    .to
+                    .phone()
+                    .and_then(|p| crate::domain::phone::parse(p.as_str()))
+                    .and_then(|p| p.into_parts().1);
+                let charge = crate::spend::Charge {
+                    international: crate::spend::is_international(
+                        home.as_deref(),
+                        country.as_deref(),
+                    ),
+                    ..charge.clone()
+                };
+                Driver::charge_spend(c, m.tenant_id, m.id.0, &charge, caps, enforce, m.created_at)
+                    .await?;
+            }
+        }
         sqlx::query(INSERT_ATTEMPT)
             .bind(m.id.0)
             .bind(&lease.owner)
@@ -330,7 +373,7 @@ per_backend! {
         let message = match send {
             Some((m, lease)) => {
                 let fallback = fallback_of(after, after.sends, &m);
-                Some(Box::new(insert_send(c, after.id, &m, &lease, fallback).await?))
+                Some(Box::new(insert_send(c, after.id, &m, &lease, fallback, true).await?))
             }
             None => None,
         };
@@ -467,7 +510,7 @@ per_backend! {
             .await?;
         let started = VerificationRecord::started(v);
         let message =
-            insert_send(c, v.id, message, lease, fallback_of(&started, 1, message)).await?;
+            insert_send(c, v.id, message, lease, fallback_of(&started, 1, message), true).await?;
         Ok(StartOutcome::Created {
             verification: Box::new(started),
             message: Box::new(message),
@@ -483,7 +526,7 @@ per_backend! {
             m: &NewMessage,
             lease: &Lease,
         ) -> Result<MessageRecord, StoreError> {
-            insert_send(c, verification_id, m, lease, None).await
+            insert_send(c, verification_id, m, lease, None, false).await
         }
     }
 

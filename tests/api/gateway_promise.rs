@@ -159,16 +159,7 @@ async fn a_send_under_way_when_the_verification_ends_is_not_made(backend: Backen
 async fn a_delivered_report_during_the_fallback_stops_the_sms(backend: Backend) {
     let clock = manual_clock();
     let app = spawn_gateway(backend, clock.clone()).await;
-    let id = started(
-        &app,
-        "p2-race",
-        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 10}),
-    )
-    .await;
-    messages_when(&app, &id, "the Telegram message sent", |m| {
-        m == [pair("telegram", "sent")]
-    })
-    .await;
+    let id = sent_on_telegram(&app, "p2-race").await;
     let request_id = app.mock.gateway_messages()[0].request_id.clone();
     let held = app.mock.gateway_hold_revokes();
     clock.advance(Duration::from_secs(11));
@@ -281,16 +272,7 @@ async fn the_documented_revoke_answer_is_read_as_revoked(backend: Backend) {
 async fn a_delivered_code_does_not_fall_back_when_reports_are_refused(backend: Backend) {
     let clock = manual_clock();
     let app = spawn_gateway(backend, clock.clone()).await;
-    let id = started(
-        &app,
-        "p2-skew",
-        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 10}),
-    )
-    .await;
-    messages_when(&app, &id, "the Telegram message sent", |m| {
-        m == [pair("telegram", "sent")]
-    })
-    .await;
+    let id = sent_on_telegram(&app, "p2-skew").await;
     let request_id = app.mock.gateway_messages()[0].request_id.clone();
     app.mock.gateway_set_status(&request_id, "delivered");
     // Stamped by the Gateway's (true) clock: ours is days off.

@@ -134,6 +134,22 @@ pub(crate) async fn messages_when(
     .await
 }
 
+/// Starts a verification on `telegram` then `sms` (the SMS after 10 s)
+/// under `key` and waits for its Telegram message to be sent; its id.
+pub(crate) async fn sent_on_telegram(app: &TestApp, key: &str) -> String {
+    let id = started(
+        app,
+        key,
+        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 10}),
+    )
+    .await;
+    messages_when(app, &id, "the Telegram message sent", |m| {
+        m == [pair("telegram", "sent")]
+    })
+    .await;
+    id
+}
+
 pub(crate) fn pair(channel: &str, status: &str) -> (String, String) {
     (channel.to_string(), status.to_string())
 }
@@ -250,16 +266,7 @@ async fn a_fallback_sms_is_charged_even_past_the_cap(backend: Backend) {
         .post("fill", &sms("+14155550199", "fills the cap"))
         .await;
     assert!(matches!(m.status, 201 | 202), "{:?}", m.json());
-    let id = started(
-        &app,
-        "tg-cap",
-        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 10}),
-    )
-    .await;
-    messages_when(&app, &id, "the Telegram message sent", |m| {
-        m == [pair("telegram", "sent")]
-    })
-    .await;
+    let id = sent_on_telegram(&app, "tg-cap").await;
     clock.advance(Duration::from_secs(11));
     messages_when(&app, &id, "the SMS after no report", |m| {
         m.len() == 2 && m[1].1 == "sent"
@@ -326,16 +333,7 @@ async fn a_number_not_on_telegram_gets_the_sms_at_once(backend: Backend) {
 async fn no_report_in_time_revokes_then_sends_one_sms_with_the_same_code(backend: Backend) {
     let clock = manual_clock();
     let app = spawn_gateway(backend, clock.clone()).await;
-    let id = started(
-        &app,
-        "tg-4",
-        json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": 10}),
-    )
-    .await;
-    messages_when(&app, &id, "the Telegram message sent", |m| {
-        m == [pair("telegram", "sent")]
-    })
-    .await;
+    let id = sent_on_telegram(&app, "tg-4").await;
     let sent = app.mock.gateway_messages();
     let (request_id, code) = (
         sent[0].request_id.clone(),

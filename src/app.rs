@@ -158,7 +158,7 @@ impl App {
                 public_url: settings.server.public_url.clone(),
                 routes: settings.provider.receipts.clone(),
             },
-            telegram: settings.provider.telegram.clone(),
+            inbound: settings.provider.inbound.clone(),
             verify,
             webhooks: settings.webhooks.clone(),
             webhook_dispatcher: Arc::clone(&webhooks),

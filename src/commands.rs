@@ -646,7 +646,12 @@ pub async fn outbox(
     let mut said_empty = false;
     loop {
         let entries = store
-            .outbox(tenant_id, after, limit.max(1))
+            .outbox(
+                crate::outbox::OUTBOX_PROVIDER,
+                tenant_id,
+                after,
+                limit.max(1),
+            )
             .await
             .context("reading the outbox")?;
         if entries.is_empty() && after.is_none() && !said_empty {

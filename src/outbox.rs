@@ -4,7 +4,10 @@
 //! configured provider is `simulated`, and only the attempts that provider
 //! answered: a real provider's messages (and their codes) are never shown.
 
-use crate::store::{OUTBOX_PROVIDER, OutboxEntry};
+use crate::store::OutboxEntry;
+
+/// The provider whose sends the outbox shows.
+pub const OUTBOX_PROVIDER: &str = crate::provider::simulated::ADAPTER.name;
 use crate::verify::SecretSource;
 
 /// Why the outbox shows nothing when a configured provider is not the

@@ -11,3 +11,13 @@ ALTER TABLE verification_fallbacks ADD PRIMARY KEY (verification_id, send_number
 -- step after the first, joined by ','; NULL: fallback_after_seconds for
 -- every step.
 ALTER TABLE verifications ADD COLUMN fallback_after_list text;
+
+-- Inbound updates of every channel of its own, not only the Telegram bot's
+-- (issue 40): taken once under (channel, source, event id).
+ALTER TABLE telegram_updates RENAME TO inbound_updates;
+ALTER TABLE inbound_updates RENAME COLUMN bot_id TO source;
+ALTER TABLE inbound_updates RENAME COLUMN update_id TO event_id;
+ALTER TABLE inbound_updates ADD COLUMN channel text NOT NULL DEFAULT 'telegram';
+ALTER TABLE inbound_updates DROP CONSTRAINT telegram_updates_pkey;
+ALTER TABLE inbound_updates ADD PRIMARY KEY (channel, source, event_id);
+ALTER INDEX telegram_updates_received_at RENAME TO inbound_updates_received_at;

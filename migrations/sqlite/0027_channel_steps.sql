@@ -24,3 +24,17 @@ CREATE INDEX verification_fallbacks_open ON verification_fallbacks (due_at)
     WHERE state IN ('waiting', 'delivered');
 
 ALTER TABLE verifications ADD COLUMN fallback_after_list TEXT;
+
+-- Inbound updates of every channel of its own (issue 40): taken once under
+-- (channel, source, event id).
+CREATE TABLE inbound_updates (
+    channel     TEXT NOT NULL,
+    source      INTEGER NOT NULL,
+    event_id    INTEGER NOT NULL,
+    received_at INTEGER NOT NULL,
+    PRIMARY KEY (channel, source, event_id)
+);
+INSERT INTO inbound_updates (channel, source, event_id, received_at)
+    SELECT 'telegram', bot_id, update_id, received_at FROM telegram_updates;
+DROP TABLE telegram_updates;
+CREATE INDEX inbound_updates_received_at ON inbound_updates (received_at);

@@ -30,9 +30,10 @@ pub struct ProviderSettings {
     /// when `TELEGRAM_BOT_TOKEN` is set): each carries its channel's
     /// addresses only, beside the SMS providers above.
     pub channels: Vec<ProviderConfig>,
-    /// The Telegram bot's inbound updates: who owns them and their secret
-    /// (a bot token and `TELEGRAM_WEBHOOK_SECRET`; else refused).
-    pub telegram: Option<crate::provider::telegram::updates::Inbound>,
+    /// The inbound routes of channels of their own that are configured
+    /// (the Telegram bot's updates: a bot token and
+    /// `TELEGRAM_WEBHOOK_SECRET`; else refused).
+    pub inbound: Vec<Arc<dyn registry::InboundRoute>>,
     /// Every adapter's receipt endpoint (whether it sends or not: receipts
     /// arrive after a provider left the list).
     pub receipts: ReceiptRoutes,
@@ -53,7 +54,7 @@ impl Default for ProviderSettings {
             fallbacks: Vec::new(),
             routes: None,
             channels: Vec::new(),
-            telegram: None,
+            inbound: Vec::new(),
             receipts: ReceiptRoutes::default(),
             circuit: CircuitPolicy::default(),
             connect_timeout: Duration::from_secs(3),
@@ -172,7 +173,7 @@ impl ProviderSettings {
         let kind = kinds.remove(0);
         let fallbacks = kinds;
         let channels = registry::channel_adapters(vars, &ctx)?;
-        let telegram = crate::provider::telegram::updates::Inbound::configure(vars)?;
+        let inbound = registry::inbound_routes(vars)?;
         let receipts = ReceiptRoutes::configure(vars, &ctx)?;
         let circuit = circuit(a, &d.circuit)?;
         Ok(Self {
@@ -180,7 +181,7 @@ impl ProviderSettings {
             fallbacks,
             routes,
             channels,
-            telegram,
+            inbound,
             receipts,
             circuit,
             connect_timeout,

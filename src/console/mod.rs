@@ -452,7 +452,12 @@ async fn outbox(
         None => {
             let entries = state
                 .store
-                .outbox(Some(session.tenant_id), None, OUTBOX_PAGE)
+                .outbox(
+                    crate::outbox::OUTBOX_PROVIDER,
+                    Some(session.tenant_id),
+                    None,
+                    OUTBOX_PAGE,
+                )
                 .await?;
             crate::outbox::opened(entries, &state.verify.secret).await
         }

@@ -99,19 +99,23 @@ impl Purger {
                 {
                     tokio::task::yield_now().await;
                 }
-                // A Telegram bot's updates are kept 7 days whatever the
-                // retention: an id seen within that is a repeat, an older
-                // one a restarted id.
-                let updates_cutoff =
-                    self.clock.now() - to_time(crate::provider::telegram::updates::KEEP);
-                while !stop.is_cancelled()
-                    && self
-                        .store
-                        .purge_telegram_updates(updates_cutoff, self.batch)
-                        .await?
-                        == u64::from(self.batch)
-                {
-                    tokio::task::yield_now().await;
+                // A channel's inbound updates are kept as long as its
+                // route says, whatever the retention: an id seen within
+                // that is a repeat, an older one a restarted id.
+                for adapter in crate::provider::registry::ADAPTERS {
+                    let Some(inbound) = &adapter.inbound else {
+                        continue;
+                    };
+                    let updates_cutoff = self.clock.now() - to_time(inbound.keep);
+                    while !stop.is_cancelled()
+                        && self
+                            .store
+                            .purge_updates(adapter.name, updates_cutoff, self.batch)
+                            .await?
+                            == u64::from(self.batch)
+                    {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 // Webhook events (the feed) are kept as long as messages.
                 while !stop.is_cancelled()

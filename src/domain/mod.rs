@@ -6,6 +6,7 @@
 pub mod attempt;
 pub mod channels;
 pub mod idempotency_key;
+pub mod inbound;
 pub mod message;
 pub mod opt_out;
 pub mod phone;

@@ -23,6 +23,7 @@ pub mod admin;
 pub mod batch;
 pub mod health;
 pub mod history;
+pub mod inbound;
 pub(crate) mod input;
 pub mod messages;
 pub mod metrics;
@@ -30,7 +31,6 @@ pub mod opt_outs;
 pub mod page;
 pub mod receipts;
 pub mod server;
-pub mod telegram;
 pub mod verifications;
 pub mod webhooks;
 
@@ -54,8 +54,9 @@ pub struct AppState {
     pub body_read_timeout: Duration,
     /// Every adapter's receipt endpoint, and this service's public URL.
     pub receipts: receipts::ReceiptSettings,
-    /// The Telegram bot's inbound updates, when taken.
-    pub telegram: Option<crate::provider::telegram::updates::Inbound>,
+    /// The inbound routes of channels of their own that are configured
+    /// (a Telegram bot's updates).
+    pub inbound: Vec<std::sync::Arc<dyn crate::provider::registry::InboundRoute>>,
     /// API keys, so most requests authenticate without the database.
     pub keys: Arc<KeyCache>,
     /// Final responses, so most replays touch no database.
@@ -83,7 +84,7 @@ pub fn router_with(state: SharedState, pages: Router<SharedState>, serve_metrics
         .merge(batch::router())
         .merge(opt_outs::router())
         .merge(receipts::router())
-        .merge(telegram::router())
+        .merge(inbound::router())
         .merge(history::router())
         .merge(verifications::router())
         .merge(webhooks::router())

@@ -91,6 +91,58 @@ pub struct Adapter {
     /// `channels`), if any: the SMS adapters serve `sms` through routes and
     /// declare nothing here.
     pub verify: Option<VerifyChannel>,
+    /// Its inbound route (what users write to the channel), if it has one.
+    pub inbound: Option<Inbound>,
+}
+
+/// A channel's inbound route, declared by its adapter (issue 40): the HTTP
+/// layer serves every one the same way (authenticate, read, hand the store
+/// the update to take once), and nothing outside the adapter's folder
+/// names the channel.
+pub struct Inbound {
+    /// Where updates are posted (`/channels/<name>/...`).
+    pub path: &'static str,
+    /// Who owns the updates and how they are authenticated, from the
+    /// adapter's variables; `None` when they are not set (then every
+    /// update is refused, 401).
+    pub configure: ConfigureInboundFn,
+    /// How long a taken update's id is kept: a row older than that is a
+    /// restarted id (a new update).
+    pub keep: Duration,
+    /// The largest body read (bytes).
+    pub max_bytes: usize,
+}
+
+/// Parses an adapter's inbound route from its variables.
+pub type ConfigureInboundFn = fn(&Vars) -> Result<Option<Arc<dyn InboundRoute>>, VarError>;
+
+/// A configured inbound route.
+pub trait InboundRoute: std::fmt::Debug + Send + Sync + 'static {
+    /// The channel (its adapter's name, the first part of an update's
+    /// unique key).
+    fn channel(&self) -> &'static str;
+    /// The source of the updates (a bot's id): the second part.
+    fn source(&self) -> i64;
+    /// The tenant (by name) that owns the updates and their events.
+    fn tenant(&self) -> &str;
+    /// Whether the request's headers authenticate it (constant time).
+    fn admits(&self, headers: &axum::http::HeaderMap) -> bool;
+    /// Reads and decides an update; `Err`: why it is refused (a 400,
+    /// nothing stored).
+    fn read(&self, body: &[u8]) -> Result<crate::domain::inbound::Update, &'static str>;
+}
+
+/// Every adapter's configured inbound route.
+pub fn inbound_routes(vars: &Vars) -> Result<Vec<Arc<dyn InboundRoute>>, VarError> {
+    let mut out = Vec::new();
+    for a in ADAPTERS {
+        if let Some(i) = &a.inbound
+            && let Some(r) = (i.configure)(vars)?
+        {
+            out.push(r);
+        }
+    }
+    Ok(out)
 }
 
 /// What a channel of verifications needs, declared by the adapter that

@@ -128,9 +128,6 @@ impl OutboxEntry {
 /// A place in the outbox: (sent at, message, attempt number).
 pub type OutboxCursor = (OffsetDateTime, MessageId, u32);
 
-/// The provider whose sends the outbox shows.
-pub const OUTBOX_PROVIDER: &str = "simulated";
-
 #[async_trait]
 pub trait ConsoleStore: Send + Sync {
     /// Stores a new session and deletes every session last used before
@@ -217,6 +214,7 @@ pub trait ConsoleStore: Send + Sync {
     /// newest, or with `after` the first `limit` after it.
     async fn outbox(
         &self,
+        provider: &str,
         tenant_id: Option<Uuid>,
         after: Option<OutboxCursor>,
         limit: u32,

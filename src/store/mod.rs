@@ -39,7 +39,7 @@ pub use admin::AdminStore;
 pub use channels::{ChannelStore, TakeUpdate, Taken};
 pub use console::{
     ConsoleStore, MessageSummary, MessageWebhookAttempt, MessageWebhookDelivery, NewSession,
-    OUTBOX_PROVIDER, OutboxCursor, OutboxEntry, OverviewCounts, SessionRecord,
+    OutboxCursor, OutboxEntry, OverviewCounts, SessionRecord,
 };
 pub use error::{SqlxResultExt, StoreError};
 pub use fallbacks::{

@@ -43,7 +43,7 @@ async fn spawn_inbound(
     mock: Option<(MockProvider, String)>,
 ) -> TestApp {
     let mut settings = test_settings();
-    settings.provider.telegram = Some(Inbound::new(BOT_ID, OWNER, SECRET));
+    settings.provider.inbound = vec![std::sync::Arc::new(Inbound::new(BOT_ID, OWNER, SECRET))];
     let (mock, url) = match mock {
         Some(m) => m,
         None => {
@@ -100,7 +100,7 @@ async fn received_events(app: &TestApp) -> i64 {
 }
 
 async fn stored_updates(app: &TestApp) -> i64 {
-    app.db.count("SELECT count(*) FROM telegram_updates").await
+    app.db.count("SELECT count(*) FROM inbound_updates").await
 }
 
 async fn one_update_delivered_five_times_concurrently_is_one_event(backend: Backend) {

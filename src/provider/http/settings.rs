@@ -23,6 +23,7 @@ pub const ADAPTER: Adapter = Adapter {
     }),
     channel: Channel::Sms,
     verify: None,
+    inbound: None,
 };
 
 pub const URL: &str = "SENDONCE_HTTP_PROVIDER_URL";

@@ -21,6 +21,7 @@ pub const ADAPTER: Adapter = Adapter {
     }),
     channel: Channel::Sms,
     verify: None,
+    inbound: None,
 };
 
 pub const API_KEY: &str = "INFOBIP_API_KEY";

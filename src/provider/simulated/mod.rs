@@ -18,6 +18,7 @@ pub const ADAPTER: Adapter = Adapter {
     receipts: None,
     channel: Channel::Sms,
     verify: None,
+    inbound: None,
 };
 
 fn configure(_vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError> {

@@ -17,6 +17,7 @@ pub const ADAPTER: Adapter = Adapter {
     receipts: None,
     channel: Channel::Sms,
     verify: None,
+    inbound: None,
 };
 
 pub const HOST: &str = "SMPP_HOST";

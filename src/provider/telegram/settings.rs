@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use super::super::registry::{
-    Adapter, Channel, Configured, Context, Var, VarError, Vars, http_url,
+    Adapter, Channel, Configured, Context, Inbound, Var, VarError, Vars, http_url,
 };
 use super::super::{Provider, ProviderError};
 use super::{TelegramProvider, TelegramSettings, bot_id};
@@ -21,6 +21,12 @@ pub const ADAPTER: Adapter = Adapter {
         enabled_by: BOT_TOKEN,
     },
     verify: None,
+    inbound: Some(Inbound {
+        path: super::updates::UPDATES_PATH,
+        configure: super::updates::configure_inbound,
+        keep: super::updates::KEEP,
+        max_bytes: super::updates::MAX_UPDATE_BYTES,
+    }),
 };
 
 pub const BOT_TOKEN: &str = "TELEGRAM_BOT_TOKEN";

@@ -1,6 +1,7 @@
 //! The bot's inbound updates (`POST /channels/telegram/updates`, the URL
 //! given to `setWebhook`): who may post them, how one is read, and what it
-//! does. Pure: the handler (`src/http/telegram.rs`) authenticates with
+//! does; declared in the registry (`Adapter::inbound`). Pure: the HTTP
+//! layer's one inbound handler (`src/http/inbound.rs`) authenticates with
 //! [`Inbound::admits`], reads with [`read`] and hands the store the
 //! [`Update`] to take once.
 //!
@@ -15,6 +16,7 @@
 //! | text `/start` (or START, UNSTOP) | also opts the chat back in |
 //! | anything else (edits, channel posts, callbacks, stickers, …) | recorded as taken, nothing else |
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -22,7 +24,11 @@ use subtle::ConstantTimeEq;
 
 use super::settings::{TENANT, WEBHOOK_SECRET};
 use super::{BOT_TOKEN, DEFAULT_TENANT, bot_id};
-use crate::provider::registry::{VarError, Vars};
+pub use crate::domain::inbound::{Effect, Update};
+use crate::provider::registry::{InboundRoute, VarError, Vars};
+
+/// Where the bot's updates are posted.
+pub const UPDATES_PATH: &str = "/channels/telegram/updates";
 
 /// How long a taken update is kept (Telegram keeps an unconfirmed update
 /// for 24 hours; ids restart after a week without updates).
@@ -93,6 +99,33 @@ impl Inbound {
     }
 }
 
+/// The registry's way to configure the route (`Adapter::inbound`).
+pub fn configure_inbound(vars: &Vars) -> Result<Option<Arc<dyn InboundRoute>>, VarError> {
+    Ok(Inbound::configure(vars)?.map(|i| Arc::new(i) as Arc<dyn InboundRoute>))
+}
+
+impl InboundRoute for Inbound {
+    fn channel(&self) -> &'static str {
+        super::settings::ADAPTER.name
+    }
+
+    fn source(&self) -> i64 {
+        self.bot_id
+    }
+
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    fn admits(&self, headers: &axum::http::HeaderMap) -> bool {
+        Inbound::admits(self, headers.get(SECRET_HEADER).map(|v| v.as_bytes()))
+    }
+
+    fn read(&self, body: &[u8]) -> Result<Update, &'static str> {
+        read(body).map_err(|Malformed(m)| m)
+    }
+}
+
 /// One update as Telegram sends it: only what is used is read.
 #[derive(Debug, Deserialize)]
 struct RawUpdate {
@@ -116,27 +149,6 @@ struct RawMessage {
 #[derive(Debug, Deserialize)]
 struct RawChat {
     id: i64,
-}
-
-/// What an update does, besides being taken.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Effect {
-    /// Nothing (not a new text message).
-    None,
-    /// A new text message: its event, and the opt-out it asks for, if any
-    /// (`Some(true)`: out, `Some(false)`: back in).
-    Received {
-        address: String,
-        event: Vec<u8>,
-        opt_out: Option<bool>,
-    },
-}
-
-/// An update read and decided.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Update {
-    pub update_id: i64,
-    pub effect: Effect,
 }
 
 /// Why an update body was refused (a 400, nothing stored).
@@ -184,7 +196,7 @@ pub fn read(body: &[u8]) -> Result<Update, Malformed> {
         _ => Effect::None,
     };
     Ok(Update {
-        update_id: raw.update_id,
+        event_id: raw.update_id,
         effect,
     })
 }
@@ -245,8 +257,8 @@ mod tests {
             match (want, got) {
                 (Err(()), Err(_)) => {}
                 (Ok(None), Ok(u)) => assert_eq!(u.effect, Effect::None, "{body}"),
-                (Ok(Some(opt)), Ok(Update { effect: Effect::Received { address, event, opt_out }, update_id })) => {
-                    assert_eq!(update_id, 10);
+                (Ok(Some(opt)), Ok(Update { effect: Effect::Received { address, event, opt_out }, event_id })) => {
+                    assert_eq!(event_id, 10);
                     assert_eq!(address, "telegram:42");
                     assert_eq!(opt_out, opt, "{body}");
                     let e: serde_json::Value = serde_json::from_slice(&event).expect("json");

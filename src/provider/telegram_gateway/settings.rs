@@ -34,6 +34,7 @@ pub const ADAPTER: Adapter = Adapter {
         code_only: true,
         priced_when_listed: true,
     }),
+    inbound: None,
 };
 
 pub const TOKEN: &str = "TELEGRAM_GATEWAY_TOKEN";

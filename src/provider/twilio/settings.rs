@@ -22,6 +22,7 @@ pub const ADAPTER: Adapter = Adapter {
     }),
     channel: Channel::Sms,
     verify: None,
+    inbound: None,
 };
 
 pub const BASE_URL: &str = "TWILIO_BASE_URL";

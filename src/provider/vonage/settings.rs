@@ -24,6 +24,7 @@ pub const ADAPTER: Adapter = Adapter {
     }),
     channel: Channel::Sms,
     verify: None,
+    inbound: None,
 };
 
 pub const API_KEY: &str = "VONAGE_API_KEY";

@@ -237,7 +237,7 @@ impl PgStore {
              o AS ( \
                 INSERT INTO opt_outs (tenant_id, number, source, created_at) \
                 SELECT t.id, $17::text, 'provider', $7 FROM m JOIN tenants t \
-                    ON t.id = m.tenant_id OR $17::text LIKE 'telegram:%' \
+                    ON t.id = m.tenant_id OR $17::text NOT LIKE '+%' \
                 WHERE $17::text IS NOT NULL \
                 ON CONFLICT (tenant_id, number) DO NOTHING), \
              {EVENT_FROM_M} \

@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::per_backend;
 use crate::domain::MessageId;
-use crate::store::console::{OUTBOX_PROVIDER, OutboxCursor, OutboxEntry};
+use crate::store::console::{OutboxCursor, OutboxEntry};
 use crate::store::row::console::{MessageWebhookRow, SessionRow, SummaryRow, group_webhook_rows};
 use crate::store::row::{MessageRow, OptOutRow, message_columns};
 use crate::store::time::{DbTime, db};
@@ -433,6 +433,7 @@ per_backend! {
 
         async fn outbox(
             &self,
+            provider: &str,
             tenant_id: Option<Uuid>,
             after: Option<OutboxCursor>,
             limit: u32,
@@ -440,7 +441,7 @@ per_backend! {
             let rows: Vec<OutboxRow> = match after {
                 None => {
                     let mut rows: Vec<OutboxRow> = sqlx::query_as(OUTBOX_NEWEST)
-                        .bind(OUTBOX_PROVIDER)
+                        .bind(provider)
                         .bind(tenant_id)
                         .bind(i64::from(limit))
                         .fetch_all(self.pool())
@@ -450,7 +451,7 @@ per_backend! {
                 }
                 Some((at, id, number)) => {
                     sqlx::query_as(OUTBOX_AFTER)
-                        .bind(OUTBOX_PROVIDER)
+                        .bind(provider)
                         .bind(tenant_id)
                         .bind(db(at))
                         .bind(id.0)

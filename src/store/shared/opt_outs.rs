@@ -17,13 +17,14 @@ const REMOVE: &str = "DELETE FROM opt_outs WHERE tenant_id = $1 AND number = $2"
 const LIST: &str = "SELECT number, source, created_at, added_by FROM opt_outs \
      WHERE tenant_id = $1 AND ($2 IS NULL OR number > $2) ORDER BY number LIMIT $3";
 
-/// A tenant just made (`$1`) inherits the installation's Telegram chat
-/// opt-outs: the bot is the installation's, and a chat that said `/stop` or
+/// A tenant just made (`$1`) inherits the installation's chat opt-outs (an
+/// address of a channel of its own, not a `+` number): the channel's
+/// account (a bot) is the installation's, and a chat that said `/stop` or
 /// blocked it did so for every tenant (see `channels.rs`).
 pub(crate) const INHERIT_CHAT_OPT_OUTS: &str = "INSERT INTO opt_outs \
         (tenant_id, number, source, created_at) \
      SELECT $1, number, source, created_at FROM opt_outs \
-     WHERE number LIKE 'telegram:%' AND source IN ('inbound', 'provider') \
+     WHERE number NOT LIKE '+%' AND source IN ('inbound', 'provider') \
      ON CONFLICT (tenant_id, number) DO NOTHING";
 
 per_backend! {

@@ -216,7 +216,7 @@ async fn finish(c: &mut SqliteConnection, f: &Finish) -> Result<bool, StoreError
     if let Some(address) = &f.opt_out {
         sqlx::query(
             "INSERT INTO opt_outs (tenant_id, number, source, created_at) \
-             SELECT id, ?1, 'provider', ?2 FROM tenants WHERE id = ?3 OR ?1 LIKE 'telegram:%' \
+             SELECT id, ?1, 'provider', ?2 FROM tenants WHERE id = ?3 OR ?1 NOT LIKE '+%' \
              ON CONFLICT (tenant_id, number) DO NOTHING",
         )
         .bind(address)

@@ -2,7 +2,8 @@
 //! tests can kill or freeze the real binary at every step of the state
 //! table (issue 24): before and after the claim commits, before the request
 //! is written, after the provider answered, before and after the final
-//! write, during the shutdown drain.
+//! write, during the shutdown drain; and a verification's move to its next
+//! channel, before and after its transaction commits (issue 40).
 //!
 //! Only builds with the `failpoints` feature have them (`scripts/test.sh`
 //! builds the test binary so); in every other build [`hit`] is an empty
@@ -27,6 +28,8 @@ pub const POINTS: &[&str] = &[
     "finish.after",
     "shutdown.before_release",
     "shutdown.after_release",
+    "fallback.before_move",
+    "fallback.after_move",
 ];
 
 /// Refuses `SENDONCE_FAILPOINTS` where it would do nothing (a build

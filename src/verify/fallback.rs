@@ -277,7 +277,10 @@ impl Fallbacks {
         // finding 2).
         m.cost = self.deliverer.verification_cost(&m);
         let lease = self.deliverer.new_lease();
-        match self.store.fall_back(f, &m, &lease, now).await? {
+        crate::failpoint::hit("fallback.before_move");
+        let moved = self.store.fall_back(f, &m, &lease, now).await?;
+        crate::failpoint::hit("fallback.after_move");
+        match moved {
             FellBack::Moved(message, stop) => {
                 if stop == Stop::Cancel {
                     self.deliverer

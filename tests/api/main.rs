@@ -103,3 +103,4 @@ mod verify;
 mod vonage;
 mod waiters;
 mod webhooks;
+mod whatsapp;

@@ -1,0 +1,444 @@
+//! WhatsApp authentication codes (issue 40), against the mock's Cloud API,
+//! which speaks Meta's documented wire format and never de-duplicates:
+//! every accepted send is a message, counted per (number, code).
+//!
+//! The send path is tested through the real adapter against the mock over
+//! HTTP, each answer fed to the delivery's own decision table
+//! (`delivery::decide`): an ambiguous send is never made again and ends
+//! `unknown`; a throughput limit is retried and sent once; a certain
+//! refusal ends `failed`. The webhook is tested through a running instance
+//! on both backends: Meta's handshake, forged notifications refused with
+//! nothing recorded, and signed ones recorded once each.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Method;
+use sendonce::delivery::decide::{Event, KeyRule, Snapshot, Step, Transition, Write, decide};
+use sendonce::delivery::RetryPolicy;
+use sendonce::domain::{MessageId, Recipient, Status};
+use sendonce::provider::whatsapp::{WhatsAppProvider, WhatsAppSettings};
+use sendonce::provider::{AttemptRef, OutgoingSms, Provider, Reconciled, SendOutcome};
+use serde_json::{Value, json};
+use testkit::mock_provider::{Behaviour, MockProvider};
+use testkit::providers::whatsapp::{WhatsAppMessage, error_body, notification, signature, status};
+
+use crate::helpers::*;
+
+pub(crate) const TOKEN: &str = "EAAJB-whatsapp-test-token";
+pub(crate) const APP_SECRET: &str = "whatsapp-app-secret";
+pub(crate) const VERIFY_TOKEN: &str = "whatsapp-verify-token";
+pub(crate) const PHONE_NUMBER_ID: &str = "106540352242922";
+pub(crate) const TEMPLATE: &str = "verification_code";
+pub(crate) const TO: &str = "+14155550123";
+pub(crate) const WEBHOOK: &str = "/channels/whatsapp/webhook";
+
+/// The adapter aimed at the mock at `mock_base` (`http://host:port`).
+pub(crate) fn whatsapp_at(mock_base: &str, timeout: Duration) -> Arc<dyn Provider> {
+    Arc::new(
+        WhatsAppProvider::new(WhatsAppSettings {
+            base_url: format!("{mock_base}/v21.0"),
+            access_token: TOKEN.into(),
+            phone_number_id: PHONE_NUMBER_ID.into(),
+            template_name: TEMPLATE.into(),
+            template_language: "en_US".into(),
+            app_secret_set: true,
+            verify_token_set: true,
+            timeout,
+            connect_timeout: Duration::from_secs(1),
+        })
+        .expect("whatsapp provider"),
+    )
+}
+
+/// A mock that checks the token, the number id and the template.
+pub(crate) async fn checking_mock() -> (MockProvider, String, String) {
+    let (mock, url, _) = MockProvider::start().await.expect("mock");
+    mock.set_whatsapp_token(TOKEN);
+    mock.set_whatsapp_phone_number_id(PHONE_NUMBER_ID);
+    mock.set_whatsapp_template(TEMPLATE, "en_US");
+    let base = url.trim_end_matches("/messages").to_string();
+    (mock, url, base)
+}
+
+/// An instance with the `http` SMS provider and WhatsApp on one mock, and
+/// the WhatsApp webhook keyed with the app secret and the verify token.
+pub(crate) async fn spawn_whatsapp(backend: Backend) -> TestApp {
+    let (mock, url, base) = checking_mock().await;
+    let mut settings = test_settings();
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([
+        ("WHATSAPP_APP_SECRET", APP_SECRET),
+        ("WHATSAPP_VERIFY_TOKEN", VERIFY_TOKEN),
+    ])
+    .expect("receipt settings");
+    spawn_with(TestOptions {
+        backend,
+        settings,
+        mock: Some((mock, url)),
+        fallbacks: vec![whatsapp_at(&base, Duration::from_secs(2))],
+        ..TestOptions::default()
+    })
+    .await
+}
+
+/// One code to `TO`, as delivery hands it to the adapter.
+fn code_message(code: &str) -> OutgoingSms {
+    OutgoingSms {
+        message_id: MessageId::new(),
+        to: Recipient::parse(TO).expect("number").recipient,
+        from: None,
+        body: code.to_string(),
+        validity: Some(Duration::from_secs(600)),
+        attempt: 1,
+        prepared: None,
+    }
+}
+
+fn snapshot(attempt: u32, maybe_sent: bool) -> Snapshot {
+    let now = time::OffsetDateTime::now_utc();
+    Snapshot {
+        attempt,
+        attempt_started_at: now,
+        maybe_sent,
+        expires_at: Some(now + time::Duration::minutes(10)),
+        deadline_at: now + time::Duration::minutes(15),
+    }
+}
+
+/// What delivery does with `outcome` of `provider`, and with its
+/// reconciliation if it asks for one.
+async fn delivery_decides(
+    provider: &dyn Provider,
+    sms: &OutgoingSms,
+    snap: &Snapshot,
+    outcome: &SendOutcome,
+) -> Transition {
+    let now = time::OffsetDateTime::now_utc();
+    let policy = RetryPolicy::default();
+    let keys = KeyRule::of(Some(provider));
+    let t = decide(snap, &Event::Answered(outcome), now, &policy, keys);
+    let Transition::Step(Step::Reconcile { since }) = t else {
+        return t;
+    };
+    let answer = provider
+        .reconcile(
+            sms,
+            &AttemptRef {
+                started_at: since,
+                age: Duration::from_secs(1),
+                sender: None,
+            },
+        )
+        .await;
+    decide(
+        snap,
+        &Event::Reconciled {
+            after: outcome,
+            answer: &answer,
+        },
+        now,
+        &policy,
+        keys,
+    )
+}
+
+fn final_status(t: &Transition) -> Option<Status> {
+    match t {
+        Transition::Write(Write::Final { status, .. }) => Some(*status),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn an_ambiguous_send_is_never_resent_and_ends_unknown() {
+    sendonce::install_crypto_provider();
+    let (mock, _, base) = checking_mock().await;
+    let provider = whatsapp_at(&base, Duration::from_millis(800));
+    assert!(!provider.dedupes_by_key(), "Meta documents no idempotency key");
+    // Each: the mock made the message, then the answer was lost.
+    let cases = [
+        ("accept then drop the connection", Behaviour::AcceptThenDrop),
+        ("accept then never answer", Behaviour::AcceptThenHang),
+        ("accept then 503", Behaviour::AcceptThenFail { status: 503 }),
+        (
+            "accept then a slow answer",
+            Behaviour::AcceptThenDelay(Duration::from_secs(3)),
+        ),
+    ];
+    for (i, (what, behaviour)) in cases.into_iter().enumerate() {
+        let code = format!("48291{i}");
+        mock.push([behaviour]);
+        let sms = code_message(&code);
+        let outcome = provider.send(&sms).await;
+        assert_eq!(outcome.class(), "ambiguous", "{what}: {outcome:?}");
+        assert_eq!(mock.deliveries_to(TO, &code), 1, "{what}");
+        let t = delivery_decides(provider.as_ref(), &sms, &snapshot(1, false), &outcome).await;
+        assert_eq!(final_status(&t), Some(Status::Unknown), "{what}: {t:?}");
+        // Never resent: the decision made no further attempt, and nothing
+        // else reached the mock for this code.
+        assert_eq!(mock.deliveries_to(TO, &code), 1, "{what}");
+    }
+    assert_eq!(mock.whatsapp_messages().len(), 4);
+    let calls = mock.calls();
+    assert_eq!(calls.len(), 4, "one request per send, never a second");
+    assert_eq!(
+        calls[0].authorization.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+}
+
+#[tokio::test]
+async fn a_throughput_or_pair_rate_limit_is_retried_then_sent_once() {
+    sendonce::install_crypto_provider();
+    let (mock, _, base) = checking_mock().await;
+    let provider = whatsapp_at(&base, Duration::from_secs(2));
+    for (code, limit) in [("111222", 130429), ("333444", 131056)] {
+        mock.push([Behaviour::Fail {
+            status: 400,
+            body: error_body(limit),
+            retry_after: None,
+        }]);
+        let sms = code_message(code);
+        let first = provider.send(&sms).await;
+        assert_eq!(first.class(), "retryable", "{limit}: {first:?}");
+        assert!(
+            matches!(&first, SendOutcome::Retryable { provider_code: Some(c), .. } if *c == limit.to_string()),
+            "{first:?}"
+        );
+        let t = delivery_decides(provider.as_ref(), &sms, &snapshot(1, false), &first).await;
+        assert!(
+            matches!(t, Transition::Write(Write::Retry { .. })),
+            "{limit}: retried with backoff: {t:?}"
+        );
+        assert_eq!(mock.deliveries_to(TO, code), 0, "nothing sent yet");
+        let again = OutgoingSms {
+            attempt: 2,
+            ..sms.clone()
+        };
+        let second = provider.send(&again).await;
+        assert_eq!(second.class(), "ok", "{second:?}");
+        let t = delivery_decides(provider.as_ref(), &again, &snapshot(2, false), &second).await;
+        assert_eq!(final_status(&t), Some(Status::Sent), "{t:?}");
+        assert_eq!(mock.deliveries_to(TO, code), 1, "{limit}: sent once");
+    }
+}
+
+#[tokio::test]
+async fn a_certain_refusal_ends_failed_and_sends_nothing() {
+    sendonce::install_crypto_provider();
+    let (mock, _, base) = checking_mock().await;
+    let provider = whatsapp_at(&base, Duration::from_secs(2));
+    // (what the mock answers, the class): each certainly sent nothing.
+    let rows = [
+        (400, error_body(131026), "permanent"),
+        (400, error_body(131009), "permanent"),
+        (401, error_body(190), "refused"),
+        (404, error_body(132001), "refused"),
+    ];
+    for (i, (status, body, class)) in rows.into_iter().enumerate() {
+        let code = format!("90000{i}");
+        mock.push([Behaviour::Fail {
+            status,
+            body,
+            retry_after: None,
+        }]);
+        let sms = code_message(&code);
+        let outcome = provider.send(&sms).await;
+        assert_eq!(outcome.class(), class, "{outcome:?}");
+        let t = delivery_decides(provider.as_ref(), &sms, &snapshot(1, false), &outcome).await;
+        assert_eq!(final_status(&t), Some(Status::Failed), "{t:?}");
+        assert_eq!(mock.deliveries_to(TO, &code), 0);
+    }
+    // A code the template cannot carry never leaves.
+    let outcome = provider.send(&code_message("1234567890123456")).await;
+    assert_eq!(outcome.class(), "permanent");
+    // The mock's own refusals of a token or a template it does not know.
+    let other = Arc::new(
+        WhatsAppProvider::new(WhatsAppSettings {
+            base_url: format!("{base}/v21.0"),
+            access_token: "another-token".into(),
+            phone_number_id: PHONE_NUMBER_ID.into(),
+            template_name: "another_template".into(),
+            template_language: "en_US".into(),
+            app_secret_set: true,
+            verify_token_set: true,
+            timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(1),
+        })
+        .expect("provider"),
+    );
+    assert_eq!(other.send(&code_message("555666")).await.class(), "refused");
+    assert!(mock.whatsapp_messages().is_empty());
+}
+
+#[tokio::test]
+async fn a_send_carries_the_documented_template_message() {
+    sendonce::install_crypto_provider();
+    let (mock, _, base) = checking_mock().await;
+    let provider = whatsapp_at(&base, Duration::from_secs(2));
+    let sms = code_message("482913");
+    let outcome = provider.send(&sms).await;
+    let sent = mock.whatsapp_messages();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        outcome,
+        SendOutcome::Accepted {
+            provider_message_id: sent[0].id.clone(),
+            http_status: Some(200)
+        }
+    );
+    assert_eq!(sent[0].code, "482913");
+    assert_eq!(sent[0].template, TEMPLATE);
+    assert_eq!(sent[0].language, "en_US");
+    assert_eq!(
+        sent[0].biz_opaque_callback_data.as_deref(),
+        Some(sms.message_id.to_string().as_str()),
+        "our message id rides in biz_opaque_callback_data"
+    );
+    // Reconcile cannot ask Meta anything: never "not sent".
+    let asked = provider
+        .reconcile(
+            &sms,
+            &AttemptRef {
+                started_at: time::OffsetDateTime::now_utc(),
+                age: Duration::ZERO,
+                sender: None,
+            },
+        )
+        .await;
+    assert!(matches!(asked, Reconciled::Unknown(_)), "{asked:?}");
+    assert!(!provider.revoke("anything").await);
+    assert!(provider.delivery_status(&sent[0].id).await.is_none());
+}
+
+/// Posts `body` to the webhook with `signature_header`, if any.
+pub(crate) async fn post_webhook(app: &TestApp, body: &str, signature_header: Option<&str>) -> Answer {
+    let mut req = app
+        .request(Method::POST, WEBHOOK)
+        .header("Content-Type", "application/json")
+        .body(body.to_string());
+    if let Some(sig) = signature_header {
+        req = req.header("X-Hub-Signature-256", sig);
+    }
+    answer(req.send().await.expect("POST webhook")).await
+}
+
+/// Posts `m`'s status `word`, signed with `secret`.
+pub(crate) async fn post_status(
+    app: &TestApp,
+    m: &WhatsAppMessage,
+    word: &str,
+    at: i64,
+    secret: &str,
+) -> Answer {
+    let body = notification(vec![status(m, word, at)]).to_string();
+    post_webhook(app, &body, Some(&signature(secret, body.as_bytes()))).await
+}
+
+fn a_message(id: &str, ours: Option<String>) -> WhatsAppMessage {
+    WhatsAppMessage {
+        id: id.into(),
+        to: TO.into(),
+        code: "482913".into(),
+        template: TEMPLATE.into(),
+        language: "en_US".into(),
+        biz_opaque_callback_data: ours,
+    }
+}
+
+async fn the_handshake_echoes_the_challenge_for_the_verify_token(backend: Backend) {
+    let app = spawn_whatsapp(backend).await;
+    let shake = |token: &str, mode: &str| {
+        format!("{WEBHOOK}?hub.mode={mode}&hub.challenge=1158201444&hub.verify_token={token}")
+    };
+    let ok = app.get(&shake(VERIFY_TOKEN, "subscribe")).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.bytes, b"1158201444");
+    assert_eq!(
+        ok.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("text/plain; charset=utf-8")
+    );
+    for path in [
+        shake("not-the-token", "subscribe"),
+        shake(VERIFY_TOKEN, "unsubscribe"),
+        WEBHOOK.to_string(),
+    ] {
+        let refused = app.get(&path).await;
+        assert_eq!(refused.status, 403, "{path}");
+        assert_eq!(
+            refused
+                .headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/problem+json"),
+            "{path}"
+        );
+        assert!(!String::from_utf8_lossy(&refused.bytes).contains("1158201444"));
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 0);
+}
+
+async fn forged_notifications_are_refused_and_record_nothing(backend: Backend) {
+    let app = spawn_whatsapp(backend).await;
+    let m = a_message("wamid.HBgLFORGED", None);
+    let body = notification(vec![status(&m, "delivered", 1_700_000_000)]).to_string();
+    let good = signature(APP_SECRET, body.as_bytes());
+    let forged_body = body.replace("delivered", "failed");
+    let rows: Vec<(&str, Option<String>, &str)> = vec![
+        ("no signature", None, &body),
+        ("another secret", Some(signature("not-the-secret", body.as_bytes())), &body),
+        ("the body changed after signing", Some(good.clone()), &forged_body),
+        ("not sha256=", Some(good.replace("sha256=", "")), &body),
+        ("garbage", Some("sha256=zz".into()), &body),
+    ];
+    for (what, sig, posted) in rows {
+        let a = post_webhook(&app, posted, sig.as_deref()).await;
+        assert_eq!(a.status, 403, "{what}: {}", String::from_utf8_lossy(&a.bytes));
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 0);
+    // The same notification, signed: recorded (for no message: unmatched).
+    let a = post_webhook(&app, &body, Some(&good)).await;
+    assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.bytes));
+    assert_eq!(a.json()["message_id"], Value::Null);
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 1);
+}
+
+async fn duplicated_statuses_are_recorded_once(backend: Backend) {
+    let app = spawn_whatsapp(backend).await;
+    let m = a_message("wamid.HBgLDUPLICATE", None);
+    // Out of order and twice each, as Meta may deliver them.
+    for word in ["read", "delivered", "sent", "read", "sent"] {
+        let a = post_status(&app, &m, word, 1_700_000_000, APP_SECRET).await;
+        assert_eq!(a.status, 200, "{word}");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 3);
+    let again = post_status(&app, &m, "delivered", 1_700_000_000, APP_SECRET).await;
+    assert_eq!(again.json()["duplicate"], true);
+    // Several statuses in one notification: one acknowledgement each.
+    let body = notification(vec![
+        status(&a_message("wamid.B1", None), "sent", 1),
+        status(&a_message("wamid.B2", None), "failed", 2),
+    ])
+    .to_string();
+    let a = post_webhook(&app, &body, Some(&signature(APP_SECRET, body.as_bytes()))).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["receipts"].as_array().map(Vec::len), Some(2));
+    // A notification without statuses (an incoming message) records nothing.
+    let inbound = json!({"object": "whatsapp_business_account", "entry": [{"id": "1",
+        "changes": [{"field": "messages", "value": {"messaging_product": "whatsapp",
+        "messages": [{"from": "14155550123", "id": "wamid.IN", "timestamp": "1",
+        "type": "text", "text": {"body": "hello"}}]}}]}]})
+    .to_string();
+    let a = post_webhook(&app, &inbound, Some(&signature(APP_SECRET, inbound.as_bytes()))).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["receipts"], json!([]));
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 5);
+}
+
+on_both_backends!(
+    the_handshake_echoes_the_challenge_for_the_verify_token,
+    forged_notifications_are_refused_and_record_nothing,
+    duplicated_statuses_are_recorded_once,
+);

@@ -170,7 +170,10 @@ async fn receive(
         return Ok((
             StatusCode::OK,
             [
-                (axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                (
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; charset=utf-8",
+                ),
                 (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             ],
             text,

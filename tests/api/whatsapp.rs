@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::Method;
-use sendonce::delivery::decide::{Event, KeyRule, Snapshot, Step, Transition, Write, decide};
 use sendonce::delivery::RetryPolicy;
+use sendonce::delivery::decide::{Event, KeyRule, Snapshot, Step, Transition, Write, decide};
 use sendonce::domain::{MessageId, Recipient, Status};
 use sendonce::provider::whatsapp::{WhatsAppProvider, WhatsAppSettings};
 use sendonce::provider::{AttemptRef, OutgoingSms, Provider, Reconciled, SendOutcome};
@@ -154,7 +154,10 @@ async fn an_ambiguous_send_is_never_resent_and_ends_unknown() {
     sendonce::install_crypto_provider();
     let (mock, _, base) = checking_mock().await;
     let provider = whatsapp_at(&base, Duration::from_millis(800));
-    assert!(!provider.dedupes_by_key(), "Meta documents no idempotency key");
+    assert!(
+        !provider.dedupes_by_key(),
+        "Meta documents no idempotency key"
+    );
     // Each: the mock made the message, then the answer was lost.
     let cases = [
         ("accept then drop the connection", Behaviour::AcceptThenDrop),
@@ -312,7 +315,11 @@ async fn a_send_carries_the_documented_template_message() {
 }
 
 /// Posts `body` to the webhook with `signature_header`, if any.
-pub(crate) async fn post_webhook(app: &TestApp, body: &str, signature_header: Option<&str>) -> Answer {
+pub(crate) async fn post_webhook(
+    app: &TestApp,
+    body: &str,
+    signature_header: Option<&str>,
+) -> Answer {
     let mut req = app
         .request(Method::POST, WEBHOOK)
         .header("Content-Type", "application/json")
@@ -355,9 +362,7 @@ async fn the_handshake_echoes_the_challenge_for_the_verify_token(backend: Backen
     assert_eq!(ok.status, 200);
     assert_eq!(ok.bytes, b"1158201444");
     assert_eq!(
-        ok.headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok()),
+        ok.headers.get("content-type").and_then(|v| v.to_str().ok()),
         Some("text/plain; charset=utf-8")
     );
     for path in [
@@ -388,14 +393,27 @@ async fn forged_notifications_are_refused_and_record_nothing(backend: Backend) {
     let forged_body = body.replace("delivered", "failed");
     let rows: Vec<(&str, Option<String>, &str)> = vec![
         ("no signature", None, &body),
-        ("another secret", Some(signature("not-the-secret", body.as_bytes())), &body),
-        ("the body changed after signing", Some(good.clone()), &forged_body),
+        (
+            "another secret",
+            Some(signature("not-the-secret", body.as_bytes())),
+            &body,
+        ),
+        (
+            "the body changed after signing",
+            Some(good.clone()),
+            &forged_body,
+        ),
         ("not sha256=", Some(good.replace("sha256=", "")), &body),
         ("garbage", Some("sha256=zz".into()), &body),
     ];
     for (what, sig, posted) in rows {
         let a = post_webhook(&app, posted, sig.as_deref()).await;
-        assert_eq!(a.status, 403, "{what}: {}", String::from_utf8_lossy(&a.bytes));
+        assert_eq!(
+            a.status,
+            403,
+            "{what}: {}",
+            String::from_utf8_lossy(&a.bytes)
+        );
     }
     assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 0);
     // The same notification, signed: recorded (for no message: unmatched).
@@ -431,7 +449,12 @@ async fn duplicated_statuses_are_recorded_once(backend: Backend) {
         "messages": [{"from": "14155550123", "id": "wamid.IN", "timestamp": "1",
         "type": "text", "text": {"body": "hello"}}]}}]}]})
     .to_string();
-    let a = post_webhook(&app, &inbound, Some(&signature(APP_SECRET, inbound.as_bytes()))).await;
+    let a = post_webhook(
+        &app,
+        &inbound,
+        Some(&signature(APP_SECRET, inbound.as_bytes())),
+    )
+    .await;
     assert_eq!(a.status, 200);
     assert_eq!(a.json()["receipts"], json!([]));
     assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 5);

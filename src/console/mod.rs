@@ -404,19 +404,10 @@ async fn verification(
         .ok_or(PageError::NotFound)?;
     let mut messages = Vec::new();
     for n in 1..=v.sends {
-        if let Some(m) = state
-            .store
-            .message(session.tenant_id, &crate::store::send_key(v.id, n))
-            .await?
-        {
-            messages.push(summary(&m));
-        }
-        // The SMS after a Telegram message that did not deliver.
-        if let Some(m) = state
-            .store
-            .message(session.tenant_id, &crate::store::fallback_key(v.id, n))
-            .await?
-        {
+        for key in v.step_keys(n) {
+            let Some(m) = state.store.message(session.tenant_id, &key).await? else {
+                break;
+            };
             messages.push(summary(&m));
         }
     }

@@ -624,7 +624,7 @@ pub fn verification(
                 dt { "Idempotency key" } dd { code { (v.idempotency_key) } }
                 dt { "Created" } dd { (at(v.created_at, session.zone)) }
                 dt { "Expires" } dd { (at(v.expires_at, session.zone)) }
-                dt { "Channels" } dd { (v.channels.names().join(", then ")) @if v.channels.after(crate::verify::Channel::Telegram).is_some() { " (SMS when Telegram did not report delivery within " (v.fallback_after_seconds) " s)" } }
+                dt { "Channels" } dd { (v.channels.names().join(", then ")) @if v.channels.len() > 1 { " (the next channel when one did not report delivery within " (fallback_after_words(&v.fallback_after)) ")" } }
                 dt { "Codes sent" } dd { (v.sends) ", the last at " (at(v.last_sent_at, session.zone)) }
                 dt { "Checks left" } dd { (v.checks_remaining) }
                 @if let Some(a) = v.approved_at { dt { "Approved" } dd { (at(a, session.zone)) } }
@@ -639,6 +639,18 @@ pub fn verification(
             }
         },
     )
+}
+
+/// A verification's `fallback_after_seconds`, as the console says it.
+fn fallback_after_words(after: &crate::domain::FallbackAfter) -> String {
+    match after {
+        crate::domain::FallbackAfter::Every(n) => format!("{n} s"),
+        crate::domain::FallbackAfter::Each(list) => list
+            .iter()
+            .map(|n| format!("{n} s"))
+            .collect::<Vec<_>>()
+            .join(", then "),
+    }
 }
 
 #[cfg(test)]

@@ -247,19 +247,24 @@ impl Deliverer {
     }
 
     /// What verification message `m` costs (issue 41, finding 2): an SMS
-    /// at its provider's price, a Telegram Gateway message only at a price
-    /// row naming the Gateway's provider (else it costs nothing and is not
-    /// charged). `international` is decided by the store, which knows the
-    /// tenant's home country. `None`: no price table.
+    /// at its provider's price, a message of a channel the registry says is
+    /// priced only where listed (the Telegram Gateway's) only at a price
+    /// row naming its provider (else it costs nothing and is not charged).
+    /// `international` is decided by the store, which knows the tenant's
+    /// home country. `None`: no price table.
     pub fn verification_cost(&self, m: &crate::store::NewMessage) -> Option<crate::spend::Charge> {
         let prices = self.calls.prices.get()?;
         let phone = m.to.phone()?;
         let country = crate::domain::phone::parse(phone.as_str()).and_then(|p| p.into_parts().1);
-        let per = match crate::verify::channel_of_provider(&m.provider) {
-            crate::verify::Channel::Telegram => prices.listed(country.as_deref(), &m.provider)?,
-            crate::verify::Channel::Sms => prices
+        let listed_only = crate::provider::registry::adapter(&m.provider)
+            .and_then(|a| a.verify.as_ref())
+            .is_some_and(|v| v.priced_when_listed);
+        let per = if listed_only {
+            prices.listed(country.as_deref(), &m.provider)?
+        } else {
+            prices
                 .per_segment(country.as_deref(), &m.provider)
-                .unwrap_or(0),
+                .unwrap_or(0)
         };
         Some(crate::spend::Charge {
             micros: per.saturating_mul(i64::from(m.segments)),
@@ -332,16 +337,44 @@ impl Deliverer {
         }
     }
 
-    /// Where a verification's Telegram send starts, and stays: the
-    /// Telegram Gateway, when it is configured.
-    pub fn gateway_route(&self) -> Option<crate::domain::Via> {
-        let name = crate::provider::telegram_gateway::NAME;
-        self.provider_named_ref(name)?;
+    /// Where a verification's message on `channel` to `to` starts, and
+    /// stays: for SMS the number's route, for a channel of its own the
+    /// adapter the registry says serves it, when it is configured. `None`:
+    /// nowhere.
+    pub fn channel_route(
+        &self,
+        channel: crate::domain::Channel,
+        to: &str,
+    ) -> Option<crate::domain::Via> {
+        let Some((adapter, _)) = crate::provider::registry::verify_adapter(channel) else {
+            return self.first_route(to, None);
+        };
+        self.provider_named_ref(adapter.name)?;
         Some(crate::domain::Via {
-            provider: name.to_string(),
+            provider: adapter.name.to_string(),
             sender: None,
             route: None,
         })
+    }
+
+    /// Where a verification's next step on `channel` starts, after a step
+    /// on provider `from`: a test-mode verification stays with test mode's
+    /// provider, whatever the channel.
+    pub fn step_route(
+        &self,
+        channel: crate::domain::Channel,
+        to: &str,
+        from: &str,
+    ) -> Option<crate::domain::Via> {
+        if from == crate::provider::testmode::NAME {
+            return Some(Self::test_route());
+        }
+        self.channel_route(channel, to)
+    }
+
+    /// "live" or "test": the metric label of a message on `provider`.
+    pub fn mode_of(provider: &str) -> &'static str {
+        crate::provider::testmode::mode_of(provider)
     }
 
     /// The configured provider called `name` (or test mode's).

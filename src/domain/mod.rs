@@ -23,7 +23,7 @@ pub mod verification;
 pub mod via;
 
 pub use attempt::AttemptOutcome;
-pub use channels::{Channel, Channels};
+pub use channels::{Channel, Channels, FallbackAfter};
 pub use idempotency_key::IdempotencyKey;
 pub use message::{MessageError, MessageId, MessageOut, Status};
 pub use phone::Phone;

@@ -87,6 +87,63 @@ pub struct Adapter {
     pub receipts: Option<Receipts>,
     /// Which addresses it carries, and what turns it on.
     pub channel: Channel,
+    /// The verification channel it serves (a name in a verification's
+    /// `channels`), if any: the SMS adapters serve `sms` through routes and
+    /// declare nothing here.
+    pub verify: Option<VerifyChannel>,
+}
+
+/// What a channel of verifications needs, declared by the adapter that
+/// serves it (issue 40): the rest of the service reads it from here and
+/// names no channel.
+#[derive(Clone, Debug)]
+pub struct VerifyChannel {
+    /// The channel's name in `channels` (`telegram`, `whatsapp`).
+    pub name: &'static str,
+    /// The digits a code on it may have.
+    pub code_digits: std::ops::RangeInclusive<u32>,
+    /// Whether the provider is handed the code alone (its own text carries
+    /// it) rather than the verification's rendered template.
+    pub code_only: bool,
+    /// Whether a message on it is priced only where the price table names
+    /// the adapter (else it costs nothing and is not charged).
+    pub priced_when_listed: bool,
+}
+
+/// The channels a verification may name: `sms`, then every channel an
+/// adapter declares, in the registry's order.
+pub fn verify_channels() -> Vec<crate::domain::Channel> {
+    std::iter::once(crate::domain::Channel::SMS)
+        .chain(
+            ADAPTERS
+                .iter()
+                .filter_map(|a| a.verify.as_ref())
+                .map(|v| crate::domain::Channel::named(v.name)),
+        )
+        .collect()
+}
+
+/// The adapter serving verification channel `c` and what `c` needs;
+/// `None` for `sms` (every SMS adapter serves it).
+pub fn verify_adapter(
+    c: crate::domain::Channel,
+) -> Option<(&'static Adapter, &'static VerifyChannel)> {
+    ADAPTERS.iter().find_map(|a| {
+        a.verify
+            .as_ref()
+            .filter(|v| v.name == c.as_str())
+            .map(|v| (a, v))
+    })
+}
+
+/// The verification channel of a message sent through `provider`: the one
+/// its adapter declares, else `sms`.
+pub fn verify_channel_of(provider: &str) -> crate::domain::Channel {
+    adapter(provider)
+        .and_then(|a| a.verify.as_ref())
+        .map_or(crate::domain::Channel::SMS, |v| {
+            crate::domain::Channel::named(v.name)
+        })
 }
 
 /// Which addresses an adapter carries ([`Recipient::channel`]), and what

@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::store::TenantAuth;
 use crate::store::{
     Changed, MessageRecord, NewMessage, NewVerification, OpKey, OpKind, StartOutcome, StartPolicy,
-    StoreError, StoredOp, StoredResponse, VerificationRecord, fallback_key, send_key,
+    StoreError, StoredOp, StoredResponse, VerificationRecord,
 };
 use crate::verify::decide::{self, PausePolicy, VerificationStatus};
 use crate::verify::{
@@ -77,21 +77,17 @@ impl Sends {
     ) -> Result<Vec<SentMessage>, ApiError> {
         let mut out = Vec::new();
         for n in 1..=v.sends {
-            if let Some(m) = self.store.message(v.tenant_id, &send_key(v.id, n)).await? {
+            // Step by step: a step's message exists only if the one before
+            // it does.
+            for key in v.step_keys(n) {
+                let Some(m) = self.store.message(v.tenant_id, &key).await? else {
+                    break;
+                };
                 let mut sent = SentMessage::of(&m, v);
-                if sent.channel == Channel::Telegram.as_str() {
+                if sent.channel != Channel::SMS.as_str() {
                     sent.delivery_report = self.last_report(&m).await?;
-                    out.push(sent);
-                    if let Some(sms) = self
-                        .store
-                        .message(v.tenant_id, &fallback_key(v.id, n))
-                        .await?
-                    {
-                        out.push(SentMessage::of(&sms, v));
-                    }
-                } else {
-                    out.push(sent);
                 }
+                out.push(sent);
             }
         }
         Ok(out)
@@ -116,22 +112,26 @@ impl Sends {
         if test {
             return Ok(Some(crate::delivery::Deliverer::test_route()));
         }
-        let sms = channels
-            .contains(Channel::Sms)
-            .then(|| self.deliverer.first_route(to, None));
         // An SMS to come must have a route now, as a first one must.
-        if matches!(sms, Some(None)) {
+        if channels.contains(Channel::SMS) && self.deliverer.first_route(to, None).is_none() {
             return Ok(None);
         }
-        match channels.first() {
-            Channel::Telegram => self.deliverer.gateway_route().map(Some).ok_or_else(|| {
-                FieldError::new(
+        // Every channel named must be configured now.
+        for channel in channels.iter() {
+            if let Some((adapter, _)) = crate::provider::registry::verify_adapter(channel)
+                && self.deliverer.provider(adapter.name).is_none()
+            {
+                let var = match adapter.channel {
+                    crate::provider::registry::Channel::Own { enabled_by, .. } => enabled_by,
+                    crate::provider::registry::Channel::Sms => adapter.name,
+                };
+                return Err(FieldError::new(
                     "channels",
-                    "telegram needs the Telegram Gateway (TELEGRAM_GATEWAY_TOKEN is not set)",
-                )
-            }),
-            Channel::Sms => Ok(sms.flatten()),
+                    format!("{channel} is not configured on this service ({var} is not set)"),
+                ));
+            }
         }
+        Ok(self.deliverer.channel_route(channels.first(), to))
     }
 
     /// Builds and starts the verification `request` asks for under `key`:
@@ -191,7 +191,7 @@ impl Sends {
             created_at: now,
             expires_at: now + time::Duration::seconds(i64::from(request.ttl_seconds)),
             channels: request.channels.clone(),
-            fallback_after_seconds: request.fallback_after_seconds,
+            fallback_after: request.fallback_after.clone(),
         };
         let mut first = VerificationRecord::started(&new);
         first.sends = 0;

@@ -1,9 +1,11 @@
-//! A verification's next channel (issue 28): one row per Telegram send,
-//! written in the transaction of the start or resend that makes the send
-//! (`shared/verifications.rs`), and moved on only by conditional writes
-//! (`shared/fallbacks.rs`), so that the next channel's message is inserted
-//! once however many instances look at the row. What to do with a row is
-//! decided by [`crate::verify::fallback::next`] from the row as read.
+//! A verification's next channel (issues 28, 40): one row per step's
+//! message of a verification with more than the default channel, written
+//! in the transaction that inserts the message (the start or resend of its
+//! first step, `shared/verifications.rs`; the move to a later step,
+//! `shared/fallbacks.rs`), and moved on only by conditional writes, so that
+//! the next step's message is inserted once however many instances look at
+//! the row. What to do with a row is decided by
+//! [`crate::verify::fallback::next`] from the row as read.
 
 use async_trait::async_trait;
 use time::OffsetDateTime;
@@ -12,18 +14,19 @@ use uuid::Uuid;
 use super::{Lease, MessageRecord, NewMessage, StoreError, VerificationRecord};
 use crate::domain::stop::Stop;
 use crate::domain::verification::VerificationStatus;
-use crate::domain::{MessageId, Status};
+use crate::domain::{Channels, FallbackAfter, MessageId, Status};
 
 /// Where a send's next channel stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FallbackState {
     /// Not decided yet.
     Waiting,
-    /// The Telegram message was reported delivered: no next channel.
+    /// The step's message was reported delivered: no next channel.
     Delivered,
     /// The next channel's message was inserted.
     FellBack,
-    /// The verification ended first (its Telegram message was revoked).
+    /// The verification ended first (its message was revoked where its
+    /// channel can).
     Ended,
 }
 
@@ -48,11 +51,13 @@ impl FallbackState {
     }
 }
 
-/// The row a Telegram send starts with.
+/// The row a step's message starts with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewFallback {
     pub verification_id: Uuid,
     pub send_number: u32,
+    /// The step (0: the first channel).
+    pub step: u32,
     pub tenant_id: Uuid,
     pub message_id: MessageId,
     /// When the next channel goes unless the message was reported
@@ -60,21 +65,54 @@ pub struct NewFallback {
     pub due_at: OffsetDateTime,
 }
 
-/// The row send `n` of `v` needs with its message `m`: one when `m` goes
-/// through the Telegram Gateway. Without a next channel it is due when the
-/// verification expires (then only its revoke is left to do).
-pub fn fallback_of(v: &VerificationRecord, n: u32, m: &NewMessage) -> Option<NewFallback> {
-    if m.provider != crate::provider::telegram_gateway::NAME {
+/// The row step `step` of send `n` of `v` needs with its message `m`: one
+/// unless `v` has the default channel alone (nothing to move on to, nothing
+/// to revoke). Due when the step's time to report delivery is up, or, on
+/// the last step, when the verification expires (then only its revoke is
+/// left to do).
+pub fn fallback_of(
+    v: &VerificationRecord,
+    n: u32,
+    step: u32,
+    m: &NewMessage,
+) -> Option<NewFallback> {
+    step_row(
+        &Steps {
+            verification_id: v.id,
+            tenant_id: v.tenant_id,
+            channels: &v.channels,
+            after: &v.fallback_after,
+            expires_at: v.expires_at,
+        },
+        n,
+        step,
+        m,
+    )
+}
+
+/// What a step's row is made of, from the verification.
+pub struct Steps<'a> {
+    pub verification_id: Uuid,
+    pub tenant_id: Uuid,
+    pub channels: &'a Channels,
+    pub after: &'a FallbackAfter,
+    pub expires_at: OffsetDateTime,
+}
+
+/// [`fallback_of`], from the verification's parts.
+pub fn step_row(v: &Steps<'_>, n: u32, step: u32, m: &NewMessage) -> Option<NewFallback> {
+    if v.channels.is_default() {
         return None;
     }
-    let due_at = match v.channels.after(crate::domain::Channel::Telegram) {
-        Some(_) => (m.created_at + time::Duration::seconds(i64::from(v.fallback_after_seconds)))
+    let due_at = match v.channels.at(step + 1) {
+        Some(_) => (m.created_at + time::Duration::seconds(i64::from(v.after.for_step(step))))
             .min(v.expires_at),
         None => v.expires_at,
     };
     Some(NewFallback {
-        verification_id: v.id,
+        verification_id: v.verification_id,
         send_number: n,
+        step,
         tenant_id: v.tenant_id,
         message_id: m.id,
         due_at,
@@ -86,11 +124,13 @@ pub fn fallback_of(v: &VerificationRecord, n: u32, m: &NewMessage) -> Option<New
 pub struct FallbackDue {
     pub verification_id: Uuid,
     pub send_number: u32,
+    /// The step whose message this is (0: the first channel).
+    pub step: u32,
     pub tenant_id: Uuid,
     pub message_id: MessageId,
     pub due_at: OffsetDateTime,
     pub state: FallbackState,
-    /// The Telegram message's status.
+    /// The step's message's status.
     pub message_status: Status,
     /// Its attempts started: with the status, what the move checks the
     /// message is still as read (an attempt since, or a report, and the
@@ -100,12 +140,15 @@ pub struct FallbackDue {
     pub message_leased: bool,
     /// The provider it is on (the one to revoke it through, or to ask).
     pub provider: String,
-    /// Its Gateway request id, once it has one.
+    /// What its provider handed out for it before the send (the Gateway's
+    /// request id), once it has one.
     pub prepared_token: Option<String>,
     pub verification_status: VerificationStatus,
     pub expires_at: OffsetDateTime,
     /// The verification's channels.
-    pub channels: crate::domain::Channels,
+    pub channels: Channels,
+    /// How long each of its steps waits for a report.
+    pub fallback_after: FallbackAfter,
 }
 
 /// What a fallback's transaction came to.
@@ -162,8 +205,8 @@ pub trait FallbackStore: Send + Sync {
     /// Falls back, in one transaction: `f`'s verification still pending at
     /// `now` (locked), its message read fresh (locked) and stopped as
     /// `domain::stop::for_next_channel` says, `f` from waiting to
-    /// fell_back, and the next channel's message `m` inserted leased by
-    /// `lease`.
+    /// fell_back, and the next step's message `m` inserted leased by
+    /// `lease` with its own row ([`step_row`]).
     async fn fall_back(
         &self,
         f: &FallbackDue,

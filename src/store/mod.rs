@@ -43,7 +43,7 @@ pub use console::{
 };
 pub use error::{SqlxResultExt, StoreError};
 pub use fallbacks::{
-    FallbackDue, FallbackState, FallbackStore, FellBack, NewFallback, fallback_of,
+    FallbackDue, FallbackState, FallbackStore, FellBack, NewFallback, Steps, fallback_of, step_row,
 };
 pub use postgres::PgStore;
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};

@@ -6,8 +6,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{MessageRecord, StoredResponse};
-use crate::domain::Channels;
 use crate::domain::verification::{self as decide, PausePolicy, VerificationStatus};
+use crate::domain::{Channel, Channels, FallbackAfter};
 
 /// A verification to insert, with its first send.
 #[derive(Clone, Debug)]
@@ -28,9 +28,9 @@ pub struct NewVerification {
     pub expires_at: OffsetDateTime,
     /// The channels its code goes through, in order.
     pub channels: Channels,
-    /// How long a Telegram message has to be reported delivered before
+    /// How long each step's message has to be reported delivered before
     /// the next channel is used.
-    pub fallback_after_seconds: u32,
+    pub fallback_after: FallbackAfter,
 }
 
 /// A verification row.
@@ -56,7 +56,7 @@ pub struct VerificationRecord {
     pub approved_at: Option<OffsetDateTime>,
     pub updated_at: OffsetDateTime,
     pub channels: Channels,
-    pub fallback_after_seconds: u32,
+    pub fallback_after: FallbackAfter,
 }
 
 impl VerificationRecord {
@@ -83,7 +83,7 @@ impl VerificationRecord {
             approved_at: None,
             updated_at: v.created_at,
             channels: v.channels.clone(),
-            fallback_after_seconds: v.fallback_after_seconds,
+            fallback_after: v.fallback_after.clone(),
         }
     }
 
@@ -102,6 +102,21 @@ impl VerificationRecord {
     pub fn send_key(&self, n: u32) -> String {
         send_key(self.id, n)
     }
+
+    /// The keys of send `n`'s messages, step by step (a step's message
+    /// exists only if the one before it does).
+    pub fn step_keys(&self, n: u32) -> impl Iterator<Item = String> + '_ {
+        self.channels
+            .iter()
+            .enumerate()
+            .map(move |(step, channel)| {
+                if step == 0 {
+                    send_key(self.id, n)
+                } else {
+                    fallback_key(self.id, n, channel)
+                }
+            })
+    }
 }
 
 /// The idempotency key of a verification's send number `n`.
@@ -109,10 +124,10 @@ pub fn send_key(id: Uuid, n: u32) -> String {
     format!("ver_{}:send:{n}", id.simple())
 }
 
-/// The idempotency key of the next channel's message of send `n`, when
-/// Telegram did not deliver it.
-pub fn fallback_key(id: Uuid, n: u32) -> String {
-    format!("{}:sms", send_key(id, n))
+/// The idempotency key of the message of send `n` on `channel`, a step
+/// after the first (when the step before did not deliver it).
+pub fn fallback_key(id: Uuid, n: u32, channel: Channel) -> String {
+    format!("{}:{channel}", send_key(id, n))
 }
 
 /// The abuse rules a start is held to, all read and written in the start's

@@ -1,37 +1,41 @@
-//! The next channel of a verification (issue 28): when its Telegram message
-//! did not deliver, the same code goes by SMS, one channel at a time
-//! (issue 39).
+//! The next channel of a verification (issues 28, 40): when a step's
+//! message did not deliver, the same code goes on the next of the
+//! verification's channels, one channel at a time (issue 39), in whatever
+//! order the verification names them.
 //!
-//! Each Telegram send has a row (`store/fallbacks.rs`) written with it.
+//! Each step's message has a row (`store/fallbacks.rs`) written with it.
 //! What to do with a row is [`next`], a pure function of the row as read,
 //! tested as a table; [`Fallbacks`] reads the rows that have something to
 //! do on the scheduler's beat and does it:
 //!
 //! - the message was reported delivered (or read): nothing more, ever;
-//! - it failed (the number is not on Telegram, the send was refused),
-//!   expired unsent, or was reported expired or revoked: the SMS goes now;
-//! - no delivery report within `fallback_after_seconds`: the Telegram
-//!   message is revoked (best effort), then the Gateway is asked what
-//!   became of it (`checkVerificationStatus`: a report may have been lost,
-//!   refused or never asked for), and a delivery it shows stops the rest
-//!   (revoking first closes the gap in which a delivery after the answer
-//!   would go unseen); otherwise the SMS goes;
+//! - it failed (the number is not on the channel, the send was refused),
+//!   expired unsent, or was reported expired or revoked: the next step
+//!   goes now;
+//! - no delivery report within the step's `fallback_after_seconds`: the
+//!   message is revoked where its channel can (best effort), then its
+//!   provider is asked what became of it where it documents a lookup (a
+//!   report may have been lost, refused or never asked for), and a
+//!   delivery it shows stops the rest (revoking first closes the gap in
+//!   which a delivery after the answer would go unseen); otherwise the
+//!   next step goes;
 //! - the verification ended (approved, canceled, expired) first: its
-//!   Telegram message is revoked (best effort) and nothing more is sent.
+//!   message is revoked (best effort) and nothing more is sent.
 //!
-//! The decision to send the SMS is not taken on the row as read before the
-//! revoke: the SMS is inserted under the key `ver_<id>:send:<n>:sms` in the
-//! transaction that moves the row from `waiting` to `fell_back`, which
-//! first locks the verification pending and reads the Telegram message
-//! fresh, locked, and stops it as `domain::stop::for_next_channel` says: a
-//! report of delivery that came meanwhile ends the row `delivered` with no
-//! SMS; a message held by a lease (a call may be in flight) puts the move
-//! off to a later pass; a message waiting for a retry is canceled, one
-//! only ever looked up again is expired (no provider call starts after
-//! it). However many instances look at the row, and whatever crashes
-//! between the revoke and the insert, one SMS, and no Telegram send after
-//! it. The end of a verification stops its unsent messages in its own
-//! transaction (`shared/fallbacks.rs`, `Driver::stop_unsent`).
+//! The decision to send the next step is not taken on the row as read
+//! before the revoke: the next message is inserted under the key
+//! `ver_<id>:send:<n>:<channel>` in the transaction that moves the row from
+//! `waiting` to `fell_back`, which first locks the verification pending and
+//! reads the step's message fresh, locked, and stops it as
+//! `domain::stop::for_next_channel` says: a report of delivery that came
+//! meanwhile ends the row `delivered` with nothing more; a message held by
+//! a lease (a call may be in flight) puts the move off to a later pass; a
+//! message waiting for a retry is canceled, one only ever looked up again
+//! is expired (no provider call starts after it). However many instances
+//! look at the row, and whatever crashes between the revoke and the insert,
+//! one message per step, and no send of an earlier step after it. The end
+//! of a verification stops its unsent messages in its own transaction
+//! (`shared/fallbacks.rs`, `Driver::stop_unsent`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +43,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use super::{Channel, SecretSource, VerificationStatus};
+use super::{SecretSource, VerificationStatus};
 use crate::clock::Clock;
 use crate::delivery::Deliverer;
 use crate::domain::Status;
@@ -57,12 +61,12 @@ pub enum Next {
     Wait,
     /// Reported delivered: no next channel.
     Delivered,
-    /// Send the next channel's message: first revoke the Telegram message
-    /// when it may still arrive (`revoke`), then ask the provider what
-    /// became of it when it went out and was not reported (`ask`).
+    /// Send the next step's message: first revoke the step's message when
+    /// it may still arrive (`revoke`), then ask the provider what became of
+    /// it when it went out and was not reported (`ask`).
     FallBack { ask: bool, revoke: bool },
     /// Nothing more to send: the verification ended, or there is no next
-    /// channel; revoke the Telegram message first when it may still arrive.
+    /// channel; revoke the step's message first when it may still arrive.
     End { revoke: bool },
 }
 
@@ -91,7 +95,7 @@ pub fn next(f: &FallbackDue, now: OffsetDateTime) -> Next {
     if f.state == FallbackState::Delivered {
         return Next::Wait;
     }
-    let has_next = f.channels.after(Channel::Telegram).is_some();
+    let has_next = f.channels.at(f.step + 1).is_some();
     match f.message_status {
         Status::Delivered => Next::Delivered,
         Status::Failed | Status::Canceled | Status::Undelivered => {
@@ -187,7 +191,7 @@ impl Fallbacks {
         }
     }
 
-    /// Asks `f`'s provider what became of its Telegram message and records
+    /// Asks `f`'s provider what became of its message and records
     /// the answer as a receipt (a `sent` message becomes `delivered` by
     /// it): whether it was delivered; `None` when the answer could not be
     /// recorded.
@@ -210,7 +214,7 @@ impl Fallbacks {
         }
     }
 
-    /// Revokes `f`'s Telegram message, best effort.
+    /// Revokes `f`'s message, best effort.
     async fn revoke(&self, f: &FallbackDue) {
         let (Some(token), Some(provider)) = (
             f.prepared_token.as_deref(),
@@ -227,6 +231,9 @@ impl Fallbacks {
     }
 
     async fn fall_back(&self, f: &FallbackDue) -> Result<bool, StoreError> {
+        let Some(channel) = f.channels.at(f.step + 1) else {
+            return Ok(false);
+        };
         let Some(v) = self
             .store
             .verification(f.tenant_id, f.verification_id)
@@ -234,10 +241,15 @@ impl Fallbacks {
         else {
             return Ok(false);
         };
-        let Some(via) = self.deliverer.first_route(&v.to, None) else {
-            // No SMS to fall back to: the Telegram message, even one still
-            // being checked, is the only way the code can go.
-            tracing::warn!(verification_id = %f.verification_id, "no SMS route for the fallback");
+        let Some(via) = self.deliverer.step_route(channel, &v.to, &f.provider) else {
+            // Nowhere to send the next step (its channel is no longer
+            // configured, no route covers the number): the message sent,
+            // even one still being checked, is the only way the code can go.
+            tracing::warn!(
+                verification_id = %f.verification_id,
+                channel = %channel,
+                "no route for the verification's next channel"
+            );
             return self
                 .store
                 .settle_fallback(f, FallbackState::Ended, self.clock.now())
@@ -252,7 +264,8 @@ impl Fallbacks {
         };
         let now = self.clock.now();
         let deadline = self.deliverer.settings().retry.deadline;
-        let Some(mut m) = super::fallback_message(&keys, &v, f.send_number, &via, deadline, now)
+        let Some(mut m) =
+            super::fallback_message(&keys, &v, f.send_number, channel, &via, deadline, now)
         else {
             tracing::error!(verification_id = %f.verification_id, "the code does not open: no fallback");
             return self
@@ -260,17 +273,16 @@ impl Fallbacks {
                 .settle_fallback(f, FallbackState::Ended, now)
                 .await;
         };
-        // Charged at the SMS price, past a cap too (issue 41, finding 2).
+        // Charged at the channel's price, past a cap too (issue 41,
+        // finding 2).
         m.cost = self.deliverer.verification_cost(&m);
         let lease = self.deliverer.new_lease();
         match self.store.fall_back(f, &m, &lease, now).await? {
             FellBack::Moved(message, stop) => {
                 if stop == Stop::Cancel {
-                    // The Gateway is live only: a test key's codes go to
-                    // test mode's provider.
                     self.deliverer
                         .metrics()
-                        .message_final(Status::Canceled.as_str(), "live");
+                        .message_final(Status::Canceled.as_str(), Deliverer::mode_of(&f.provider));
                 }
                 self.deliverer
                     .metrics()
@@ -309,9 +321,20 @@ mod tests {
         verification: VerificationStatus,
         channels: &str,
     ) -> FallbackDue {
+        // `channels` with `@n`: the row is step n's (else step 0's).
+        let (channels, step) = match channels.split_once('@') {
+            Some((c, n)) => (c, n.parse().expect("step")),
+            None => (channels, 0),
+        };
+        let known = [
+            crate::domain::Channel::SMS,
+            crate::domain::Channel::named("telegram"),
+            crate::domain::Channel::named("whatsapp"),
+        ];
         FallbackDue {
             verification_id: Uuid::nil(),
             send_number: 1,
+            step,
             tenant_id: Uuid::nil(),
             message_id: MessageId(Uuid::nil()),
             due_at: at(60),
@@ -323,7 +346,8 @@ mod tests {
             prepared_token: token.then(|| "r1".to_string()),
             verification_status: verification,
             expires_at: at(600),
-            channels: Channels::parse_stored(channels).expect("channels"),
+            channels: Channels::parse_stored(channels, &known).expect("channels"),
+            fallback_after: crate::domain::FallbackAfter::Every(60),
         }
     }
 
@@ -385,6 +409,22 @@ mod tests {
             (FellBack, (Sent, false, true), V::Approved, both, 10, Next::Wait),
             (Ended, (Sent, false, true), V::Approved, both, 10, Next::Wait),
             (FellBack, (Processing, false, false), V::Pending, both, 61, Next::Wait),
+            // Any order, any length (issue 40): a step moves on as the
+            // first does while there is a step after it.
+            (Waiting, (Sent, false, false), V::Pending, "sms,telegram", 61, SMS),
+            (Waiting, (Failed, false, false), V::Pending, "sms,telegram", 10, SMS),
+            (Waiting, (DELIVERED, false, false), V::Pending, "sms,telegram", 10, Next::Delivered),
+            (Waiting, (Sent, false, true), V::Pending, "whatsapp,telegram,sms@1", 61, ASK_REVOKE_SMS),
+            (Waiting, (Sent, false, false), V::Pending, "whatsapp,telegram,sms@0", 59, Next::Wait),
+            (Waiting, (Unknown, false, false), V::Pending, "whatsapp,telegram,sms@0", 60, SMS),
+            (Waiting, (Failed, false, false), V::Pending, "whatsapp,telegram,sms@1", 10, SMS),
+            // The last step has no next one: it waits for the end.
+            (Waiting, (Sent, false, false), V::Pending, "whatsapp,telegram,sms@2", 61, Next::Wait),
+            (Waiting, (Failed, false, false), V::Pending, "whatsapp,telegram,sms@2", 10, END),
+            (Waiting, (Sent, false, true), V::Pending, "sms,telegram@1", 61, Next::Wait),
+            (Waiting, (Sent, false, true), V::Approved, "sms,telegram@1", 61, REVOKE_END),
+            (Waiting, (Sent, false, false), V::Canceled, "whatsapp,telegram,sms@2", 10, END),
+            (Waiting, (Processing, true, false), V::Pending, "whatsapp,telegram,sms@1", 61, Next::Wait),
         ];
         for (state, message, v, channels, now, want) in rows {
             let f = row(state, message, v, channels);

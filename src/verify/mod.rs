@@ -34,7 +34,7 @@ pub mod fallback;
 mod request;
 pub mod settings;
 
-pub use crate::domain::{Channel, Channels};
+pub use crate::domain::{Channel, Channels, FallbackAfter};
 pub use crypto::{Keys, SecretSource};
 pub use decide::VerificationStatus;
 pub use request::{StartRequest, parse_check};
@@ -46,7 +46,7 @@ pub const DEFAULT_TEMPLATE: &str = "Your verification code is {code}";
 pub const PLACEHOLDER: &str = "{code}";
 /// The fewest digits a new verification's code may have (`code_length`).
 pub const MIN_CODE_LENGTH: u64 = 6;
-/// How long a Telegram message has to be reported delivered before the
+/// How long a step's message has to be reported delivered before the
 /// next channel is used, unless a start says (`fallback_after_seconds`),
 /// and the bounds a start may say.
 pub const DEFAULT_FALLBACK_AFTER: u32 = 60;
@@ -124,19 +124,21 @@ pub fn send_message(
     build(keys, v, &send_key(v.id, n), code, via, retry_deadline, now)
 }
 
-/// The next channel's message of send `n`, when Telegram did not deliver
-/// it: the same code, under the key `ver_<id>:send:<n>:sms`. `None` when
-/// the code does not open (the verify secret changed) or the row is broken.
+/// The message of step `channel` of send `n`, when the step before did not
+/// deliver it: the same code, under the key `ver_<id>:send:<n>:<channel>`.
+/// `None` when the code does not open (the verify secret changed) or the
+/// row is broken.
 pub fn fallback_message(
     keys: &Keys,
     v: &VerificationRecord,
     n: u32,
+    channel: Channel,
     via: &Via,
     retry_deadline: std::time::Duration,
     now: OffsetDateTime,
 ) -> Option<NewMessage> {
     let code = opened_code(keys, v)?;
-    let key = crate::store::fallback_key(v.id, n);
+    let key = crate::store::fallback_key(v.id, n, channel);
     build(keys, v, &key, &code, via, retry_deadline, now)
 }
 
@@ -150,10 +152,11 @@ fn build(
     now: OffsetDateTime,
 ) -> Option<NewMessage> {
     let channel = channel_of_provider(&via.provider);
-    // The Gateway is handed the code alone (its own text carries it).
-    let body = match channel {
-        Channel::Telegram => code.to_string(),
-        Channel::Sms => render(v.template.as_deref(), code),
+    // A channel whose own text carries the code is handed the code alone.
+    let body = if code_only(channel) {
+        code.to_string()
+    } else {
+        render(v.template.as_deref(), code)
     };
     let count = segments::count(&body);
     let id = MessageId::new();
@@ -182,12 +185,20 @@ fn build(
 }
 
 /// The text of a verification's message on `channel` with its code
-/// masked: the template's for SMS, the code's digits for Telegram.
+/// masked: the template's, or the code's digits where the channel is
+/// handed the code alone.
 pub fn masked_as(v: &VerificationRecord, channel: Channel) -> String {
-    match channel {
-        Channel::Sms => masked(v),
-        Channel::Telegram => "*".repeat(usize::try_from(v.code_length).unwrap_or(6)),
+    if code_only(channel) {
+        "*".repeat(usize::try_from(v.code_length).unwrap_or(6))
+    } else {
+        masked(v)
     }
+}
+
+/// Whether `channel`'s provider is handed the code alone (the registry
+/// says).
+pub fn code_only(channel: Channel) -> bool {
+    crate::provider::registry::verify_adapter(channel).is_some_and(|(_, v)| v.code_only)
 }
 
 /// A verification's message as answered: never its body's code.
@@ -195,12 +206,13 @@ pub fn masked_as(v: &VerificationRecord, channel: Channel) -> String {
 pub struct SentMessage {
     pub id: String,
     pub idempotency_key: String,
-    /// `sms`, or `telegram` (through the Telegram Gateway).
+    /// The channel it went on (`sms`, `telegram`, `whatsapp`).
     pub channel: &'static str,
     pub status: crate::domain::Status,
     pub body: String,
-    /// The Gateway's last word on a Telegram message (`sent`,
-    /// `delivered`, `read`, `expired`, `revoked`), once it reported.
+    /// The channel's last word on a message of a channel of its own
+    /// (the Gateway's `sent`, `delivered`, `read`, `expired`, `revoked`),
+    /// once it reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivery_report: Option<String>,
 }
@@ -251,10 +263,11 @@ pub struct VerificationOut {
     pub approved_at: Option<OffsetDateTime>,
     /// The channels its code goes through, in order.
     pub channels: Vec<&'static str>,
-    /// How long Telegram has to report delivery before the next channel
-    /// (when there is one).
+    /// How long a step has to report delivery before the next channel
+    /// (when there is one): one number for every step, or one per step
+    /// after the first.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fallback_after_seconds: Option<u32>,
+    pub fallback_after_seconds: Option<serde_json::Value>,
     pub messages: Vec<SentMessage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub valid: Option<bool>,
@@ -284,10 +297,10 @@ impl VerificationOut {
             ),
             approved_at: v.approved_at,
             channels: v.channels.names(),
-            fallback_after_seconds: v
-                .channels
-                .after(Channel::Telegram)
-                .map(|_| v.fallback_after_seconds),
+            fallback_after_seconds: (v.channels.len() > 1).then(|| match &v.fallback_after {
+                FallbackAfter::Every(n) => serde_json::json!(n),
+                FallbackAfter::Each(list) => serde_json::json!(list),
+            }),
             messages,
             valid: None,
         }
@@ -298,13 +311,10 @@ impl VerificationOut {
     }
 }
 
-/// The channel of a message that went through `provider`.
+/// The channel of a message that went through `provider` (the registry
+/// says).
 pub fn channel_of_provider(provider: &str) -> Channel {
-    if provider == crate::provider::telegram_gateway::NAME {
-        Channel::Telegram
-    } else {
-        Channel::Sms
-    }
+    crate::provider::registry::verify_channel_of(provider)
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 use sha2::{Digest, Sha256};
 
 use super::{
-    Channel, Channels, DEFAULT_FALLBACK_AFTER, FALLBACK_AFTER_SECONDS, MIN_CODE_LENGTH, PLACEHOLDER,
+    Channels, DEFAULT_FALLBACK_AFTER, FALLBACK_AFTER_SECONDS, FallbackAfter, MIN_CODE_LENGTH,
+    PLACEHOLDER,
 };
 use crate::domain::{FieldError, Phone};
 
@@ -19,8 +20,8 @@ pub struct StartRequest {
     pub template: Option<String>,
     /// The channels its code goes through, in order.
     pub channels: Channels,
-    /// How long Telegram has to report delivery before the next channel.
-    pub fallback_after_seconds: u32,
+    /// How long each step has to report delivery before the next channel.
+    pub fallback_after: FallbackAfter,
 }
 
 impl StartRequest {
@@ -113,56 +114,70 @@ impl StartRequest {
                 None
             }
         };
+        let known = crate::provider::registry::verify_channels();
         let channels = match obj.get("channels") {
             None => Channels::default(),
-            Some(v) => Channels::from_json(v).unwrap_or_else(|why| {
-                errors.push(err("channels", why));
+            Some(v) => Channels::from_json(v, &known).unwrap_or_else(|why| {
+                errors.push(err("channels", &why));
                 Channels::default()
             }),
         };
-        let telegram = channels.contains(Channel::Telegram);
-        let digits = crate::provider::telegram_gateway::CODE_DIGITS;
-        if telegram && !digits.contains(&code_length) {
-            errors.push(err(
-                "code_length",
-                "must be at most 8 when channels include telegram (the Telegram Gateway takes 4 to 8 digits)",
-            ));
-        }
-        let falls_back = channels.after(Channel::Telegram).is_some();
-        let fallback_after_seconds = if obj.contains_key("fallback_after_seconds") && !falls_back {
-            errors.push(err(
-                "fallback_after_seconds",
-                "applies only when channels start with telegram and name a next channel",
-            ));
-            0
-        } else if falls_back {
-            let (lo, hi) = (
-                *FALLBACK_AFTER_SECONDS.start(),
-                *FALLBACK_AFTER_SECONDS.end(),
-            );
-            let given = obj.contains_key("fallback_after_seconds");
-            let n = int(
-                "fallback_after_seconds",
-                lo,
-                hi,
-                DEFAULT_FALLBACK_AFTER,
-                &mut errors,
-            );
-            // Unsaid, it is never past half the verification's life.
-            let n = if given {
-                n
-            } else {
-                n.min((ttl_seconds / 2).max(5))
-            };
-            if given && n >= ttl_seconds {
+        // Each channel's provider takes the code lengths it documents.
+        for channel in channels.iter() {
+            if let Some((_, needs)) = crate::provider::registry::verify_adapter(channel)
+                && !needs.code_digits.contains(&code_length)
+            {
                 errors.push(err(
-                    "fallback_after_seconds",
-                    "must be less than ttl_seconds (the next channel must go while the code is valid)",
+                    "code_length",
+                    &format!(
+                        "must be from {} to {} when channels include {channel} (what its provider takes)",
+                        needs.code_digits.start(),
+                        needs.code_digits.end()
+                    ),
                 ));
             }
-            n
-        } else {
-            0
+        }
+        let steps_after_first = channels.len().saturating_sub(1);
+        let fallback_after = match obj.get("fallback_after_seconds") {
+            Some(_) if steps_after_first == 0 => {
+                errors.push(err(
+                    "fallback_after_seconds",
+                    "applies only when channels name more than one channel",
+                ));
+                FallbackAfter::default()
+            }
+            _ if steps_after_first == 0 => FallbackAfter::default(),
+            None => {
+                // Unsaid, it is never past half the verification's life.
+                FallbackAfter::Every(DEFAULT_FALLBACK_AFTER.min((ttl_seconds / 2).max(5)))
+            }
+            Some(v) if v.is_array() => match fallback_list(v, steps_after_first, ttl_seconds) {
+                Ok(list) => FallbackAfter::Each(list),
+                Err(why) => {
+                    errors.push(err("fallback_after_seconds", &why));
+                    FallbackAfter::default()
+                }
+            },
+            Some(_) => {
+                let (lo, hi) = (
+                    *FALLBACK_AFTER_SECONDS.start(),
+                    *FALLBACK_AFTER_SECONDS.end(),
+                );
+                let n = int(
+                    "fallback_after_seconds",
+                    lo,
+                    hi,
+                    DEFAULT_FALLBACK_AFTER,
+                    &mut errors,
+                );
+                if n >= ttl_seconds {
+                    errors.push(err(
+                        "fallback_after_seconds",
+                        "must be less than ttl_seconds (the next channel must go while the code is valid)",
+                    ));
+                }
+                FallbackAfter::Every(n)
+            }
         };
         match to {
             Some((to, country)) if errors.is_empty() => Ok(Self {
@@ -172,7 +187,7 @@ impl StartRequest {
                 ttl_seconds,
                 template,
                 channels,
-                fallback_after_seconds,
+                fallback_after,
             }),
             _ => Err(Some(errors)),
         }
@@ -198,11 +213,51 @@ impl StartRequest {
             h.update(format!(
                 "\0c{}\0{}",
                 self.channels.stored(),
-                self.fallback_after_seconds
+                self.fallback_after.first()
             ));
+            // A list: said only when given, so that one number keeps the
+            // fingerprint it had before lists existed.
+            if let Some(list) = self.fallback_after.stored_list() {
+                h.update(format!("\0l{list}"));
+            }
         }
         h.finalize().to_vec()
     }
+}
+
+/// `fallback_after_seconds` as a list: one whole number per step after the
+/// first, each in [`FALLBACK_AFTER_SECONDS`], together less than the
+/// verification's life (every step must go while the code is valid).
+fn fallback_list(v: &serde_json::Value, steps: u32, ttl_seconds: u32) -> Result<Vec<u32>, String> {
+    let (lo, hi) = (
+        *FALLBACK_AFTER_SECONDS.start(),
+        *FALLBACK_AFTER_SECONDS.end(),
+    );
+    let shape = || {
+        format!(
+            "must be one whole number from {lo} to {hi}, or a list of {steps} of them (one per channel after the first)"
+        )
+    };
+    let list = v.as_array().ok_or_else(shape)?;
+    if u32::try_from(list.len()).ok() != Some(steps) {
+        return Err(shape());
+    }
+    let mut out = Vec::new();
+    for item in list {
+        let n = item
+            .as_u64()
+            .filter(|n| FALLBACK_AFTER_SECONDS.contains(n))
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(shape)?;
+        out.push(n);
+    }
+    if out.iter().map(|n| u64::from(*n)).sum::<u64>() >= u64::from(ttl_seconds) {
+        return Err(
+            "must add up to less than ttl_seconds (every channel must go while the code is valid)"
+                .into(),
+        );
+    }
+    Ok(out)
 }
 
 /// A JSON key twice in one object means different things to different

@@ -52,6 +52,7 @@ mod batch_answers;
 mod batching;
 mod caches;
 mod campaigns;
+mod channel_orders;
 mod cli;
 mod conformance;
 mod console;

@@ -483,10 +483,20 @@ async fn bad_channel_requests_are_400_and_store_nothing(backend: Backend) {
             "code_length",
         ),
         (
-            json!({"to": TO, "channels": ["sms", "telegram"]}),
+            json!({"to": TO, "channels": ["sms", "telegram", "sms"]}),
             "channels",
         ),
+        (json!({"to": TO, "channels": ["email"]}), "channels"),
         (json!({"to": TO, "channels": []}), "channels"),
+        // One number per step after the first, together within the life.
+        (
+            json!({"to": TO, "channels": ["telegram", "sms"], "fallback_after_seconds": [30, 30]}),
+            "fallback_after_seconds",
+        ),
+        (
+            json!({"to": TO, "channels": ["telegram", "sms"], "ttl_seconds": 60, "fallback_after_seconds": [60]}),
+            "fallback_after_seconds",
+        ),
         (
             json!({"to": TO, "fallback_after_seconds": 30}),
             "fallback_after_seconds",

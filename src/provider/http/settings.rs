@@ -22,6 +22,7 @@ pub const ADAPTER: Adapter = Adapter {
         get: false,
     }),
     channel: Channel::Sms,
+    verify: None,
 };
 
 pub const URL: &str = "SENDONCE_HTTP_PROVIDER_URL";

@@ -20,6 +20,7 @@ pub const ADAPTER: Adapter = Adapter {
         configure: super::receipts::configure,
     }),
     channel: Channel::Sms,
+    verify: None,
 };
 
 pub const API_KEY: &str = "INFOBIP_API_KEY";

@@ -17,6 +17,7 @@ pub const ADAPTER: Adapter = Adapter {
     configure,
     receipts: None,
     channel: Channel::Sms,
+    verify: None,
 };
 
 fn configure(_vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError> {

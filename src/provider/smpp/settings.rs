@@ -16,6 +16,7 @@ pub const ADAPTER: Adapter = Adapter {
     configure,
     receipts: None,
     channel: Channel::Sms,
+    verify: None,
 };
 
 pub const HOST: &str = "SMPP_HOST";

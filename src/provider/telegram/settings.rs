@@ -20,6 +20,7 @@ pub const ADAPTER: Adapter = Adapter {
         name: "telegram",
         enabled_by: BOT_TOKEN,
     },
+    verify: None,
 };
 
 pub const BOT_TOKEN: &str = "TELEGRAM_BOT_TOKEN";

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use super::super::registry::{
-    Adapter, Channel, Configured, Context, Receipts, Var, VarError, Vars, http_url,
+    Adapter, Channel, Configured, Context, Receipts, Var, VarError, Vars, VerifyChannel, http_url,
 };
 use super::super::receipts::ReceiptRoute;
 use super::super::{Provider, ProviderError};
@@ -28,6 +28,12 @@ pub const ADAPTER: Adapter = Adapter {
         name: super::NAME,
         enabled_by: TOKEN,
     },
+    verify: Some(VerifyChannel {
+        name: "telegram",
+        code_digits: super::CODE_DIGITS,
+        code_only: true,
+        priced_when_listed: true,
+    }),
 };
 
 pub const TOKEN: &str = "TELEGRAM_GATEWAY_TOKEN";

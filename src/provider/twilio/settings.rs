@@ -21,6 +21,7 @@ pub const ADAPTER: Adapter = Adapter {
         get: false,
     }),
     channel: Channel::Sms,
+    verify: None,
 };
 
 pub const BASE_URL: &str = "TWILIO_BASE_URL";

@@ -23,6 +23,7 @@ pub const ADAPTER: Adapter = Adapter {
         get: true,
     }),
     channel: Channel::Sms,
+    verify: None,
 };
 
 pub const API_KEY: &str = "VONAGE_API_KEY";

@@ -12,7 +12,8 @@ macro_rules! verification_columns {
     () => {
         "id, tenant_id, idempotency_key, fingerprint, status, to_number, country, prefix, \
          code_length, code_mac, code_sealed, template, sends, checks_remaining, created_at, \
-         expires_at, last_sent_at, approved_at, updated_at, channels, fallback_after_seconds"
+         expires_at, last_sent_at, approved_at, updated_at, channels, fallback_after_seconds, \
+         fallback_after_list"
     };
 }
 pub(crate) use verification_columns;
@@ -41,6 +42,7 @@ pub(crate) struct VerificationRow {
     updated_at: DbTime,
     channels: String,
     fallback_after_seconds: i32,
+    fallback_after_list: Option<String>,
 }
 
 impl TryFrom<VerificationRow> for VerificationRecord {
@@ -70,9 +72,16 @@ impl TryFrom<VerificationRow> for VerificationRecord {
             last_sent_at: r.last_sent_at.0,
             approved_at: r.approved_at.map(|t| t.0),
             updated_at: r.updated_at.0,
-            channels: crate::domain::Channels::parse_stored(&r.channels)
-                .ok_or(StoreError::Invariant("an unknown verification channel"))?,
-            fallback_after_seconds: count(r.fallback_after_seconds)?,
+            channels: crate::domain::Channels::parse_stored(
+                &r.channels,
+                &crate::provider::registry::verify_channels(),
+            )
+            .ok_or(StoreError::Invariant("an unknown verification channel"))?,
+            fallback_after: crate::domain::FallbackAfter::from_stored(
+                count(r.fallback_after_seconds)?,
+                r.fallback_after_list.as_deref(),
+            )
+            .ok_or(StoreError::Invariant("a broken fallback_after_list"))?,
         })
     }
 }

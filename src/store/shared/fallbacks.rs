@@ -16,15 +16,16 @@ use crate::domain::{MessageId, Status};
 use crate::store::row::{MessageRow, message_columns};
 use crate::store::time::{DbTime, db, micros};
 use crate::store::{
-    FallbackDue, FallbackState, FallbackStore, FellBack, Lease, MessageRecord, NewMessage,
-    StoreError,
+    FallbackDue, FallbackState, FallbackStore, FellBack, Lease, MessageRecord, NewMessage, Steps,
+    StoreError, step_row,
 };
 
 /// Open rows with something to do at `$1`, oldest due first.
-const DUE: &str = "SELECT f.verification_id, f.send_number, f.tenant_id, f.message_id, \
-        f.due_at, f.state, m.status AS message_status, m.attempts AS message_attempts, \
-        m.lease_token IS NOT NULL AS message_leased, m.provider, m.prepared_token, \
-        v.status AS verification_status, v.expires_at, v.channels \
+const DUE: &str = "SELECT f.verification_id, f.send_number, f.step, f.tenant_id, \
+        f.message_id, f.due_at, f.state, m.status AS message_status, \
+        m.attempts AS message_attempts, m.lease_token IS NOT NULL AS message_leased, \
+        m.provider, m.prepared_token, v.status AS verification_status, v.expires_at, \
+        v.channels, v.fallback_after_seconds, v.fallback_after_list \
      FROM verification_fallbacks f \
      JOIN messages m ON m.id = f.message_id \
      JOIN verifications v ON v.id = f.verification_id \
@@ -35,12 +36,12 @@ const DUE: &str = "SELECT f.verification_id, f.send_number, f.tenant_id, f.messa
      ORDER BY f.due_at LIMIT $2";
 
 const SETTLE: &str = "UPDATE verification_fallbacks SET state = $3, updated_at = $5 \
-     WHERE verification_id = $1 AND send_number = $2 AND state = $4";
+     WHERE verification_id = $1 AND send_number = $2 AND step = $6 AND state = $4";
 
 /// Waiting to fell_back (the verification was locked pending first).
 const FALL_BACK: &str = "UPDATE verification_fallbacks SET state = 'fell_back', \
         updated_at = $3 \
-     WHERE verification_id = $1 AND send_number = $2 AND state = 'waiting'";
+     WHERE verification_id = $1 AND send_number = $2 AND step = $4 AND state = 'waiting'";
 
 /// A message stopped unsent: canceled (as a caller's cancel in
 /// `shared/messages.rs`), no attempt since it was read (`$2`), no lease, no
@@ -55,6 +56,7 @@ const EXPIRE: &str = "UPDATE messages SET expires_at = $2, updated_at = $2 \
 struct DueRow {
     verification_id: Uuid,
     send_number: i32,
+    step: i32,
     tenant_id: Uuid,
     message_id: Uuid,
     due_at: DbTime,
@@ -67,6 +69,8 @@ struct DueRow {
     verification_status: String,
     expires_at: DbTime,
     channels: String,
+    fallback_after_seconds: i32,
+    fallback_after_list: Option<String>,
 }
 
 impl TryFrom<DueRow> for FallbackDue {
@@ -77,6 +81,7 @@ impl TryFrom<DueRow> for FallbackDue {
             verification_id: r.verification_id,
             send_number: u32::try_from(r.send_number)
                 .map_err(|_| StoreError::Invariant("a negative send number"))?,
+            step: u32::try_from(r.step).map_err(|_| StoreError::Invariant("a negative step"))?,
             tenant_id: r.tenant_id,
             message_id: MessageId(r.message_id),
             due_at: r.due_at.0,
@@ -91,8 +96,17 @@ impl TryFrom<DueRow> for FallbackDue {
             verification_status: VerificationStatus::parse(&r.verification_status)
                 .ok_or(StoreError::Invariant("an unknown verification status"))?,
             expires_at: r.expires_at.0,
-            channels: crate::domain::Channels::parse_stored(&r.channels)
-                .ok_or(StoreError::Invariant("an unknown verification channel"))?,
+            channels: crate::domain::Channels::parse_stored(
+                &r.channels,
+                &crate::provider::registry::verify_channels(),
+            )
+            .ok_or(StoreError::Invariant("an unknown verification channel"))?,
+            fallback_after: crate::domain::FallbackAfter::from_stored(
+                u32::try_from(r.fallback_after_seconds)
+                    .map_err(|_| StoreError::Invariant("a negative fallback_after_seconds"))?,
+                r.fallback_after_list.as_deref(),
+            )
+            .ok_or(StoreError::Invariant("a broken fallback_after_list"))?,
         })
     }
 }
@@ -275,14 +289,24 @@ per_backend! {
                         .bind(f.verification_id)
                         .bind(to_i32(f.send_number))
                         .bind(db(now))
+                        .bind(to_i32(f.step))
                         .execute(&mut *c)
                         .await?;
                     if done.rows_affected() != 1 {
                         return Ok(FellBack::NotNow);
                     }
                     Driver::stop_message(c, &first, stop, now).await?;
+                    let steps = Steps {
+                        verification_id: f.verification_id,
+                        tenant_id: f.tenant_id,
+                        channels: &f.channels,
+                        after: &f.fallback_after,
+                        expires_at: f.expires_at,
+                    };
+                    let row = step_row(&steps, f.send_number, f.step + 1, &m);
                     let message =
-                        Driver::insert_verification_send(c, f.verification_id, &m, &lease).await?;
+                        Driver::insert_verification_send(c, f.verification_id, &m, &lease, row)
+                            .await?;
                     Ok(FellBack::Moved(Box::new(message), stop))
                 })
             })
@@ -304,6 +328,7 @@ per_backend! {
                 .bind(to.as_str())
                 .bind(f.state.as_str())
                 .bind(db(now))
+                .bind(to_i32(f.step))
                 .execute(&mut *c)
                 .await?;
             Ok(done.rows_affected() == 1)

@@ -98,16 +98,16 @@ const PREFIX_STARTS: &str = "SELECT count(*), min(created_at) FROM verifications
 const INSERT: &str = "INSERT INTO verifications (id, tenant_id, idempotency_key, fingerprint, \
         status, to_number, country, prefix, code_length, code_mac, code_sealed, template, \
         sends, checks_remaining, created_at, expires_at, last_sent_at, updated_at, channels, \
-        fallback_after_seconds) \
+        fallback_after_seconds, fallback_after_list) \
      VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, $10, $11, 1, $12, $13, $14, \
-        $13, $13, $15, $16)";
+        $13, $13, $15, $16, $17)";
 
 const INSERT_ATTEMPT: &str = "INSERT INTO attempts (message_id, number, lease_owner, \
         started_at, sender) VALUES ($1, 1, $2, $3, $4)";
 
 const INSERT_FALLBACK: &str = "INSERT INTO verification_fallbacks (verification_id, \
-        send_number, tenant_id, message_id, due_at, state, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, 'waiting', $6)";
+        send_number, tenant_id, message_id, due_at, state, updated_at, step) \
+     VALUES ($1, $2, $3, $4, $5, 'waiting', $6, $7)";
 
 /// A tenant's caps and home country, for a verification send's charge.
 const TENANT_SPEND: &str = "SELECT spend_cap_daily_micros, spend_cap_monthly_micros, \
@@ -264,6 +264,7 @@ per_backend! {
                 .bind(f.message_id.0)
                 .bind(db(f.due_at))
                 .bind(db(m.created_at))
+                .bind(to_i32(f.step))
                 .execute(&mut *c)
                 .await?;
         }
@@ -372,7 +373,7 @@ per_backend! {
         }
         let message = match send {
             Some((m, lease)) => {
-                let fallback = fallback_of(after, after.sends, &m);
+                let fallback = fallback_of(after, after.sends, 0, &m);
                 Some(Box::new(insert_send(c, after.id, &m, &lease, fallback, true).await?))
             }
             None => None,
@@ -505,12 +506,13 @@ per_backend! {
             .bind(db(v.created_at))
             .bind(db(v.expires_at))
             .bind(v.channels.stored())
-            .bind(to_i32(v.fallback_after_seconds))
+            .bind(to_i32(v.fallback_after.first()))
+            .bind(v.fallback_after.stored_list())
             .execute(&mut *c)
             .await?;
         let started = VerificationRecord::started(v);
         let message =
-            insert_send(c, v.id, message, lease, fallback_of(&started, 1, message), true).await?;
+            insert_send(c, v.id, message, lease, fallback_of(&started, 1, 0, message), true).await?;
         Ok(StartOutcome::Created {
             verification: Box::new(started),
             message: Box::new(message),
@@ -525,8 +527,9 @@ per_backend! {
             verification_id: Uuid,
             m: &NewMessage,
             lease: &Lease,
+            row: Option<NewFallback>,
         ) -> Result<MessageRecord, StoreError> {
-            insert_send(c, verification_id, m, lease, None, false).await
+            insert_send(c, verification_id, m, lease, row, false).await
         }
     }
 

@@ -58,7 +58,7 @@ fn new_verification(f: &Fixture, key: &str, at: time::OffsetDateTime) -> NewVeri
         created_at: at,
         expires_at: at + time::Duration::minutes(10),
         channels: sendonce::verify::Channels::default(),
-        fallback_after_seconds: 0,
+        fallback_after: sendonce::domain::FallbackAfter::default(),
     }
 }
 

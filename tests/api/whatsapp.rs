@@ -2,18 +2,21 @@
 //! which speaks Meta's documented wire format and never de-duplicates:
 //! every accepted send is a message, counted per (number, code).
 //!
-//! The send path is tested through the real adapter against the mock over
-//! HTTP, each answer fed to the delivery's own decision table
-//! (`delivery::decide`): an ambiguous send is never made again and ends
-//! `unknown`; a throughput limit is retried and sent once; a certain
-//! refusal ends `failed`. The webhook is tested through a running instance
-//! on both backends: Meta's handshake, forged notifications refused with
-//! nothing recorded, and signed ones recorded once each.
+//! Verifications with `channels: ["whatsapp", "sms"]` run through an
+//! instance on both backends: an ambiguous send ends `unknown`, is never
+//! made again, and the SMS goes after the step's delay; a throughput limit
+//! is retried and sent once; a certain refusal fails and the SMS goes at
+//! once; statuses (delivered, read, failed; duplicated, out of order) land
+//! right; a forged status changes nothing. The same send situations are
+//! also run through the adapter alone, each answer fed to delivery's
+//! decision table (`delivery::decide`), and the webhook's handshake and
+//! its forged and duplicated notifications through the HTTP routes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::Method;
+use sendonce::clock::Clock;
 use sendonce::delivery::RetryPolicy;
 use sendonce::delivery::decide::{Event, KeyRule, Snapshot, Step, Transition, Write, decide};
 use sendonce::domain::{MessageId, Recipient, Status};
@@ -21,9 +24,12 @@ use sendonce::provider::whatsapp::{WhatsAppProvider, WhatsAppSettings};
 use sendonce::provider::{AttemptRef, OutgoingSms, Provider, Reconciled, SendOutcome};
 use serde_json::{Value, json};
 use testkit::mock_provider::{Behaviour, MockProvider};
-use testkit::providers::whatsapp::{WhatsAppMessage, error_body, notification, signature, status};
+use testkit::providers::whatsapp::{
+    Outcome, Webhook, WhatsAppMessage, error_body, notification, signature, status,
+};
 
 use crate::helpers::*;
+use crate::telegram_gateway::{manual_clock, messages_when, pair, sms_to, started, verification};
 
 pub(crate) const TOKEN: &str = "EAAJB-whatsapp-test-token";
 pub(crate) const APP_SECRET: &str = "whatsapp-app-secret";
@@ -64,6 +70,10 @@ pub(crate) async fn checking_mock() -> (MockProvider, String, String) {
 /// An instance with the `http` SMS provider and WhatsApp on one mock, and
 /// the WhatsApp webhook keyed with the app secret and the verify token.
 pub(crate) async fn spawn_whatsapp(backend: Backend) -> TestApp {
+    spawn_whatsapp_with(backend, Clock::system()).await
+}
+
+pub(crate) async fn spawn_whatsapp_with(backend: Backend, clock: Clock) -> TestApp {
     let (mock, url, base) = checking_mock().await;
     let mut settings = test_settings();
     settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([
@@ -73,6 +83,7 @@ pub(crate) async fn spawn_whatsapp(backend: Backend) -> TestApp {
     .expect("receipt settings");
     spawn_with(TestOptions {
         backend,
+        clock,
         settings,
         mock: Some((mock, url)),
         fallbacks: vec![whatsapp_at(&base, Duration::from_secs(2))],
@@ -460,7 +471,231 @@ async fn duplicated_statuses_are_recorded_once(backend: Backend) {
     assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 5);
 }
 
+// ---- Verification level: `channels: ["whatsapp", "sms"]` through a running
+// instance, on both backends, creations counted at the mock. ----
+
+/// The mock's WhatsApp messages to `TO`.
+fn whatsapp_codes(app: &TestApp) -> Vec<WhatsAppMessage> {
+    app.mock
+        .whatsapp_messages()
+        .into_iter()
+        .filter(|m| m.to == TO)
+        .collect()
+}
+
+/// Starts `["whatsapp", "sms"]`, the SMS after `after` seconds.
+async fn start_whatsapp_then_sms(app: &TestApp, key: &str, after: u32) -> String {
+    started(
+        app,
+        key,
+        json!({"to": TO, "channels": ["whatsapp", "sms"], "fallback_after_seconds": after}),
+    )
+    .await
+}
+
+async fn an_ambiguous_whatsapp_send_ends_unknown_and_is_never_resent(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_whatsapp_with(backend, clock.clone()).await;
+    app.mock.push([Behaviour::AcceptThenDrop]);
+    let id = start_whatsapp_then_sms(&app, "wa-1", 10).await;
+    messages_when(&app, &id, "the WhatsApp send ended unknown", |m| {
+        m.first() == Some(&pair("whatsapp", "unknown"))
+    })
+    .await;
+    let sent = whatsapp_codes(&app);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(app.mock.deliveries_to(TO, &sent[0].code), 1);
+    assert!(
+        sms_to(&app, TO).is_empty(),
+        "no SMS before the step's delay"
+    );
+    // Past the delay, as for silence: one SMS, and WhatsApp never again.
+    clock.advance(Duration::from_secs(11));
+    let got = messages_when(&app, &id, "the SMS sent", |m| {
+        m == [pair("whatsapp", "unknown"), pair("sms", "sent")]
+    })
+    .await;
+    assert_eq!(got.len(), 2);
+    clock.advance(Duration::from_secs(300));
+    assert_eq!(sms_to(&app, TO).len(), 1);
+    assert_eq!(whatsapp_codes(&app).len(), 1, "never resent");
+    assert_eq!(app.mock.deliveries_to(TO, &sent[0].code), 1);
+}
+
+async fn a_throughput_limit_is_retried_then_sent_once(backend: Backend) {
+    let app = spawn_whatsapp_with(backend, Clock::system()).await;
+    app.mock.push([Behaviour::Fail {
+        status: 400,
+        body: error_body(130429),
+        retry_after: None,
+    }]);
+    let id = start_whatsapp_then_sms(&app, "wa-2", 30).await;
+    messages_when(&app, &id, "the WhatsApp message sent", |m| {
+        m == [pair("whatsapp", "sent")]
+    })
+    .await;
+    let sent = whatsapp_codes(&app);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(app.mock.deliveries_to(TO, &sent[0].code), 1);
+    let calls = app
+        .mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.endpoint == "whatsapp")
+        .count();
+    assert_eq!(calls, 2, "the refused call, then the one that sent");
+    assert!(sms_to(&app, TO).is_empty());
+}
+
+async fn a_certain_refusal_fails_and_the_sms_goes_at_once(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_whatsapp_with(backend, clock.clone()).await;
+    app.mock.push([Behaviour::Fail {
+        status: 400,
+        body: error_body(131026),
+        retry_after: None,
+    }]);
+    let id = start_whatsapp_then_sms(&app, "wa-3", 60).await;
+    messages_when(&app, &id, "WhatsApp failed, the SMS sent", |m| {
+        m == [pair("whatsapp", "failed"), pair("sms", "sent")]
+    })
+    .await;
+    assert!(whatsapp_codes(&app).is_empty());
+    assert_eq!(sms_to(&app, TO).len(), 1);
+}
+
+/// Has the mock post its statuses to the instance.
+fn statuses_to(app: &TestApp, outcome: Outcome, reversed: bool, duplicated: bool) {
+    app.mock.whatsapp_webhook(Webhook {
+        url: format!("{}{WEBHOOK}", app.base),
+        app_secret: APP_SECRET.into(),
+        outcome,
+        reversed,
+        duplicated,
+    });
+}
+
+async fn statuses_land_right_whatever_their_order(backend: Backend) {
+    // (the statuses Meta posts, reversed, duplicated, what the message ends)
+    let rows = [
+        (Outcome::Delivered, false, true, "delivered"),
+        (Outcome::Read, true, true, "delivered"),
+        (Outcome::Delivered, true, false, "delivered"),
+        (Outcome::Failed, false, true, "undelivered"),
+    ];
+    for (i, (outcome, reversed, duplicated, want)) in rows.into_iter().enumerate() {
+        let clock = manual_clock();
+        let app = spawn_whatsapp_with(backend, clock.clone()).await;
+        statuses_to(&app, outcome, reversed, duplicated);
+        let id = start_whatsapp_then_sms(&app, &format!("wa-4-{i}"), 30).await;
+        let posted = if duplicated { 2 } else { 1 }
+            * match outcome {
+                Outcome::Read => 3,
+                _ => 2,
+            };
+        eventually("every status posted and answered", || async {
+            let p = app.mock.whatsapp_posted();
+            (p.len() == posted && p.iter().all(|(_, _, code)| *code == 200)).then_some(())
+        })
+        .await;
+        let got = messages_when(&app, &id, want, |m| {
+            m.first().is_some_and(|(c, s)| c == "whatsapp" && s == want)
+        })
+        .await;
+        if want == "delivered" {
+            // Delivered: nothing more is sent, whatever the time.
+            clock.advance(Duration::from_secs(120));
+            eventually("the fallback settled", || async {
+                let n = app
+                    .db
+                    .count("SELECT count(*) FROM verification_fallbacks WHERE state = 'delivered'")
+                    .await;
+                (n == 1).then_some(())
+            })
+            .await;
+            assert!(sms_to(&app, TO).is_empty(), "{outcome:?}: {got:?}");
+        } else {
+            // Failed: the SMS at once.
+            messages_when(&app, &id, "the SMS after the failure", |m| {
+                m == [pair("whatsapp", "undelivered"), pair("sms", "sent")]
+            })
+            .await;
+            assert_eq!(sms_to(&app, TO).len(), 1);
+        }
+        assert_eq!(whatsapp_codes(&app).len(), 1);
+        // A `sent` after `delivered` never moved it back; each status once.
+        let distinct = match outcome {
+            Outcome::Read => 3,
+            _ => 2,
+        };
+        assert_eq!(
+            app.db.count("SELECT count(*) FROM receipts").await,
+            distinct,
+            "{outcome:?}"
+        );
+    }
+}
+
+async fn a_forged_status_changes_nothing(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_whatsapp_with(backend, clock.clone()).await;
+    let id = start_whatsapp_then_sms(&app, "wa-5", 30).await;
+    messages_when(&app, &id, "sent", |m| m == [pair("whatsapp", "sent")]).await;
+    let m = whatsapp_codes(&app).remove(0);
+    let forged = post_status(&app, &m, "delivered", 1, "not-the-app-secret").await;
+    assert_eq!(forged.status, 403);
+    let body = notification(vec![status(&m, "failed", 1)]).to_string();
+    let unsigned = post_webhook(&app, &body, None).await;
+    assert_eq!(unsigned.status, 403);
+    assert_eq!(app.db.count("SELECT count(*) FROM receipts").await, 0);
+    assert_eq!(
+        verification(&app, &id).await["messages"][0]["status"],
+        "sent"
+    );
+    assert!(
+        sms_to(&app, TO).is_empty(),
+        "a forged failure sends nothing"
+    );
+    let real = post_status(&app, &m, "delivered", 1, APP_SECRET).await;
+    assert_eq!(real.status, 200);
+    messages_when(&app, &id, "delivered", |m| {
+        m == [pair("whatsapp", "delivered")]
+    })
+    .await;
+}
+
+async fn a_status_of_an_ambiguous_send_finds_its_message_by_our_id(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_whatsapp_with(backend, clock.clone()).await;
+    app.mock.push([Behaviour::AcceptThenDrop]);
+    let id = start_whatsapp_then_sms(&app, "wa-6", 30).await;
+    messages_when(&app, &id, "unknown", |m| m == [pair("whatsapp", "unknown")]).await;
+    let m = whatsapp_codes(&app).remove(0);
+    let a = post_status(&app, &m, "delivered", 1, APP_SECRET).await;
+    assert_eq!(a.status, 200);
+    let key = verification(&app, &id).await["messages"][0]["idempotency_key"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    let message = app.get(&format!("/messages/{key}")).await.json();
+    assert_eq!(
+        a.json()["message_id"],
+        message["id"],
+        "matched by biz_opaque_callback_data"
+    );
+    assert_eq!(
+        message["status"], "unknown",
+        "kept in the history; the status stays"
+    );
+}
+
 on_both_backends!(
+    an_ambiguous_whatsapp_send_ends_unknown_and_is_never_resent,
+    a_throughput_limit_is_retried_then_sent_once,
+    a_certain_refusal_fails_and_the_sms_goes_at_once,
+    statuses_land_right_whatever_their_order,
+    a_forged_status_changes_nothing,
+    a_status_of_an_ambiguous_send_finds_its_message_by_our_id,
     the_handshake_echoes_the_challenge_for_the_verify_token,
     forged_notifications_are_refused_and_record_nothing,
     duplicated_statuses_are_recorded_once,

@@ -54,6 +54,11 @@ pub const WEBHOOK_PATH: &str = "/channels/whatsapp/webhook";
 /// characters").
 pub const MAX_CODE_CHARS: usize = 15;
 
+/// The digits a verification's code sent through WhatsApp may have: up to
+/// the template's 15 characters (Meta documents no minimum; the service's
+/// own `code_length` bounds apply as well).
+pub const CODE_DIGITS: std::ops::RangeInclusive<u32> = 1..=15;
+
 /// What the adapter needs to know.
 #[derive(Clone)]
 pub struct WhatsAppSettings {

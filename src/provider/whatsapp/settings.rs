@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::super::receipts::ReceiptRoute;
 use super::super::registry::{
-    Adapter, Channel, Configured, Context, Receipts, Var, VarError, Vars, http_url,
+    Adapter, Channel, Configured, Context, Receipts, Var, VarError, Vars, VerifyChannel, http_url,
 };
 use super::super::{Provider, ProviderError};
 use super::webhook::WhatsAppWebhook;
@@ -13,8 +13,10 @@ use super::{WEBHOOK_PATH, WhatsAppProvider, WhatsAppSettings};
 
 /// The `whatsapp` adapter in the registry: a channel of its own (codes as
 /// WhatsApp authentication templates to a phone number), on when its access
-/// token is set. No route or `SENDONCE_PROVIDER` names it. Its webhook
-/// takes `GET` (Meta's subscription handshake) and `POST` (statuses).
+/// token is set. No route or `SENDONCE_PROVIDER` names it: a verification
+/// whose `channels` name `whatsapp` sends its code alone through it. Its
+/// webhook takes `GET` (Meta's subscription handshake) and `POST`
+/// (statuses).
 pub const ADAPTER: Adapter = Adapter {
     name: super::NAME,
     vars: &VARS,
@@ -28,6 +30,12 @@ pub const ADAPTER: Adapter = Adapter {
         name: super::NAME,
         enabled_by: ACCESS_TOKEN,
     },
+    verify: Some(VerifyChannel {
+        name: super::NAME,
+        code_digits: super::CODE_DIGITS,
+        code_only: true,
+        priced_when_listed: true,
+    }),
 };
 
 pub const ACCESS_TOKEN: &str = "WHATSAPP_ACCESS_TOKEN";

@@ -689,7 +689,26 @@ async fn a_status_of_an_ambiguous_send_finds_its_message_by_our_id(backend: Back
     );
 }
 
+async fn whatsapp_without_its_token_is_refused_and_stores_nothing(backend: Backend) {
+    let app = spawn_app_on(backend).await;
+    let a = crate::telegram_gateway::start(
+        &app,
+        "wa-7",
+        json!({"to": TO, "channels": ["whatsapp", "sms"]}),
+    )
+    .await;
+    assert_eq!(a.status, 400, "{}", String::from_utf8_lossy(&a.bytes));
+    let text = String::from_utf8_lossy(&a.bytes).to_string();
+    assert!(
+        text.contains("channels") && text.contains("WHATSAPP_ACCESS_TOKEN"),
+        "{text}"
+    );
+    assert_eq!(app.db.count("SELECT count(*) FROM verifications").await, 0);
+    assert!(app.mock.whatsapp_messages().is_empty());
+}
+
 on_both_backends!(
+    whatsapp_without_its_token_is_refused_and_stores_nothing,
     an_ambiguous_whatsapp_send_ends_unknown_and_is_never_resent,
     a_throughput_limit_is_retried_then_sent_once,
     a_certain_refusal_fails_and_the_sms_goes_at_once,

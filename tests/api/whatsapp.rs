@@ -707,7 +707,68 @@ async fn whatsapp_without_its_token_is_refused_and_stores_nothing(backend: Backe
     assert!(app.mock.whatsapp_messages().is_empty());
 }
 
+/// `["whatsapp", "telegram", "sms"]`: WhatsApp refuses the number for
+/// certain, so Telegram goes at once; Telegram stays silent, so the SMS
+/// goes after its delay. One code, never on WhatsApp, once on each of the
+/// others, counted at the mocks.
+async fn three_channels_move_on_from_a_whatsapp_refusal(backend: Backend) {
+    let clock = manual_clock();
+    let (mock, url, base) = checking_mock().await;
+    mock.set_gateway_token(crate::telegram_gateway::TOKEN);
+    let mut settings = test_settings();
+    settings.provider.receipts = sendonce::provider::registry::ReceiptRoutes::from_pairs([
+        ("WHATSAPP_APP_SECRET", APP_SECRET),
+        ("TELEGRAM_GATEWAY_TOKEN", crate::telegram_gateway::TOKEN),
+    ])
+    .expect("receipt settings");
+    let app = spawn_with(TestOptions {
+        backend,
+        clock: clock.clone(),
+        settings,
+        mock: Some((mock, url)),
+        fallbacks: vec![
+            whatsapp_at(&base, Duration::from_secs(2)),
+            crate::telegram_gateway::gateway_calling_back(&base, None),
+        ],
+        ..TestOptions::default()
+    })
+    .await;
+    app.mock.push([Behaviour::Fail {
+        status: 400,
+        body: error_body(131026),
+        retry_after: None,
+    }]);
+    let id = started(
+        &app,
+        "wa-8",
+        json!({"to": TO, "channels": ["whatsapp", "telegram", "sms"], "fallback_after_seconds": 10}),
+    )
+    .await;
+    messages_when(&app, &id, "WhatsApp failed, Telegram sent at once", |m| {
+        m == [pair("whatsapp", "failed"), pair("telegram", "sent")]
+    })
+    .await;
+    assert!(sms_to(&app, TO).is_empty(), "the SMS waits for its step");
+    clock.advance(Duration::from_secs(11));
+    let got = messages_when(&app, &id, "the SMS after Telegram's silence", |m| {
+        m.len() == 3 && m[2] == pair("sms", "sent")
+    })
+    .await;
+    assert_eq!(got[0], pair("whatsapp", "failed"));
+    assert!(whatsapp_codes(&app).is_empty(), "nothing made on WhatsApp");
+    let telegram = app.mock.gateway_messages();
+    assert_eq!(telegram.len(), 1);
+    let code = telegram[0].code.clone().expect("the code");
+    let bodies = sms_to(&app, TO);
+    assert_eq!(bodies.len(), 1, "{bodies:?}");
+    assert!(bodies[0].contains(&code), "the same code: {bodies:?}");
+    clock.advance(Duration::from_secs(300));
+    assert_eq!(sms_to(&app, TO).len(), 1);
+    assert_eq!(app.mock.gateway_messages().len(), 1);
+}
+
 on_both_backends!(
+    three_channels_move_on_from_a_whatsapp_refusal,
     whatsapp_without_its_token_is_refused_and_stores_nothing,
     an_ambiguous_whatsapp_send_ends_unknown_and_is_never_resent,
     a_throughput_limit_is_retried_then_sent_once,

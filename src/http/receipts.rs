@@ -13,6 +13,10 @@
 //! - `POST` and `GET /providers/vonage/status`: Vonage's delivery receipt
 //!   (form, JSON or query string), signed with `sig`.
 //!
+//! A route may also answer a provider's subscription handshake on `GET`
+//! (`ReceiptRoute::handshake`: Meta's `hub.challenge`) with a plain-text
+//! body, recording nothing.
+//!
 //! A request carrying one receipt is answered with its acknowledgement; one
 //! carrying several (or none) with `{"receipts": [...]}`, one per receipt.
 //!
@@ -159,6 +163,23 @@ async fn receive(
         public_url: state.receipts.public_url.as_deref(),
         now: state.clock.now(),
     };
+    if method == Method::GET
+        && let Some(answer) = route.handshake(&req)
+    {
+        let text = answer?;
+        return Ok((
+            StatusCode::OK,
+            [
+                (
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; charset=utf-8",
+                ),
+                (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            ],
+            text,
+        )
+            .into_response());
+    }
     route.admit(&req)?;
     let body = read_body(body, state.body_read_timeout).await?;
     let receipts = route.read_all(&req, &body)?;

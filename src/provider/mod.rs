@@ -48,7 +48,8 @@ adapters!(
     vonage,
     smpp,
     telegram,
-    telegram_gateway
+    telegram_gateway,
+    whatsapp
 );
 
 pub use http::HttpProvider;

@@ -67,6 +67,16 @@ pub trait ReceiptRoute: std::fmt::Debug + Send + Sync + 'static {
         Ok(())
     }
 
+    /// A subscription handshake the provider makes with `GET` on the
+    /// receipt path (Meta's `hub.challenge`), on a route that takes `GET`
+    /// (`Receipts::get`): `Some(Ok(text))` is answered 200 with `text` as a
+    /// `text/plain` body, `Some(Err(_))` is refused, and nothing is
+    /// recorded either way. `None` (the default): not a handshake; the
+    /// `GET` carries a receipt in its query string ([`ReceiptRoute::read`]).
+    fn handshake(&self, _req: &ReceiptRequest<'_>) -> Option<Result<String, ReceiptError>> {
+        None
+    }
+
     /// Authenticates the request with its body and reads the receipt.
     fn read(&self, req: &ReceiptRequest<'_>, body: &[u8]) -> Result<Receipt, ReceiptError>;
 

@@ -146,7 +146,8 @@ fn the_table_covers_every_adapter_of_the_registry() {
     // The table sends SMS: it covers every SMS adapter. An adapter of a
     // channel of its own has its own suite, which runs these situations
     // on its addresses: the Telegram bot `tests/api/telegram.rs`, the
-    // Telegram Gateway `tests/api/telegram_gateway.rs`.
+    // Telegram Gateway `tests/api/telegram_gateway.rs`, WhatsApp
+    // `tests/api/whatsapp.rs`.
     let registered: Vec<&str> = REGISTERED
         .iter()
         .filter(|a| a.channel == Channel::Sms)
@@ -161,7 +162,7 @@ fn the_table_covers_every_adapter_of_the_registry() {
         .collect();
     assert_eq!(
         channels,
-        ["telegram", "telegram_gateway"],
+        ["telegram", "telegram_gateway", "whatsapp"],
         "a channel adapter without its suite"
     );
 }

@@ -105,3 +105,4 @@ mod verify;
 mod vonage;
 mod waiters;
 mod webhooks;
+mod whatsapp;

@@ -24,7 +24,15 @@ macro_rules! protocols {
     };
 }
 
-protocols!(http, twilio, infobip, vonage, telegram, telegram_gateway);
+protocols!(
+    http,
+    twilio,
+    infobip,
+    vonage,
+    telegram,
+    telegram_gateway,
+    whatsapp
+);
 
 /// `router` with every protocol's routes.
 pub fn routes(router: Router<MockProvider>) -> Router<MockProvider> {

@@ -1,10 +1,14 @@
-//! The adapter conformance suite: one table of situations, run over every
-//! adapter of the registry against the real adapter code and the testkit
-//! mock speaking the provider's documented wire format. Where an adapter
-//! cannot do a row (simulated has no network and no receipts, the `http`
-//! bridge cannot be asked afterwards and is resent under the same key
-//! instead), the table states what it does then; no row is skipped.
+//! The adapter conformance suite: every adapter of the registry
+//! (`sendonce::provider::registry::names`) has a column in [`COLUMNS`], and
+//! one without fails every test here, naming it ([`columns`]). Each runs
+//! against the real adapter code and its testkit mock speaking the
+//! provider's documented wire format, messages counted where the mock
+//! creates them.
 //!
+//! SMS adapters (`Column::Sms`) answer one table of situations. Where an
+//! adapter cannot do a row (simulated has no network and no receipts, the
+//! `http` bridge cannot be asked afterwards and is resent under the same
+//! key instead), the table states what it does then; no row is skipped.
 //! The mock never de-duplicates, except in the `http` rows after an
 //! ambiguous answer: there, de-duplicating on our key is the bridge's
 //! documented half of the promise (docs/providers.md), and the row checks
@@ -14,6 +18,12 @@
 //!   calls the adapters directly.
 //! - Receipts go through the service, on both backends:
 //!   [`every_adapter_answers_the_receipt_table`].
+//!
+//! Adapters of a channel of their own (`Column::Own`: the Telegram bot, the
+//! Telegram Gateway) are driven through the service, on both backends, by
+//! their [`own::Driver`]: [`every_channel_adapter_answers_the_situations`]
+//! runs the situations of [`own`] over each, a situation that does not
+//! apply saying why in the driver.
 
 mod own;
 

@@ -292,8 +292,8 @@ pub(crate) static TELEGRAM: Driver = Driver {
             Box::pin(async move { app.db.count("SELECT count(*) FROM telegram_updates").await })
         },
         out_of_order: Applies::No(
-            "an update carries no status of a message: there is no order to keep, \
-             each is taken once under its update_id",
+            "an update carries no status of a message, so none is earlier than \
+             another; each is taken once under its update_id (tests/api/telegram_updates.rs)",
         ),
     }),
 };

@@ -160,7 +160,9 @@ enum Column {
 
 /// The per-adapter table, by the adapter's name in the registry. An
 /// adapter of the registry without an entry here fails the suite
-/// ([`columns`]), naming it.
+/// ([`columns`]), naming it. A new adapter of a channel of its own is one
+/// entry, `("name", Column::Own(&own::NAME))`, with its `own::Driver`
+/// written beside the others in `conformance/own.rs`.
 static COLUMNS: &[(&str, Column)] = &[
     ("simulated", Column::Sms(Adapter::Simulated)),
     ("http", Column::Sms(Adapter::Http)),

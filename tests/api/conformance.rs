@@ -1,10 +1,14 @@
-//! The adapter conformance suite: one table of situations, run over every
-//! adapter of the registry against the real adapter code and the testkit
-//! mock speaking the provider's documented wire format. Where an adapter
-//! cannot do a row (simulated has no network and no receipts, the `http`
-//! bridge cannot be asked afterwards and is resent under the same key
-//! instead), the table states what it does then; no row is skipped.
+//! The adapter conformance suite: every adapter of the registry
+//! (`sendonce::provider::registry::names`) has a column in [`COLUMNS`], and
+//! one without fails every test here, naming it ([`columns`]). Each runs
+//! against the real adapter code and its testkit mock speaking the
+//! provider's documented wire format, messages counted where the mock
+//! creates them.
 //!
+//! SMS adapters (`Column::Sms`) answer one table of situations. Where an
+//! adapter cannot do a row (simulated has no network and no receipts, the
+//! `http` bridge cannot be asked afterwards and is resent under the same
+//! key instead), the table states what it does then; no row is skipped.
 //! The mock never de-duplicates, except in the `http` rows after an
 //! ambiguous answer: there, de-duplicating on our key is the bridge's
 //! documented half of the promise (docs/providers.md), and the row checks
@@ -14,11 +18,20 @@
 //!   calls the adapters directly.
 //! - Receipts go through the service, on both backends:
 //!   [`every_adapter_answers_the_receipt_table`].
+//!
+//! Adapters of a channel of their own (`Column::Own`: the Telegram bot, the
+//! Telegram Gateway) are driven through the service, on both backends, by
+//! their [`own::Driver`]: [`every_channel_adapter_answers_the_situations`]
+//! runs the situations of [`own`] over each, a situation that does not
+//! apply saying why in the driver.
+
+mod own;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sendonce::domain::MessageId;
+use sendonce::provider::registry;
 use sendonce::provider::smpp::pdu::status;
 use sendonce::provider::smpp::{SmppProvider, SmppSettings};
 use sendonce::provider::{
@@ -33,7 +46,8 @@ use crate::smsc::Smsc;
 use crate::helpers::*;
 use crate::twilio::{ACCOUNT, AUTH_TOKEN, DEFAULT_FROM};
 
-/// The adapters under test: every one in the registry (checked).
+/// The SMS adapters' columns of [`SEND_TABLE`] and [`RECEIPT_TABLE`]
+/// (`Row::want` is indexed by this).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Adapter {
     Simulated,
@@ -43,15 +57,6 @@ enum Adapter {
     Vonage,
     Smpp,
 }
-
-const ADAPTERS: [Adapter; 6] = [
-    Adapter::Simulated,
-    Adapter::Http,
-    Adapter::Twilio,
-    Adapter::Infobip,
-    Adapter::Vonage,
-    Adapter::Smpp,
-];
 
 impl Adapter {
     fn name(self) -> &'static str {
@@ -140,31 +145,85 @@ impl sendonce::provider::receipts::ReceiptSink for NoReceipts {
     }
 }
 
-#[test]
-fn the_table_covers_every_adapter_of_the_registry() {
-    use sendonce::provider::registry::{ADAPTERS as REGISTERED, Channel};
-    // The table sends SMS: it covers every SMS adapter. An adapter of a
-    // channel of its own has its own suite, which runs these situations
-    // on its addresses: the Telegram bot `tests/api/telegram.rs`, the
-    // Telegram Gateway `tests/api/telegram_gateway.rs`, WhatsApp
-    // `tests/api/whatsapp.rs`.
-    let registered: Vec<&str> = REGISTERED
-        .iter()
-        .filter(|a| a.channel == Channel::Sms)
-        .map(|a| a.name)
-        .collect();
-    let tested: Vec<&str> = ADAPTERS.iter().map(|a| a.name()).collect();
-    assert_eq!(registered, tested, "an adapter without its column here");
-    let channels: Vec<&str> = REGISTERED
-        .iter()
-        .filter(|a| a.channel != Channel::Sms)
-        .map(|a| a.name)
-        .collect();
-    assert_eq!(
-        channels,
-        ["telegram", "telegram_gateway", "whatsapp"],
-        "a channel adapter without its suite"
+/// How the suite drives one adapter: its column.
+enum Column {
+    /// An SMS adapter: its column of [`SEND_TABLE`] (the adapter called
+    /// directly, against its mock) and of [`RECEIPT_TABLE`] (through the
+    /// service, on both backends).
+    Sms(Adapter),
+    /// An adapter of a channel of its own: [`own::Driver`] says how to
+    /// spawn an instance sending through it against its mock, make a send,
+    /// and post a receipt, and per situation what does not apply and why;
+    /// the situations of [`own`] run through the service, on both backends.
+    Own(&'static own::Driver),
+}
+
+/// The per-adapter table, by the adapter's name in the registry. An
+/// adapter of the registry without an entry here fails the suite
+/// ([`columns`]), naming it. A new adapter of a channel of its own is one
+/// entry, `("name", Column::Own(&own::NAME))`, with its `own::Driver`
+/// written beside the others in `conformance/own.rs`.
+static COLUMNS: &[(&str, Column)] = &[
+    ("simulated", Column::Sms(Adapter::Simulated)),
+    ("http", Column::Sms(Adapter::Http)),
+    ("twilio", Column::Sms(Adapter::Twilio)),
+    ("infobip", Column::Sms(Adapter::Infobip)),
+    ("vonage", Column::Sms(Adapter::Vonage)),
+    ("smpp", Column::Sms(Adapter::Smpp)),
+    ("telegram", Column::Own(&own::TELEGRAM)),
+    ("telegram_gateway", Column::Own(&own::TELEGRAM_GATEWAY)),
+    ("whatsapp", Column::Own(&own::WHATSAPP)),
+];
+
+/// Every adapter of the registry (`sendonce::provider::registry::names`),
+/// in its order, with its column. Panics naming each adapter that has no
+/// column (and each column that names no adapter): no adapter is left out
+/// of the suite by omission.
+fn columns() -> Vec<(&'static str, &'static Column)> {
+    let column = |name: &str| COLUMNS.iter().find(|(n, _)| *n == name).map(|(_, c)| c);
+    let missing: Vec<&str> = registry::names().filter(|n| column(n).is_none()).collect();
+    assert!(
+        missing.is_empty(),
+        "adapter(s) {missing:?} of the registry have no column in the conformance suite: \
+         add an entry to `COLUMNS` in tests/api/conformance.rs (how to spawn an instance \
+         sending through it against its testkit mock, make a send, post a receipt; per \
+         situation that does not apply, why)"
     );
+    let stale: Vec<&str> = COLUMNS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| registry::adapter(n).is_none())
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "`COLUMNS` names {stale:?}, which the registry does not have"
+    );
+    for (n, c) in COLUMNS {
+        if let Column::Sms(a) = c {
+            assert_eq!(a.name(), *n, "the SMS column keyed {n}");
+        }
+    }
+    registry::names()
+        .filter_map(|n| column(n).map(|c| (n, c)))
+        .collect()
+}
+
+/// The SMS adapters' columns, in the registry's order.
+fn sms_columns() -> Vec<Adapter> {
+    columns()
+        .into_iter()
+        .filter_map(|(_, c)| match c {
+            Column::Sms(a) => Some(*a),
+            Column::Own(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_adapter_of_the_registry_has_a_column() {
+    let got: Vec<&str> = columns().into_iter().map(|(n, _)| n).collect();
+    let registered: Vec<&str> = registry::names().collect();
+    assert_eq!(got, registered);
 }
 
 /// What happens after the first answer of a row.
@@ -408,9 +467,10 @@ async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
 #[tokio::test]
 async fn every_adapter_answers_the_send_table() {
     sendonce::install_crypto_provider();
+    let adapters = sms_columns();
     for row in SEND_TABLE {
-        for (adapter, want) in ADAPTERS.into_iter().zip(row.want) {
-            run_send_row(row, adapter, want).await;
+        for &adapter in &adapters {
+            run_send_row(row, adapter, row.want[adapter as usize]).await;
         }
     }
 }
@@ -611,7 +671,7 @@ fn ack(a: &Answer) -> Option<Ack> {
 }
 
 async fn every_adapter_answers_the_receipt_table(backend: Backend) {
-    for adapter in ADAPTERS {
+    for adapter in sms_columns() {
         let app = spawn_adapter(backend, adapter).await;
         // Simulated has no receipts; SMPP's come as deliver_sm on its
         // session (tests/api/smpp.rs), not over HTTP.
@@ -653,4 +713,17 @@ async fn every_adapter_answers_the_receipt_table(backend: Backend) {
     }
 }
 
-on_both_backends!(every_adapter_answers_the_receipt_table);
+/// The adapters of a channel of their own, through their columns
+/// (`Column::Own`): every situation of [`own`].
+async fn every_channel_adapter_answers_the_situations(backend: Backend) {
+    for (name, column) in columns() {
+        if let Column::Own(driver) = column {
+            own::run(backend, name, driver).await;
+        }
+    }
+}
+
+on_both_backends!(
+    every_adapter_answers_the_receipt_table,
+    every_channel_adapter_answers_the_situations
+);

@@ -17,12 +17,12 @@ use crate::delivery::futures_join_all;
 use crate::helpers::*;
 use crate::telegram::{TOKEN, bot};
 
-const SECRET: &str = "tg-webhook-secret_1";
+pub(crate) const SECRET: &str = "tg-webhook-secret_1";
 const BOT_ID: i64 = 123_456_789;
 const OWNER: &str = "tg-owner";
 
 /// A database with the tenant that owns the bot's updates; its API key.
-async fn owned_database(backend: Backend) -> (String, String) {
+pub(crate) async fn owned_database(backend: Backend) -> (String, String) {
     let database = fresh_database_on(backend).await;
     let (store, _) = open_store(&database, Duration::from_secs(2));
     let key = sendonce::apikey::generate();
@@ -35,7 +35,7 @@ async fn owned_database(backend: Backend) -> (String, String) {
 
 /// An instance taking the bot's updates (and sending through the bot, on
 /// `mock`), on `database` as the owner.
-async fn spawn_inbound(
+pub(crate) async fn spawn_inbound(
     backend: Backend,
     database: &str,
     key: &str,
@@ -65,7 +65,7 @@ async fn spawn_inbound(
     .await
 }
 
-fn text_update(update_id: i64, chat: i64, text: &str) -> Value {
+pub(crate) fn text_update(update_id: i64, chat: i64, text: &str) -> Value {
     json!({
         "update_id": update_id,
         "message": {
@@ -78,7 +78,7 @@ fn text_update(update_id: i64, chat: i64, text: &str) -> Value {
     })
 }
 
-async fn post_update(app: &TestApp, secret: Option<&str>, body: &[u8]) -> Answer {
+pub(crate) async fn post_update(app: &TestApp, secret: Option<&str>, body: &[u8]) -> Answer {
     let mut req = app
         .request(reqwest::Method::POST, "/channels/telegram/updates")
         .header("Content-Type", "application/json")

@@ -7,7 +7,7 @@
 //!
 //! | the message, fresh                                   | the move to the next channel | the end         |
 //! |------------------------------------------------------|------------------------------|-----------------|
-//! | reported delivered                                   | not made: no next channel    | nothing to stop |
+//! | reported delivered (its status, or a receipt's)      | not made: no next channel    | nothing to stop |
 //! | final (sent, failed, unknown, undelivered, canceled) | made                         | nothing to stop |
 //! | processing, held by a lease (a call may be in flight)| not now: asked again later   | expired         |
 //! | processing, cancelable (no lease, no open attempt,   | made, the message canceled   | canceled        |
@@ -45,6 +45,11 @@ pub enum Stop {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fresh {
     pub status: Status,
+    /// A receipt reported it delivered (or read), whatever its status can
+    /// show: a message that ended `unknown` keeps its status when a report
+    /// of delivery comes later (issue 40: WhatsApp's statuses of a send
+    /// whose answer was lost).
+    pub reported_delivered: bool,
     pub leased: bool,
     pub attempt_open: bool,
     pub maybe_sent: bool,
@@ -54,6 +59,9 @@ pub struct Fresh {
 /// What moving on to the next channel does with the message it moves on
 /// from, at `now`.
 pub fn for_next_channel(m: &Fresh, now: OffsetDateTime) -> Stop {
+    if m.reported_delivered {
+        return Stop::Delivered;
+    }
     match m.status {
         Status::Delivered => Stop::Delivered,
         Status::Processing | Status::Scheduled if m.leased => Stop::Busy,
@@ -95,6 +103,7 @@ mod tests {
         let past = Some(now - time::Duration::seconds(1));
         let m = |status: Status, leased, attempt_open, maybe_sent, expires_at| Fresh {
             status,
+            reported_delivered: false,
             leased,
             attempt_open,
             maybe_sent,
@@ -126,6 +135,11 @@ mod tests {
             // Its owner died mid-call: the lease, though run out, holds it
             // until a rescuer takes it over and lets it go.
             (m(Processing, true, true, false, past), Busy, Nothing),
+            // A send that ended `unknown` and was then reported delivered
+            // (WhatsApp's status of a send whose answer was lost): no next
+            // channel, though its status stays `unknown`.
+            (Fresh { reported_delivered: true, ..m(Unknown, false, false, true, later) }, Stop::Delivered, Nothing),
+            (Fresh { reported_delivered: true, ..m(Sent, false, false, false, later) }, Stop::Delivered, Nothing),
         ];
         for (fresh, next, end) in rows {
             assert_eq!(for_next_channel(&fresh, now), next, "{fresh:?}");

@@ -149,6 +149,9 @@ pub struct FallbackDue {
     pub channels: Channels,
     /// How long each of its steps waits for a report.
     pub fallback_after: FallbackAfter,
+    /// A receipt reported the message delivered (or read), whatever its
+    /// status shows (a send that ended `unknown` keeps it).
+    pub reported_delivered: bool,
 }
 
 /// What a fallback's transaction came to.

@@ -96,6 +96,11 @@ pub fn next(f: &FallbackDue, now: OffsetDateTime) -> Next {
         return Next::Wait;
     }
     let has_next = f.channels.at(f.step + 1).is_some();
+    // Reported delivered, whatever the status can show (a send that ended
+    // `unknown` keeps its status when the report comes later).
+    if f.reported_delivered && f.message_status != Status::Delivered {
+        return Next::Delivered;
+    }
     match f.message_status {
         Status::Delivered => Next::Delivered,
         Status::Failed | Status::Canceled | Status::Undelivered => {
@@ -351,6 +356,7 @@ mod tests {
             expires_at: at(600),
             channels: Channels::parse_stored(channels, &known).expect("channels"),
             fallback_after: crate::domain::FallbackAfter::Every(60),
+            reported_delivered: false,
         }
     }
 
@@ -436,6 +442,13 @@ mod tests {
                 want,
                 "{state:?} {message:?} {v:?} {channels} {now}"
             );
+        }
+        // A report of delivery of a send that ended `unknown` (its status
+        // stays): no next channel, at once or past the delay.
+        for now in [10, 61] {
+            let mut f = row(Waiting, (Unknown, false, false), V::Pending, "whatsapp,sms");
+            f.reported_delivered = true;
+            assert_eq!(next(&f, at(now)), Next::Delivered, "{now}");
         }
     }
 }

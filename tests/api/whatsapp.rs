@@ -687,6 +687,23 @@ async fn a_status_of_an_ambiguous_send_finds_its_message_by_our_id(backend: Back
         message["status"], "unknown",
         "kept in the history; the status stays"
     );
+    // The report of delivery stops the rest, though the status stays
+    // `unknown` (issue 40: a delivered report stops the next channel).
+    clock.advance(Duration::from_secs(31));
+    eventually("the step's row settled delivered", || async {
+        let n = app
+            .db
+            .count("SELECT count(*) FROM verification_fallbacks WHERE state = 'delivered'")
+            .await;
+        (n == 1).then_some(())
+    })
+    .await;
+    clock.advance(Duration::from_secs(300));
+    assert!(
+        sms_to(&app, TO).is_empty(),
+        "no SMS after a delivery report"
+    );
+    assert_eq!(whatsapp_codes(&app).len(), 1);
 }
 
 async fn whatsapp_without_its_token_is_refused_and_stores_nothing(backend: Backend) {

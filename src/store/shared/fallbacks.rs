@@ -25,14 +25,18 @@ const DUE: &str = "SELECT f.verification_id, f.send_number, f.step, f.tenant_id,
         f.message_id, f.due_at, f.state, m.status AS message_status, \
         m.attempts AS message_attempts, m.lease_token IS NOT NULL AS message_leased, \
         m.provider, m.prepared_token, v.status AS verification_status, v.expires_at, \
-        v.channels, v.fallback_after_seconds, v.fallback_after_list \
+        v.channels, v.fallback_after_seconds, v.fallback_after_list, \
+        EXISTS (SELECT 1 FROM receipts r WHERE r.message_id = m.id \
+            AND r.status = 'delivered') AS reported_delivered \
      FROM verification_fallbacks f \
      JOIN messages m ON m.id = f.message_id \
      JOIN verifications v ON v.id = f.verification_id \
      WHERE f.state IN ('waiting', 'delivered') AND ( \
         v.status <> 'pending' OR v.expires_at <= $1 \
         OR (f.state = 'waiting' AND (f.due_at <= $1 \
-            OR m.status IN ('failed', 'canceled', 'undelivered', 'delivered')))) \
+            OR m.status IN ('failed', 'canceled', 'undelivered', 'delivered') \
+            OR EXISTS (SELECT 1 FROM receipts r WHERE r.message_id = m.id \
+                AND r.status = 'delivered')))) \
      ORDER BY f.due_at LIMIT $2";
 
 const SETTLE: &str = "UPDATE verification_fallbacks SET state = $3, updated_at = $5 \
@@ -71,6 +75,7 @@ struct DueRow {
     channels: String,
     fallback_after_seconds: i32,
     fallback_after_list: Option<String>,
+    reported_delivered: bool,
 }
 
 impl TryFrom<DueRow> for FallbackDue {
@@ -107,14 +112,21 @@ impl TryFrom<DueRow> for FallbackDue {
                 r.fallback_after_list.as_deref(),
             )
             .ok_or(StoreError::Invariant("a broken fallback_after_list"))?,
+            reported_delivered: r.reported_delivered,
         })
     }
 }
 
-/// The message as a stop reads it.
-fn fresh(m: &MessageRecord) -> Fresh {
+/// Whether a receipt reported message `$1` delivered.
+const REPORTED_DELIVERED: &str =
+    "SELECT EXISTS (SELECT 1 FROM receipts WHERE message_id = $1 AND status = 'delivered')";
+
+/// The message as a stop reads it (`reported_delivered`: whether a receipt
+/// said it was delivered, read in the same transaction where it matters).
+fn fresh(m: &MessageRecord, reported_delivered: bool) -> Fresh {
     Fresh {
         status: m.status,
+        reported_delivered,
         leased: m.lease.is_some(),
         attempt_open: m.last_attempt_open,
         maybe_sent: m.maybe_sent,
@@ -263,7 +275,11 @@ per_backend! {
                     let Some(first) = Driver::locked_message(c, f.message_id).await? else {
                         return Ok(FellBack::NotNow);
                     };
-                    let stop = stop::for_next_channel(&fresh(&first), now);
+                    let reported: bool = sqlx::query_scalar(REPORTED_DELIVERED)
+                        .bind(first.id.0)
+                        .fetch_one(&mut *c)
+                        .await?;
+                    let stop = stop::for_next_channel(&fresh(&first, reported), now);
                     // Moved on since the pass read it (an attempt made, a
                     // report): the pass's revoke and question were about
                     // an older message. Decided again on the next pass.
@@ -403,7 +419,8 @@ per_backend! {
             let mut stopped = Vec::new();
             for row in rows {
                 let m = MessageRecord::from(row);
-                let stop = stop::for_end(&fresh(&m), now);
+                // A delivered report changes nothing at the end.
+                let stop = stop::for_end(&fresh(&m, false), now);
                 Driver::stop_message(c, &m, stop, now).await?;
                 if matches!(stop, Stop::Cancel | Stop::Expire) {
                     stopped.push((m.id, stop));

@@ -425,6 +425,7 @@ mod tests {
             bootstrap_tenant: false,
             quiet_hours: None,
             home_country: None,
+            verify_channels: None,
             spend_caps: Default::default(),
             live_id: None,
         }

@@ -21,3 +21,7 @@ ALTER TABLE inbound_updates ADD COLUMN channel text NOT NULL DEFAULT 'telegram';
 ALTER TABLE inbound_updates DROP CONSTRAINT telegram_updates_pkey;
 ALTER TABLE inbound_updates ADD PRIMARY KEY (channel, source, event_id);
 ALTER INDEX telegram_updates_received_at RENAME TO inbound_updates_received_at;
+
+-- A tenant's default channels for a verification that names none
+-- (`verify_channels`, joined by ','); NULL: `sms` alone.
+ALTER TABLE tenants ADD COLUMN verify_channels text;

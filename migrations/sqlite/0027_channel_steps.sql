@@ -38,3 +38,5 @@ INSERT INTO inbound_updates (channel, source, event_id, received_at)
     SELECT 'telegram', bot_id, update_id, received_at FROM telegram_updates;
 DROP TABLE telegram_updates;
 CREATE INDEX inbound_updates_received_at ON inbound_updates (received_at);
+
+ALTER TABLE tenants ADD COLUMN verify_channels TEXT;

@@ -21,6 +21,8 @@ pub struct TenantPatch {
     pub home_country: Option<Option<String>>,
     pub disabled: Option<bool>,
     pub spend_caps: Option<SpendCapsPatch>,
+    /// The channels of a verification that names none.
+    pub verify_channels: Option<Option<crate::domain::Channels>>,
 }
 
 /// The fields a PATCH may name.
@@ -31,6 +33,7 @@ pub const FIELDS: &[&str] = &[
     "home_country",
     "disabled",
     "spend_caps",
+    "verify_channels",
 ];
 
 fn country(v: &str) -> Option<String> {
@@ -130,6 +133,16 @@ impl TenantPatch {
                     _ => errors.push(FieldError::new(field, "must be true or false")),
                 },
                 "spend_caps" => p.spend_caps = SpendCapsPatch::from_json(v, &mut errors),
+                "verify_channels" => match v {
+                    Value::Null => p.verify_channels = Some(None),
+                    _ => match crate::domain::Channels::from_json(
+                        v,
+                        &crate::provider::registry::verify_channels(),
+                    ) {
+                        Ok(c) => p.verify_channels = Some(Some(c)),
+                        Err(why) => errors.push(FieldError::new(field, why)),
+                    },
+                },
                 other => errors.push(FieldError::new(
                     other,
                     format!("is not a tenant setting (one of {})", FIELDS.join(", ")),
@@ -166,6 +179,12 @@ impl TenantPatch {
         }
         if let Some(d) = self.disabled {
             m.insert("disabled".into(), json!(d));
+        }
+        if let Some(c) = &self.verify_channels {
+            m.insert(
+                "verify_channels".into(),
+                json!(c.as_ref().map(|c| c.names())),
+            );
         }
         if let Some(c) = &self.spend_caps {
             m.insert("spend_caps".into(), c.to_json());

@@ -97,6 +97,7 @@ pub fn tenant_json(t: &TenantSettings, limits: &crate::ratelimit::Limits, curren
         "allowed_countries": t.allowed_countries,
         "home_country": t.home_country,
         "disabled": t.disabled,
+        "verify_channels": t.verify_channels.as_ref().map(|c| c.names()),
     })
 }
 

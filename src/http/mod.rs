@@ -305,6 +305,7 @@ mod tests {
             bootstrap_tenant: false,
             quiet_hours: None,
             home_country: None,
+            verify_channels: None,
             spend_caps: crate::spend::SpendCaps::default(),
             live_id: None,
         };

@@ -92,8 +92,12 @@ async fn create(
     request_rate(&state, tenant.id)?;
     let key = idempotency_key(&headers)?;
     let body = json_body(&state, &headers, body, super::BODY_LIMIT).await?;
-    let request =
-        StartRequest::parse_in(&body, tenant.home_country.as_deref()).map_err(bad_body)?;
+    let request = StartRequest::parse_for(
+        &body,
+        tenant.home_country.as_deref(),
+        tenant.verify_channels.as_ref(),
+    )
+    .map_err(bad_body)?;
     let country = request.country.as_deref();
     let (outcome, now) = state
         .sends

@@ -65,6 +65,8 @@ pub struct TenantSettings {
     /// Its keys are refused (the admin API's `disabled`).
     pub disabled: bool,
     pub spend_caps: crate::spend::SpendCaps,
+    /// The channels of a verification that names none (`None`: `sms`).
+    pub verify_channels: Option<crate::domain::Channels>,
 }
 
 pub use verification::*;

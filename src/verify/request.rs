@@ -22,6 +22,10 @@ pub struct StartRequest {
     pub channels: Channels,
     /// How long each step has to report delivery before the next channel.
     pub fallback_after: FallbackAfter,
+    /// Whether the body named `channels` (else they are the tenant's
+    /// default) and `fallback_after_seconds`: what the fingerprint says.
+    pub channels_given: bool,
+    pub fallback_after_given: bool,
 }
 
 impl StartRequest {
@@ -30,9 +34,27 @@ impl StartRequest {
         Self::parse_in(body, None)
     }
 
+    /// [`StartRequest::parse_in`], with the tenant's default `channels`
+    /// for a body that names none.
+    pub fn parse_for(
+        body: &[u8],
+        home: Option<&str>,
+        default_channels: Option<&Channels>,
+    ) -> Result<Self, Option<Vec<FieldError>>> {
+        Self::parse_with(body, home, default_channels)
+    }
+
     /// [`StartRequest::parse`], a `to` without `+` read in `home` (the
     /// tenant's `home_country`, see [`crate::domain::phone::parse_in`]).
     pub fn parse_in(body: &[u8], home: Option<&str>) -> Result<Self, Option<Vec<FieldError>>> {
+        Self::parse_with(body, home, None)
+    }
+
+    fn parse_with(
+        body: &[u8],
+        home: Option<&str>,
+        default_channels: Option<&Channels>,
+    ) -> Result<Self, Option<Vec<FieldError>>> {
         let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| None)?;
         refuse_duplicate_keys(body)?;
         let obj = value.as_object().ok_or(None)?;
@@ -116,7 +138,7 @@ impl StartRequest {
         };
         let known = crate::provider::registry::verify_channels();
         let channels = match obj.get("channels") {
-            None => Channels::default(),
+            None => default_channels.cloned().unwrap_or_default(),
             Some(v) => Channels::from_json(v, &known).unwrap_or_else(|why| {
                 errors.push(err("channels", &why));
                 Channels::default()
@@ -188,6 +210,8 @@ impl StartRequest {
                 template,
                 channels,
                 fallback_after,
+                channels_given: obj.contains_key("channels"),
+                fallback_after_given: obj.contains_key("fallback_after_seconds"),
             }),
             _ => Err(Some(errors)),
         }
@@ -209,7 +233,9 @@ impl StartRequest {
         }
         // Said only when not the default, so that an SMS-only start keeps
         // the fingerprint it had before channels existed.
-        if self.channels != Channels::default() {
+        // Channels taken from the tenant's default are not the request's:
+        // a replay after the default changed is the same request.
+        if self.channels_given && self.channels != Channels::default() {
             h.update(format!(
                 "\0c{}\0{}",
                 self.channels.stored(),
@@ -217,6 +243,11 @@ impl StartRequest {
             ));
             // A list: said only when given, so that one number keeps the
             // fingerprint it had before lists existed.
+            if let Some(list) = self.fallback_after.stored_list() {
+                h.update(format!("\0l{list}"));
+            }
+        } else if self.fallback_after_given {
+            h.update(format!("\0f{}", self.fallback_after.first()));
             if let Some(list) = self.fallback_after.stored_list() {
                 h.update(format!("\0l{list}"));
             }

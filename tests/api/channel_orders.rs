@@ -199,7 +199,70 @@ async fn each_step_waits_its_own_delay(backend: Backend) {
     assert_eq!(app.mock.gateway_messages().len(), 1);
 }
 
+/// PATCHes the tenant of `app`'s key with `body`.
+async fn patch_tenant(app: &TestApp, admin: &str, body: Value) -> crate::helpers::Answer {
+    let req = app
+        .request(Method::PATCH, &format!("/admin/tenants/{}", app.tenant))
+        .bearer_auth(admin)
+        .json(&body);
+    answer(req.send().await.expect("PATCH")).await
+}
+
+/// A tenant's default channels (`verify_channels`) are a start's when it
+/// names none; a start that names them wins; a replay after the default
+/// changed is the same request; a bad default is a 400 that changes
+/// nothing.
+async fn a_tenants_default_channels_apply_when_a_start_names_none(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_orders(backend, clock.clone()).await;
+    let admin = crate::access::key_with(&app, sendonce::scopes::Scopes::ALL, Some("ops")).await;
+    let bad = patch_tenant(&app, &admin, json!({"verify_channels": ["sms", "pigeon"]})).await;
+    assert_eq!(bad.status, 400, "{}", String::from_utf8_lossy(&bad.bytes));
+    assert_eq!(bad.json()["errors"][0]["field"], "verify_channels");
+    let ok = patch_tenant(
+        &app,
+        &admin,
+        json!({"verify_channels": ["telegram", "sms"]}),
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.bytes));
+    assert_eq!(ok.json()["verify_channels"], json!(["telegram", "sms"]));
+    let body = json!({"to": TO, "ttl_seconds": 120});
+    let id = started(&app, "default-1", body.clone()).await;
+    let v = verification(&app, &id).await;
+    assert_eq!(v["channels"], json!(["telegram", "sms"]), "{v}");
+    // Unsaid, the step waits half the life (60 s): nothing at 59 s.
+    messages_when(&app, &id, "the Telegram message sent", |m| {
+        m == [pair("telegram", "sent")]
+    })
+    .await;
+    assert_eq!(v["fallback_after_seconds"], 60);
+    // A start that names its channels keeps them.
+    let own = started(
+        &app,
+        "default-2",
+        json!({"to": "+14155550124", "channels": ["sms"]}),
+    )
+    .await;
+    assert_eq!(verification(&app, &own).await["channels"], json!(["sms"]));
+    // The default cleared: the replay under the first key is the first
+    // answer, not a refusal of a changed request.
+    let cleared = patch_tenant(&app, &admin, json!({"verify_channels": null})).await;
+    assert_eq!(cleared.json()["verify_channels"], Value::Null);
+    let replay = crate::telegram_gateway::start(&app, "default-1", body).await;
+    assert_eq!(
+        replay.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&replay.bytes)
+    );
+    assert_eq!(replay.json()["id"], id.as_str());
+    let fresh = started(&app, "default-3", json!({"to": "+14155550125"})).await;
+    assert_eq!(verification(&app, &fresh).await["channels"], json!(["sms"]));
+}
+
 on_both_backends!(
+    a_tenants_default_channels_apply_when_a_start_names_none,
     sms_first_then_telegram_after_its_delay,
     a_delivered_sms_never_goes_on_to_telegram,
     a_refused_sms_goes_on_to_telegram_at_once,

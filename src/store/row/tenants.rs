@@ -76,6 +76,7 @@ pub(crate) struct TenantSettingsRow {
     quiet_hours: Option<String>,
     home_country: Option<String>,
     disabled: bool,
+    verify_channels: Option<String>,
     spend_cap_daily_micros: Option<i64>,
     spend_cap_monthly_micros: Option<i64>,
     spend_cap_international_daily: Option<i64>,
@@ -92,6 +93,7 @@ impl From<TenantSettingsRow> for TenantSettings {
             quiet_hours: r.quiet_hours.as_deref().and_then(QuietHours::parse),
             home_country: r.home_country,
             disabled: r.disabled,
+            verify_channels: stored_channels(r.verify_channels.as_deref()),
             spend_caps: crate::spend::SpendCaps {
                 daily: r.spend_cap_daily_micros,
                 monthly: r.spend_cap_monthly_micros,
@@ -114,6 +116,7 @@ pub(crate) struct TenantAuthRow {
     scopes: String,
     disabled: bool,
     home_country: Option<String>,
+    verify_channels: Option<String>,
     spend_cap_daily_micros: Option<i64>,
     spend_cap_monthly_micros: Option<i64>,
     spend_cap_international_daily: Option<i64>,
@@ -133,6 +136,7 @@ impl From<TenantAuthRow> for TenantAuth {
             bootstrap_tenant: r.bootstrap_tenant,
             quiet_hours: r.quiet_hours.as_deref().and_then(QuietHours::parse),
             home_country: r.home_country,
+            verify_channels: stored_channels(r.verify_channels.as_deref()),
             spend_caps: crate::spend::SpendCaps {
                 daily: r.spend_cap_daily_micros,
                 monthly: r.spend_cap_monthly_micros,
@@ -141,4 +145,10 @@ impl From<TenantAuthRow> for TenantAuth {
             live_id: r.live_tenant_id,
         }
     }
+}
+
+/// A tenant's stored default channels; one naming a channel the registry no
+/// longer has reads as none (`sms`), so that its keys keep working.
+fn stored_channels(s: Option<&str>) -> Option<crate::domain::Channels> {
+    crate::domain::Channels::parse_stored(s?, &crate::provider::registry::verify_channels())
 }

@@ -30,7 +30,8 @@ const UPDATE_TENANT: &str = "UPDATE tenants SET \
         spend_cap_daily_micros = CASE WHEN $12 THEN $13 ELSE spend_cap_daily_micros END, \
         spend_cap_monthly_micros = CASE WHEN $14 THEN $15 ELSE spend_cap_monthly_micros END, \
         spend_cap_international_daily = \
-            CASE WHEN $16 THEN $17 ELSE spend_cap_international_daily END \
+            CASE WHEN $16 THEN $17 ELSE spend_cap_international_daily END, \
+        verify_channels = CASE WHEN $18 THEN $19 ELSE verify_channels END \
      WHERE name = $1 AND live_tenant_id IS NULL";
 
 const ADD_KEY: &str = "INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix, scopes, label) \
@@ -96,7 +97,8 @@ fn audit_record(r: AuditRow) -> AuditRecord {
 }
 
 const TENANT_BY_NAME: &str = "SELECT id, name, created_at, allowed_countries, \
-        allowed_senders, quiet_hours, home_country, disabled, spend_cap_daily_micros, \
+        allowed_senders, quiet_hours, home_country, disabled, verify_channels, \
+        spend_cap_daily_micros, \
         spend_cap_monthly_micros, spend_cap_international_daily FROM tenants \
      WHERE name = $1 AND live_tenant_id IS NULL";
 
@@ -191,6 +193,8 @@ per_backend! {
                             .bind(caps.monthly.flatten())
                             .bind(caps.international_daily_messages.is_some())
                             .bind(caps.international_daily_messages.flatten())
+                            .bind(p.verify_channels.is_some())
+                            .bind(p.verify_channels.clone().flatten().map(|c| c.stored()))
                             .execute(&mut *c)
                             .await?;
                         if done.rows_affected() == 0 {

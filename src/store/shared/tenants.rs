@@ -90,7 +90,7 @@ const REVOKE_OTHER_BOOTSTRAP_KEYS: &str = "UPDATE api_keys SET revoked_at = $2 \
 /// refused when either row is disabled, never capped (a shadow has no caps).
 const FOR_KEY: &str = "SELECT k.tenant_id, l.allowed_countries, l.allowed_senders, \
         l.name = 'default' AS bootstrap_tenant, l.quiet_hours, k.id AS key_id, k.label, \
-        k.scopes, (t.disabled OR l.disabled) AS disabled, l.home_country, \
+        k.scopes, (t.disabled OR l.disabled) AS disabled, l.home_country, l.verify_channels, \
         t.spend_cap_daily_micros, t.spend_cap_monthly_micros, \
         t.spend_cap_international_daily, t.live_tenant_id \
      FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
@@ -102,7 +102,8 @@ const LIST_TENANTS: &str =
     "SELECT id, name, created_at FROM tenants WHERE live_tenant_id IS NULL ORDER BY name";
 
 const TENANT_SETTINGS: &str = "SELECT id, name, created_at, allowed_countries, \
-        allowed_senders, quiet_hours, home_country, disabled, spend_cap_daily_micros, \
+        allowed_senders, quiet_hours, home_country, disabled, verify_channels, \
+        spend_cap_daily_micros, \
         spend_cap_monthly_micros, spend_cap_international_daily FROM tenants \
      WHERE live_tenant_id IS NULL ORDER BY name";
 

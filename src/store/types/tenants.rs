@@ -37,6 +37,8 @@ pub struct TenantAuth {
     pub disabled: bool,
     /// Its home country: messages elsewhere count as international.
     pub home_country: Option<String>,
+    /// The channels of a verification that names none (`None`: `sms`).
+    pub verify_channels: Option<crate::domain::Channels>,
     /// Its spend caps; with any set, its sends are counted against them
     /// in the transaction of their insert (none in test mode).
     pub spend_caps: crate::spend::SpendCaps,
@@ -148,6 +150,7 @@ mod tests {
                 bootstrap_tenant,
                 quiet_hours: None,
                 home_country: None,
+                verify_channels: None,
                 spend_caps: Default::default(),
                 live_id: None,
             };

@@ -152,6 +152,14 @@ fn invalid_settings_are_one_line_reasons() {
         ),
         (&["--max-segments", "0"][..], "SENDONCE_MAX_SEGMENTS"),
         (
+            &["--max-concurrent-sends", "4", "--spare-send-slots", "4"][..],
+            "SENDONCE_SPARE_SEND_SLOTS must be below",
+        ),
+        (
+            &["--spare-send-slots", "some"][..],
+            "SENDONCE_SPARE_SEND_SLOTS=",
+        ),
+        (
             &["--rate-tenant-rps", "300"][..],
             "SENDONCE_RATE_TENANT_BURST must not be below",
         ),
@@ -174,6 +182,21 @@ fn an_unknown_database_is_refused() {
         err.to_string(),
         "DATABASE_URL is not a postgres:// or sqlite:// URL"
     );
+}
+
+/// Spare send slots: a sixteenth of the slots unless given; 0 is allowed.
+#[test]
+fn spare_send_slots_default_to_a_sixteenth() {
+    let d = args(&[]).unwrap().delivery;
+    assert_eq!((d.spare_send_slots, d.spare_slots()), (None, 4));
+    let d = args(&["--max-concurrent-sends", "8"]).unwrap().delivery;
+    assert_eq!(d.spare_slots(), 0, "below 16 slots: none");
+    let d = args(&["--max-concurrent-sends", "8", "--spare-send-slots", "2"])
+        .unwrap()
+        .delivery;
+    assert_eq!(d.spare_slots(), 2);
+    let d = args(&["--spare-send-slots", "0"]).unwrap().delivery;
+    assert_eq!(d.spare_slots(), 0);
 }
 
 #[test]

@@ -77,6 +77,8 @@ impl Scheduler {
             };
             self.deliverer.spawn_with_permit(msg, lease, start, permit);
         }
+        // Left-over slots were given back: deliveries waiting look again.
+        self.deliverer.slots_returned();
         Ok((n, slots))
     }
 

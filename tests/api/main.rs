@@ -62,6 +62,7 @@ mod delivery;
 mod driver;
 mod durability;
 mod failover;
+mod fair_slots;
 mod gateway_promise;
 mod hardening;
 mod hardening2;

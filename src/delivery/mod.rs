@@ -272,13 +272,22 @@ impl Deliverer {
         })
     }
 
-    /// The secrets taken out of provider answers.
-    pub(super) fn secrets(&self) -> &crate::provider::Secrets {
+    /// The secrets taken out of provider answers (and receipts).
+    pub fn secrets(&self) -> &crate::provider::Secrets {
         static NONE: std::sync::OnceLock<crate::provider::Secrets> = std::sync::OnceLock::new();
         self.calls
             .secrets
             .get()
             .unwrap_or_else(|| NONE.get_or_init(crate::provider::Secrets::default))
+    }
+
+    /// `msg`'s text as it was sent (a sealed body opened), to take out of
+    /// a receipt that quotes it; `None` if it does not open now.
+    pub async fn readable_body(&self, msg: &MessageRecord) -> Option<String> {
+        self.outgoing(msg, self.clock.now())
+            .await
+            .ok()
+            .map(|sms| sms.body)
     }
 
     pub fn owner(&self) -> &str {

@@ -230,6 +230,98 @@ fn secrets_stay_out_of_debug() {
     }
 }
 
+/// Every variable an adapter marks secret, the bootstrap key, the verify
+/// secret and the database password, all set at once with each SMS adapter
+/// (and both Telegram channels): none shows in the settings' `Debug`, so a
+/// secret field a hand-written `Debug` forgets fails here (the reason the
+/// settings keep their own `Debug` impls rather than `secrecy`: see
+/// docs/security.md).
+#[test]
+fn no_configured_secret_shows_in_debug() {
+    let secret_vars: Vec<&crate::provider::registry::Var> =
+        crate::provider::registry::Vars::known()
+            .filter(|v| v.secret)
+            .collect();
+    assert!(secret_vars.len() >= 10, "{secret_vars:?}");
+    let value = |env: &str| match env {
+        // BotFather's shape: `<bot id>:<secret>`.
+        "TELEGRAM_BOT_TOKEN" => "987654321:AAs3cr3t_telegram_bot_token_q9".to_string(),
+        // SMPP's password is at most 8 characters.
+        "SMPP_PASSWORD" => "pw9Xq7Zk".to_string(),
+        _ => format!("s3cr3t-{}-q9", env.to_ascii_lowercase().replace('_', "-")),
+    };
+    let required: [&[&str]; 5] = [
+        &[
+            "--provider",
+            "http",
+            "--http-provider-url",
+            "https://p.example",
+        ],
+        &[
+            "--provider",
+            "twilio",
+            "--twilio-account-sid",
+            "AC0123456789abcdef0123456789abcdef",
+            "--twilio-from",
+            "+14155550000",
+        ],
+        &[
+            "--provider",
+            "infobip",
+            "--infobip-base-url",
+            "https://xyz.api.infobip.com",
+            "--infobip-from",
+            "ACME",
+        ],
+        &[
+            "--provider",
+            "vonage",
+            "--vonage-api-key",
+            "k123456",
+            "--vonage-from",
+            "ACME",
+        ],
+        &[
+            "--provider",
+            "smpp",
+            "--smpp-host",
+            "smsc.example",
+            "--smpp-system-id",
+            "acme",
+        ],
+    ];
+    let verify = "v3rify-secret-0123456789abcdef0123456789abcdef";
+    let bootstrap = "so_Zq8Lr2Xw9Kp4Tn7Vb1Hc6Md3Fs5Gj0";
+    for extra in required {
+        let mut argv: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        for v in &secret_vars {
+            argv.push(format!("--{}", v.flag));
+            argv.push(value(v.env));
+        }
+        argv.extend(
+            [
+                "--public-url",
+                "https://sms.example.com",
+                "--verify-secret",
+                verify,
+                "--bootstrap-api-key",
+                bootstrap,
+            ]
+            .map(str::to_string),
+        );
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let c = args(&argv).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        let shown = format!("{c:?}");
+        for v in &secret_vars {
+            let secret = value(v.env);
+            assert!(!shown.contains(&secret), "{} shown: {shown}", v.env);
+        }
+        for secret in [verify, bootstrap, "secret@"] {
+            assert!(!shown.contains(secret), "{secret} shown: {shown}");
+        }
+    }
+}
+
 #[test]
 fn redacts_passwords() {
     assert_eq!(

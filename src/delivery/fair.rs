@@ -21,6 +21,10 @@
 //!   fewer than `max(1, Q / (active tenants + 1))` (a share for every
 //!   active tenant and one for the next to arrive), or the queue is less
 //!   than half full. A tenant alone queues at most half the queue.
+//!
+//! The scheduler (batch items, retries, scheduled sends) claims only for
+//! the free slots beyond R ([`super::Deliverer::claimable_permits`]); what
+//! it starts counts against its tenant's slots while it runs.
 
 use std::collections::HashMap;
 use std::pin::pin;
@@ -224,6 +228,31 @@ impl Fair {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return None,
+                () = changed => {}
+                () = tokio::time::sleep(RECHECK) => {}
+            }
+        }
+    }
+}
+
+impl Fair {
+    /// Waits until more than `spare` of `permits` are free; false once
+    /// `stop` is cancelled.
+    pub(super) async fn wait_free(
+        &self,
+        permits: &Semaphore,
+        spare: usize,
+        stop: &CancellationToken,
+    ) -> bool {
+        loop {
+            let mut changed = pin!(self.changed.notified());
+            changed.as_mut().enable();
+            if permits.available_permits() > spare {
+                return true;
+            }
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return false,
                 () = changed => {}
                 () = tokio::time::sleep(RECHECK) => {}
             }

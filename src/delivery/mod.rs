@@ -459,13 +459,22 @@ impl Deliverer {
         self.hub.len()
     }
 
-    /// Waits until a provider-call slot is free (and leaves it free); false
-    /// if the slots are closed.
+    /// Waits until a provider-call slot the scheduler may claim for is free
+    /// (more than the spare ones, [`DeliverySettings::spare_slots`]) and
+    /// leaves it free; false once shutdown stopped the wait.
     pub async fn slot_freed(&self) -> bool {
-        Arc::clone(&self.slots.permits)
-            .acquire_owned()
+        self.slots
+            .fair
+            .wait_free(&self.slots.permits, self.settings.spare_slots(), &self.stop)
             .await
-            .is_ok()
+    }
+
+    /// Free slots the scheduler may claim for now: the spare ones stay for
+    /// a tenant's next new send ([`fair`]), so a batch or a burst of
+    /// retries of one tenant does not take every slot either.
+    pub fn claimable_permits(&self) -> usize {
+        self.free_permits()
+            .saturating_sub(self.settings.spare_slots())
     }
 
     /// A free provider-call slot, if there is one now. The scheduler takes

@@ -4,6 +4,7 @@
 //! tenant's sends to a fast route still go out at once.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sendonce::delivery::destinations::Routes;
 use sendonce::provider::{Provider, SimulatedProvider};
@@ -16,8 +17,14 @@ use crate::helpers::*;
 const SLOW: &str = "+14155550100";
 const FAST: &str = "+447911123456";
 
-async fn a_tenant_on_a_slow_route_leaves_slots_and_queue_for_others(backend: Backend) {
+/// An instance with 4 send slots (1 spare), a queue of 8, A's slow route
+/// (`+1`, `http` at the mock) and B's fast one (the simulated provider).
+/// A's calls hang until the test opens their gates: its provider timeout
+/// (and the lease) outlast the test.
+async fn spawn_two_routes(backend: Backend) -> TestApp {
     let mut settings = test_settings();
+    settings.delivery.provider_timeout = Duration::from_secs(30);
+    settings.delivery.lease = Duration::from_secs(90);
     settings.delivery.max_concurrent_sends = 4;
     settings.delivery.max_queued_sends = 8;
     settings.delivery.spare_send_slots = Some(1);
@@ -28,13 +35,49 @@ async fn a_tenant_on_a_slow_route_leaves_slots_and_queue_for_others(backend: Bac
         .expect("routes"),
     );
     let simulated: Arc<dyn Provider> = Arc::new(SimulatedProvider { log_bodies: false });
-    let app = spawn_with(TestOptions {
+    spawn_with(TestOptions {
         backend,
         settings,
+        provider_timeout: Duration::from_secs(30),
         fallbacks: vec![simulated],
         ..TestOptions::default()
     })
-    .await;
+    .await
+}
+
+/// Tenant B, within its rights, sends `n` messages to the fast route: each
+/// goes out at once (final within its 3 s wait, while A's calls hang),
+/// however busy A keeps its route.
+async fn b_sends_at_once(app: &TestApp, n: usize) {
+    let key = sendonce::apikey::generate();
+    app.handle
+        .store
+        .create_tenant("b-fast", &key.stored)
+        .await
+        .expect("tenant");
+    for i in 0..n {
+        let sent = app
+            .request(reqwest::Method::POST, "/messages")
+            .bearer_auth(&key.secret)
+            .header("Idempotency-Key", format!("B-{i}"))
+            .header("prefer", "wait=3")
+            .json(&sms(FAST, "fast route"))
+            .send()
+            .await
+            .expect("POST");
+        let sent = answer(sent).await;
+        assert_eq!(
+            sent.status,
+            201,
+            "B's send {i}: {}",
+            String::from_utf8_lossy(&sent.bytes)
+        );
+        assert_eq!(sent.json()["status"], "sent");
+    }
+}
+
+async fn a_tenant_on_a_slow_route_leaves_slots_and_queue_for_others(backend: Backend) {
+    let app = spawn_two_routes(backend).await;
     // Every call of A's route hangs until its gate opens.
     let gates: Vec<Arc<Notify>> = (0..32).map(|_| Arc::new(Notify::new())).collect();
     app.mock
@@ -70,32 +113,7 @@ async fn a_tenant_on_a_slow_route_leaves_slots_and_queue_for_others(backend: Bac
     })
     .await;
 
-    // Tenant B, within its rights, sends to a fast route: every send goes
-    // out at once, however busy A keeps its route.
-    let key = sendonce::apikey::generate();
-    app.handle
-        .store
-        .create_tenant("b-fast", &key.stored)
-        .await
-        .expect("tenant");
-    for i in 0..8 {
-        let sent = app
-            .request(reqwest::Method::POST, "/messages")
-            .bearer_auth(&key.secret)
-            .header("Idempotency-Key", format!("B-{i}"))
-            .json(&sms(FAST, "fast route"))
-            .send()
-            .await
-            .expect("POST");
-        let sent = answer(sent).await;
-        assert_eq!(
-            sent.status,
-            201,
-            "B's send {i}: {}",
-            String::from_utf8_lossy(&sent.bytes)
-        );
-        assert_eq!(sent.json()["status"], "sent");
-    }
+    b_sends_at_once(&app, 8).await;
 
     // A's sends still go out once its route answers.
     for g in &gates {
@@ -106,4 +124,41 @@ async fn a_tenant_on_a_slow_route_leaves_slots_and_queue_for_others(backend: Bac
     }
 }
 
-on_both_backends!(a_tenant_on_a_slow_route_leaves_slots_and_queue_for_others);
+/// The same through a batch: its items are started by the scheduler, which
+/// leaves the spare slots to other tenants' new sends.
+async fn a_batch_on_a_slow_route_leaves_a_slot_for_others(backend: Backend) {
+    let app = spawn_two_routes(backend).await;
+    let gates: Vec<Arc<Notify>> = (0..12).map(|_| Arc::new(Notify::new())).collect();
+    app.mock
+        .push(gates.iter().map(|g| Behaviour::Gate(Arc::clone(g))));
+    let items: Vec<serde_json::Value> = (0..12)
+        .map(|i| serde_json::json!({"idempotency_key": format!("A-{i}"), "to": SLOW, "body": "slow route"}))
+        .collect();
+    let batch = app
+        .request(reqwest::Method::POST, "/messages/batch")
+        .bearer_auth(&app.api_key)
+        .json(&serde_json::json!({ "messages": items }))
+        .send()
+        .await
+        .expect("POST /messages/batch");
+    assert_eq!(answer(batch).await.status, 200);
+    eventually("the batch to hold every slot it may", || async {
+        (app.mock.call_count() >= 3).then_some(())
+    })
+    .await;
+
+    b_sends_at_once(&app, 4).await;
+    assert_eq!(app.mock.call_count(), 3, "A still holds three slots");
+
+    for g in &gates {
+        g.notify_one();
+    }
+    for i in 0..12 {
+        app.wait_for_status(&format!("A-{i}"), "sent").await;
+    }
+}
+
+on_both_backends!(
+    a_tenant_on_a_slow_route_leaves_slots_and_queue_for_others,
+    a_batch_on_a_slow_route_leaves_a_slot_for_others,
+);

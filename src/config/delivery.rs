@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::delivery::{DeliverySettings, RetryPolicy};
 
-use super::parse::{DurationVar, Unit, duration, number_or, positive_duration};
+use super::parse::{DurationVar, Unit, duration, given, number_or, positive_duration};
 use super::{ConfigArgs, ConfigError};
 
 /// The default delivery settings (the group's type lives in `delivery`).
@@ -16,6 +16,7 @@ pub(super) fn default_delivery() -> DeliverySettings {
         provider_timeout: Duration::from_secs(10),
         max_concurrent_sends: 64,
         max_queued_sends: 1024,
+        spare_send_slots: None,
     }
 }
 
@@ -119,6 +120,20 @@ pub(super) fn delivery_from_args(
         &a.max_queued_sends,
         d.max_queued_sends,
     )?;
+    let spare_send_slots = match given(&a.spare_send_slots) {
+        None => d.spare_send_slots,
+        Some(_) => Some(number_or(
+            "SENDONCE_SPARE_SEND_SLOTS",
+            &a.spare_send_slots,
+            0,
+        )?),
+    };
+    if spare_send_slots.is_some_and(|n| n >= max_concurrent_sends) {
+        return Err(ConfigError::invalid(
+            "SENDONCE_SPARE_SEND_SLOTS",
+            "must be below SENDONCE_MAX_CONCURRENT_SENDS: a tenant alone needs a slot",
+        ));
+    }
     Ok(DeliverySettings {
         retry: RetryPolicy {
             base: base.value,
@@ -143,6 +158,7 @@ pub(super) fn delivery_from_args(
         provider_timeout: provider_timeout.value,
         max_concurrent_sends,
         max_queued_sends,
+        spare_send_slots,
     })
 }
 

@@ -8,7 +8,6 @@
 //! or when its owner died and the lease expired.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -27,6 +26,7 @@ mod calls;
 pub mod circuit;
 pub mod decide;
 pub mod destinations;
+pub mod fair;
 pub mod hub;
 pub mod orphans;
 pub mod purge;
@@ -61,20 +61,24 @@ pub struct DeliverySettings {
     /// drains. Messages the scheduler resumes never queue: it claims only as
     /// many as there are free slots.
     pub max_queued_sends: usize,
+    /// Send slots a tenant's further deliveries leave free for other
+    /// tenants ([`fair`]); `None`: a sixteenth of the slots.
+    pub spare_send_slots: Option<usize>,
+}
+
+impl DeliverySettings {
+    /// Send slots kept free for other tenants' next sends (below the
+    /// slots; none of one slot).
+    pub fn spare_slots(&self) -> usize {
+        let slots = self.max_concurrent_sends.max(1);
+        self.spare_send_slots.unwrap_or(slots / 16).min(slots - 1)
+    }
 }
 
 /// A place in the queue of deliveries waiting for a send slot, released when
-/// the delivery gets its slot or ends.
+/// the delivery gets its slot or ends (its tenant's share: [`fair`]).
 pub struct QueueTicket {
-    deliverer: std::sync::Weak<Deliverer>,
-}
-
-impl Drop for QueueTicket {
-    fn drop(&mut self) {
-        if let Some(d) = self.deliverer.upgrade() {
-            d.slots.queued.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
+    _place: fair::QueuePlace,
 }
 
 /// Runs deliveries for this instance. It reads as five parts: the store
@@ -143,8 +147,8 @@ struct CallSide {
 /// for one, and the tasks running deliveries.
 struct Slots {
     permits: Arc<Semaphore>,
-    /// Deliveries holding a [`QueueTicket`].
-    queued: AtomicUsize,
+    /// What each tenant holds of the slots and the queue ([`fair`]).
+    fair: Arc<fair::Fair>,
     tasks: TaskTracker,
 }
 
@@ -208,7 +212,7 @@ impl Deliverer {
             },
             slots: Slots {
                 permits,
-                queued: AtomicUsize::new(0),
+                fair: Arc::default(),
                 tasks: TaskTracker::new(),
             },
             clock,
@@ -273,13 +277,22 @@ impl Deliverer {
         })
     }
 
-    /// The secrets taken out of provider answers.
-    pub(super) fn secrets(&self) -> &crate::provider::Secrets {
+    /// The secrets taken out of provider answers (and receipts).
+    pub fn secrets(&self) -> &crate::provider::Secrets {
         static NONE: std::sync::OnceLock<crate::provider::Secrets> = std::sync::OnceLock::new();
         self.calls
             .secrets
             .get()
             .unwrap_or_else(|| NONE.get_or_init(crate::provider::Secrets::default))
+    }
+
+    /// `msg`'s text as it was sent (a sealed body opened), to take out of
+    /// a receipt that quotes it; `None` if it does not open now.
+    pub async fn readable_body(&self, msg: &MessageRecord) -> Option<String> {
+        self.outgoing(msg, self.clock.now())
+            .await
+            .ok()
+            .map(|sms| sms.body)
     }
 
     pub fn owner(&self) -> &str {
@@ -479,13 +492,22 @@ impl Deliverer {
         self.hub.len()
     }
 
-    /// Waits until a provider-call slot is free (and leaves it free); false
-    /// if the slots are closed.
+    /// Waits until a provider-call slot the scheduler may claim for is free
+    /// (more than the spare ones, [`DeliverySettings::spare_slots`]) and
+    /// leaves it free; false once shutdown stopped the wait.
     pub async fn slot_freed(&self) -> bool {
-        Arc::clone(&self.slots.permits)
-            .acquire_owned()
+        self.slots
+            .fair
+            .wait_free(&self.slots.permits, self.settings.spare_slots(), &self.stop)
             .await
-            .is_ok()
+    }
+
+    /// Free slots the scheduler may claim for now: the spare ones stay for
+    /// a tenant's next new send ([`fair`]), so a batch or a burst of
+    /// retries of one tenant does not take every slot either.
+    pub fn claimable_permits(&self) -> usize {
+        self.free_permits()
+            .saturating_sub(self.settings.spare_slots())
     }
 
     /// A free provider-call slot, if there is one now. The scheduler takes
@@ -534,12 +556,28 @@ impl Deliverer {
         let registration = self.hub.register(msg.id);
         let this = Arc::clone(self);
         let span = tracing::info_span!("deliver", message_id = %msg.id, attempt = msg.attempts);
+        let tenant = msg.tenant_id;
         self.slots.tasks.spawn(async move {
-            let permit = match permit {
-                Some(p) => Some(p),
-                None => tokio::select! {
-                    p = Arc::clone(&this.slots.permits).acquire_owned() => p.ok(),
-                    () = this.stop.cancelled() => None,
+            // A slot taken for it (the scheduler's) counts against its
+            // tenant; else it waits for one within its tenant's share.
+            let (permit, _holding) = match permit {
+                Some(p) => (Some(p), Some(this.slots.fair.hold(tenant))),
+                None => match this
+                    .slots
+                    .fair
+                    .take_slot(
+                        tenant,
+                        &this.slots.permits,
+                        (
+                            this.settings.max_concurrent_sends.max(1),
+                            this.settings.spare_slots(),
+                        ),
+                        &this.stop,
+                    )
+                    .await
+                {
+                    Some((p, holding)) => (Some(p), Some(holding)),
+                    None => (None, None),
                 },
             };
             // Out of the queue: sending, or stopped.
@@ -573,24 +611,26 @@ impl Deliverer {
     }
 
     /// Reserves a place in the queue of deliveries waiting for a send slot,
-    /// for a message about to be inserted; `None` when the queue is full
-    /// ([`DeliverySettings::max_queued_sends`]).
-    pub fn reserve(self: &Arc<Self>) -> Option<QueueTicket> {
-        let max = self.settings.max_queued_sends;
-        self.slots
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()?;
-        Some(QueueTicket {
-            deliverer: Arc::downgrade(self),
-        })
+    /// for `tenant`'s message about to be inserted; `None` when the queue
+    /// is full ([`DeliverySettings::max_queued_sends`]) or the tenant holds
+    /// its share of it ([`fair::may_queue`]).
+    pub fn reserve(&self, tenant: uuid::Uuid) -> Option<QueueTicket> {
+        let place = self
+            .slots
+            .fair
+            .reserve(tenant, self.settings.max_queued_sends)?;
+        Some(QueueTicket { _place: place })
     }
 
     /// Deliveries waiting for a send slot now.
     pub fn queued(&self) -> usize {
-        self.slots.queued.load(Ordering::Acquire)
+        self.slots.fair.queued()
+    }
+
+    /// Slots taken and given back outside a delivery (the scheduler's
+    /// left-overs): deliveries waiting for one look again.
+    pub fn slots_returned(&self) {
+        self.slots.fair.changed();
     }
 
     /// Stops accepting work and waits until `deadline` for provider calls

@@ -40,9 +40,11 @@ impl Scheduler {
     /// [`Scheduler::tick`], also returning how many slots it had.
     async fn scan(&self) -> Result<(usize, usize), StoreError> {
         // Take the send slots first and hand one to each claimed message: a
-        // claimed message never waits, leased, for a slot.
+        // claimed message never waits, leased, for a slot. The spare slots
+        // stay for tenants' next new sends (`fair`).
         let mut permits = Vec::new();
-        while permits.len() < self.batch as usize {
+        let want = (self.batch as usize).min(self.deliverer.claimable_permits());
+        while permits.len() < want {
             match self.deliverer.try_permit() {
                 Some(p) => permits.push(p),
                 None => break,
@@ -77,6 +79,8 @@ impl Scheduler {
             };
             self.deliverer.spawn_with_permit(msg, lease, start, permit);
         }
+        // Left-over slots were given back: deliveries waiting look again.
+        self.deliverer.slots_returned();
         Ok((n, slots))
     }
 

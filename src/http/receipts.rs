@@ -54,7 +54,7 @@ use super::SharedState;
 use super::input::read_body;
 use crate::error::ApiError;
 use crate::provider::ADAPTERS;
-use crate::provider::receipts::{ReceiptError, ReceiptRequest};
+use crate::provider::receipts::{Receipt, ReceiptError, ReceiptRequest, is_bare_code};
 use crate::provider::registry::ReceiptRoutes;
 use crate::store::{NewReceipt, ReceiptOutcome};
 
@@ -185,20 +185,16 @@ async fn receive(
     let receipts = route.read_all(&req, &body)?;
     let mut outcomes = Vec::with_capacity(receipts.len());
     for receipt in receipts {
-        let receipt = NewReceipt {
-            provider: provider.into(),
-            event_id: receipt_identity(
-                &receipt.provider_message_id,
-                &receipt.status,
-                receipt.error_code.as_deref(),
-            ),
-            provider_message_id: receipt.provider_message_id,
-            message_id: receipt.message_id,
-            status: route.delivery_status(&receipt.status),
-            provider_status: receipt.status,
-            error_code: receipt.error_code,
-            received_at: state.clock.now(),
-        };
+        let status = route.delivery_status(&receipt.status);
+        let receipt = stored_receipt(
+            &state.deliverer,
+            state.store.as_ref(),
+            provider,
+            receipt,
+            status,
+            state.clock.now(),
+        )
+        .await?;
         // One that fails to be recorded fails the request (5xx): the
         // provider posts it again, and those already recorded are then
         // duplicates that change nothing.
@@ -233,10 +229,66 @@ async fn record(
     Ok(ack(outcome))
 }
 
+/// `receipt` as it is stored (issue 41): its error code and status word
+/// scrubbed as a send's answer is ([`Receipt::scrubbed`]), of the message's
+/// text too when the message is known (its sealed body opened), and its
+/// identity built from what is left without that text, so that the same
+/// receipt has the same identity before and after its message is known.
+/// The message is looked up only for an error code that could quote it
+/// (not a bare provider code such as `30003`).
+pub async fn stored_receipt(
+    deliverer: &crate::delivery::Deliverer,
+    store: &dyn crate::store::Store,
+    provider: &'static str,
+    receipt: Receipt,
+    status: Option<crate::domain::Status>,
+    received_at: time::OffsetDateTime,
+) -> Result<NewReceipt, crate::store::StoreError> {
+    let secrets = deliverer.secrets();
+    let body = match receipt.error_code.as_deref() {
+        Some(code) if !is_bare_code(code) => {
+            let id = match receipt.message_id {
+                Some(id) => Some(id),
+                None => {
+                    store
+                        .provider_message_owner(provider, &receipt.provider_message_id)
+                        .await?
+                }
+            };
+            match id {
+                Some(id) => match store.message_by_id(id).await? {
+                    Some(m) => deliverer.readable_body(&m).await,
+                    None => None,
+                },
+                None => None,
+            }
+        }
+        _ => None,
+    };
+    let identified = receipt.clone().scrubbed(None, secrets);
+    let receipt = receipt.scrubbed(body.as_deref(), secrets);
+    Ok(NewReceipt {
+        provider: provider.into(),
+        event_id: receipt_identity(
+            &identified.provider_message_id,
+            &identified.status,
+            identified.error_code.as_deref(),
+        ),
+        provider_message_id: receipt.provider_message_id,
+        message_id: receipt.message_id,
+        status,
+        provider_status: receipt.status,
+        error_code: receipt.error_code,
+        received_at,
+    })
+}
+
 /// Receipts that do not come over HTTP (SMPP's `deliver_sm`), handled as
 /// those that do: [`record_receipt`].
 pub struct StoreReceipts {
     pub store: std::sync::Arc<dyn crate::store::Store>,
+    /// Opens a sealed body and holds the secrets a receipt is scrubbed of.
+    pub deliverer: std::sync::Arc<crate::delivery::Deliverer>,
     pub clock: crate::clock::Clock,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
@@ -249,19 +301,20 @@ impl crate::provider::receipts::ReceiptSink for StoreReceipts {
         receipt: crate::provider::receipts::Receipt,
         status: Option<crate::domain::Status>,
     ) -> Result<(), String> {
-        let receipt = NewReceipt {
-            provider: provider.into(),
-            event_id: receipt_identity(
-                &receipt.provider_message_id,
-                &receipt.status,
-                receipt.error_code.as_deref(),
-            ),
-            provider_message_id: receipt.provider_message_id,
-            message_id: None,
+        let receipt = stored_receipt(
+            &self.deliverer,
+            self.store.as_ref(),
+            provider,
+            receipt,
             status,
-            provider_status: receipt.status,
-            error_code: receipt.error_code,
-            received_at: self.clock.now(),
+            self.clock.now(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        // SMPP's receipts name no message of ours.
+        let receipt = NewReceipt {
+            message_id: None,
+            ..receipt
         };
         record_receipt(
             self.store.as_ref(),

@@ -36,6 +36,74 @@ pub struct Receipt {
     pub message_id: Option<crate::domain::MessageId>,
 }
 
+impl Receipt {
+    /// This receipt as it is stored and shown (issue 41): its error code
+    /// and status word without any configured secret, URL query or run of
+    /// four or more digits, and without `body` (the message's text, when
+    /// it is known) ([`scrub_receipt_text`]). Its ids stay as they are: they
+    /// are what it is matched by. What its status means is read from the
+    /// status word before.
+    pub fn scrubbed(self, body: Option<&str>, secrets: &super::Secrets) -> Receipt {
+        Receipt {
+            status: scrub_receipt_text(&self.status, body, secrets),
+            error_code: self
+                .error_code
+                .map(|c| scrub_receipt_text(&c, body, secrets)),
+            ..self
+        }
+    }
+}
+
+/// A provider's text from a receipt (its error code, its status word) as
+/// it may be stored and shown: without the message's text `body` when it
+/// is known and the runs of four or more digits in it (as a send's answer,
+/// [`super::scrub`]), without any configured secret and with every URL's
+/// query as `[query]` ([`super::Secrets::scrub`]), and then without any run
+/// of four or more digits at all, the message's text being unknown to a
+/// receipt that came before its send was recorded: a provider quoting the
+/// SMS must not leak a code. A bare number of at most five digits is a
+/// provider's error code (Twilio's `30003`) and is kept whole.
+pub fn scrub_receipt_text(text: &str, body: Option<&str>, secrets: &super::Secrets) -> String {
+    if is_bare_code(text) {
+        return text.to_string();
+    }
+    let text = match body {
+        Some(body) => super::scrub(text, body),
+        None => text.to_string(),
+    };
+    without_digit_runs(&secrets.scrub(&text))
+}
+
+/// Whether `text` is a provider's numeric error code: a bare number of at
+/// most five digits (nothing to scrub in it).
+pub fn is_bare_code(text: &str) -> bool {
+    (1..=5).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `text` with every run of four or more ASCII digits as `[digits]`.
+fn without_digit_runs(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        if run.len() >= 4 {
+            out.push_str("[digits]");
+        } else {
+            out.push_str(run);
+        }
+        run.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            run.push(c);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
 /// Why a receipt request was refused; nothing was recorded.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ReceiptError {
@@ -137,4 +205,67 @@ pub trait ReceiptSink: Send + Sync + 'static {
         receipt: Receipt,
         status: Option<Status>,
     ) -> Result<(), String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::Secrets;
+
+    /// A receipt's texts as they are stored: (text, the message's body if
+    /// known) → what is kept.
+    #[test]
+    fn receipt_texts_lose_secrets_codes_and_the_message() {
+        let secrets = Secrets::new([
+            "receipt-secret-0123456789".to_string(),
+            "provider-token".to_string(),
+        ]);
+        let rows: [(&str, Option<&str>, &str); 12] = [
+            // Providers' own codes and words stay.
+            ("30003", None, "30003"),
+            ("6", None, "6"),
+            ("000", None, "000"),
+            ("EC_ABSENT_SUBSCRIBER", None, "EC_ABSENT_SUBSCRIBER"),
+            ("DELIVERED", Some("Code 482913"), "DELIVERED"),
+            ("err 123", None, "err 123"),
+            // A longer number, or digits in a text: a code may be quoted.
+            ("482913", None, "[digits]"),
+            ("bad: 482913", None, "bad: [digits]"),
+            ("EC_1234", None, "EC_[digits]"),
+            // The message's text, when known, goes whole.
+            (
+                "refused: Code 482913, tap",
+                Some("Code 482913, tap"),
+                "refused: [message text]",
+            ),
+            // Configured secrets and URL queries.
+            (
+                "receipt-secret-0123456789/provider-token",
+                None,
+                "[secret]/[secret]",
+            ),
+            (
+                "see https://x.example/cb?s=abc&t=1 now",
+                None,
+                "see https://x.example/cb?[query] now",
+            ),
+        ];
+        for (text, body, want) in rows {
+            assert_eq!(scrub_receipt_text(text, body, &secrets), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_receipt_keeps_its_ids() {
+        let r = Receipt {
+            provider_message_id: "id-123456".into(),
+            status: "undelivered".into(),
+            error_code: Some("code 123456".into()),
+            message_id: None,
+        };
+        let s = r.clone().scrubbed(None, &Secrets::default());
+        assert_eq!(s.provider_message_id, r.provider_message_id);
+        assert_eq!(s.status, "undelivered");
+        assert_eq!(s.error_code.as_deref(), Some("code [digits]"));
+    }
 }

@@ -264,7 +264,7 @@ impl Sends {
         let queue_ticket = if due.is_some() {
             None
         } else {
-            self.deliverer.reserve()
+            self.deliverer.reserve(tenant_id)
         };
         let queue_full = due.is_none() && queue_ticket.is_none();
         let permit = if permit.is_err() || queue_full {

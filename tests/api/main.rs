@@ -63,6 +63,7 @@ mod delivery;
 mod driver;
 mod durability;
 mod failover;
+mod fair_slots;
 mod fallback_crashes;
 mod gateway_promise;
 mod hardening;

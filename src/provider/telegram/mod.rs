@@ -25,9 +25,11 @@ pub mod classify;
 pub mod updates;
 mod settings;
 
-pub use settings::{
-    ADAPTER, BOT_API_URL, BOT_TOKEN, DEFAULT_BOT_API_URL, DEFAULT_TENANT, TENANT, WEBHOOK_SECRET,
-};
+pub use settings::{ADAPTER, BOT_API_URL, BOT_TOKEN, DEFAULT_BOT_API_URL};
+pub use updates::{DEFAULT_TENANT, TENANT, WEBHOOK_SECRET};
+
+/// The adapter's name and its channel's.
+pub const NAME: &str = "telegram";
 
 /// What the adapter needs to know.
 #[derive(Clone)]

@@ -7,12 +7,13 @@ use super::super::registry::{
     Adapter, Channel, Configured, Context, Inbound, Var, VarError, Vars, http_url,
 };
 use super::super::{Provider, ProviderError};
+use super::updates::{TENANT, WEBHOOK_SECRET};
 use super::{TelegramProvider, TelegramSettings, bot_id};
 
 /// The `telegram` adapter in the registry: a channel of its own, on when
 /// its bot token is set.
 pub const ADAPTER: Adapter = Adapter {
-    name: "telegram",
+    name: super::NAME,
     vars: &VARS,
     configure,
     receipts: None,
@@ -31,14 +32,10 @@ pub const ADAPTER: Adapter = Adapter {
 
 pub const BOT_TOKEN: &str = "TELEGRAM_BOT_TOKEN";
 pub const BOT_API_URL: &str = "TELEGRAM_BOT_API_URL";
-pub const TENANT: &str = "TELEGRAM_TENANT";
-pub const WEBHOOK_SECRET: &str = "TELEGRAM_WEBHOOK_SECRET";
 
 /// Where the real Bot API lives.
 pub const DEFAULT_BOT_API_URL: &str = "https://api.telegram.org";
 
-/// The tenant that owns the bot's inbound updates and their events.
-pub const DEFAULT_TENANT: &str = "default";
 
 const VARS: [Var; 4] = [
     Var {

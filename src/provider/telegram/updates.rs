@@ -22,13 +22,19 @@ use std::time::Duration;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use super::settings::{TENANT, WEBHOOK_SECRET};
-use super::{BOT_TOKEN, DEFAULT_TENANT, bot_id};
+use super::{BOT_TOKEN, bot_id};
 pub use crate::domain::inbound::{Effect, Update};
 use crate::provider::registry::{InboundRoute, VarError, Vars};
 
 /// Where the bot's updates are posted.
 pub const UPDATES_PATH: &str = "/channels/telegram/updates";
+
+/// The tenant (by name) that owns the updates, and the webhook's secret.
+pub const TENANT: &str = "TELEGRAM_TENANT";
+pub const WEBHOOK_SECRET: &str = "TELEGRAM_WEBHOOK_SECRET";
+
+/// The tenant that owns the bot's inbound updates and their events.
+pub const DEFAULT_TENANT: &str = "default";
 
 /// How long a taken update is kept (Telegram keeps an unconfirmed update
 /// for 24 hours; ids restart after a week without updates).
@@ -106,7 +112,7 @@ pub fn configure_inbound(vars: &Vars) -> Result<Option<Arc<dyn InboundRoute>>, V
 
 impl InboundRoute for Inbound {
     fn channel(&self) -> &'static str {
-        super::settings::ADAPTER.name
+        super::NAME
     }
 
     fn source(&self) -> i64 {

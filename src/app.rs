@@ -268,7 +268,7 @@ impl App {
 
         // A verification's next channel goes on the same beat.
         let fallback_task = tokio::spawn(
-            crate::verify::fallback::Fallbacks {
+            crate::delivery::fallback::Fallbacks {
                 store: Arc::clone(&self.state.store),
                 deliverer: Arc::clone(&self.state.deliverer),
                 secret: Arc::clone(&self.state.verify.secret),

@@ -27,6 +27,7 @@ pub mod circuit;
 pub mod decide;
 pub mod destinations;
 pub mod fair;
+pub mod fallback;
 pub mod hub;
 pub mod orphans;
 pub mod purge;

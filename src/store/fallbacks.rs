@@ -5,7 +5,7 @@
 //! `shared/fallbacks.rs`), and moved on only by conditional writes, so that
 //! the next step's message is inserted once however many instances look at
 //! the row. What to do with a row is decided by
-//! [`crate::verify::fallback::next`] from the row as read.
+//! [`crate::delivery::fallback::next`] from the row as read.
 
 use async_trait::async_trait;
 use time::OffsetDateTime;

@@ -30,7 +30,6 @@ pub mod crypto;
 /// them too); here under their old name.
 pub use crate::domain::verification as decide;
 pub mod expiry;
-pub mod fallback;
 mod request;
 pub mod settings;
 

@@ -340,7 +340,7 @@ async fn no_report_in_time_revokes_then_sends_one_sms_with_the_same_code(backend
         sent[0].code.clone().expect("code"),
     );
     // Before its time nothing goes (the boundary is the table of
-    // `verify::fallback::next`); past it, the revoke and then the SMS.
+    // `delivery::fallback::next`); past it, the revoke and then the SMS.
     assert!(sms_to(&app, TO).is_empty());
     clock.advance(Duration::from_secs(11));
     let got = messages_when(&app, &id, "the SMS after no report", |m| {

@@ -43,13 +43,13 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use super::{SecretSource, VerificationStatus};
+use super::Deliverer;
 use crate::clock::Clock;
-use crate::delivery::Deliverer;
 use crate::domain::Status;
 use crate::domain::stop::Stop;
 use crate::provider::receipts::ReceiptSink;
 use crate::store::{FallbackDue, FallbackState, FellBack, Store, StoreError};
+use crate::verify::{SecretSource, VerificationStatus};
 
 /// How many rows one pass reads.
 const BATCH: u32 = 100;
@@ -270,7 +270,7 @@ impl Fallbacks {
         let now = self.clock.now();
         let deadline = self.deliverer.settings().retry.deadline;
         let Some(mut m) =
-            super::fallback_message(&keys, &v, f.send_number, channel, &via, deadline, now)
+            crate::verify::fallback_message(&keys, &v, f.send_number, channel, &via, deadline, now)
         else {
             tracing::error!(verification_id = %f.verification_id, "the code does not open: no fallback");
             return self

@@ -703,7 +703,12 @@ impl Run {
 /// This machine's time as RFC 3339 UTC with milliseconds (as the
 /// instances' log lines show it).
 fn utc_now() -> String {
-    let since = SystemTime::now()
+    utc(SystemTime::now())
+}
+
+/// `at` in RFC 3339, UTC, with milliseconds.
+fn utc(at: SystemTime) -> String {
+    let since = at
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     let secs = since.as_secs();
@@ -3154,8 +3159,9 @@ async fn gateway_settle(
                         bad(
                             "step after a delivery report",
                             format!(
-                                "{key} written after {wamid}'s {} status was answered 200",
-                                wa_outcome[wamid]
+                                "{key} written after {wamid}'s {} status was answered 200 at {}",
+                                wa_outcome[wamid],
+                                utc(*at)
                             ),
                         );
                     }
@@ -3414,6 +3420,10 @@ async fn gateway_settle(
             keys.len(),
             keys.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
         );
+    }
+    // Every problem in a line (the explanations below show a few per kind).
+    for (k, kind, what) in problems.iter().take(300) {
+        println!("chaos: problem: {} {kind}: {what}", key_of(*k));
     }
     let ok = problems.is_empty() && unmatched == 0 && not_final_after == 0 && refused.is_empty();
     println!(

@@ -2728,6 +2728,8 @@ async fn report_whatsapp(run: Arc<Run>, ports: Vec<u16>, load: Arc<Load>, done: 
             let answered = run
                 .client
                 .post(format!("http://127.0.0.1:{port}/channels/whatsapp/webhook"))
+                // A paused instance must not hold the other statuses back.
+                .timeout(Duration::from_secs(1))
                 .header(
                     "X-Hub-Signature-256",
                     signature(WHATSAPP_APP_SECRET, body.as_bytes()),
@@ -3188,6 +3190,10 @@ async fn gateway_settle(
         }
         match telegram.as_slice() {
             [] if run.args.whatsapp() && (wa_delivered || ended) => {}
+            [] if run.args.whatsapp() && view.status == "expired" => bad(
+                "no next step before expiry",
+                "no Telegram message: the verification expired first".into(),
+            ),
             [] if run.args.whatsapp()
                 && first_ack.get(&k).is_some_and(|at| {
                     at.elapsed() < Duration::from_secs(run.args.fallback_after_secs)
@@ -3298,6 +3304,11 @@ async fn gateway_settle(
                 let window = Duration::from_secs(run.args.fallback_after_secs * steps);
                 if first_ack.get(&k).is_some_and(|at| at.elapsed() < window) {
                     in_window += 1;
+                } else if run.args.whatsapp() && view.status == "expired" {
+                    bad(
+                        "no next step before expiry",
+                        "no SMS: the verification expired first".into(),
+                    );
                 } else {
                     bad("stuck", "no SMS after the fallback time".into());
                 }
@@ -3338,6 +3349,7 @@ async fn gateway_settle(
             .collect::<HashSet<_>>()
             .len()
     };
+    let late = count("no next step before expiry");
     let stuck = count("stuck").max(usize::try_from(not_final_after.max(0)).unwrap_or(0));
     let duplicates =
         count("telegram duplicate") + count("sms duplicate") + count("whatsapp duplicate");
@@ -3427,7 +3439,7 @@ async fn gateway_settle(
     }
     let ok = problems.is_empty() && unmatched == 0 && not_final_after == 0 && refused.is_empty();
     println!(
-        "chaos: summary: {} {}, {} verifications; {} SIGKILLs, {} SIGTERMs, {} pauses; {}{gateway_messages} Gateway messages, {sms_created} SMS; {no_201} without one id, {codes} with more than one code, {duplicates} duplicates, {both_channels} with the code on both channels{}, {after_report} {} after a delivery report, {after_end} sent after their verification ended, {stuck} stuck, {false_finals} false finals, {lost_reports} reports lost, {telegram_after_sms} Telegram sends checked after their SMS, {unknown} unknown",
+        "chaos: summary: {} {}, {} verifications; {} SIGKILLs, {} SIGTERMs, {} pauses; {}{gateway_messages} Gateway messages, {sms_created} SMS; {no_201} without one id, {codes} with more than one code, {duplicates} duplicates, {both_channels} with the code on both channels{}, {after_report} {} after a delivery report, {after_end} sent after their verification ended, {stuck} stuck, {late} with no next step before their expiry, {false_finals} false finals, {lost_reports} reports lost, {telegram_after_sms} Telegram sends checked after their SMS, {unknown} unknown",
         if run.args.whatsapp() {
             "whatsapp, gateway then sms over"
         } else {

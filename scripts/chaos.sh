@@ -5,6 +5,8 @@
 # Arguments go to the driver, e.g. scripts/chaos.sh --keys 5000 --restart-postgres,
 # scripts/chaos.sh --clock-step, scripts/chaos.sh --provider http,
 # scripts/chaos.sh --infobip (Infobip then http, Infobip's logs lagging),
+# scripts/chaos.sh --gateway (verifications, telegram then sms),
+# scripts/chaos.sh --gateway --channels whatsapp,telegram,sms (WhatsApp first),
 # scripts/chaos.sh --provider smpp (the npm smpp SMSC, testkit/smsc/, which
 # scripts/smsc.sh installs on first use: needs Node.js and npm).
 # CHAOS_PROFILE=debug uses a debug build (CI's smoke run).

@@ -98,6 +98,24 @@
 //! lost, and no false final (a Telegram message `failed` or `canceled`
 //! that the Gateway created, an SMS `sent` that the mock never created).
 //!
+//! `--gateway --channels whatsapp,telegram,sms` puts WhatsApp first (the
+//! mock's Cloud API, which makes a message for every accepted send; the
+//! faults above answered as Meta's error objects: 130429 for a 429, 131000
+//! for a 5xx, accept-then-drop). `--whatsapp-delivered` (0.3),
+//! `--whatsapp-read` (0.15) and `--whatsapp-failed` (0.15) of its messages
+//! get a signed status notification posted to the instances after a delay
+//! of up to 1.5 x `--fallback-after-secs` (so some come after the move on).
+//! Checked besides, per phone: one WhatsApp message at most, a message per
+//! step as above; no later step (Telegram or SMS) written after a WhatsApp
+//! `delivered`/`read` status was answered 200; every status answered 200
+//! applied (`delivered`, or `undelivered` for `failed`); no false final of
+//! the WhatsApp message. A WhatsApp message cannot be withdrawn and has no
+//! lookup, so after its silence the next channel goes (docs/channels.md):
+//! the code on WhatsApp and a later channel is counted and printed (WhatsApp
+//! delivered with its status after the move, after its failure, after
+//! silence or an ambiguous send), not failed. The Telegram-to-SMS rules
+//! stay as above (the Gateway can revoke and be asked).
+//!
 //! `scripts/chaos.sh` builds the binaries and runs it.
 
 use std::collections::{HashMap, HashSet};
@@ -333,9 +351,43 @@ struct Args {
     /// answered.
     #[arg(long, default_value_t = 0.15)]
     gateway_cancels: f64,
+    /// With --gateway: the verifications' channels, in order:
+    /// `telegram,sms` (the default) or `whatsapp,telegram,sms` (WhatsApp
+    /// first, through the mock's Cloud API, which makes a message for every
+    /// accepted send and answers the faults above as Meta's error objects:
+    /// 130429 for a 429, 131000 for a 5xx; its status notifications come
+    /// from --whatsapp-delivered, --whatsapp-read and --whatsapp-failed).
+    #[arg(long, default_value = "telegram,sms")]
+    channels: String,
+    /// With --channels whatsapp,...: the share of WhatsApp messages
+    /// reported `delivered` (a signed notification, `sent` then
+    /// `delivered`, posted to a random instance until one answers 200),
+    /// after a delay drawn up to 1.5 x --fallback-after-secs, so that some
+    /// come after the move to Telegram (a WhatsApp message cannot be
+    /// withdrawn: the code may then reach two channels, as documented).
+    #[arg(long, default_value_t = 0.3)]
+    whatsapp_delivered: f64,
+    /// With --channels whatsapp,...: the share reported `read` (`sent`,
+    /// `delivered`, `read`), as --whatsapp-delivered.
+    #[arg(long, default_value_t = 0.15)]
+    whatsapp_read: f64,
+    /// With --channels whatsapp,...: the share reported `failed` (error
+    /// 131026): the next channel goes at once, and the code may be on both.
+    #[arg(long, default_value_t = 0.15)]
+    whatsapp_failed: f64,
 }
 
 impl Args {
+    /// With --gateway: whether WhatsApp is the verifications' first channel.
+    fn whatsapp(&self) -> bool {
+        self.gateway && self.channels.starts_with("whatsapp")
+    }
+
+    /// With --gateway: the verifications' channels, in order.
+    fn channel_list(&self) -> Vec<&str> {
+        self.channels.split(',').collect()
+    }
+
     fn check(&self) -> Result<(), String> {
         let share = |name: &str, v: f64| {
             if (0.0..=1.0).contains(&v) {
@@ -370,6 +422,23 @@ impl Args {
         }
         if self.infobip && (self.two_providers || self.gateway || self.smpp()) {
             return Err("--infobip: not with --two-providers, --gateway or --provider smpp".into());
+        }
+        share("whatsapp-delivered", self.whatsapp_delivered)?;
+        share("whatsapp-read", self.whatsapp_read)?;
+        share("whatsapp-failed", self.whatsapp_failed)?;
+        if self.whatsapp_delivered + self.whatsapp_read + self.whatsapp_failed > 1.0 {
+            return Err(
+                "--whatsapp-delivered, --whatsapp-read and --whatsapp-failed add up to more than 1"
+                    .into(),
+            );
+        }
+        match (self.gateway, self.channels.as_str()) {
+            (_, "telegram,sms") | (true, "whatsapp,telegram,sms") => {}
+            _ => {
+                return Err(
+                    "--channels: telegram,sms or whatsapp,telegram,sms (with --gateway)".into(),
+                );
+            }
         }
         if self.gateway && self.fallback_after_secs >= self.ttl_secs {
             return Err("--fallback-after-secs must be less than --ttl-secs".into());
@@ -508,6 +577,16 @@ impl Run {
                 .env("SENDONCE_VERIFY_STARTS_PER_PREFIX_PER_HOUR", "0")
                 .env("SENDONCE_VERIFY_PAUSE_MIN_STARTS", "0")
                 .env("SENDONCE_VERIFY_PAUSE_COUNTRY_MIN_STARTS", "0");
+            if self.args.whatsapp() {
+                // The mock's Cloud API checks none of these unless told to;
+                // its notifications are signed with the app secret.
+                cmd.env("WHATSAPP_ACCESS_TOKEN", "chaos-whatsapp-token")
+                    .env("WHATSAPP_PHONE_NUMBER_ID", WHATSAPP_PHONE_NUMBER_ID)
+                    .env("WHATSAPP_TEMPLATE_NAME", "verification_code")
+                    .env("WHATSAPP_APP_SECRET", WHATSAPP_APP_SECRET)
+                    .env("WHATSAPP_VERIFY_TOKEN", "chaos-whatsapp-verify")
+                    .env("WHATSAPP_BASE_URL", format!("{}/v21.0", self.mock_base));
+            }
         }
         if self.args.failover() {
             cmd.env("SENDONCE_CIRCUIT_FAILURES", "3")
@@ -624,7 +703,12 @@ impl Run {
 /// This machine's time as RFC 3339 UTC with milliseconds (as the
 /// instances' log lines show it).
 fn utc_now() -> String {
-    let since = SystemTime::now()
+    utc(SystemTime::now())
+}
+
+/// `at` in RFC 3339, UTC, with milliseconds.
+fn utc(at: SystemTime) -> String {
+    let since = at
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     let secs = since.as_secs();
@@ -695,6 +779,10 @@ struct Load {
     /// call's place in the mock's lists dates it (no earlier than the
     /// last sample that did not have it yet).
     samples: std::sync::Mutex<Vec<(Instant, usize, usize)>>,
+    /// With --channels whatsapp,...: the status each WhatsApp message was
+    /// given (`delivered`, `read`, `failed`; none: not in the map), by
+    /// wamid. Those answered 200 are in `reported` and `reported_at`.
+    whatsapp_outcome: std::sync::Mutex<HashMap<String, &'static str>>,
 }
 
 impl Load {
@@ -911,6 +999,12 @@ async fn run_on(
         Arc::clone(&load),
         Arc::clone(&load_done),
     ));
+    let wa_reporter = tokio::spawn(report_whatsapp(
+        Arc::clone(&run),
+        ports.clone(),
+        Arc::clone(&load),
+        Arc::clone(&load_done),
+    ));
     let _sampler = tokio::spawn(sample_mock(
         Arc::clone(&run),
         Arc::clone(&load),
@@ -920,6 +1014,7 @@ async fn run_on(
     load_done.store(true, Ordering::SeqCst);
     let drops = dropper.await.unwrap_or_default();
     let _ = reporter.await;
+    let _ = wa_reporter.await;
     let load_ended = Instant::now();
     let load_secs = started.elapsed().as_secs_f64();
     // Every pause is over and every stopped instance started again once
@@ -1030,6 +1125,15 @@ fn print_setup(run: &Run) {
         );
     }
     println!("chaos: retry deadline {} s", a.retry_deadline().as_secs());
+    if a.whatsapp() {
+        println!(
+            "chaos: first whatsapp: the Cloud API at the mock (a message for every accepted send; faults as above, worded as Meta's error objects), {:.0}% of its messages reported delivered, {:.0}% read, {:.0}% failed, each after up to {} ms",
+            a.whatsapp_delivered * 100.0,
+            a.whatsapp_read * 100.0,
+            a.whatsapp_failed * 100.0,
+            a.fallback_after_secs * 1500
+        );
+    }
     if a.gateway {
         println!(
             "chaos: verifications, channels telegram then sms: the Telegram Gateway at the mock (a message for every accepted send: no de-duplication on request_id; faults as above on its sends, {:.0}% of its checks failing, revokes answered within {} ms, {:.0}% of its messages reported delivered), {:.0}% of the verifications canceled, fallback after {} s, ttl {} s",
@@ -2266,7 +2370,7 @@ async fn start_one(run: &Run, ports: &[u16], k: usize, load: &Load) {
     let key = key_of(k);
     let body = serde_json::json!({
         "to": to_of(k),
-        "channels": ["telegram", "sms"],
+        "channels": run.args.channel_list(),
         "fallback_after_seconds": run.args.fallback_after_secs,
         "ttl_seconds": run.args.ttl_secs,
     });
@@ -2457,12 +2561,12 @@ impl VerView {
             .all(|m| !matches!(m.1.as_str(), "processing" | "scheduled" | "queued"))
     }
 
-    /// Nothing more to come: every message final, and the Telegram message
-    /// delivered or its one SMS sent (or the verification canceled).
+    /// Nothing more to come: every message final, and a message delivered
+    /// or its one SMS sent (or the verification canceled).
     fn settled(&self) -> bool {
-        let delivered = self.on("telegram").iter().any(|m| m.1 == "delivered");
+        let delivered = self.messages.iter().any(|m| m.1 == "delivered");
         self.all_final()
-            && !self.on("telegram").is_empty()
+            && !self.messages.is_empty()
             && (delivered || self.on("sms").len() == 1 || self.status == "canceled")
     }
 }
@@ -2493,6 +2597,10 @@ async fn fetch_verification(run: &Run, ports: &[u16], id: &str) -> Option<VerVie
 
 /// The Gateway's API token the instances are given.
 const GATEWAY_TOKEN: &str = "chaos-gateway-token";
+
+/// The WhatsApp phone number id and Meta app secret the instances are given.
+const WHATSAPP_PHONE_NUMBER_ID: &str = "100200300400500";
+const WHATSAPP_APP_SECRET: &str = "chaos-whatsapp-app-secret";
 
 /// With --gateway, while the load runs: every 100 ms, each new Gateway
 /// message still `sent` at the mock is picked with --gateway-delivered's
@@ -2554,6 +2662,99 @@ async fn report_deliveries(run: Arc<Run>, ports: Vec<u16>, load: Arc<Load>, done
     }
 }
 
+/// With --channels whatsapp,..., while the load runs: every 100 ms, each
+/// new WhatsApp message at the mock is given a status with the odds of
+/// --whatsapp-delivered, --whatsapp-read and --whatsapp-failed (once), due
+/// after a delay drawn up to 1.5 x --fallback-after-secs (so that some come
+/// after the move on); when due, its signed notification (every status up
+/// to it, as Meta posts them) goes to a random instance, again on every
+/// tick until one answers 200 (instances are being killed); the wamids
+/// answered 200 are noted in `load`.
+async fn report_whatsapp(run: Arc<Run>, ports: Vec<u16>, load: Arc<Load>, done: Arc<AtomicBool>) {
+    use testkit::providers::whatsapp::{notification, signature, status};
+    if !run.args.whatsapp() {
+        return;
+    }
+    let a = &run.args;
+    let max_delay = a.fallback_after_secs * 1500;
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut due: Vec<(
+        Instant,
+        &'static str,
+        testkit::providers::whatsapp::WhatsAppMessage,
+    )> = Vec::new();
+    while !done.load(Ordering::SeqCst) {
+        for m in run.mock.whatsapp_messages() {
+            if !seen.insert(m.id.clone()) {
+                continue;
+            }
+            let draw: f64 = rand::rng().random_range(0.0..1.0);
+            let word = if draw < a.whatsapp_delivered {
+                "delivered"
+            } else if draw < a.whatsapp_delivered + a.whatsapp_read {
+                "read"
+            } else if draw < a.whatsapp_delivered + a.whatsapp_read + a.whatsapp_failed {
+                "failed"
+            } else {
+                continue;
+            };
+            if let Ok(mut o) = load.whatsapp_outcome.lock() {
+                o.insert(m.id.clone(), word);
+            }
+            let delay = Duration::from_millis(rand::rng().random_range(0..=max_delay));
+            due.push((Instant::now() + delay, word, m));
+        }
+        let mut left = Vec::new();
+        for (at, word, m) in due {
+            if at > Instant::now() {
+                left.push((at, word, m));
+                continue;
+            }
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let words: &[&str] = match word {
+                "delivered" => &["sent", "delivered"],
+                "read" => &["sent", "delivered", "read"],
+                _ => &["sent", "failed"],
+            };
+            let statuses = words
+                .iter()
+                .zip(0..)
+                .map(|(w, i)| status(&m, w, now + i))
+                .collect();
+            let body = notification(statuses).to_string();
+            let port = ports[rand::rng().random_range(0..ports.len())];
+            let answered = run
+                .client
+                .post(format!("http://127.0.0.1:{port}/channels/whatsapp/webhook"))
+                // A paused instance must not hold the other statuses back.
+                .timeout(Duration::from_secs(1))
+                .header(
+                    "X-Hub-Signature-256",
+                    signature(WHATSAPP_APP_SECRET, body.as_bytes()),
+                )
+                .header("Content-Type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .map_or(0, |r| r.status().as_u16());
+            if answered == 200 {
+                if let Ok(mut r) = load.reported_at.lock() {
+                    r.entry(m.id.clone()).or_insert_with(SystemTime::now);
+                }
+                if let Ok(mut r) = load.reported.lock() {
+                    r.insert(m.id);
+                }
+            } else {
+                left.push((at, word, m));
+            }
+        }
+        due = left;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The views of `ids` (key, verification id), `concurrency` at a time.
 async fn fetch_all(
     run: &Arc<Run>,
@@ -2589,6 +2790,8 @@ struct Created {
     checks_after_sms: usize,
     /// Gateway messages: (code, request id, status at the mock).
     telegram: Vec<(String, String, String)>,
+    /// WhatsApp messages: (code, wamid).
+    whatsapp: Vec<(String, String)>,
     /// SMS created, per body.
     sms: Vec<(String, u32)>,
 }
@@ -2599,15 +2802,16 @@ impl Created {
     }
 
     fn total(&self) -> u32 {
-        self.telegram.len() as u32 + self.sms_count()
+        (self.telegram.len() + self.whatsapp.len()) as u32 + self.sms_count()
     }
 
-    /// The codes the phone got, over both channels (an SMS whose text is
+    /// The codes the phone got, over every channel (an SMS whose text is
     /// not the template's counts as a code of its own).
     fn codes(&self) -> std::collections::BTreeSet<String> {
         self.telegram
             .iter()
             .map(|(c, _, _)| c.clone())
+            .chain(self.whatsapp.iter().map(|(c, _)| c.clone()))
             .chain(self.sms.iter().filter(|(_, n)| *n > 0).map(|(b, _)| {
                 b.strip_prefix(SMS_TEMPLATE_PREFIX)
                     .map_or_else(|| format!("(text {b:?})"), str::to_string)
@@ -2633,10 +2837,16 @@ fn created_by_phone(run: &Run) -> HashMap<String, Created> {
                 m.status.clone(),
             ));
     }
+    for m in run.mock.whatsapp_messages() {
+        by.entry(digits(&m.to).to_string())
+            .or_default()
+            .whatsapp
+            .push((m.code.clone(), m.id.clone()));
+    }
     let mut bodies: HashSet<(String, String)> = HashSet::new();
     let mut first_sms: HashMap<String, usize> = HashMap::new();
     for (i, c) in run.mock.calls().into_iter().enumerate() {
-        if c.endpoint == "telegram_gateway" {
+        if c.endpoint == "telegram_gateway" || c.endpoint == "whatsapp" {
             continue;
         }
         let field = |a: &str, b: &str| {
@@ -2781,6 +2991,16 @@ async fn gateway_settle(
             .push(i);
     }
     let cancel_slack = Duration::from_secs(1);
+    let wa_outcome: HashMap<String, &'static str> = load
+        .whatsapp_outcome
+        .lock()
+        .map(|o| o.clone())
+        .unwrap_or_default();
+    // With WhatsApp first: verifications whose code went on WhatsApp and a
+    // later channel, by what the WhatsApp message was given (counted, not
+    // failed: see 7b).
+    let (mut wa_two_delivered, mut wa_two_after_failure, mut wa_two_after_silence) =
+        (0usize, 0usize, 0usize);
 
     // Judge every key: its problems, by kind.
     let mut problems: Vec<(usize, &'static str, String)> = Vec::new();
@@ -2864,7 +3084,123 @@ async fn gateway_settle(
         }
         let telegram = view.on("telegram");
         let sms = view.on("sms");
+        let whatsapp = view.on("whatsapp");
+        let was_canceled = canceled.get(&k).copied();
+        let ended = was_canceled.is_some() || view.status == "canceled";
+        // 2b. WhatsApp first: one message, created once, none false.
+        let wa_delivered = whatsapp.iter().any(|m| m.1 == "delivered");
+        if run.args.whatsapp() {
+            if made.whatsapp.len() > 1 {
+                bad(
+                    "whatsapp duplicate",
+                    format!(
+                        "{} WhatsApp messages: {:?}",
+                        made.whatsapp.len(),
+                        made.whatsapp
+                    ),
+                );
+            }
+            match whatsapp.as_slice() {
+                [] => bad("stuck", "no WhatsApp message".into()),
+                [(_, status, _, _)] => match status.as_str() {
+                    "failed" | "canceled" if !made.whatsapp.is_empty() => bad(
+                        "false final",
+                        format!("WhatsApp message {status}, created at the mock"),
+                    ),
+                    "sent" | "delivered" | "undelivered" if made.whatsapp.is_empty() => bad(
+                        "false final",
+                        format!("WhatsApp message {status}, nothing created at the mock"),
+                    ),
+                    "unknown" => unknown += 1,
+                    _ => {}
+                },
+                more => bad(
+                    "whatsapp duplicate",
+                    format!("{} WhatsApp messages", more.len()),
+                ),
+            }
+            // 5. A status answered 200 is never lost: delivered or read
+            // makes a sent message delivered, failed makes it undelivered;
+            // on a message that ended unknown (receipts move only a `sent`
+            // message) it shows as its `delivery_report`.
+            for (_, wamid) in &made.whatsapp {
+                let Some(word) = wa_outcome.get(wamid).filter(|_| reported.contains(wamid)) else {
+                    continue;
+                };
+                let want = if *word == "failed" {
+                    "undelivered"
+                } else {
+                    "delivered"
+                };
+                let shown = view.raw["messages"].as_array().is_some_and(|list| {
+                    list.iter().any(|m| {
+                        m["channel"] == "whatsapp" && m["delivery_report"].as_str() == Some(*word)
+                    })
+                });
+                if !shown && !whatsapp.iter().any(|m| m.1 == want) {
+                    bad(
+                        "report lost",
+                        format!("{word} reported (200), the WhatsApp message {whatsapp:?}"),
+                    );
+                }
+            }
+            // 7b. No later step written after a delivered/read status the
+            // instance had answered 200 (it had recorded it before).
+            for (_, wamid) in &made.whatsapp {
+                if !wa_outcome
+                    .get(wamid)
+                    .is_some_and(|w| matches!(*w, "delivered" | "read"))
+                {
+                    continue;
+                }
+                let Some(at) = reported_at.get(wamid) else {
+                    continue;
+                };
+                for (_, _, key, _) in telegram.iter().chain(sms.iter()) {
+                    if written_after(&mut db, key, *at).await {
+                        bad(
+                            "step after a delivery report",
+                            format!(
+                                "{key} written after {wamid}'s {} status was answered 200 at {}",
+                                wa_outcome[wamid],
+                                utc(*at)
+                            ),
+                        );
+                    }
+                }
+            }
+            // The code on two channels: counted (the documented rule lets
+            // a silent WhatsApp message, which cannot be withdrawn, be
+            // followed by the next channel), failed only by 7b above.
+            let later = made.telegram.len() + made.sms_count() as usize;
+            if !made.whatsapp.is_empty() && later > 0 {
+                let words: Vec<&str> = made
+                    .whatsapp
+                    .iter()
+                    .filter_map(|(_, id)| wa_outcome.get(id).copied())
+                    .collect();
+                if words.iter().any(|w| matches!(*w, "delivered" | "read")) {
+                    wa_two_delivered += 1;
+                } else if words.contains(&"failed") {
+                    wa_two_after_failure += 1;
+                } else {
+                    wa_two_after_silence += 1;
+                }
+            }
+        }
         match telegram.as_slice() {
+            [] if run.args.whatsapp() && (wa_delivered || ended) => {}
+            [] if run.args.whatsapp() && view.status == "expired" => bad(
+                "no next step before expiry",
+                "no Telegram message: the verification expired first".into(),
+            ),
+            [] if run.args.whatsapp()
+                && first_ack.get(&k).is_some_and(|at| {
+                    at.elapsed() < Duration::from_secs(run.args.fallback_after_secs)
+                }) =>
+            {
+                in_window += 1;
+            }
             [] => bad("stuck", "no Telegram message".into()),
             [(_, status, _, _)] => match status.as_str() {
                 "failed" | "canceled" if !made.telegram.is_empty() => bad(
@@ -2883,8 +3219,7 @@ async fn gateway_settle(
                 format!("{} Telegram messages", more.len()),
             ),
         }
-        let delivered = telegram.iter().any(|m| m.1 == "delivered");
-        let was_canceled = canceled.get(&k).copied();
+        let delivered = telegram.iter().any(|m| m.1 == "delivered") || wa_delivered;
         // 6. Nothing sent after the verification ended: no send reached
         // the mock, no Gateway message was made, later than a second
         // after the cancel was answered (a call already under way when it
@@ -2909,11 +3244,17 @@ async fn gateway_settle(
                     ),
                 );
             }
-            for (_, _, key, _) in &sms {
+            // (With WhatsApp first, the Telegram message is a later step.)
+            let later_telegram = if run.args.whatsapp() {
+                &telegram[..]
+            } else {
+                &[]
+            };
+            for (channel, _, key, _) in later_telegram.iter().chain(sms.iter()) {
                 if written_after(&mut db, key, ended_wall).await {
                     bad(
                         "sent after end",
-                        format!("the SMS {key} written after the cancel"),
+                        format!("the {channel} message {key} written after the cancel"),
                     );
                 }
             }
@@ -2959,9 +3300,15 @@ async fn gateway_settle(
         match sms.as_slice() {
             [] if delivered || was_canceled.is_some() || view.status == "canceled" => {}
             [] => {
-                let window = Duration::from_secs(run.args.fallback_after_secs);
+                let steps = run.args.channel_list().len() as u64 - 1;
+                let window = Duration::from_secs(run.args.fallback_after_secs * steps);
                 if first_ack.get(&k).is_some_and(|at| at.elapsed() < window) {
                     in_window += 1;
+                } else if run.args.whatsapp() && view.status == "expired" {
+                    bad(
+                        "no next step before expiry",
+                        "no SMS: the verification expired first".into(),
+                    );
                 } else {
                     bad("stuck", "no SMS after the fallback time".into());
                 }
@@ -3002,24 +3349,42 @@ async fn gateway_settle(
             .collect::<HashSet<_>>()
             .len()
     };
+    let late = count("no next step before expiry");
     let stuck = count("stuck").max(usize::try_from(not_final_after.max(0)).unwrap_or(0));
-    let duplicates = count("telegram duplicate") + count("sms duplicate");
+    let duplicates =
+        count("telegram duplicate") + count("sms duplicate") + count("whatsapp duplicate");
     let codes = count("more than one code");
     let false_finals = count("false final");
     let no_201 = count("no 201") + count("ids differ");
     let lost_reports = count("report lost");
     let telegram_after_sms = count("telegram after sms");
     let after_end = count("sent after end");
-    let after_report = count("sms after a delivery report");
+    let after_report = count("sms after a delivery report") + count("step after a delivery report");
+    let whatsapp_messages = created.values().map(|c| c.whatsapp.len()).sum::<usize>();
     let both_channels = count("both channels");
     println!(
         "chaos: load took {load_secs:.1} s; settled in {settle_secs:.1} s; {} SIGKILLs, {} SIGTERMs, {} pauses",
         h.sigkills, h.sigterms, h.pauses
     );
     println!(
-        "channels:           telegram (the Gateway at the mock), then sms over {}",
+        "channels:           {}telegram (the Gateway at the mock), then sms over {}",
+        if run.args.whatsapp() {
+            "whatsapp (the Cloud API at the mock), then "
+        } else {
+            ""
+        },
         run.args.providers()
     );
+    if run.args.whatsapp() {
+        println!(
+            "whatsapp messages:  {whatsapp_messages} created ({} given a status: {} answered 200 by an instance); the code on WhatsApp and a later channel: {wa_two_delivered} with WhatsApp delivered/read (the status came after the move: allowed, WhatsApp cannot withdraw), {wa_two_after_failure} after WhatsApp failed, {wa_two_after_silence} after silence or an ambiguous send",
+            wa_outcome.len(),
+            wa_outcome
+                .keys()
+                .filter(|id| reported.contains(*id))
+                .count()
+        );
+    }
     println!(
         "verifications:      {} keys, {} with a 201, {replays} replays answered",
         run.args.keys,
@@ -3068,14 +3433,36 @@ async fn gateway_settle(
             keys.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
         );
     }
+    // Every problem in a line (the explanations below show a few per kind).
+    for (k, kind, what) in problems.iter().take(300) {
+        println!("chaos: problem: {} {kind}: {what}", key_of(*k));
+    }
     let ok = problems.is_empty() && unmatched == 0 && not_final_after == 0 && refused.is_empty();
     println!(
-        "chaos: summary: gateway then sms over {}, {} verifications; {} SIGKILLs, {} SIGTERMs, {} pauses; {gateway_messages} Gateway messages, {sms_created} SMS; {no_201} without one id, {codes} with more than one code, {duplicates} duplicates, {both_channels} with the code on both channels, {after_report} SMS after a delivery report, {after_end} sent after their verification ended, {stuck} stuck, {false_finals} false finals, {lost_reports} reports lost, {telegram_after_sms} Telegram sends checked after their SMS, {unknown} unknown",
+        "chaos: summary: {} {}, {} verifications; {} SIGKILLs, {} SIGTERMs, {} pauses; {}{gateway_messages} Gateway messages, {sms_created} SMS; {no_201} without one id, {codes} with more than one code, {duplicates} duplicates, {both_channels} with the code on both channels{}, {after_report} {} after a delivery report, {after_end} sent after their verification ended, {stuck} stuck, {late} with no next step before their expiry, {false_finals} false finals, {lost_reports} reports lost, {telegram_after_sms} Telegram sends checked after their SMS, {unknown} unknown",
+        if run.args.whatsapp() {
+            "whatsapp, gateway then sms over"
+        } else {
+            "gateway then sms over"
+        },
         run.args.providers(),
         run.args.keys,
         h.sigkills,
         h.sigterms,
-        h.pauses
+        h.pauses,
+        if run.args.whatsapp() {
+            format!("{whatsapp_messages} WhatsApp messages, ")
+        } else {
+            String::new()
+        },
+        if run.args.whatsapp() {
+            format!(
+                " (Telegram delivered and an SMS; WhatsApp and a later channel, counted not failed: {wa_two_delivered} WhatsApp delivered late, {wa_two_after_failure} after its failure, {wa_two_after_silence} after silence)"
+            )
+        } else {
+            String::new()
+        },
+        if run.args.whatsapp() { "steps" } else { "SMS" },
     );
     println!("chaos: {}", if ok { "PASS" } else { "FAIL" });
     if !ok {
@@ -3143,8 +3530,8 @@ async fn explain_gateway(
         }
         if let Some(c) = created.get(digits(&to)) {
             println!(
-                "  mock: Gateway messages {:?}; SMS created {:?}",
-                c.telegram, c.sms
+                "  mock: WhatsApp messages {:?}; Gateway messages {:?}; SMS created {:?}",
+                c.whatsapp, c.telegram, c.sms
             );
         } else {
             println!("  mock: nothing created");
@@ -3305,6 +3692,19 @@ mod tests {
         assert!(view(serde_json::json!([tg("sent"), sms("sent")])).settled());
         assert!(view(serde_json::json!([tg("failed"), sms("unknown")])).settled());
         assert!(!view(serde_json::json!([tg("sent"), sms("sent"), sms("sent")])).settled());
+        // WhatsApp first: its delivery settles it; silence needs the rest.
+        let wa = |status: &str| serde_json::json!({"channel": "whatsapp", "status": status, "idempotency_key": "ver_1:send:1", "id": "msg_0"});
+        assert!(view(serde_json::json!([wa("delivered")])).settled());
+        assert!(!view(serde_json::json!([wa("unknown")])).settled());
+        assert!(!view(serde_json::json!([wa("unknown"), tg("sent")])).settled());
+        assert!(
+            view(serde_json::json!([
+                wa("undelivered"),
+                tg("canceled"),
+                sms("sent")
+            ]))
+            .settled()
+        );
     }
 
     #[test]
@@ -3322,6 +3722,20 @@ mod tests {
             ..Created::default()
         };
         assert_eq!(two.codes().len(), 2);
+        let three = Created {
+            whatsapp: vec![("123456".into(), "wamid.A".into())],
+            telegram: vec![("123456".into(), "r1".into(), "sent".into())],
+            sms: vec![("Your verification code is 123456".into(), 1)],
+            ..Created::default()
+        };
+        assert_eq!(three.codes().len(), 1);
+        assert_eq!(three.total(), 3);
+        let other = Created {
+            whatsapp: vec![("111111".into(), "wamid.A".into())],
+            sms: vec![("Your verification code is 123456".into(), 1)],
+            ..Created::default()
+        };
+        assert_eq!(other.codes().len(), 2);
         let text = Created {
             telegram: vec![],
             sms: vec![("something else".into(), 1)],

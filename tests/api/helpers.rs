@@ -63,7 +63,10 @@ pub async fn fresh_database_on(backend: Backend) -> String {
     let mut url = reqwest::Url::parse(&admin).expect("admin URL");
     url.set_path(&name);
     let url = url.to_string();
-    let store = store_for(&url);
+    // Connecting forks a server process: on a loaded 2-core machine the
+    // first connections of a new database took more than the 2 s the tests'
+    // stores allow (`migrate: PoolTimedOut`), so the migration waits longer.
+    let store = pg_store(&url, Duration::from_secs(20));
     store.migrate().await.expect("migrate");
     url
 }

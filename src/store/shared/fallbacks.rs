@@ -26,8 +26,11 @@ const DUE: &str = "SELECT f.verification_id, f.send_number, f.step, f.tenant_id,
         m.attempts AS message_attempts, m.lease_token IS NOT NULL AS message_leased, \
         m.provider, m.prepared_token, v.status AS verification_status, v.expires_at, \
         v.channels, v.fallback_after_seconds, v.fallback_after_list, \
-        EXISTS (SELECT 1 FROM receipts r WHERE r.message_id = m.id \
-            AND r.status = 'delivered') AS reported_delivered \
+        EXISTS (SELECT 1 FROM verification_fallbacks s \
+            JOIN messages sm ON sm.id = s.message_id \
+            WHERE s.verification_id = f.verification_id AND s.send_number = f.send_number \
+            AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
+                WHERE r.message_id = sm.id AND r.status = 'delivered'))) AS reported_delivered \
      FROM verification_fallbacks f \
      JOIN messages m ON m.id = f.message_id \
      JOIN verifications v ON v.id = f.verification_id \
@@ -35,8 +38,12 @@ const DUE: &str = "SELECT f.verification_id, f.send_number, f.step, f.tenant_id,
         v.status <> 'pending' OR v.expires_at <= $1 \
         OR (f.state = 'waiting' AND (f.due_at <= $1 \
             OR m.status IN ('failed', 'canceled', 'undelivered', 'delivered') \
-            OR EXISTS (SELECT 1 FROM receipts r WHERE r.message_id = m.id \
-                AND r.status = 'delivered')))) \
+            OR EXISTS (SELECT 1 FROM verification_fallbacks s \
+                JOIN messages sm ON sm.id = s.message_id \
+                WHERE s.verification_id = f.verification_id \
+                AND s.send_number = f.send_number \
+                AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
+                    WHERE r.message_id = sm.id AND r.status = 'delivered')))))) \
      ORDER BY f.due_at LIMIT $2";
 
 const SETTLE: &str = "UPDATE verification_fallbacks SET state = $3, updated_at = $5 \
@@ -117,9 +124,14 @@ impl TryFrom<DueRow> for FallbackDue {
     }
 }
 
-/// Whether a receipt reported message `$1` delivered.
-const REPORTED_DELIVERED: &str =
-    "SELECT EXISTS (SELECT 1 FROM receipts WHERE message_id = $1 AND status = 'delivered')";
+/// Whether any step's message of send `$2` of verification `$1` was
+/// reported delivered (its status, or a receipt's, when its status cannot
+/// show it): then no later step goes.
+const REPORTED_DELIVERED: &str = "SELECT EXISTS (SELECT 1 FROM verification_fallbacks s \
+        JOIN messages sm ON sm.id = s.message_id \
+        WHERE s.verification_id = $1 AND s.send_number = $2 \
+        AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
+            WHERE r.message_id = sm.id AND r.status = 'delivered')))";
 
 /// The message as a stop reads it (`reported_delivered`: whether a receipt
 /// said it was delivered, read in the same transaction where it matters).
@@ -248,8 +260,21 @@ per_backend! {
             now: OffsetDateTime,
         ) -> Result<bool, StoreError> {
             let f = f.clone();
-            self.write_tx(move |c| Box::pin(async move { Driver::settle(c, &f, to, now).await }))
-                .await
+            self.write_tx(move |c| {
+                Box::pin(async move {
+                    // Reported delivered on some step: the row's own message,
+                    // if it has not gone out (a retry waiting, a call about
+                    // to start), never goes (issue 40).
+                    if to == FallbackState::Delivered
+                        && let Some(m) = Driver::locked_message(c, f.message_id).await?
+                    {
+                        Driver::stop_message(c, &m, stop::for_end(&fresh(&m, false), now), now)
+                            .await?;
+                    }
+                    Driver::settle(c, &f, to, now).await
+                })
+            })
+            .await
         }
 
         async fn fall_back(
@@ -276,7 +301,8 @@ per_backend! {
                         return Ok(FellBack::NotNow);
                     };
                     let reported: bool = sqlx::query_scalar(REPORTED_DELIVERED)
-                        .bind(first.id.0)
+                        .bind(f.verification_id)
+                        .bind(to_i32(f.send_number))
                         .fetch_one(&mut *c)
                         .await?;
                     let stop = stop::for_next_channel(&fresh(&first, reported), now);
@@ -291,6 +317,15 @@ per_backend! {
                             return Ok(FellBack::NotNow);
                         }
                         Stop::Delivered => {
+                            // Another step's report: this one's message, if
+                            // it has not gone out, never goes.
+                            Driver::stop_message(
+                                c,
+                                &first,
+                                stop::for_end(&fresh(&first, false), now),
+                                now,
+                            )
+                            .await?;
                             return Ok(
                                 if Driver::settle(c, &f, FallbackState::Delivered, now).await? {
                                     FellBack::Delivered

@@ -25,3 +25,13 @@ ALTER INDEX telegram_updates_received_at RENAME TO inbound_updates_received_at;
 -- A tenant's default channels for a verification that names none
 -- (`verify_channels`, joined by ','); NULL: `sms` alone.
 ALTER TABLE tenants ADD COLUMN verify_channels text;
+
+-- Our id of the message a receipt names, when the provider echoed it under
+-- its authentication (WhatsApp's biz_opaque_callback_data, Vonage's
+-- client-ref): a status that comes while the message is still being sent,
+-- and whose answer never gives us the provider's id (an ambiguous send),
+-- stays unlinked, and this is how a verification's next step still sees
+-- that it was delivered (issue 40).
+ALTER TABLE receipts ADD COLUMN our_message_id uuid;
+CREATE INDEX receipts_our_message_idx ON receipts (our_message_id)
+    WHERE our_message_id IS NOT NULL;

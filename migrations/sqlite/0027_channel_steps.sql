@@ -40,3 +40,7 @@ DROP TABLE telegram_updates;
 CREATE INDEX inbound_updates_received_at ON inbound_updates (received_at);
 
 ALTER TABLE tenants ADD COLUMN verify_channels TEXT;
+
+ALTER TABLE receipts ADD COLUMN our_message_id BLOB;
+CREATE INDEX receipts_our_message_idx ON receipts (our_message_id)
+    WHERE our_message_id IS NOT NULL;

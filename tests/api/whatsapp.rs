@@ -706,6 +706,41 @@ async fn a_status_of_an_ambiguous_send_finds_its_message_by_our_id(backend: Back
     assert_eq!(whatsapp_codes(&app).len(), 1);
 }
 
+/// A status that comes while the send is still waiting for its answer
+/// (which is then lost: no provider id is ever recorded) stays unlinked,
+/// but still stops the next channel (found by the three-channel chaos run,
+/// issue 40).
+async fn a_status_during_an_ambiguous_send_still_stops_the_next_channel(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_whatsapp_with(backend, clock.clone()).await;
+    app.mock.push([Behaviour::AcceptThenHang]);
+    let id = start_whatsapp_then_sms(&app, "wa-9", 30).await;
+    let m = eventually("the message made at Meta", || async {
+        whatsapp_codes(&app).into_iter().next()
+    })
+    .await;
+    let a = post_status(&app, &m, "delivered", 1, APP_SECRET).await;
+    assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.bytes));
+    messages_when(&app, &id, "the send ended unknown", |m| {
+        m == [pair("whatsapp", "unknown")]
+    })
+    .await;
+    clock.advance(Duration::from_secs(31));
+    eventually("the step's row settled delivered", || async {
+        let n = app
+            .db
+            .count("SELECT count(*) FROM verification_fallbacks WHERE state = 'delivered'")
+            .await;
+        (n == 1).then_some(())
+    })
+    .await;
+    clock.advance(Duration::from_secs(300));
+    assert!(
+        sms_to(&app, TO).is_empty(),
+        "no SMS after a delivery report"
+    );
+}
+
 async fn whatsapp_without_its_token_is_refused_and_stores_nothing(backend: Backend) {
     let app = spawn_app_on(backend).await;
     let a = crate::telegram_gateway::start(
@@ -793,6 +828,7 @@ on_both_backends!(
     statuses_land_right_whatever_their_order,
     a_forged_status_changes_nothing,
     a_status_of_an_ambiguous_send_finds_its_message_by_our_id,
+    a_status_during_an_ambiguous_send_still_stops_the_next_channel,
     the_handshake_echoes_the_challenge_for_the_verify_token,
     forged_notifications_are_refused_and_record_nothing,
     duplicated_statuses_are_recorded_once,

@@ -30,7 +30,8 @@ const DUE: &str = "SELECT f.verification_id, f.send_number, f.step, f.tenant_id,
             JOIN messages sm ON sm.id = s.message_id \
             WHERE s.verification_id = f.verification_id AND s.send_number = f.send_number \
             AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
-                WHERE r.message_id = sm.id AND r.status = 'delivered'))) AS reported_delivered \
+                WHERE (r.message_id = sm.id OR r.our_message_id = sm.id) \
+                AND r.status = 'delivered'))) AS reported_delivered \
      FROM verification_fallbacks f \
      JOIN messages m ON m.id = f.message_id \
      JOIN verifications v ON v.id = f.verification_id \
@@ -43,7 +44,8 @@ const DUE: &str = "SELECT f.verification_id, f.send_number, f.step, f.tenant_id,
                 WHERE s.verification_id = f.verification_id \
                 AND s.send_number = f.send_number \
                 AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
-                    WHERE r.message_id = sm.id AND r.status = 'delivered')))))) \
+                    WHERE (r.message_id = sm.id OR r.our_message_id = sm.id) \
+                    AND r.status = 'delivered')))))) \
      ORDER BY f.due_at LIMIT $2";
 
 const SETTLE: &str = "UPDATE verification_fallbacks SET state = $3, updated_at = $5 \
@@ -131,7 +133,8 @@ const REPORTED_DELIVERED: &str = "SELECT EXISTS (SELECT 1 FROM verification_fall
         JOIN messages sm ON sm.id = s.message_id \
         WHERE s.verification_id = $1 AND s.send_number = $2 \
         AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
-            WHERE r.message_id = sm.id AND r.status = 'delivered')))";
+            WHERE (r.message_id = sm.id OR r.our_message_id = sm.id) \
+            AND r.status = 'delivered')))";
 
 /// The message as a stop reads it (`reported_delivered`: whether a receipt
 /// said it was delivered, read in the same transaction where it matters).

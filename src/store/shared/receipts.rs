@@ -18,8 +18,8 @@ use crate::store::{
 };
 
 const INSERT: &str = "INSERT INTO receipts (provider, event_id, provider_message_id, \
-        provider_status, status, error_code, received_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7) \
+        provider_status, status, error_code, received_at, our_message_id) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
      ON CONFLICT (provider, event_id) DO NOTHING RETURNING seq";
 
 const EARLIER: &str = "SELECT message_id FROM receipts WHERE provider = $1 AND event_id = $2";
@@ -187,6 +187,7 @@ per_backend! {
             .bind(r.status)
             .bind(&r.error_code)
             .bind(db(r.received_at))
+            .bind(r.message_id.map(|m| m.0))
             .fetch_optional(&mut *c)
             .await?;
         if inserted.is_none() {

@@ -3088,7 +3088,14 @@ async fn gateway_settle(
         let was_canceled = canceled.get(&k).copied();
         let ended = was_canceled.is_some() || view.status == "canceled";
         // 2b. WhatsApp first: one message, created once, none false.
-        let wa_delivered = whatsapp.iter().any(|m| m.1 == "delivered");
+        // Delivered as the service knows it: its status, or a delivered or
+        // read status it answered 200 for (a send that ended `unknown`
+        // keeps its status, and the report still stops the next steps).
+        let wa_delivered = whatsapp.iter().any(|m| m.1 == "delivered")
+            || made.whatsapp.iter().any(|(_, wamid)| {
+                reported.contains(wamid)
+                    && matches!(wa_outcome.get(wamid).copied(), Some("delivered" | "read"))
+            });
         if run.args.whatsapp() {
             if made.whatsapp.len() > 1 {
                 bad(

@@ -739,6 +739,9 @@ async fn a_status_during_an_ambiguous_send_still_stops_the_next_channel(backend:
         sms_to(&app, TO).is_empty(),
         "no SMS after a delivery report"
     );
+    // ... and the report is shown, though its message never got Meta's id.
+    let v = verification(&app, &id).await;
+    assert_eq!(v["messages"][0]["delivery_report"], "delivered", "{v}");
 }
 
 async fn whatsapp_without_its_token_is_refused_and_stores_nothing(backend: Backend) {

@@ -24,16 +24,21 @@ const INSERT: &str = "INSERT INTO receipts (provider, event_id, provider_message
 
 const EARLIER: &str = "SELECT message_id FROM receipts WHERE provider = $1 AND event_id = $2";
 
+// A message's receipts: those linked to it, and those that name it by our
+// id under their authentication but could not be linked (a status that
+// came while its send waited for an answer that was then lost: the message
+// never got the provider's id, issue 40); shown, never applied.
 const OF_MESSAGE: &str = concat!(
     "SELECT ",
     receipt_columns!(),
-    " FROM receipts WHERE message_id = $1 ORDER BY seq"
+    " FROM receipts WHERE (message_id = $1 OR (message_id IS NULL AND our_message_id = $1)) \
+     ORDER BY seq"
 );
 
 const OF_MESSAGE_AFTER: &str = concat!(
     "SELECT ",
     receipt_columns!(),
-    " FROM receipts WHERE message_id = $1 \
+    " FROM receipts WHERE (message_id = $1 OR (message_id IS NULL AND our_message_id = $1)) \
      AND ($2 IS NULL OR received_at > $2 OR (received_at = $2 AND seq > $3)) \
      ORDER BY received_at, seq LIMIT $4"
 );

@@ -4,7 +4,10 @@
 # page. Starts sendonce (SQLite unless E2E_DATABASE_URL names another
 # database) and the mock provider (testkit) failing half its calls with 500
 # and sending delivery receipts back, so some messages are retried then
-# delivered. Screenshots go to target/console-screenshots/.
+# delivered. An Arabic message of a tenant with a home country (SA) is
+# checked at 390 px and 1280 px: its body right to left, no table wider than
+# the page, times in the tenant's zone with UTC on hover. Screenshots go to
+# target/console-screenshots/.
 # Needs: chromium (apt `chromium`, or CHROMIUM=/path), node and npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +88,22 @@ ver=$(curl -fs "$base/verifications" -H "Authorization: Bearer $key" -H 'Idempot
     -H 'Content-Type: application/json' -d '{"to":"+14155550101","code_length":6}' \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 
+# Issue 42, item 5: a Gulf shop's account (home country SA: its times in
+# Asia/Riyadh, UTC+3, all year) and a message with an Arabic body, for the
+# checks at 390 px and 1280 px.
+DATABASE_URL=$db target/debug/sendonce tenant home-country default SA >/dev/null
+arabic=E2E-ARABIC-1
+curl -fs -o /dev/null "$base/messages" -H "Authorization: Bearer $key" \
+    -H "Idempotency-Key: $arabic" -H 'Content-Type: application/json' -H 'Prefer: wait=10' \
+    -d '{"to":"+966501234567","body":"رمزك هو ١٢٣٤٥٦. شكراً"}'
+for _ in $(seq 100); do
+    status=$(curl -fs "$base/messages/$arabic" -H "Authorization: Bearer $key" \
+        | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"])')
+    case "$status" in sent|delivered) break ;; esac
+    sleep 0.1
+done
+case "$status" in sent|delivered) ;; *) echo "console-e2e: $arabic is $status, not sent" >&2; exit 1 ;; esac
+
 mkdir -p target/console-screenshots
-BASE=$base KEY=$key KEY2=$key2 RETRIED=$retried VER=$ver CHROMIUM=$chromium \
-SHOTS=$PWD/target/console-screenshots node tests/console/e2e.mjs
+BASE=$base KEY=$key KEY2=$key2 RETRIED=$retried VER=$ver ARABIC=$arabic ZONE_OFFSET_HOURS=3 \
+CHROMIUM=$chromium SHOTS=$PWD/target/console-screenshots node tests/console/e2e.mjs

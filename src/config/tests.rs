@@ -1007,3 +1007,118 @@ fn a_subcommands_help_shows_its_own_flags() {
         );
     }
 }
+
+/// `sendonce --help`, one section per heading: the heading's line to the
+/// next heading (a line ending in `:` at the start of a line).
+fn help_sections(help: &str) -> Vec<(String, String)> {
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for line in help.lines() {
+        if !line.starts_with(' ') && line.ends_with(':') {
+            sections.push((line.trim_end_matches(':').to_string(), String::new()));
+        } else if let Some((_, text)) = sections.last_mut() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    sections
+}
+
+/// Issue 42, item 6: `sendonce --help` lists the server's settings under
+/// headings (each area, each provider's variables), none left in the
+/// catch-all "Options"; `sendonce -h` (and `sendonce serve -h`) is a short
+/// summary that says where the rest is.
+#[test]
+fn the_servers_help_is_grouped_and_short_help_is_short() {
+    let render = |path: &[&str], long: bool| {
+        let mut cmd = Cli::command_line();
+        let mut sub = &mut cmd;
+        for p in path {
+            sub = sub.find_subcommand_mut(p).expect("subcommand");
+        }
+        if long {
+            sub.render_long_help().to_string()
+        } else {
+            sub.render_help().to_string()
+        }
+    };
+    for path in [&[][..], &["serve"]] {
+        let long = render(path, true);
+        let sections = help_sections(&long);
+        let under = |heading: &str, flag: &str| {
+            sections
+                .iter()
+                .find(|(h, _)| h == heading)
+                .unwrap_or_else(|| panic!("{path:?}: no heading {heading:?} in\n{long}"))
+                .1
+                .split_whitespace()
+                .any(|w| w == format!("--{flag}"))
+        };
+        for (heading, flags) in [
+            (cli::DATABASE, &["database-url", "db-max-connections"][..]),
+            (cli::SERVER, &["listen", "public-url"]),
+            (cli::PROVIDERS, &["provider", "routes", "provider-timeout"]),
+            ("Provider http", &["http-provider-url", "receipt-secret"]),
+            ("Provider twilio", &["twilio-account-sid", "twilio-from"]),
+            ("Provider infobip", &["infobip-api-key"]),
+            ("Provider vonage", &["vonage-api-key"]),
+            ("Provider smpp", &["smpp-password"]),
+            ("Provider telegram", &["telegram-bot-token"]),
+            ("Provider telegram_gateway", &["telegram-gateway-token"]),
+            (
+                cli::DELIVERY,
+                &["retry-base", "lease", "max-concurrent-sends"],
+            ),
+            (cli::CACHES, &["key-cache-ttl", "replay-cache-entries"]),
+            (cli::LIMITS, &["rate-tenant-rps", "max-segments"]),
+            (cli::RETENTION, &["retention"]),
+            (cli::LOGGING, &["log-format"]),
+            (cli::VERIFICATIONS, &["verify-secret", "verify-max-checks"]),
+            (cli::WEBHOOKS, &["webhook-allow-private"]),
+        ] {
+            for flag in flags {
+                assert!(
+                    under(heading, flag),
+                    "{path:?}: --{flag} not under {heading}"
+                );
+            }
+        }
+        // "Options" keeps only -h and -V.
+        let options = &sections
+            .iter()
+            .find(|(h, _)| h == "Options")
+            .expect("Options")
+            .1;
+        let listed = options
+            .lines()
+            .filter(|l| l.trim_start().starts_with('-'))
+            .count();
+        assert_eq!(listed, if path.is_empty() { 2 } else { 1 }, "{options}");
+
+        let short = render(path, false);
+        assert!(
+            short.lines().count() <= 40,
+            "{path:?}: -h is {} lines:\n{short}",
+            short.lines().count()
+        );
+        assert!(long.lines().count() > 3 * short.lines().count(), "{path:?}");
+        for flag in ["--database-url", "--provider", "--listen"] {
+            assert!(short.contains(flag), "{path:?}: -h lacks {flag}");
+        }
+        assert!(
+            !short.contains("--retry-base") && !short.contains("--twilio-auth-token"),
+            "{short}"
+        );
+        assert!(
+            short.contains("`sendonce --help`") && short.contains(cli::WEBHOOKS),
+            "{short}"
+        );
+    }
+    // Every server setting has its heading.
+    let cmd = Cli::command_line();
+    let bare: Vec<_> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set() && a.get_help_heading().is_none())
+        .map(|a| a.get_id().to_string())
+        .collect();
+    assert!(bare.is_empty(), "no heading: {bare:?}");
+}

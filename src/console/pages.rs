@@ -124,7 +124,7 @@ fn message_table(caption: &str, list: &[MessageSummary], zone: Zone) -> Markup {
                     @for m in list {
                         tr {
                             td data-label="Created" { (at(m.created_at, zone)) }
-                            td data-label="Message" { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
+                            td.long data-label="Message" { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
                             td data-label="Status" { (status(m.status)) }
                             td data-label="To" { (m.to) }
                             td data-label="Provider" { (m.provider) }
@@ -173,7 +173,7 @@ pub fn search(session: &Session, q: &str, results: Option<&Results>) -> Markup {
                                 @for (how, m) in &r.exact {
                                     tr {
                                         td data-label="Matched by" { (how) }
-                                        td data-label="Message" { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
+                                        td.long data-label="Message" { a href={"/console/messages/" (m.id)} { (m.idempotency_key) } }
                                         td data-label="Status" { (status(m.status)) }
                                         td data-label="Created" { (at(m.created_at, session.zone)) }
                                     }
@@ -260,7 +260,7 @@ pub fn timeline(
                             @for d in webhooks {
                                 tr {
                                     td data-label="Event" { code { (d.event_type) } }
-                                    td data-label="Endpoint" { (d.url) }
+                                    td.long data-label="Endpoint" { (d.url) }
                                     td data-label="Attempts" { (d.attempts.len()) }
                                     td data-label="State" { (decide::webhook_state(d, session.zone)) }
                                 }
@@ -573,9 +573,9 @@ pub fn outbox(session: &Session, refusal: Option<&str>, entries: &[OutboxEntry])
                                     tr {
                                         td data-label="Sent" { (at(e.sent_at, session.zone)) }
                                         td data-label="To" { (e.to) }
-                                        td data-label="Message" { a href={"/console/messages/" (e.message_id)} { (e.idempotency_key) } }
-                                        td data-label="Provider message id" { (e.provider_message_id.as_deref().unwrap_or("-")) }
-                                        td data-label="Body" { pre.body dir="auto" { (e.body) } }
+                                        td.long data-label="Message" { a href={"/console/messages/" (e.message_id)} { (e.idempotency_key) } }
+                                        td.long data-label="Provider message id" { (e.provider_message_id.as_deref().unwrap_or("-")) }
+                                        td.long data-label="Body" { pre.body dir="auto" { (e.body) } }
                                     }
                                 }
                             }

@@ -37,6 +37,10 @@ macro_rules! adapters {
         /// Every adapter (`src/provider/<name>/`), in the order the command
         /// line lists their variables.
         pub static ADAPTERS: &[Adapter] = &[$($name::ADAPTER),+];
+
+        /// Each adapter's heading over its variables in `sendonce --help`
+        /// (`Provider twilio`), in [`ADAPTERS`]' order.
+        pub static HELP_HEADINGS: &[&str] = &[$(concat!("Provider ", stringify!($name))),+];
     };
 }
 

@@ -377,6 +377,9 @@ pub(crate) struct Inner {
     pub(crate) receipts: ReceiptConfig,
     /// Reconciliation lookups made (Twilio's message list).
     pub(crate) lookups: usize,
+    /// How each receipt post was answered (`200`, `503`, or the error), in
+    /// the order sent: what a test's failed wait for receipts says.
+    pub(crate) receipt_answers: Vec<String>,
     /// Each protocol's own state, by its type (`providers::*::Protocol`).
     protocols: HashMap<TypeId, Box<dyn Any + Send>>,
 }
@@ -591,6 +594,13 @@ impl MockProvider {
     /// Sends these receipts for every message delivered from now on.
     pub fn set_receipts(&self, receipts: ReceiptConfig) {
         self.lock().receipts = receipts;
+    }
+
+    /// How each receipt post of the protocols that record it (Vonage) was
+    /// answered, in the order sent: `<provider message id> <status>: <HTTP
+    /// status or error>`.
+    pub fn receipt_answers(&self) -> Vec<String> {
+        self.lock().receipt_answers.clone()
     }
 }
 

@@ -19,11 +19,33 @@ use testkit::mock_provider::MockProvider;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-/// The server that hosts test databases: `TEST_DATABASE_URL`, else the local
-/// Postgres the README's test command finds or starts.
+/// The server that hosts test databases: `TEST_DATABASE_URL` (the README's
+/// test command sets it to its throwaway cluster unless given one), else
+/// the Postgres on 127.0.0.1:5432.
 pub fn admin_url() -> String {
     std::env::var("TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// What the name of every database the tests make starts with:
+/// `SENDONCE_TEST_DB_PREFIX` (scripts/test.sh sets one of its own per run
+/// unless given one), else `sendonce_t_`. 1 to 30 lower-case letters, digits
+/// and `_`, starting with a letter, so that a name (prefix, process id, 16
+/// random hex digits) stays within Postgres's 63 bytes and needs no quoting.
+pub fn database_prefix() -> String {
+    let prefix =
+        std::env::var("SENDONCE_TEST_DB_PREFIX").unwrap_or_else(|_| "sendonce_t_".to_string());
+    let fits = (1..=30).contains(&prefix.len())
+        && prefix.starts_with(|c: char| c.is_ascii_lowercase())
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    assert!(
+        fits,
+        "SENDONCE_TEST_DB_PREFIX must be 1 to 30 lower-case letters, digits and _, \
+         starting with a letter (got {prefix:?})"
+    );
+    prefix
 }
 
 /// Creates an empty Postgres database with the schema applied; returns its URL.
@@ -48,13 +70,15 @@ pub async fn fresh_database_on(backend: Backend) -> String {
     let mut conn = PgConnection::connect(&admin)
         .await
         .expect("connect to the test Postgres (set TEST_DATABASE_URL)");
-    // The test process's id is in the name: scripts/test.sh drops only the
-    // databases of processes that are gone, never those of a run going on
-    // beside it on the same server.
+    // The run's prefix, then the test process's id: scripts/test.sh drops
+    // only databases under its own prefix whose process is gone, never
+    // another run's on the same server.
+    let random = uuid::Uuid::new_v4().simple().to_string();
     let name = format!(
-        "sendonce_t_{}_{}",
+        "{}{}_{}",
+        database_prefix(),
         std::process::id(),
-        uuid::Uuid::new_v4().simple()
+        &random[..16]
     );
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut conn)

@@ -167,8 +167,8 @@ impl PgBouncer {
     }
 
     /// Rows of an admin console command (`SHOW ...`) about the tests'
-    /// databases (`sendonce_t_*`); the console speaks only the simple
-    /// protocol.
+    /// databases (their names start with [`database_prefix`]); the console
+    /// speaks only the simple protocol.
     async fn show(&self, what: &str) -> Vec<sqlx::postgres::PgRow> {
         let mut conn = PgConnectOptions::new()
             .host(&self.host)
@@ -186,7 +186,7 @@ impl PgBouncer {
         rows.into_iter()
             .filter(|r| {
                 r.try_get::<String, _>("database")
-                    .is_ok_and(|d| d.starts_with("sendonce_t_"))
+                    .is_ok_and(|d| d.starts_with(&database_prefix()))
             })
             .collect()
     }

@@ -1,15 +1,16 @@
 // The console in a real browser: Debian's chromium driven by playwright-core,
 // axe-core on every page (no serious or critical violation allowed).
 // Run by scripts/console-e2e.sh, which starts sendonce and the mock provider
-// and passes BASE, KEY, KEY2, RETRIED, VER, CHROMIUM and SHOTS.
+// and passes BASE, KEY, KEY2, RETRIED, VER, ARABIC, ZONE_OFFSET_HOURS,
+// CHROMIUM and SHOTS.
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { chromium } from 'playwright-core';
 
 const require = createRequire(import.meta.url);
 const axeSource = readFileSync(require.resolve('axe-core/axe.min.js'), 'utf8');
-const { BASE, KEY, KEY2, RETRIED, VER, CHROMIUM, SHOTS } = process.env;
-for (const [name, value] of Object.entries({ BASE, KEY, KEY2, RETRIED, VER, CHROMIUM, SHOTS })) {
+const { BASE, KEY, KEY2, RETRIED, VER, ARABIC, ZONE_OFFSET_HOURS, CHROMIUM, SHOTS } = process.env;
+for (const [name, value] of Object.entries({ BASE, KEY, KEY2, RETRIED, VER, ARABIC, ZONE_OFFSET_HOURS, CHROMIUM, SHOTS })) {
   if (!value) throw new Error(`${name} is not set`);
 }
 
@@ -136,6 +137,114 @@ try {
   check(!(await page2.textContent('body')).includes(RETRIED), 'and sees nothing of it');
   await inspect(page2, '07-not-found-for-another-tenant');
   await other.close();
+
+  // Issue 42, item 5: an Arabic body, on a phone (390 px) and a desktop
+  // (1280 px), with the tenant's home country set (times in its zone).
+  await page.goto(`${BASE}/console/search?q=${encodeURIComponent(ARABIC)}`);
+  await page.waitForURL('**/console/messages/msg_*');
+  const arabicUrl = page.url();
+  const number = (await page.textContent('dl.facts')).match(/\+966\d+/)?.[0] ?? '';
+  check(number !== '', `the Arabic message's number is shown (${number})`);
+  const pages = [
+    ['arabic-timeline', arabicUrl],
+    ['arabic-search-by-number', `${BASE}/console/search?q=${encodeURIComponent(number)}`],
+    ['arabic-search-by-key', `${BASE}/console/search?q=${encodeURIComponent('E2E-')}`],
+    ['arabic-overview', `${BASE}/console/overview`],
+  ];
+  for (const width of [390, 1280]) {
+    await page.setViewportSize({ width, height: 844 });
+    for (const [name, url] of pages) {
+      await page.goto(url);
+      const at = `${name} at ${width} px`;
+      const layout = await page.evaluate(() => {
+        const wraps = [...document.querySelectorAll('.table-wrap')];
+        const rows = [...document.querySelectorAll('main table.stack tbody tr')];
+        return {
+          page: document.documentElement.scrollWidth,
+          view: document.documentElement.clientWidth,
+          wrapsOver: wraps.map((w) => w.scrollWidth - w.clientWidth).filter((d) => d > 0),
+          tables: wraps.length,
+          rowDisplays: [...new Set(rows.map((r) => getComputedStyle(r).display))],
+          rows: rows.length,
+        };
+      });
+      check(layout.page <= layout.view, `${at}: the page does not scroll sideways (${layout.page} <= ${layout.view})`);
+      check(layout.wrapsOver.length === 0, `${at}: no table overflows its column (${layout.wrapsOver.join(', ') || 'none'})`);
+      // No word broken across lines in a table, except in cells of
+      // unbounded unbroken text (class "long": URLs, idempotency keys); on a
+      // phone no stacked cell's column name (its ::before) wraps.
+      const broken = await page.evaluate(() => {
+        const out = [];
+        for (const cell of document.querySelectorAll('main table td, main table tbody th')) {
+          const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+          for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+            if (n.parentElement.closest('.long')) continue;
+            for (const m of n.data.matchAll(/\S+/g)) {
+              const r = document.createRange();
+              r.setStart(n, m.index);
+              r.setEnd(n, m.index + m[0].length);
+              const lines = new Set([...r.getClientRects()].map((x) => Math.round(x.top)));
+              if (lines.size > 1) out.push(m[0]);
+            }
+          }
+        }
+        for (const td of document.querySelectorAll('main table.stack td')) {
+          const label = getComputedStyle(td, '::before');
+          if (label.content === 'none' || label.content === 'normal') continue;
+          if (parseFloat(label.height) > 1.5 * parseFloat(getComputedStyle(td).lineHeight)) {
+            out.push(`label ${td.dataset.label} (${label.height})`);
+          }
+        }
+        return out;
+      });
+      check(broken.length === 0, `${at}: no word in a table is broken across lines${broken.length ? `: ${[...new Set(broken)].join(', ')}` : ''}`);
+      if (name !== 'arabic-timeline') {
+        check(layout.rows > 0, `${at}: the page has table rows (${layout.rows})`);
+        const want = width === 390 ? 'block' : 'table-row';
+        check(layout.rowDisplays.length === 1 && layout.rowDisplays[0] === want,
+          `${at}: its table rows are ${want === 'block' ? 'stacked' : 'table rows'} (${layout.rowDisplays.join(', ')})`);
+      }
+      // Every time in the tenant's zone (UTC+ZONE_OFFSET_HOURS), its UTC
+      // time on hover, the same instant.
+      const times = await page.$$eval('main time', (ts) => ts.map((t) => ({
+        text: t.textContent, title: t.getAttribute('title'), datetime: t.getAttribute('datetime'),
+      })));
+      const wrong = times.filter(({ text, title, datetime }) => {
+        const local = text.match(/^(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d) ([+-]\d\d)$/);
+        const utc = (title ?? '').match(/^(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d) UTC$/);
+        if (!local || !utc || Number(local[3]) !== Number(ZONE_OFFSET_HOURS)) return true;
+        const l = Date.parse(`${local[1]}T${local[2]}Z`) - Number(local[3]) * 3600e3;
+        const u = Date.parse(`${utc[1]}T${utc[2]}Z`);
+        return l !== u || Math.abs(Date.parse(datetime) - u) >= 1000;
+      });
+      if (name !== 'arabic-overview') check(times.length > 0, `${at}: times are shown (${times.length})`);
+      check(wrong.length === 0, `${at}: every time is in the tenant's zone with UTC on hover${wrong.length ? `: ${JSON.stringify(wrong.slice(0, 3))}` : ''}`);
+      if (name === 'arabic-timeline') {
+        const body = await page.$eval('pre.body', (pre) => {
+          const style = getComputedStyle(pre);
+          const box = pre.getBoundingClientRect();
+          const range = document.createRange();
+          range.selectNodeContents(pre);
+          const text = range.getBoundingClientRect();
+          return {
+            dir: pre.getAttribute('dir'),
+            direction: style.direction,
+            text: pre.textContent,
+            // The text's right edge against the content box's.
+            gapRight: box.right - parseFloat(style.borderRightWidth) - parseFloat(style.paddingRight) - text.right,
+            gapLeft: text.left - box.left - parseFloat(style.borderLeftWidth) - parseFloat(style.paddingLeft),
+          };
+        });
+        check(body.text.includes('شكراً'), `${at}: the body is the Arabic text (${body.text})`);
+        check(body.dir === 'auto', `${at}: the body has dir="auto" (${body.dir})`);
+        check(body.direction === 'rtl', `${at}: the body renders right to left (direction ${body.direction})`);
+        check(Math.abs(body.gapRight) <= 2 && body.gapLeft > 20,
+          `${at}: the Arabic text sits at the right of its box (gap right ${body.gapRight.toFixed(1)} px, left ${body.gapLeft.toFixed(1)} px)`);
+      }
+      await inspect(page, `${name}-${width}px`);
+    }
+  }
+  await page.setViewportSize({ width: 1100, height: 800 });
 
   // Sign out.
   await Promise.all([page.waitForURL('**/console/login'), page.click('text=Sign out')]);

@@ -378,9 +378,16 @@ async fn send_receipts(mock: MockProvider, config: ReceiptConfig, callback: Stri
                     client.get(format!("{callback}{sep}{form}"))
                 }
             };
-            if let Err(e) = req.send().await {
-                tracing::warn!(error = %e, "mock provider: a Vonage receipt failed");
-            }
+            let answer = match req.send().await {
+                Ok(r) => r.status().as_u16().to_string(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "mock provider: a Vonage receipt failed");
+                    e.to_string()
+                }
+            };
+            mock.lock()
+                .receipt_answers
+                .push(format!("{id} {}: {answer}", vonage_status(&status)));
         }
     }
 }

@@ -443,7 +443,7 @@ pub struct ConfigArgs {
     #[arg(help_heading = DELIVERY, long, env = "SENDONCE_MAX_QUEUED_SENDS", global = true)]
     pub max_queued_sends: Option<String>,
     /// Send slots a tenant alone, or above its fair share, leaves free for other tenants' next sends (default: a sixteenth of the slots; below SENDONCE_MAX_CONCURRENT_SENDS).
-    #[arg(long, env = "SENDONCE_SPARE_SEND_SLOTS", global = true)]
+    #[arg(help_heading = DELIVERY, long, env = "SENDONCE_SPARE_SEND_SLOTS", global = true)]
     pub spare_send_slots: Option<String>,
     /// Requests per tenant that may wait at once for a message another request is sending; beyond this 409 at once.
     #[arg(help_heading = DELIVERY, long, env = "SENDONCE_MAX_WAITERS_PER_TENANT", global = true)]

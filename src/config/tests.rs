@@ -306,6 +306,12 @@ fn no_configured_secret_shows_in_debug() {
                 verify,
                 "--bootstrap-api-key",
                 bootstrap,
+                // The WhatsApp channel's token turns it on: what else it
+                // needs.
+                "--whatsapp-phone-number-id",
+                "106540352242922",
+                "--whatsapp-template-name",
+                "login_code",
             ]
             .map(str::to_string),
         );

@@ -234,6 +234,18 @@ impl Deliverer {
         if let Err(e) = attached {
             tracing::warn!(error = %e, "could not attach receipts that arrived early");
         }
+        // A long message's later parts have provider ids of their own:
+        // their receipts find it by our id, which a receipt that came
+        // before the send was saved could not link (issue 42's ten runs:
+        // Vonage's second part).
+        if msg.segments > 1
+            && let Err(e) = self
+                .store
+                .attach_receipts_naming(msg.id, &msg.provider, now)
+                .await
+        {
+            tracing::warn!(error = %e, "could not attach the parts' receipts that arrived early");
+        }
     }
 
     /// Runs a fenced write, retrying while the database is unavailable and the

@@ -311,6 +311,17 @@ pub trait ReceiptStore: Send + Sync {
     /// final delivery status any of its receipts reported, and never back.
     /// A receipt for no known message is kept, unlinked, for inspection.
     async fn record_receipt(&self, r: &NewReceipt) -> Result<ReceiptOutcome, StoreError>;
+    /// Links the receipts that name message `id` on `provider` by our id
+    /// (under their authentication) but arrived before its send was saved:
+    /// a later part of a long message, with a provider id of its own. Then
+    /// applies them as [`ReceiptStore::attach_receipts`] does. Returns
+    /// whether the status moved.
+    async fn attach_receipts_naming(
+        &self,
+        id: MessageId,
+        provider: &str,
+        now: OffsetDateTime,
+    ) -> Result<bool, StoreError>;
     /// Links receipts that arrived before the message's provider id was
     /// written (a fast provider overtaking our own write) and applies them.
     /// Returns whether the status moved.

@@ -72,6 +72,12 @@ const BY_OUR_ID: &str = "SELECT id, status FROM messages WHERE id = $1 AND provi
 
 const LINK_ONE: &str = "UPDATE receipts SET message_id = $2 WHERE seq = $1";
 
+/// The unlinked receipts on provider `$2` that name message `$1` by our id.
+const LINK_NAMING: &str = "UPDATE receipts SET message_id = $1 \
+     WHERE message_id IS NULL AND provider = $2 AND our_message_id = $1";
+
+const STATUS_OF: &str = "SELECT status FROM messages WHERE id = $1";
+
 const FIRST_FINAL: &str = "SELECT seq, status, provider_status, error_code, received_at \
      FROM receipts WHERE message_id = $1 AND status IN ($2, $3) ORDER BY seq LIMIT 1";
 
@@ -114,6 +120,36 @@ per_backend! {
                     Driver::lock_receipts(c, &provider, &pmid).await?;
                     let (_, applied) = link_and_apply_receipts(c, &provider, &pmid, now).await?;
                     Ok(applied)
+                })
+            })
+            .await
+        }
+
+        async fn attach_receipts_naming(
+            &self,
+            id: MessageId,
+            provider: &str,
+            now: OffsetDateTime,
+        ) -> Result<bool, StoreError> {
+            let provider = provider.to_string();
+            self.write_tx(move |c| {
+                Box::pin(async move {
+                    let linked = sqlx::query(LINK_NAMING)
+                        .bind(id.0)
+                        .bind(&provider)
+                        .execute(&mut *c)
+                        .await?;
+                    if linked.rows_affected() == 0 {
+                        return Ok(false);
+                    }
+                    let status: Option<Status> = sqlx::query_scalar(STATUS_OF)
+                        .bind(id.0)
+                        .fetch_optional(&mut *c)
+                        .await?;
+                    match status {
+                        Some(status) => apply_first_final(c, id.0, status, now).await,
+                        None => Ok(false),
+                    }
                 })
             })
             .await

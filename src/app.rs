@@ -227,7 +227,7 @@ impl App {
             stop: providers_stop.clone(),
             receipts: Arc::new(http::receipts::StoreReceipts {
                 store: Arc::clone(&self.state.store),
-                deliverer: Arc::clone(&self.state.deliverer),
+                deliverer: Arc::downgrade(&self.state.deliverer),
                 clock: self.clock.clone(),
                 metrics: Arc::clone(self.state.deliverer.metrics()),
             }),

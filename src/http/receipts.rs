@@ -288,7 +288,12 @@ pub async fn stored_receipt(
 pub struct StoreReceipts {
     pub store: std::sync::Arc<dyn crate::store::Store>,
     /// Opens a sealed body and holds the secrets a receipt is scrubbed of.
-    pub deliverer: std::sync::Arc<crate::delivery::Deliverer>,
+    /// Weak: the deliverer holds the providers, and test mode's provider
+    /// holds this sink; a strong handle made a cycle that kept every
+    /// stopped instance's store, and its database connections, for the
+    /// life of the process (tests/api/lifecycle.rs,
+    /// a_stopped_instance_closes_its_database_connections).
+    pub deliverer: std::sync::Weak<crate::delivery::Deliverer>,
     pub clock: crate::clock::Clock,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
@@ -301,8 +306,13 @@ impl crate::provider::receipts::ReceiptSink for StoreReceipts {
         receipt: crate::provider::receipts::Receipt,
         status: Option<crate::domain::Status>,
     ) -> Result<(), String> {
+        let Some(deliverer) = self.deliverer.upgrade() else {
+            // Unanswered, the provider offers the receipt again (SMPP
+            // resends an unacknowledged deliver_sm) to an instance that runs.
+            return Err("this instance has stopped".into());
+        };
         let receipt = stored_receipt(
-            &self.deliverer,
+            &deliverer,
             self.store.as_ref(),
             provider,
             receipt,

@@ -390,3 +390,59 @@ on_both_backends!(
     every_provider_call_starts_with_a_full_lease,
     the_purge_stops_between_batches_when_asked,
 );
+
+/// Connections to `database` from anyone (Postgres's own view).
+async fn connections_to(database: &str) -> i64 {
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url())
+        .await
+        .expect("connect to the test Postgres");
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
+        .bind(database)
+        .fetch_one(&mut admin)
+        .await
+        .expect("pg_stat_activity")
+}
+
+/// An instance that stopped, in a runtime that ended (as at the end of a
+/// test or of a process's use of it), holds no database connection: a
+/// reference cycle through test mode's provider (it holds the receipt sink,
+/// which held the deliverer, which holds the providers) kept every stopped
+/// instance's pool open, about 4 connections each, until the whole suite
+/// exhausted the server's connections.
+#[tokio::test]
+async fn a_stopped_instance_closes_its_database_connections() {
+    let url = fresh_database().await;
+    let name = url.rsplit('/').next().expect("a database name").to_string();
+    let name_inside = name.clone();
+    let used = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let mut app = spawn_with(TestOptions {
+                database: Some(url),
+                ..TestOptions::default()
+            })
+            .await;
+            let sent = app.post("closes-1", &sms("+14155550100", "hello")).await;
+            assert_eq!(sent.status, 201, "{}", String::from_utf8_lossy(&sent.bytes));
+            let used = connections_to(&name_inside).await;
+            app.stop().await;
+            used
+        })
+    })
+    .join()
+    .expect("the instance's thread");
+    assert!(
+        used > 0,
+        "the instance used no connection: the test proves nothing"
+    );
+    within(
+        Duration::from_secs(10),
+        "the stopped instance's connections to close",
+        || async { (connections_to(&name).await == 0).then_some(()) },
+    )
+    .await;
+}

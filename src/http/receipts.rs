@@ -200,6 +200,9 @@ async fn receive(
         // duplicates that change nothing.
         outcomes.push(record(&state, provider, &receipt).await?);
     }
+    // What users wrote, when the adapter's inbound route shares this path
+    // (WhatsApp's webhook): taken once each, opt-outs with them.
+    super::inbound::take_shared(provider, &state, &headers, &body).await?;
     Ok(match <[Ack; 1]>::try_from(outcomes) {
         Ok([one]) => (StatusCode::OK, axum::Json(one)).into_response(),
         Err(many) => (StatusCode::OK, axum::Json(Acks { receipts: many })).into_response(),

@@ -100,7 +100,10 @@ pub struct Adapter {
 /// the update to take once), and nothing outside the adapter's folder
 /// names the channel.
 pub struct Inbound {
-    /// Where updates are posted (`/channels/<name>/...`).
+    /// Where updates are posted (`/channels/<name>/...`). It may be the
+    /// adapter's receipt path (Meta posts a WhatsApp number's statuses and
+    /// the messages its users write to one webhook): then the receipts
+    /// handler takes the updates too, after the receipts.
     pub path: &'static str,
     /// Who owns the updates and how they are authenticated, from the
     /// adapter's variables; `None` when they are not set (then every
@@ -125,11 +128,12 @@ pub trait InboundRoute: std::fmt::Debug + Send + Sync + 'static {
     fn source(&self) -> i64;
     /// The tenant (by name) that owns the updates and their events.
     fn tenant(&self) -> &str;
-    /// Whether the request's headers authenticate it (constant time).
-    fn admits(&self, headers: &axum::http::HeaderMap) -> bool;
-    /// Reads and decides an update; `Err`: why it is refused (a 400,
-    /// nothing stored).
-    fn read(&self, body: &[u8]) -> Result<crate::domain::inbound::Update, &'static str>;
+    /// Whether the request authenticates it (constant time): a secret in
+    /// its headers, or a signature of its body.
+    fn admits(&self, headers: &axum::http::HeaderMap, body: &[u8]) -> bool;
+    /// Reads and decides the updates a request carries (none, one or
+    /// several); `Err`: why it is refused (a 400, nothing stored).
+    fn read(&self, body: &[u8]) -> Result<Vec<crate::domain::inbound::Update>, &'static str>;
 }
 
 /// Every adapter's configured inbound route.

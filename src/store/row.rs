@@ -41,7 +41,8 @@ macro_rules! message_columns {
         COALESCE((SELECT a.finished_at IS NULL FROM attempts a \
             WHERE a.message_id = m.id AND a.number = m.attempts), false) AS last_attempt_open, \
         EXISTS (SELECT 1 FROM opt_outs o WHERE o.tenant_id = m.tenant_id \
-            AND o.number = m.to_number) AS recipient_opted_out"
+            AND o.number IN (m.to_number, m.provider || ':' || m.to_number)) \
+            AS recipient_opted_out"
     };
 }
 

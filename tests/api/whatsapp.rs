@@ -20,6 +20,7 @@ use sendonce::clock::Clock;
 use sendonce::delivery::RetryPolicy;
 use sendonce::delivery::decide::{Event, KeyRule, Snapshot, Step, Transition, Write, decide};
 use sendonce::domain::{MessageId, Recipient, Status};
+use sendonce::provider::whatsapp::inbound::WhatsAppInbound;
 use sendonce::provider::whatsapp::{WhatsAppProvider, WhatsAppSettings};
 use sendonce::provider::{AttemptRef, OutgoingSms, Provider, Reconciled, SendOutcome};
 use serde_json::{Value, json};
@@ -38,6 +39,8 @@ pub(crate) const PHONE_NUMBER_ID: &str = "106540352242922";
 pub(crate) const TEMPLATE: &str = "verification_code";
 pub(crate) const TO: &str = "+14155550123";
 pub(crate) const WEBHOOK: &str = "/channels/whatsapp/webhook";
+/// The tenant the instance's key belongs to, which owns what users write.
+pub(crate) const INBOUND_OWNER: &str = "whatsapp-owner";
 
 /// The adapter aimed at the mock at `mock_base` (`http://host:port`).
 pub(crate) fn whatsapp_at(mock_base: &str, timeout: Duration) -> Arc<dyn Provider> {
@@ -81,10 +84,26 @@ pub(crate) async fn spawn_whatsapp_with(backend: Backend, clock: Clock) -> TestA
         ("WHATSAPP_VERIFY_TOKEN", VERIFY_TOKEN),
     ])
     .expect("receipt settings");
+    // What users write comes to the same webhook; the instance's tenant
+    // owns its events.
+    let database = fresh_database_on(backend).await;
+    let (store, _) = open_store(&database, Duration::from_secs(2));
+    let key = sendonce::apikey::generate();
+    store
+        .create_tenant(INBOUND_OWNER, &key.stored)
+        .await
+        .expect("tenant");
+    settings.provider.inbound = vec![Arc::new(WhatsAppInbound::new(
+        PHONE_NUMBER_ID,
+        INBOUND_OWNER,
+        APP_SECRET,
+    ))];
     spawn_with(TestOptions {
         backend,
         clock,
         settings,
+        database: Some(database),
+        api_key: Some(key.secret),
         mock: Some((mock, url)),
         fallbacks: vec![whatsapp_at(&base, Duration::from_secs(2))],
         ..TestOptions::default()
@@ -454,12 +473,9 @@ async fn duplicated_statuses_are_recorded_once(backend: Backend) {
     let a = post_webhook(&app, &body, Some(&signature(APP_SECRET, body.as_bytes()))).await;
     assert_eq!(a.status, 200);
     assert_eq!(a.json()["receipts"].as_array().map(Vec::len), Some(2));
-    // A notification without statuses (an incoming message) records nothing.
-    let inbound = json!({"object": "whatsapp_business_account", "entry": [{"id": "1",
-        "changes": [{"field": "messages", "value": {"messaging_product": "whatsapp",
-        "messages": [{"from": "14155550123", "id": "wamid.IN", "timestamp": "1",
-        "type": "text", "text": {"body": "hello"}}]}}]}]})
-    .to_string();
+    // A notification without statuses (an incoming message) records no
+    // receipt (its message is taken by the inbound route: below).
+    let inbound = user_wrote("wamid.IN", "14155550123", "hello").to_string();
     let a = post_webhook(
         &app,
         &inbound,
@@ -822,7 +838,112 @@ async fn three_channels_move_on_from_a_whatsapp_refusal(backend: Backend) {
     assert_eq!(app.mock.gateway_messages().len(), 1);
 }
 
+/// A notification of what a WhatsApp user wrote to our number.
+fn user_wrote(id: &str, from: &str, text: &str) -> Value {
+    json!({"object": "whatsapp_business_account", "entry": [{"id": "102290129340398",
+        "changes": [{"field": "messages", "value": {"messaging_product": "whatsapp",
+        "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE_NUMBER_ID},
+        "contacts": [{"profile": {"name": "Ann"}, "wa_id": from}],
+        "messages": [{"from": from, "id": id, "timestamp": "1749416383",
+        "type": "text", "text": {"body": text}}]}}]}]})
+}
+
+async fn post_signed(app: &TestApp, body: &Value) -> Answer {
+    let body = body.to_string();
+    post_webhook(app, &body, Some(&signature(APP_SECRET, body.as_bytes()))).await
+}
+
+/// A WhatsApp user's STOP stops WhatsApp, and only WhatsApp, for that
+/// number: the next verification's WhatsApp step fails at once without a
+/// call (nothing made at the mock) and its SMS goes; a plain SMS still
+/// goes. START lifts it: the next code goes by WhatsApp again. Taken once
+/// under its `wamid` however often Meta delivers it, with one
+/// `message.received` event.
+async fn a_whatsapp_stop_opts_the_number_out_of_whatsapp_only(backend: Backend) {
+    let clock = manual_clock();
+    let app = spawn_whatsapp_with(backend, clock.clone()).await;
+    let stop = user_wrote("wamid.STOP1", &TO[1..], "STOP");
+    for _ in 0..2 {
+        let a = post_signed(&app, &stop).await;
+        assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.bytes));
+    }
+    assert_eq!(
+        app.db
+            .count("SELECT count(*) FROM opt_outs WHERE number = 'whatsapp:+14155550123'")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.db
+            .count("SELECT count(*) FROM webhook_events WHERE type = 'message.received'")
+            .await,
+        1,
+        "one event for a notification delivered twice"
+    );
+    // A forged STOP (another secret) changes nothing.
+    let forged = user_wrote("wamid.STOP2", "447911123456", "STOP").to_string();
+    let a = post_webhook(
+        &app,
+        &forged,
+        Some(&signature("not-the-secret", forged.as_bytes())),
+    )
+    .await;
+    assert_eq!(a.status, 403);
+    assert_eq!(app.db.count("SELECT count(*) FROM opt_outs").await, 1);
+
+    let id = start_whatsapp_then_sms(&app, "wa-stop-1", 60).await;
+    messages_when(
+        &app,
+        &id,
+        "WhatsApp refused for the opt-out, the SMS sent",
+        |m| m == [pair("whatsapp", "failed"), pair("sms", "sent")],
+    )
+    .await;
+    assert!(whatsapp_codes(&app).is_empty(), "nothing made on WhatsApp");
+    assert_eq!(sms_to(&app, TO).len(), 1);
+    // An SMS of its own still goes: the opt-out is WhatsApp's.
+    let sent = app
+        .post("wa-stop-sms", &sms(TO, "Your order shipped"))
+        .await;
+    assert_eq!(sent.status, 201, "{}", String::from_utf8_lossy(&sent.bytes));
+    assert_eq!(sent.json()["status"], "sent");
+
+    // START: WhatsApp again.
+    let a = post_signed(&app, &user_wrote("wamid.START1", &TO[1..], "START")).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(app.db.count("SELECT count(*) FROM opt_outs").await, 0);
+    let id = start_whatsapp_then_sms(&app, "wa-stop-2", 60).await;
+    messages_when(&app, &id, "the code sent by WhatsApp", |m| {
+        m == [pair("whatsapp", "sent")]
+    })
+    .await;
+    assert_eq!(whatsapp_codes(&app).len(), 1);
+}
+
+/// An opt-out of the bare number (the tenant's own list, an SMS STOP)
+/// stops every channel to it, WhatsApp included.
+async fn a_numbers_own_opt_out_stops_whatsapp_too(backend: Backend) {
+    let app = spawn_whatsapp_with(backend, Clock::system()).await;
+    let a = app
+        .request(Method::POST, "/opt-outs")
+        .bearer_auth(&app.api_key)
+        .json(&json!({"number": TO}))
+        .send()
+        .await
+        .expect("POST /opt-outs");
+    assert!(a.status().is_success(), "{}", a.status());
+    let id = start_whatsapp_then_sms(&app, "wa-own-1", 60).await;
+    messages_when(&app, &id, "both steps refused", |m| {
+        m == [pair("whatsapp", "failed"), pair("sms", "failed")]
+    })
+    .await;
+    assert!(whatsapp_codes(&app).is_empty());
+    assert!(sms_to(&app, TO).is_empty());
+}
+
 on_both_backends!(
+    a_whatsapp_stop_opts_the_number_out_of_whatsapp_only,
+    a_numbers_own_opt_out_stops_whatsapp_too,
     three_channels_move_on_from_a_whatsapp_refusal,
     whatsapp_without_its_token_is_refused_and_stores_nothing,
     an_ambiguous_whatsapp_send_ends_unknown_and_is_never_resent,

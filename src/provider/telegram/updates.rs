@@ -123,12 +123,12 @@ impl InboundRoute for Inbound {
         &self.tenant
     }
 
-    fn admits(&self, headers: &axum::http::HeaderMap) -> bool {
+    fn admits(&self, headers: &axum::http::HeaderMap, _body: &[u8]) -> bool {
         Inbound::admits(self, headers.get(SECRET_HEADER).map(|v| v.as_bytes()))
     }
 
-    fn read(&self, body: &[u8]) -> Result<Update, &'static str> {
-        read(body).map_err(|Malformed(m)| m)
+    fn read(&self, body: &[u8]) -> Result<Vec<Update>, &'static str> {
+        read(body).map(|u| vec![u]).map_err(|Malformed(m)| m)
     }
 }
 

@@ -35,19 +35,20 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use super::{OutgoingSms, Provider, ProviderError, SendOutcome, parse_retry_after};
 
 pub mod classify;
+pub mod inbound;
 mod settings;
 pub mod webhook;
 
 pub use settings::{
     ACCESS_TOKEN, ADAPTER, APP_SECRET, BASE_URL, DEFAULT_BASE_URL, DEFAULT_TEMPLATE_LANGUAGE,
-    PHONE_NUMBER_ID, TEMPLATE_LANGUAGE, TEMPLATE_NAME, VERIFY_TOKEN,
+    PHONE_NUMBER_ID, TEMPLATE_LANGUAGE, TEMPLATE_NAME, TENANT, VERIFY_TOKEN,
 };
 
 /// The adapter's name, stored with its messages, and its channel's.
 pub const NAME: &str = "whatsapp";
 
 /// Where Meta calls: `GET` for the subscription handshake, `POST` for
-/// status notifications.
+/// notifications (statuses, and messages users write: [`inbound`]).
 pub const WEBHOOK_PATH: &str = "/channels/whatsapp/webhook";
 
 /// The longest code an authentication template carries ("Maximum 15

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use super::super::receipts::ReceiptRoute;
 use super::super::registry::{
-    Adapter, Channel, Configured, Context, Receipts, Var, VarError, Vars, VerifyChannel, http_url,
+    Adapter, Channel, Configured, Context, Inbound, Receipts, Var, VarError, Vars, VerifyChannel,
+    http_url,
 };
 use super::super::{Provider, ProviderError};
 use super::webhook::WhatsAppWebhook;
@@ -16,7 +17,7 @@ use super::{WEBHOOK_PATH, WhatsAppProvider, WhatsAppSettings};
 /// token is set. No route or `SENDONCE_PROVIDER` names it: a verification
 /// whose `channels` name `whatsapp` sends its code alone through it. Its
 /// webhook takes `GET` (Meta's subscription handshake) and `POST`
-/// (statuses).
+/// (statuses, and what users write: its inbound route shares the path).
 pub const ADAPTER: Adapter = Adapter {
     name: super::NAME,
     vars: &VARS,
@@ -36,7 +37,12 @@ pub const ADAPTER: Adapter = Adapter {
         code_only: true,
         priced_when_listed: true,
     }),
-    inbound: None,
+    inbound: Some(Inbound {
+        path: WEBHOOK_PATH,
+        configure: super::inbound::configure,
+        keep: super::inbound::KEEP,
+        max_bytes: super::inbound::MAX_BYTES,
+    }),
 };
 
 pub const ACCESS_TOKEN: &str = "WHATSAPP_ACCESS_TOKEN";
@@ -46,6 +52,7 @@ pub const VERIFY_TOKEN: &str = "WHATSAPP_VERIFY_TOKEN";
 pub const TEMPLATE_NAME: &str = "WHATSAPP_TEMPLATE_NAME";
 pub const TEMPLATE_LANGUAGE: &str = "WHATSAPP_TEMPLATE_LANGUAGE";
 pub const BASE_URL: &str = "WHATSAPP_BASE_URL";
+pub const TENANT: &str = "WHATSAPP_TENANT";
 
 /// Meta's Graph API, at the version the adapter was written against
 /// (v21.0, released 2 October 2024; Meta's own sample of an authentication
@@ -54,7 +61,7 @@ pub const DEFAULT_BASE_URL: &str = "https://graph.facebook.com/v21.0";
 
 pub const DEFAULT_TEMPLATE_LANGUAGE: &str = "en_US";
 
-const VARS: [Var; 7] = [
+const VARS: [Var; 8] = [
     Var {
         env: ACCESS_TOKEN,
         flag: "whatsapp-access-token",
@@ -70,7 +77,7 @@ const VARS: [Var; 7] = [
     Var {
         env: APP_SECRET,
         flag: "whatsapp-app-secret",
-        help: "Meta app secret: status webhooks are checked against its X-Hub-Signature-256 (none: every status is refused)",
+        help: "Meta app secret: the webhook's statuses and users' messages are checked against its X-Hub-Signature-256 (none: every one is refused)",
         secret: true,
     },
     Var {
@@ -95,6 +102,12 @@ const VARS: [Var; 7] = [
         env: BASE_URL,
         flag: "whatsapp-base-url",
         help: "Graph API base with its version (default https://graph.facebook.com/v21.0; tests point it at a stand-in)",
+        secret: false,
+    },
+    Var {
+        env: TENANT,
+        flag: "whatsapp-tenant",
+        help: "the tenant that gets message.received events for what WhatsApp users write (default `default`; a STOP opts the number out of WhatsApp for every tenant)",
         secret: false,
     },
 ];

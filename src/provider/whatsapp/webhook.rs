@@ -15,8 +15,9 @@
 //!   `errors[].code` as its error code and `biz_opaque_callback_data` (our
 //!   message id, covered by the signature) to find a message whose send
 //!   ended without the `wamid` (an ambiguous send). A notification without
-//!   statuses (an incoming message, an account update) is answered 200
-//!   with no receipt.
+//!   statuses (an account update) is answered 200 with no receipt; the
+//!   messages users write are then taken by the inbound route on the same
+//!   path ([`super::inbound`]).
 //!
 //! Meta delivers statuses more than once and in any order: the service's
 //! one receipt handling stores each (id, status, error) once and moves a
@@ -106,7 +107,7 @@ pub fn signature(app_secret: &str, body: &[u8]) -> String {
 }
 
 /// 32 bytes from 64 hex digits (either case); `None` for anything else.
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+pub(super) fn decode_hex(hex: &str) -> Option<Vec<u8>> {
     if hex.len() != 64 {
         return None;
     }

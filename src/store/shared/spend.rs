@@ -77,7 +77,8 @@ per_backend! {
         " END, $18, $19, $20, $20, $21, $22, $23, $24, $25) \
          ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
          RETURNING lease_expires_at, EXISTS (SELECT 1 FROM opt_outs o \
-            WHERE o.tenant_id = messages.tenant_id AND o.number = messages.to_number)"
+            WHERE o.tenant_id = messages.tenant_id AND o.number IN (messages.to_number, \
+                messages.provider || ':' || messages.to_number))"
     );
 
     const ATTEMPT: &str = "INSERT INTO attempts (message_id, number, lease_owner, started_at, \

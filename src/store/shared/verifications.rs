@@ -115,8 +115,12 @@ const TENANT_SPEND: &str = "SELECT spend_cap_daily_micros, spend_cap_monthly_mic
 
 type TenantSpend = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
 
-const OPTED_OUT: &str =
-    "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = $1 AND number = $2)";
+/// Whether the step's number is opted out: of every channel (the bare
+/// number: an SMS STOP, the tenant's own list), or of this adapter's alone
+/// (`<adapter>:<number>`, what a channel's own inbound route stores: a
+/// WhatsApp STOP).
+const OPTED_OUT: &str = "SELECT EXISTS (SELECT 1 FROM opt_outs WHERE tenant_id = $1 \
+     AND number IN ($2, $3 || ':' || $2))";
 
 const OP: &str = "SELECT fingerprint, response_code, response_body FROM verification_ops \
      WHERE verification_id = $1 AND kind = $2 AND idempotency_key = $3";
@@ -271,6 +275,7 @@ per_backend! {
         let opted_out: bool = sqlx::query_scalar(OPTED_OUT)
             .bind(m.tenant_id)
             .bind(&m.to)
+            .bind(&m.provider)
             .fetch_one(&mut *c)
             .await?;
         let mut claimed = MessageRecord::claimed(m, lease, lease_expires_at.0, opted_out);

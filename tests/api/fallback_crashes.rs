@@ -1,8 +1,10 @@
 //! The real binary SIGKILLed at every crash point of a verification's move
-//! to its next channel (issue 40), for both orders of two channels, and
-//! finished by a second instance on the same database: one message per
-//! step, counted at mocks that create one for every call they accept (the
-//! `http` SMS endpoint, per number and text; the Gateway, per number and
+//! to its next channel (issue 40), for both orders of two channels and for
+//! `["whatsapp", "telegram", "sms"]` (an instance killed at the point of
+//! each move, the next one started with the same point), and finished by a
+//! last instance on the same database: one message per step, counted at
+//! mocks that create one for every call they accept (the `http` SMS
+//! endpoint, per number and text; the Gateway and WhatsApp, per number and
 //! code), and the code any of them carried approves once.
 //!
 //! The points: `fallback.before_move` (the step's message revoked and asked
@@ -36,7 +38,7 @@ struct Bin {
     stderr: Arc<Mutex<Vec<String>>>,
 }
 
-/// One `sendonce`: the `http` SMS provider and the Gateway at the mock, a
+/// One `sendonce`: the `http` SMS provider, the Gateway and WhatsApp at the mock, a
 /// 1 s provider timeout, a 4 s lease, passes every 100 ms.
 async fn start(database: &str, mock: &str, failpoints: &str) -> Bin {
     let port = free_port().await;
@@ -51,6 +53,10 @@ async fn start(database: &str, mock: &str, failpoints: &str) -> Bin {
         .env("SENDONCE_HTTP_PROVIDER_URL", format!("{mock}/messages"))
         .env("TELEGRAM_GATEWAY_TOKEN", TOKEN)
         .env("TELEGRAM_GATEWAY_URL", mock)
+        .env("WHATSAPP_ACCESS_TOKEN", "fallback-crashes-whatsapp-token")
+        .env("WHATSAPP_PHONE_NUMBER_ID", "106540352242922")
+        .env("WHATSAPP_TEMPLATE_NAME", "verification_code")
+        .env("WHATSAPP_BASE_URL", format!("{mock}/v21.0"))
         .env("SENDONCE_PROVIDER_TIMEOUT", "1s")
         .env("SENDONCE_LEASE", "4s")
         .env("SENDONCE_POLL_INTERVAL", "100ms")
@@ -126,13 +132,14 @@ fn sms_calls(mock: &MockProvider) -> Vec<String> {
         .collect()
 }
 
-async fn run_case(backend: Backend, channels: [&str; 2], point: &str) {
+async fn run_case(backend: Backend, channels: &[&str], point: &str) {
     sendonce::install_crypto_provider();
     let database = fresh_database_on(backend).await;
     let (mock, _, addr) = MockProvider::start().await.expect("mock");
     mock.set_gateway_token(TOKEN);
     let mock_base = format!("http://{addr}");
-    let mut a = start(&database, &mock_base, &format!("{point}=kill")).await;
+    let armed = format!("{point}=kill");
+    let mut a = start(&database, &mock_base, &armed).await;
     let started = call(
         &a.base,
         reqwest::Method::POST,
@@ -148,10 +155,15 @@ async fn run_case(backend: Backend, channels: [&str; 2], point: &str) {
     );
     let id = started.json()["id"].as_str().expect("id").to_string();
     // The first step goes out, nothing reports it, and after 5 s the move
-    // to the second step reaches the point.
+    // to the second step reaches the point. Each later move is reached by
+    // an instance started with the same point, on the same database.
     a.killed_at(point).await;
+    for _ in 2..channels.len() {
+        let mut next = start(&database, &mock_base, &armed).await;
+        next.killed_at(point).await;
+    }
     let b = start(&database, &mock_base, "").await;
-    let v = eventually("both steps sent by the second instance", || async {
+    let v = eventually("every step sent by the last instance", || async {
         let v = call(
             &b.base,
             reqwest::Method::GET,
@@ -164,7 +176,7 @@ async fn run_case(backend: Backend, channels: [&str; 2], point: &str) {
             .as_array()
             .map(|m| m.iter().filter_map(|x| x["status"].as_str()).collect())
             .unwrap_or_default();
-        (statuses.len() == 2 && statuses[1] == "sent").then_some(v)
+        (statuses.len() == channels.len() && statuses.last() == Some(&"sent")).then_some(v)
     })
     .await;
     let got: Vec<&str> = v["messages"]
@@ -174,17 +186,28 @@ async fn run_case(backend: Backend, channels: [&str; 2], point: &str) {
         .filter_map(|m| m["channel"].as_str())
         .collect();
     assert_eq!(got, channels, "{v}");
-    // One message per step at the providers: one SMS, one Gateway message,
-    // the same code on both.
+    // One message per step at the providers, the same code on each.
     let bodies = sms_calls(&mock);
     assert_eq!(bodies.len(), 1, "{point} {channels:?}: {bodies:?}");
     let code: String = bodies[0].chars().filter(char::is_ascii_digit).collect();
     let gateway = mock.gateway_messages();
     assert_eq!(gateway.len(), 1, "{point} {channels:?}: {gateway:?}");
     assert_eq!(gateway[0].code.as_deref(), Some(code.as_str()));
-    assert_eq!(mock.deliveries_to(TO, &code), 1);
-    // A third step there is not: the last row waits for the end, and
-    // nothing more goes.
+    let whatsapp = mock.whatsapp_messages();
+    let want_whatsapp = usize::from(channels.contains(&"whatsapp"));
+    assert_eq!(
+        whatsapp.len(),
+        want_whatsapp,
+        "{point} {channels:?}: {whatsapp:?}"
+    );
+    if let Some(w) = whatsapp.first() {
+        assert_eq!(w.code, code);
+    }
+    // Counted per (number, code): the Gateway's and WhatsApp's (an SMS's
+    // text carries more than the code).
+    let by_code = channels.iter().filter(|c| **c != "sms").count();
+    assert_eq!(mock.deliveries_to(TO, &code) as usize, by_code);
+    // No step more: the last row waits for the end, and nothing more goes.
     let rows = call(
         &b.base,
         reqwest::Method::GET,
@@ -192,7 +215,10 @@ async fn run_case(backend: Backend, channels: [&str; 2], point: &str) {
         None,
     )
     .await;
-    assert_eq!(rows.json()["messages"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        rows.json()["messages"].as_array().map(Vec::len),
+        Some(channels.len())
+    );
     let checked = reqwest::Client::new()
         .post(format!("{}/verifications/{id}/check", b.base))
         .bearer_auth(KEY)
@@ -203,13 +229,14 @@ async fn run_case(backend: Backend, channels: [&str; 2], point: &str) {
     assert_eq!(answer(checked).await.json()["status"], "approved");
     assert_eq!(sms_calls(&mock).len(), 1);
     assert_eq!(mock.gateway_messages().len(), 1);
+    assert_eq!(mock.whatsapp_messages().len(), want_whatsapp);
 }
 
 macro_rules! cases {
     ($($name:ident: $channels:expr, $point:expr;)+) => {
         $(
             async fn $name(backend: Backend) {
-                run_case(backend, $channels, $point).await;
+                run_case(backend, &$channels, $point).await;
             }
         )+
         on_both_backends!($($name),+);
@@ -221,4 +248,6 @@ cases! {
     sms_then_telegram_killed_after_the_move: ["sms", "telegram"], "fallback.after_move";
     telegram_then_sms_killed_before_the_move: ["telegram", "sms"], "fallback.before_move";
     telegram_then_sms_killed_after_the_move: ["telegram", "sms"], "fallback.after_move";
+    three_steps_killed_before_each_move: ["whatsapp", "telegram", "sms"], "fallback.before_move";
+    three_steps_killed_after_each_move: ["whatsapp", "telegram", "sms"], "fallback.after_move";
 }

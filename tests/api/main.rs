@@ -78,6 +78,7 @@ mod lifecycle;
 mod national;
 mod npm_smsc;
 mod observability;
+mod order_matrix;
 mod outage;
 mod outbox;
 mod paging;

@@ -28,17 +28,15 @@
 //! under its `wamid` (Meta delivers a notification again until it is
 //! answered 200).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::settings::{APP_SECRET, PHONE_NUMBER_ID, TENANT};
 use super::webhook::SIGNATURE;
 use crate::domain::inbound::{Effect, Update};
-use crate::provider::registry::{InboundRoute, VarError, Vars};
+use crate::provider::registry::InboundRoute;
 
 /// The tenant that owns the events when `WHATSAPP_TENANT` is not set.
 pub const DEFAULT_TENANT: &str = "default";
@@ -86,17 +84,6 @@ impl WhatsAppInbound {
             app_secret: app_secret.trim().as_bytes().to_vec(),
         }
     }
-}
-
-/// The registry's way to configure the route: on when the app secret (which
-/// authenticates it) and the phone number id (which says which messages are
-/// to us) are set.
-pub fn configure(vars: &Vars) -> Result<Option<Arc<dyn InboundRoute>>, VarError> {
-    let (Some(secret), Some(id)) = (vars.get(APP_SECRET), vars.get(PHONE_NUMBER_ID)) else {
-        return Ok(None);
-    };
-    let tenant = vars.get(TENANT).unwrap_or(DEFAULT_TENANT).trim();
-    Ok(Some(Arc::new(WhatsAppInbound::new(id.trim(), tenant, secret))))
 }
 
 /// A stable 63-bit key for a string id (the first 8 bytes of its SHA-256).

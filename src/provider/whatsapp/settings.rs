@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use super::super::receipts::ReceiptRoute;
 use super::super::registry::{
-    Adapter, Channel, Configured, Context, Inbound, Receipts, Var, VarError, Vars, VerifyChannel,
-    http_url,
+    Adapter, Channel, Configured, Context, Inbound, InboundRoute, Receipts, Var, VarError, Vars,
+    VerifyChannel, http_url,
 };
 use super::super::{Provider, ProviderError};
+use super::inbound::WhatsAppInbound;
 use super::webhook::WhatsAppWebhook;
 use super::{WEBHOOK_PATH, WhatsAppProvider, WhatsAppSettings};
 
@@ -39,7 +40,7 @@ pub const ADAPTER: Adapter = Adapter {
     }),
     inbound: Some(Inbound {
         path: WEBHOOK_PATH,
-        configure: super::inbound::configure,
+        configure: configure_inbound,
         keep: super::inbound::KEEP,
         max_bytes: super::inbound::MAX_BYTES,
     }),
@@ -178,6 +179,19 @@ fn configure(vars: &Vars, ctx: &Context) -> Result<Arc<dyn Configured>, VarError
         timeout: ctx.timeout,
         connect_timeout: ctx.connect_timeout,
     }))
+}
+
+/// What users write, taken when the app secret (which authenticates it)
+/// and the phone number id (which says which messages are to us) are set.
+fn configure_inbound(vars: &Vars) -> Result<Option<Arc<dyn InboundRoute>>, VarError> {
+    let (Some(secret), Some(id)) = (vars.get(APP_SECRET), vars.get(PHONE_NUMBER_ID)) else {
+        return Ok(None);
+    };
+    let tenant = vars
+        .get(TENANT)
+        .unwrap_or(super::inbound::DEFAULT_TENANT)
+        .trim();
+    Ok(Some(Arc::new(WhatsAppInbound::new(id.trim(), tenant, secret))))
 }
 
 /// The webhook, keyed with the app secret and the verify token (set up

@@ -220,6 +220,24 @@ async fn long_after(app: &TestApp, clock: &Clock, id: &str) -> Value {
     .await
 }
 
+/// An instance with `order` started under `key`, its first step silent
+/// and its second sent after the first's delay.
+async fn at_step_two(backend: Backend, order: &[&str; 3], key: &str) -> (TestApp, Clock, String) {
+    let clock = manual_clock();
+    let app = spawn_all(backend, clock.clone()).await;
+    let id = start(&app, key, order).await;
+    shows(&app, &id, "step 1 sent", &[(order[0], "sent")]).await;
+    clock.advance(Duration::from_secs(DELAY + 1));
+    shows(
+        &app,
+        &id,
+        "step 2 sent",
+        &[(order[0], moved_on(order[0])), (order[1], "sent")],
+    )
+    .await;
+    (app, clock, id)
+}
+
 async fn silence(backend: Backend, order: &[&str; 3], n: usize) {
     let clock = manual_clock();
     let app = spawn_all(backend, clock.clone()).await;
@@ -297,18 +315,7 @@ async fn first_delivered(backend: Backend, order: &[&str; 3], n: usize) {
 }
 
 async fn first_delivered_after_the_move(backend: Backend, order: &[&str; 3], n: usize) {
-    let clock = manual_clock();
-    let app = spawn_all(backend, clock.clone()).await;
-    let id = start(&app, &format!("late-{n}"), order).await;
-    shows(&app, &id, "step 1 sent", &[(order[0], "sent")]).await;
-    clock.advance(Duration::from_secs(DELAY + 1));
-    shows(
-        &app,
-        &id,
-        "step 2 sent",
-        &[(order[0], moved_on(order[0])), (order[1], "sent")],
-    )
-    .await;
+    let (app, clock, id) = at_step_two(backend, order, &format!("late-{n}")).await;
     // The first step's report, after the move: the rest stops for good.
     deliver(&app, &clock, &id, 0, order[0]).await;
     eventually("step 2's row settled as delivered", || async {
@@ -325,18 +332,7 @@ async fn first_delivered_after_the_move(backend: Backend, order: &[&str; 3], n: 
 }
 
 async fn canceled_in_the_middle(backend: Backend, order: &[&str; 3], n: usize) {
-    let clock = manual_clock();
-    let app = spawn_all(backend, clock.clone()).await;
-    let id = start(&app, &format!("cancel-{n}"), order).await;
-    shows(&app, &id, "step 1 sent", &[(order[0], "sent")]).await;
-    clock.advance(Duration::from_secs(DELAY + 1));
-    shows(
-        &app,
-        &id,
-        "step 2 sent",
-        &[(order[0], moved_on(order[0])), (order[1], "sent")],
-    )
-    .await;
+    let (app, clock, id) = at_step_two(backend, order, &format!("cancel-{n}")).await;
     let c = crate::telegram_gateway::post_to(
         &app,
         &format!("/verifications/{id}/cancel"),
@@ -353,18 +349,7 @@ async fn canceled_in_the_middle(backend: Backend, order: &[&str; 3], n: usize) {
 }
 
 async fn approved_in_the_middle(backend: Backend, order: &[&str; 3], n: usize) {
-    let clock = manual_clock();
-    let app = spawn_all(backend, clock.clone()).await;
-    let id = start(&app, &format!("approve-{n}"), order).await;
-    shows(&app, &id, "step 1 sent", &[(order[0], "sent")]).await;
-    clock.advance(Duration::from_secs(DELAY + 1));
-    shows(
-        &app,
-        &id,
-        "step 2 sent",
-        &[(order[0], moved_on(order[0])), (order[1], "sent")],
-    )
-    .await;
+    let (app, clock, id) = at_step_two(backend, order, &format!("approve-{n}")).await;
     let code: String = made(&app, order[1])
         .remove(0)
         .chars()

@@ -30,11 +30,9 @@
 
 use std::time::Duration;
 
-use hmac::{Hmac, Mac};
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::webhook::SIGNATURE;
+use super::webhook::{Notification, signed_by};
 use crate::domain::inbound::{Effect, Update};
 use crate::provider::registry::InboundRoute;
 
@@ -94,58 +92,6 @@ fn id_of(id: &str) -> i64 {
     (u64::from_be_bytes(first) >> 1) as i64
 }
 
-#[derive(Deserialize)]
-struct Notification {
-    #[serde(default)]
-    entry: Vec<Entry>,
-}
-
-#[derive(Deserialize)]
-struct Entry {
-    #[serde(default)]
-    changes: Vec<Change>,
-}
-
-#[derive(Deserialize)]
-struct Change {
-    #[serde(default)]
-    value: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct Value {
-    #[serde(default)]
-    metadata: Option<Metadata>,
-    #[serde(default)]
-    messages: Vec<Incoming>,
-}
-
-#[derive(Deserialize)]
-struct Metadata {
-    #[serde(default)]
-    phone_number_id: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Incoming {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    from: Option<String>,
-    #[serde(default)]
-    timestamp: Option<String>,
-    #[serde(default, rename = "type")]
-    kind: Option<String>,
-    #[serde(default)]
-    text: Option<Text>,
-}
-
-#[derive(Deserialize)]
-struct Text {
-    #[serde(default)]
-    body: Option<String>,
-}
-
 /// The address a WhatsApp user's `from` names: `whatsapp:` and the number
 /// in E.164, when it is a valid number.
 pub fn address_of(from: &str) -> Option<String> {
@@ -162,12 +108,7 @@ pub fn read(body: &[u8], ours: &str) -> Result<Vec<Update>, &'static str> {
     let note: Notification =
         serde_json::from_slice(body).map_err(|_| "the body is not a WhatsApp notification")?;
     let mut out = Vec::new();
-    for value in note
-        .entry
-        .into_iter()
-        .flat_map(|e| e.changes)
-        .filter_map(|c| c.value)
-    {
+    for value in note.values() {
         let to_us = value
             .metadata
             .as_ref()
@@ -222,21 +163,7 @@ impl InboundRoute for WhatsAppInbound {
     }
 
     fn admits(&self, headers: &axum::http::HeaderMap, body: &[u8]) -> bool {
-        let Some(given) = headers
-            .get(SIGNATURE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .and_then(|v| v.strip_prefix("sha256="))
-            .and_then(super::webhook::decode_hex)
-        else {
-            return false;
-        };
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.app_secret) else {
-            return false;
-        };
-        mac.update(body);
-        // Constant time (`subtle` underneath).
-        mac.verify_slice(&given).is_ok()
+        signed_by(&self.app_secret, headers, body)
     }
 
     fn read(&self, body: &[u8]) -> Result<Vec<Update>, &'static str> {
@@ -315,11 +242,11 @@ mod tests {
         let mut headers = axum::http::HeaderMap::new();
         assert!(!route.admits(&headers, body));
         let good = super::super::webhook::signature("app-secret-0123", body);
-        headers.insert(SIGNATURE, good.parse().expect("header"));
+        headers.insert(super::super::webhook::SIGNATURE, good.parse().expect("header"));
         assert!(route.admits(&headers, body));
         assert!(!route.admits(&headers, b"{\"entry\":[1]}"));
         let wrong = super::super::webhook::signature("another", body);
-        headers.insert(SIGNATURE, wrong.parse().expect("header"));
+        headers.insert(super::super::webhook::SIGNATURE, wrong.parse().expect("header"));
         assert!(!route.admits(&headers, body));
     }
 }

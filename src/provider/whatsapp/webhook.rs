@@ -72,22 +72,32 @@ impl WhatsAppWebhook {
     /// Whether `headers` carry the body's signature under the app secret.
     fn verify(&self, req: &ReceiptRequest<'_>, body: &[u8]) -> Result<(), ReceiptError> {
         let key = self.app_secret.as_deref().ok_or(ReceiptError::Forbidden)?;
-        let given = req
-            .headers
-            .get(SIGNATURE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .and_then(|v| v.strip_prefix("sha256="))
-            .and_then(decode_hex)
-            .ok_or(ReceiptError::Forbidden)?;
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(key) else {
-            return Err(ReceiptError::Forbidden);
-        };
-        mac.update(body);
-        // Constant time (`subtle` underneath).
-        mac.verify_slice(&given)
-            .map_err(|_| ReceiptError::Forbidden)
+        if signed_by(key, req.headers, body) {
+            Ok(())
+        } else {
+            Err(ReceiptError::Forbidden)
+        }
     }
+}
+
+/// Whether `headers` carry `X-Hub-Signature-256` of `body` under `key`
+/// (the app secret), checked in constant time (`hmac`'s `verify_slice`,
+/// `subtle` underneath). Statuses and users' messages alike.
+pub(super) fn signed_by(key: &[u8], headers: &axum::http::HeaderMap, body: &[u8]) -> bool {
+    let Some(given) = headers
+        .get(SIGNATURE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .and_then(|v| v.strip_prefix("sha256="))
+        .and_then(decode_hex)
+    else {
+        return false;
+    };
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(key) else {
+        return false;
+    };
+    mac.update(body);
+    mac.verify_slice(&given).is_ok()
 }
 
 /// `X-Hub-Signature-256` of `body` under `app_secret`: `sha256=` and the
@@ -107,7 +117,7 @@ pub fn signature(app_secret: &str, body: &[u8]) -> String {
 }
 
 /// 32 bytes from 64 hex digits (either case); `None` for anything else.
-pub(super) fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
     if hex.len() != 64 {
         return None;
     }
@@ -123,28 +133,71 @@ pub(super) fn decode_hex(hex: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// A notification as Meta posts it: only what is used is read. Statuses
+/// are read here, what users wrote by [`super::inbound`].
 #[derive(Deserialize)]
-struct Notification {
+pub(super) struct Notification {
     #[serde(default)]
-    entry: Vec<Entry>,
+    pub(super) entry: Vec<Entry>,
 }
 
 #[derive(Deserialize)]
-struct Entry {
+pub(super) struct Entry {
     #[serde(default)]
-    changes: Vec<Change>,
+    pub(super) changes: Vec<Change>,
 }
 
 #[derive(Deserialize)]
-struct Change {
+pub(super) struct Change {
     #[serde(default)]
-    value: Option<Value>,
+    pub(super) value: Option<Value>,
 }
 
 #[derive(Deserialize)]
-struct Value {
+pub(super) struct Value {
     #[serde(default)]
     statuses: Vec<StatusNote>,
+    #[serde(default)]
+    pub(super) metadata: Option<Metadata>,
+    #[serde(default)]
+    pub(super) messages: Vec<Incoming>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct Metadata {
+    #[serde(default)]
+    pub(super) phone_number_id: Option<String>,
+}
+
+/// One message a user wrote (`value.messages[]`).
+#[derive(Deserialize)]
+pub(super) struct Incoming {
+    #[serde(default)]
+    pub(super) id: Option<String>,
+    #[serde(default)]
+    pub(super) from: Option<String>,
+    #[serde(default)]
+    pub(super) timestamp: Option<String>,
+    #[serde(default, rename = "type")]
+    pub(super) kind: Option<String>,
+    #[serde(default)]
+    pub(super) text: Option<Text>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct Text {
+    #[serde(default)]
+    pub(super) body: Option<String>,
+}
+
+impl Notification {
+    /// Every change's value, in order.
+    pub(super) fn values(self) -> impl Iterator<Item = Value> {
+        self.entry
+            .into_iter()
+            .flat_map(|e| e.changes)
+            .filter_map(|c| c.value)
+    }
 }
 
 #[derive(Deserialize)]
@@ -170,13 +223,7 @@ pub fn statuses(body: &[u8]) -> Result<Vec<Receipt>, ReceiptError> {
     let note: Notification =
         serde_json::from_slice(body).map_err(|_| ReceiptError::MalformedJson)?;
     let mut out = Vec::new();
-    for status in note
-        .entry
-        .into_iter()
-        .flat_map(|e| e.changes)
-        .filter_map(|c| c.value)
-        .flat_map(|v| v.statuses)
-    {
+    for status in note.values().flat_map(|v| v.statuses) {
         let id = status.id.unwrap_or_default();
         if id.is_empty() || id.len() > MAX_ID_LEN {
             return Err(ReceiptError::field(

@@ -20,18 +20,36 @@ use crate::store::{
     StoreError, step_row,
 };
 
+/// Whether any step's message of a verification's send was reported
+/// delivered: by its status, or by a receipt (matched by the provider's id
+/// or by ours that the provider echoed: a message whose send ended
+/// `unknown` keeps its status, but not its report). The one rule that
+/// stops the steps after it, wherever it is asked.
+macro_rules! any_step_delivered {
+    ($verification:literal, $send:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM verification_fallbacks s \
+                JOIN messages sm ON sm.id = s.message_id \
+                WHERE s.verification_id = ",
+            $verification,
+            " AND s.send_number = ",
+            $send,
+            " AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
+                    WHERE (r.message_id = sm.id OR r.our_message_id = sm.id) \
+                    AND r.status = 'delivered')))"
+        )
+    };
+}
+
 /// Open rows with something to do at `$1`, oldest due first.
-const DUE: &str = "SELECT f.verification_id, f.send_number, f.step, f.tenant_id, \
+const DUE: &str = concat!(
+    "SELECT f.verification_id, f.send_number, f.step, f.tenant_id, \
         f.message_id, f.due_at, f.state, m.status AS message_status, \
         m.attempts AS message_attempts, m.lease_token IS NOT NULL AS message_leased, \
         m.provider, m.prepared_token, v.status AS verification_status, v.expires_at, \
-        v.channels, v.fallback_after_seconds, v.fallback_after_list, \
-        EXISTS (SELECT 1 FROM verification_fallbacks s \
-            JOIN messages sm ON sm.id = s.message_id \
-            WHERE s.verification_id = f.verification_id AND s.send_number = f.send_number \
-            AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
-                WHERE (r.message_id = sm.id OR r.our_message_id = sm.id) \
-                AND r.status = 'delivered'))) AS reported_delivered \
+        v.channels, v.fallback_after_seconds, v.fallback_after_list, ",
+    any_step_delivered!("f.verification_id", "f.send_number"),
+    " AS reported_delivered \
      FROM verification_fallbacks f \
      JOIN messages m ON m.id = f.message_id \
      JOIN verifications v ON v.id = f.verification_id \
@@ -39,14 +57,10 @@ const DUE: &str = "SELECT f.verification_id, f.send_number, f.step, f.tenant_id,
         v.status <> 'pending' OR v.expires_at <= $1 \
         OR (f.state = 'waiting' AND (f.due_at <= $1 \
             OR m.status IN ('failed', 'canceled', 'undelivered', 'delivered') \
-            OR EXISTS (SELECT 1 FROM verification_fallbacks s \
-                JOIN messages sm ON sm.id = s.message_id \
-                WHERE s.verification_id = f.verification_id \
-                AND s.send_number = f.send_number \
-                AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
-                    WHERE (r.message_id = sm.id OR r.our_message_id = sm.id) \
-                    AND r.status = 'delivered')))))) \
-     ORDER BY f.due_at LIMIT $2";
+            OR ",
+    any_step_delivered!("f.verification_id", "f.send_number"),
+    "))) ORDER BY f.due_at LIMIT $2"
+);
 
 const SETTLE: &str = "UPDATE verification_fallbacks SET state = $3, updated_at = $5 \
      WHERE verification_id = $1 AND send_number = $2 AND step = $6 AND state = $4";
@@ -129,12 +143,7 @@ impl TryFrom<DueRow> for FallbackDue {
 /// Whether any step's message of send `$2` of verification `$1` was
 /// reported delivered (its status, or a receipt's, when its status cannot
 /// show it): then no later step goes.
-const REPORTED_DELIVERED: &str = "SELECT EXISTS (SELECT 1 FROM verification_fallbacks s \
-        JOIN messages sm ON sm.id = s.message_id \
-        WHERE s.verification_id = $1 AND s.send_number = $2 \
-        AND (sm.status = 'delivered' OR EXISTS (SELECT 1 FROM receipts r \
-            WHERE (r.message_id = sm.id OR r.our_message_id = sm.id) \
-            AND r.status = 'delivered')))";
+const REPORTED_DELIVERED: &str = concat!("SELECT ", any_step_delivered!("$1", "$2"));
 
 /// The message as a stop reads it (`reported_delivered`: whether a receipt
 /// said it was delivered, read in the same transaction where it matters).

@@ -332,7 +332,7 @@ mod tests {
     use super::*;
 
     fn sms(n: &str) -> Recipient {
-        Recipient::from_stored(n).unwrap()
+        Recipient::from_stored(n, &[]).unwrap()
     }
 
     fn limiter(limits: Limits) -> (RateLimiter, Clock) {

@@ -731,5 +731,6 @@ const SMS: &str = "sms";
 
 /// The channel of a stored address (`to_number`): a number's is SMS.
 fn channel_of(to: &str) -> &'static str {
-    crate::domain::Recipient::from_stored(to).map_or(SMS, |r| r.channel())
+    crate::domain::Recipient::from_stored(to, crate::provider::registry::chat_channels())
+        .map_or(SMS, |r| r.channel())
 }

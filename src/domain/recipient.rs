@@ -2,25 +2,28 @@
 //! above a channel carries (the send layer, delivery, the provider call, the
 //! message record).
 //!
-//! Two channels: SMS, whose address is a [`Phone`], and Telegram, whose
-//! address is a bot's chat id (`telegram:<chat_id>`, issue 28). What only
+//! Two kinds of address: a [`Phone`] (SMS), and a chat on a channel of its
+//! own (`<channel>:<chat id>`, e.g. the Telegram bot's `telegram:42`; issue
+//! 28), for the channels whose adapter declares that address form
+//! (`registry::Address::Chat`, issue 40: the domain names no such channel;
+//! the list is handed in). What only
 //! SMS has (segments and their encoding, the numbering plan and the
 //! destination's country, limits per number prefix, quiet hours by the
 //! number's zone) is reached through the [`Recipient::Sms`] variant
-//! ([`Recipient::phone`]), not spread across layers. A channel is a variant,
-//! its parsing in [`Recipient::parse`] and [`Recipient::from_stored`], and an
-//! adapter that speaks it ([`Recipient::channel`] is the adapter's channel,
-//! `src/provider/registry.rs`); an adapter asks [`Recipient::phone`] (or
-//! [`Recipient::telegram_chat`]) and refuses what it cannot carry.
+//! ([`Recipient::phone`]), not spread across layers. An adapter asks
+//! [`Recipient::phone`] (or [`Recipient::chat`]) and refuses what it cannot
+//! carry; [`Recipient::channel`] is the adapter's channel
+//! (`src/provider/registry.rs`).
 //!
 //! The address is stored, shown and fingerprinted as one string
 //! ([`Recipient::as_str`]): an SMS recipient is its E.164 number, exactly as
 //! before this type existed, so stored rows, replays and fingerprints are
-//! unchanged; a chat is `telegram:<chat_id>`, so that opt-outs, limits per
+//! unchanged; a chat is `<channel>:<chat_id>`, so that opt-outs, limits per
 //! address and everything else keyed on the stored address work for it
 //! unchanged. [`Recipient::from_stored`] is the one conversion back from a
 //! row's `to_number` column.
 
+use super::channels::Channel;
 use super::phone::{self, Phone};
 use super::segments::{self, SegmentCount};
 
@@ -29,44 +32,44 @@ use super::segments::{self, SegmentCount};
 pub enum Recipient {
     /// A phone number, reached by SMS.
     Sms(Phone),
-    /// A Telegram chat, reached by the configured bot.
-    Telegram(TelegramChat),
+    /// A chat on a channel of its own (the Telegram bot's).
+    Chat(Chat),
 }
 
-/// A Telegram chat id (a user's, a group's `-100…`), with its stored form.
+/// A chat id (a user's, a group's `-100…`) on a channel of its own, with
+/// its stored form.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TelegramChat {
+pub struct Chat {
+    channel: &'static str,
     id: i64,
-    /// `telegram:<id>`, the id in its canonical decimal form.
+    /// `<channel>:<id>`, the id in its canonical decimal form.
     stored: String,
 }
 
-impl TelegramChat {
-    pub fn new(id: i64) -> Self {
+impl Chat {
+    pub fn new(channel: Channel, id: i64) -> Self {
         Self {
+            channel: channel.as_str(),
             id,
-            stored: format!("{TELEGRAM_PREFIX}{id}"),
+            stored: format!("{channel}:{id}"),
         }
     }
 
-    /// The chat id the Bot API takes as `chat_id`.
+    /// The chat id the channel's API takes (the Bot API's `chat_id`).
     pub fn id(&self) -> i64 {
         self.id
     }
 
-    /// `telegram:<id>`.
+    /// Its channel.
+    pub fn channel(&self) -> Channel {
+        Channel::named(self.channel)
+    }
+
+    /// `<channel>:<id>`.
     pub fn as_str(&self) -> &str {
         &self.stored
     }
 }
-
-/// What a Telegram address starts with.
-pub const TELEGRAM_PREFIX: &str = "telegram:";
-
-/// The longest text one Telegram message carries (`sendMessage`'s `text`,
-/// characters): more than a message's body may have (1600), so a body
-/// always goes as one Telegram message.
-pub const TELEGRAM_MAX_TEXT: usize = 4096;
 
 /// A chat id in its canonical form (an optional `-`, digits, no leading
 /// zero), within `i64`, not zero.
@@ -79,6 +82,16 @@ fn chat_id(s: &str) -> Option<i64> {
         return None;
     }
     s.parse::<i64>().ok().filter(|id| *id != 0)
+}
+
+/// The chat channel `s` is an address of (`<channel>:...`), among `chats`,
+/// and the rest after its `:`.
+fn chat_of<'a>(s: &'a str, chats: &[Channel]) -> Option<(Channel, &'a str)> {
+    let (name, rest) = s.split_once(':')?;
+    chats
+        .iter()
+        .find(|c| c.as_str() == name)
+        .map(|c| (*c, rest))
 }
 
 /// A recipient parsed from a request, with what the request's checks need.
@@ -97,13 +110,13 @@ pub struct InvalidRecipient(pub std::borrow::Cow<'static, str>);
 impl Recipient {
     /// How many parts `body` goes out as on this recipient's channel: for
     /// SMS, its GSM-7 or UCS-2 segments (what `SENDONCE_MAX_SEGMENTS`
-    /// bounds and the provider bills); for a Telegram chat, one message in
-    /// UTF-8 (a body is at most 1600 characters, within
-    /// [`TELEGRAM_MAX_TEXT`]).
+    /// bounds and the provider bills); for a chat, one message in UTF-8 (a
+    /// body is at most 1600 characters; a chat channel's adapter takes that
+    /// much in one message: the bot's 4096).
     pub fn segments(&self, body: &str) -> SegmentCount {
         match self {
             Recipient::Sms(_) => segments::count(body),
-            Recipient::Telegram(_) => SegmentCount {
+            Recipient::Chat(_) => SegmentCount {
                 encoding: segments::Encoding::Utf8,
                 segments: 1,
             },
@@ -111,22 +124,30 @@ impl Recipient {
     }
 
     /// Parses a request's `to`: a phone number in international form,
-    /// checked against its numbering plan, or `telegram:<chat_id>`.
-    pub fn parse(input: &str) -> Result<ParsedRecipient, InvalidRecipient> {
-        Self::parse_in(input, None)
+    /// checked against its numbering plan, or `<channel>:<chat_id>` for one
+    /// of `chats` (the channels whose adapter declares chat addresses).
+    pub fn parse(input: &str, chats: &[Channel]) -> Result<ParsedRecipient, InvalidRecipient> {
+        Self::parse_in(input, None, chats)
     }
 
     /// [`Recipient::parse`], a number without `+` read in `home` (the
     /// tenant's `home_country`) as [`phone::parse_in`] reads it.
-    pub fn parse_in(input: &str, home: Option<&str>) -> Result<ParsedRecipient, InvalidRecipient> {
-        if let Some(id) = input.trim().strip_prefix(TELEGRAM_PREFIX) {
+    pub fn parse_in(
+        input: &str,
+        home: Option<&str>,
+        chats: &[Channel],
+    ) -> Result<ParsedRecipient, InvalidRecipient> {
+        if let Some((channel, id)) = chat_of(input.trim(), chats) {
             return match chat_id(id) {
                 Some(id) => Ok(ParsedRecipient {
-                    recipient: Recipient::Telegram(TelegramChat::new(id)),
+                    recipient: Recipient::Chat(Chat::new(channel, id)),
                     country: None,
                 }),
                 None => Err(InvalidRecipient(
-                    "a Telegram address is telegram:<chat_id>, the chat id a number, e.g. telegram:123456789".into(),
+                    format!(
+                        "a {channel} address is {channel}:<chat_id>, the chat id a number, e.g. {channel}:123456789"
+                    )
+                    .into(),
                 )),
             };
         }
@@ -144,9 +165,9 @@ impl Recipient {
 
     /// The address as a stored row holds it ([`Recipient::as_str`]): its
     /// shape is checked, not the numbering plan (that was done on the way in).
-    pub fn from_stored(s: &str) -> Option<Self> {
-        if let Some(id) = s.strip_prefix(TELEGRAM_PREFIX) {
-            return chat_id(id).map(|id| Recipient::Telegram(TelegramChat::new(id)));
+    pub fn from_stored(s: &str, chats: &[Channel]) -> Option<Self> {
+        if let Some((channel, id)) = chat_of(s, chats) {
+            return chat_id(id).map(|id| Recipient::Chat(Chat::new(channel, id)));
         }
         Phone::from_e164(s).map(Recipient::Sms)
     }
@@ -155,16 +176,16 @@ impl Recipient {
     pub fn as_str(&self) -> &str {
         match self {
             Recipient::Sms(p) => p.as_str(),
-            Recipient::Telegram(c) => c.as_str(),
+            Recipient::Chat(c) => c.as_str(),
         }
     }
 
     /// The channel's name, as a label and as the adapter's channel
-    /// (`registry::Channel`): `sms` or `telegram`.
+    /// (`registry::Channel`): `sms`, or the chat's channel.
     pub fn channel(&self) -> &'static str {
         match self {
-            Recipient::Sms(_) => "sms",
-            Recipient::Telegram(_) => "telegram",
+            Recipient::Sms(_) => Channel::SMS.as_str(),
+            Recipient::Chat(c) => c.channel,
         }
     }
 
@@ -173,14 +194,14 @@ impl Recipient {
     pub fn phone(&self) -> Option<&Phone> {
         match self {
             Recipient::Sms(p) => Some(p),
-            Recipient::Telegram(_) => None,
+            Recipient::Chat(_) => None,
         }
     }
 
-    /// The chat, if this recipient is a Telegram chat.
-    pub fn telegram_chat(&self) -> Option<&TelegramChat> {
+    /// The chat, if this recipient is one.
+    pub fn chat(&self) -> Option<&Chat> {
         match self {
-            Recipient::Telegram(c) => Some(c),
+            Recipient::Chat(c) => Some(c),
             Recipient::Sms(_) => None,
         }
     }
@@ -229,6 +250,9 @@ impl serde::Serialize for Recipient {
 mod tests {
     use super::*;
 
+    /// The chat channels a registry with the Telegram bot declares.
+    const CHATS: [Channel; 1] = [Channel::named("telegram")];
+
     /// What an input parses to: its stored form, its channel and country.
     type Parsed = Option<(&'static str, &'static str, Option<&'static str>)>;
 
@@ -257,7 +281,7 @@ mod tests {
             ("+", None),
         ];
         for (input, want) in cases {
-            let got = Recipient::parse(input);
+            let got = Recipient::parse(input, &CHATS);
             match want {
                 Some((stored, channel, country)) => {
                     let p = got.unwrap_or_else(|e| panic!("{input}: {e:?}"));
@@ -300,7 +324,7 @@ mod tests {
             ("telegram: 42", None),
         ];
         for (input, want) in cases {
-            let got = Recipient::parse(input);
+            let got = Recipient::parse(input, &CHATS);
             match want {
                 Some(stored) => {
                     let p = got.unwrap_or_else(|e| panic!("{input}: {e:?}"));
@@ -310,7 +334,7 @@ mod tests {
                     assert_eq!(p.recipient.phone(), None, "{input}");
                     assert_eq!(p.recipient.prefix(), None, "{input}: no number range");
                     assert_eq!(
-                        Recipient::from_stored(stored),
+                        Recipient::from_stored(stored, &CHATS),
                         Some(p.recipient.clone()),
                         "{input}"
                     );
@@ -321,16 +345,14 @@ mod tests {
                 ),
             }
         }
-        let chat = Recipient::parse("telegram:42").map(|p| p.recipient);
+        let chat = Recipient::parse("telegram:42", &CHATS).map(|p| p.recipient);
         let chat = chat.expect("a chat");
-        assert_eq!(chat.telegram_chat().map(TelegramChat::id), Some(42));
+        assert_eq!(chat.chat().map(Chat::id), Some(42));
+        // A channel not among those declared is no chat address.
+        assert!(Recipient::parse("telegram:42", &[]).is_err());
         // One message, UTF-8, whatever SMS would make of the text.
         let one = chat.segments(&"я".repeat(300));
         assert_eq!((one.encoding, one.segments), (segments::Encoding::Utf8, 1));
-        assert!(
-            crate::domain::request::BODY_MAX_CHARS <= TELEGRAM_MAX_TEXT as u64,
-            "every body fits one Telegram message"
-        );
     }
 
     #[test]
@@ -348,19 +370,19 @@ mod tests {
             ("", false),
         ];
         for (stored, ok) in cases {
-            let got = Recipient::from_stored(stored);
+            let got = Recipient::from_stored(stored, &CHATS);
             assert_eq!(got.is_some(), *ok, "{stored}");
             if let Some(r) = got {
                 assert_eq!(r.as_str(), *stored);
                 assert_eq!(r.to_string(), *stored);
-                assert_eq!(Recipient::from_stored(r.as_str()), Some(r.clone()));
+                assert_eq!(Recipient::from_stored(r.as_str(), &CHATS), Some(r.clone()));
             }
         }
     }
 
     #[test]
     fn sms_only_checks_are_reached_through_the_sms_variant() {
-        let r = Recipient::parse("+14155552671")
+        let r = Recipient::parse("+14155552671", &CHATS)
             .map(|p| p.recipient)
             .expect("a valid number");
         assert_eq!(r.prefix().as_deref(), Some("+1415555"));

@@ -97,13 +97,19 @@ struct Input {
 
 impl SendRequest {
     /// Parses and validates a JSON body.
+    /// A `to` may be a phone number only (see [`SendRequest::parse_in`]).
     pub fn parse(bytes: &[u8]) -> Result<Self, RequestError> {
-        Self::parse_in(bytes, None)
+        Self::parse_in(bytes, None, &[])
     }
 
     /// [`SendRequest::parse`], a `to` without `+` read in `home` (the
-    /// tenant's `home_country`, see [`super::phone::parse_in`]).
-    pub fn parse_in(bytes: &[u8], home: Option<&str>) -> Result<Self, RequestError> {
+    /// tenant's `home_country`, see [`super::phone::parse_in`]), and a chat
+    /// (`<channel>:<chat id>`) of one of `chats`.
+    pub fn parse_in(
+        bytes: &[u8],
+        home: Option<&str>,
+        chats: &[super::Channel],
+    ) -> Result<Self, RequestError> {
         let value: Value = serde_json::from_slice(bytes).map_err(|_| RequestError::Malformed)?;
         if let Some(path) = duplicate_key(bytes) {
             return Err(RequestError::Invalid(vec![FieldError::new(
@@ -196,7 +202,7 @@ impl SendRequest {
                 }
                 None
             }
-            Some(to) => match Recipient::parse_in(&to, home) {
+            Some(to) => match Recipient::parse_in(&to, home, chats) {
                 Ok(to) => Some(to),
                 Err(InvalidRecipient(message)) => {
                     errors.push(FieldError::new("to", message));

@@ -432,7 +432,11 @@ async fn parse_item(
     };
     let key_text = key.to_string();
     let body = serde_json::to_vec(&Value::Object(fields)).unwrap_or_default();
-    let request = match SendRequest::parse_in(&body, tenant.home_country.as_deref()) {
+    let request = match SendRequest::parse_in(
+        &body,
+        tenant.home_country.as_deref(),
+        crate::provider::registry::chat_channels(),
+    ) {
         Ok(r) => r,
         Err(RequestError::Malformed) => {
             return Ok(Parsed::Done(ItemResult::refused(

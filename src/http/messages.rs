@@ -78,11 +78,15 @@ async fn create_message(
     request_rate(&state, tenant.id)?;
     let key = idempotency_key(&headers)?;
     let body = json_body(&state, &headers, body, BODY_LIMIT).await?;
-    let request =
-        SendRequest::parse_in(&body, tenant.home_country.as_deref()).map_err(|e| match e {
-            RequestError::Malformed => ApiError::MalformedJson,
-            RequestError::Invalid(errors) => ApiError::Validation(errors),
-        })?;
+    let request = SendRequest::parse_in(
+        &body,
+        tenant.home_country.as_deref(),
+        crate::provider::registry::chat_channels(),
+    )
+    .map_err(|e| match e {
+        RequestError::Malformed => ApiError::MalformedJson,
+        RequestError::Invalid(errors) => ApiError::Validation(errors),
+    })?;
     let wait = preferred_wait(&headers, &state.wait);
     let sent = state
         .sends

@@ -78,19 +78,22 @@ fn number_field(
     }
 }
 
-/// A number (without `+` read in the tenant's `home_country`), or another
-/// channel's address (`telegram:<chat_id>`): what a message's `to` takes.
+/// A number (without `+` read in the tenant's `home_country`), or a chat
+/// of a channel whose addresses are chats (`telegram:<chat_id>`): what a
+/// message's `to` takes.
 fn address_field(
     map: &serde_json::Map<String, Value>,
     field: &str,
     home: Option<&str>,
 ) -> Result<String, ApiError> {
+    let chats = crate::provider::registry::chat_channels();
     match map.get(field) {
         Some(Value::String(s))
             if s.trim()
-                .starts_with(crate::domain::recipient::TELEGRAM_PREFIX) =>
+                .split_once(':')
+                .is_some_and(|(name, _)| chats.iter().any(|c| c.as_str() == name)) =>
         {
-            Recipient::parse(s)
+            Recipient::parse(s, chats)
                 .map(|p| p.recipient.as_str().to_string())
                 .map_err(|InvalidRecipient(m)| ApiError::invalid(field, m))
         }
@@ -127,11 +130,15 @@ async fn remove(
 ) -> Result<Response, ApiError> {
     let tenant_id = tenant.id;
     let Path(number) = number.map_err(|_| ApiError::NotFound)?;
-    let number = Recipient::parse_in(&number, tenant.home_country.as_deref())
-        .map_err(|_| ApiError::NotFound)?
-        .recipient
-        .as_str()
-        .to_string();
+    let number = Recipient::parse_in(
+        &number,
+        tenant.home_country.as_deref(),
+        crate::provider::registry::chat_channels(),
+    )
+    .map_err(|_| ApiError::NotFound)?
+    .recipient
+    .as_str()
+    .to_string();
     if state.store.remove_opt_out(tenant_id, &number).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {

@@ -218,7 +218,42 @@ pub enum Channel {
     Own {
         name: &'static str,
         enabled_by: &'static str,
+        /// The form of its addresses.
+        address: Address,
     },
+}
+
+/// The form of a channel's addresses, declared by its adapter (issue 40).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Address {
+    /// A phone number, with the checks an SMS number gets (the Gateway's
+    /// Telegram account of a number, WhatsApp): reached by a verification's
+    /// steps, stored as the number.
+    Phone,
+    /// `<channel>:<chat id>`, a chat on the channel's own account (the bot):
+    /// what a message's `to` may name, stored so; an opt-out of it is the
+    /// chat's.
+    Chat,
+}
+
+/// The channels whose addresses are chats (`Address::Chat`): what a `to`
+/// of `<channel>:<chat id>` may name. Worked out once from the registry's
+/// constant table.
+pub fn chat_channels() -> &'static [crate::domain::Channel] {
+    static CHATS: std::sync::OnceLock<Vec<crate::domain::Channel>> = std::sync::OnceLock::new();
+    CHATS.get_or_init(|| {
+        ADAPTERS
+            .iter()
+            .filter_map(|a| match a.channel {
+                Channel::Own {
+                    name,
+                    address: Address::Chat,
+                    ..
+                } => Some(crate::domain::Channel::named(name)),
+                _ => None,
+            })
+            .collect()
+    })
 }
 
 impl Channel {

@@ -476,16 +476,27 @@ pub const NO_ROUTE: &str =
     "no route covers this number: this service sends only to the prefixes its operator routes";
 
 /// Why the service has no way to `to`: no route covers the number, or a
-/// Telegram chat with no bot configured.
-pub fn unreachable(to: &Recipient) -> &'static str {
+/// chat channel's adapter is not configured (its variable named).
+pub fn unreachable(to: &Recipient) -> String {
     match to {
-        Recipient::Sms(_) => NO_ROUTE,
-        Recipient::Telegram(_) => NO_BOT,
+        Recipient::Sms(_) => NO_ROUTE.to_string(),
+        Recipient::Chat(c) => {
+            let channel = c.channel();
+            let var = crate::provider::registry::ADAPTERS
+                .iter()
+                .find_map(|a| match a.channel {
+                    crate::provider::registry::Channel::Own {
+                        name, enabled_by, ..
+                    } if name == channel.as_str() => Some(enabled_by),
+                    _ => None,
+                })
+                .unwrap_or("its adapter's variable");
+            format!(
+                "this service has no {channel} channel ({var} is not set): {channel}: addresses are refused"
+            )
+        }
     }
 }
-
-/// Why a `telegram:` address is refused when no bot is configured.
-pub const NO_BOT: &str = "this service has no Telegram bot (TELEGRAM_BOT_TOKEN is not set): telegram: addresses are refused";
 
 /// The 400 for a number no route covers.
 pub fn no_route() -> ApiError {

@@ -349,7 +349,7 @@ impl Sends {
         // A resend is a send: it counts against the destination limits like
         // a `POST /messages` (issue 29, finding 3), before anything is
         // queued. A retried resend already answered is a replay and goes on.
-        let to = Recipient::from_stored(&v.to).ok_or_else(|| {
+        let to = Recipient::from_stored(&v.to, &[]).ok_or_else(|| {
             ApiError::Internal("a verification's stored number is not E.164".into())
         })?;
         let permit = match self.limiter.send(v.tenant_id, &to) {

@@ -124,7 +124,7 @@ text_column!(
 text_column!(
     Recipient,
     "recipient address",
-    |s| Recipient::from_stored(s),
+    |s| Recipient::from_stored(s, crate::provider::registry::chat_channels()),
     |v| v.as_str()
 );
 

@@ -345,7 +345,7 @@ async fn run_smpp_row(row: &Row, want: Want) {
     });
     let sms = OutgoingSms {
         message_id: MessageId::new(),
-        to: sendonce::domain::Recipient::from_stored("+14155550100").expect("E.164"),
+        to: sendonce::domain::Recipient::from_stored("+14155550100", &[]).expect("E.164"),
         from: None,
         body: format!("conformance: {}", row.name),
         validity: None,
@@ -394,7 +394,7 @@ async fn run_send_row(row: &Row, adapter: Adapter, want: Want) {
     }
     let sms = OutgoingSms {
         message_id: MessageId::new(),
-        to: sendonce::domain::Recipient::from_stored("+14155550100").expect("E.164"),
+        to: sendonce::domain::Recipient::from_stored("+14155550100", &[]).expect("E.164"),
         from: None,
         body: format!("conformance: {}", row.name),
         validity: None,

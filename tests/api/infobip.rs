@@ -685,7 +685,7 @@ on_both_backends!(
 fn outgoing(body: &str) -> OutgoingSms {
     OutgoingSms {
         message_id: MessageId::new(),
-        to: sendonce::domain::Recipient::from_stored(TO).expect("E.164"),
+        to: sendonce::domain::Recipient::from_stored(TO, &[]).expect("E.164"),
         from: None,
         body: body.into(),
         validity: None,
@@ -791,7 +791,7 @@ async fn the_adapter_and_the_mock_follow_infobips_rules() {
     // A recipient Infobip cannot reach: refused before any request, as the
     // send would have answered.
     let chat = OutgoingSms {
-        to: sendonce::domain::Recipient::from_stored("telegram:42").expect("a chat"),
+        to: sendonce::domain::Recipient::from_stored("telegram:42", &[]).expect("a chat"),
         ..outgoing("to a chat")
     };
     assert!(matches!(

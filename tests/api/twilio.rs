@@ -394,7 +394,7 @@ async fn prism_accepts_the_adapters_requests() {
     let base = format!("http://127.0.0.1:{port}");
     let outgoing = |from: Option<&str>, validity: Option<Duration>| OutgoingSms {
         message_id: MessageId::new(),
-        to: sendonce::domain::Recipient::from_stored("+14155550100").expect("E.164"),
+        to: sendonce::domain::Recipient::from_stored("+14155550100", &[]).expect("E.164"),
         from: from.map(str::to_string),
         body: "Your order 92831 is confirmed.".into(),
         validity,

@@ -52,7 +52,7 @@ fn provider(base: &str, edit: impl FnOnce(&mut TwilioSettings)) -> TwilioProvide
 fn outgoing(body: &str, from: Option<&str>) -> OutgoingSms {
     OutgoingSms {
         message_id: MessageId::new(),
-        to: sendonce::domain::Recipient::from_stored(TO).expect("E.164"),
+        to: sendonce::domain::Recipient::from_stored(TO, &[]).expect("E.164"),
         from: from.map(str::to_string),
         body: body.into(),
         validity: None,

@@ -115,7 +115,7 @@ pub(crate) async fn spawn_whatsapp_with(backend: Backend, clock: Clock) -> TestA
 fn code_message(code: &str) -> OutgoingSms {
     OutgoingSms {
         message_id: MessageId::new(),
-        to: Recipient::parse(TO).expect("number").recipient,
+        to: Recipient::parse(TO, &[]).expect("number").recipient,
         from: None,
         body: code.to_string(),
         validity: Some(Duration::from_secs(600)),

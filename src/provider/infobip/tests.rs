@@ -401,7 +401,7 @@ fn the_body_carries_our_id_the_sender_validity_and_the_delivery_url() {
     assert_eq!(p.logs_url.as_str(), "https://xk3e9.api.infobip.com/sms/3/logs");
     let sms = OutgoingSms {
         message_id: crate::domain::MessageId::new(),
-        to: crate::domain::Recipient::from_stored("+14155550100").expect("E.164"),
+        to: crate::domain::Recipient::from_stored("+14155550100", &[]).expect("E.164"),
         from: None,
         body: "Your code is 1234".into(),
         validity: Some(Duration::from_millis(299_500)),

@@ -174,7 +174,7 @@ pub fn transport(connect: bool, timeout: bool) -> SendOutcome {
 /// from the group, the user is deactivated): every later message to the
 /// chat would be refused alike.
 pub fn opts_out(to: &Recipient, outcome: AttemptOutcome, provider_code: Option<&str>) -> bool {
-    to.telegram_chat().is_some()
+    to.chat().is_some()
         && outcome == AttemptOutcome::Rejected
         && provider_code == Some(BLOCKED)
 }
@@ -246,8 +246,8 @@ mod tests {
 
     #[test]
     fn only_a_refused_chat_opts_out() {
-        let chat = Recipient::from_stored("telegram:42").expect("chat");
-        let number = Recipient::from_stored("+14155550100").expect("number");
+        let chat = Recipient::from_stored("telegram:42", crate::provider::registry::chat_channels()).expect("chat");
+        let number = Recipient::from_stored("+14155550100", &[]).expect("number");
         // (recipient, outcome, code, opts out)
         let rows = [
             (&chat, AttemptOutcome::Rejected, Some("403"), true),

@@ -31,6 +31,12 @@ pub use updates::{DEFAULT_TENANT, TENANT, WEBHOOK_SECRET};
 /// The adapter's name and its channel's.
 pub const NAME: &str = "telegram";
 
+/// The longest text one Telegram message carries (`sendMessage`'s `text`,
+/// characters): more than a message's body may have (1600), so a body
+/// always goes as one Telegram message (what `Recipient::segments` counts
+/// for a chat).
+pub const MAX_TEXT: usize = 4096;
+
 /// What the adapter needs to know.
 #[derive(Clone)]
 pub struct TelegramSettings {
@@ -108,7 +114,7 @@ impl Provider for TelegramProvider {
     }
 
     async fn send(&self, sms: &OutgoingSms) -> SendOutcome {
-        let Some(chat) = sms.to.telegram_chat() else {
+        let Some(chat) = sms.to.chat() else {
             return SendOutcome::Refused {
                 http_status: None,
                 provider_code: None,
@@ -153,6 +159,11 @@ impl Provider for TelegramProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_body_fits_one_telegram_message() {
+        assert!(crate::domain::request::BODY_MAX_CHARS <= MAX_TEXT as u64);
+    }
 
     #[test]
     fn the_bot_id_is_the_tokens_numeric_prefix() {

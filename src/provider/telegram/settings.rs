@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use super::super::registry::{
-    Adapter, Channel, Configured, Context, Inbound, Var, VarError, Vars, http_url,
+    Adapter, Address, Channel, Configured, Context, Inbound, Var, VarError, Vars, http_url,
 };
 use super::super::{Provider, ProviderError};
 use super::updates::{TENANT, WEBHOOK_SECRET};
@@ -20,6 +20,7 @@ pub const ADAPTER: Adapter = Adapter {
     channel: Channel::Own {
         name: "telegram",
         enabled_by: BOT_TOKEN,
+        address: Address::Chat,
     },
     verify: None,
     inbound: Some(Inbound {

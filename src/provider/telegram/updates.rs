@@ -182,7 +182,12 @@ pub fn read(body: &[u8]) -> Result<Update, Malformed> {
             from,
             text: Some(text),
         }) => {
-            let address = format!("{}{}", crate::domain::recipient::TELEGRAM_PREFIX, chat.id);
+            let address = crate::domain::recipient::Chat::new(
+                crate::domain::Channel::named(super::NAME),
+                chat.id,
+            )
+            .as_str()
+            .to_string();
             let event = serde_json::json!({
                 "channel": "telegram",
                 "from": address,

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use super::super::registry::{
-    Adapter, Channel, Configured, Context, Receipts, Var, VarError, Vars, VerifyChannel, http_url,
+    Adapter, Address, Channel, Configured, Context, Receipts, Var, VarError, Vars, VerifyChannel, http_url,
 };
 use super::super::receipts::ReceiptRoute;
 use super::super::{Provider, ProviderError};
@@ -27,6 +27,7 @@ pub const ADAPTER: Adapter = Adapter {
     channel: Channel::Own {
         name: super::NAME,
         enabled_by: TOKEN,
+        address: Address::Phone,
     },
     verify: Some(VerifyChannel {
         name: "telegram",

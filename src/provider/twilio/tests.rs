@@ -6,7 +6,7 @@ use super::*;
 fn sms(body: &str) -> OutgoingSms {
     OutgoingSms {
         message_id: crate::domain::MessageId::new(),
-        to: crate::domain::Recipient::from_stored("+14155550100").expect("E.164"),
+        to: crate::domain::Recipient::from_stored("+14155550100", &[]).expect("E.164"),
         from: None,
         body: body.into(),
         validity: None,

@@ -134,7 +134,7 @@ fn provider(callback: Option<&str>) -> VonageProvider {
 fn outgoing(body: &str, validity: Option<Duration>) -> OutgoingSms {
     OutgoingSms {
         message_id: MessageId::new(),
-        to: Recipient::from_stored("+447700900000").expect("E.164"),
+        to: Recipient::from_stored("+447700900000", &[]).expect("E.164"),
         from: None,
         body: body.into(),
         validity,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::super::receipts::ReceiptRoute;
 use super::super::registry::{
-    Adapter, Channel, Configured, Context, Inbound, InboundRoute, Receipts, Var, VarError, Vars,
+    Adapter, Address, Channel, Configured, Context, Inbound, InboundRoute, Receipts, Var, VarError, Vars,
     VerifyChannel, http_url,
 };
 use super::super::{Provider, ProviderError};
@@ -31,6 +31,7 @@ pub const ADAPTER: Adapter = Adapter {
     channel: Channel::Own {
         name: super::NAME,
         enabled_by: ACCESS_TOKEN,
+        address: Address::Phone,
     },
     verify: Some(VerifyChannel {
         name: super::NAME,

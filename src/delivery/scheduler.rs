@@ -19,6 +19,8 @@ pub struct Scheduler {
     deliverer: Arc<Deliverer>,
     interval: Duration,
     batch: u32,
+    /// Scans the background loop finished (claimed or not, failed or not).
+    scans: std::sync::atomic::AtomicU64,
 }
 
 impl Scheduler {
@@ -28,7 +30,15 @@ impl Scheduler {
             deliverer,
             interval,
             batch: 100,
+            scans: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How many scans the background loop ([`Scheduler::run`]) finished: a
+    /// test that runs [`Scheduler::tick`] itself waits for the loop's first
+    /// (at start), which holds the free send slots while it runs.
+    pub fn scans(&self) -> u64 {
+        self.scans.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Claims what is due now and starts delivering it. Returns how many
@@ -92,7 +102,9 @@ impl Scheduler {
         // slot frees rather than after the interval.
         let mut more = false;
         loop {
-            match self.scan().await {
+            let scanned = self.scan().await;
+            self.scans.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            match scanned {
                 // A full batch, or every slot filled: there may be more.
                 Ok((n, slots)) if n as u32 == self.batch || (n > 0 && n == slots) => {
                     more = true;

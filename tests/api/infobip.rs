@@ -791,7 +791,11 @@ async fn the_adapter_and_the_mock_follow_infobips_rules() {
     // A recipient Infobip cannot reach: refused before any request, as the
     // send would have answered.
     let chat = OutgoingSms {
-        to: sendonce::domain::Recipient::from_stored("telegram:42", &[]).expect("a chat"),
+        to: sendonce::domain::Recipient::from_stored(
+            "telegram:42",
+            sendonce::provider::registry::chat_channels(),
+        )
+        .expect("a chat"),
         ..outgoing("to a chat")
     };
     assert!(matches!(

@@ -48,6 +48,8 @@ pub struct Handle {
     pub waiters: Arc<Waiters>,
     /// This instance's webhook deliveries.
     pub webhooks: Arc<crate::webhooks::Dispatcher>,
+    /// Routes' quality: a test runs its beat with `evaluate`.
+    pub quality: Arc<crate::delivery::route_quality::RouteQuality>,
 }
 
 impl App {
@@ -103,6 +105,20 @@ impl App {
         deliverer.open_sealed_bodies_with(Arc::clone(&secret));
         deliverer.scrub_secrets(settings.provider.secrets.clone());
         deliverer.price_with(Arc::clone(&settings.prices));
+        let q = &settings.provider.quality;
+        let orders = Arc::new(crate::delivery::orders::RouteOrders::new(
+            settings.provider.routes.as_ref(),
+            q.on,
+            q.thresholds.floor,
+        ));
+        deliverer.order_routes_with(Arc::clone(&orders));
+        let quality = Arc::new(crate::delivery::route_quality::RouteQuality {
+            store: Arc::clone(&store),
+            deliverer: Arc::clone(&deliverer),
+            orders,
+            clock: clock.clone(),
+            settings: q.clone(),
+        });
         let verify = Arc::new(crate::verify::Verifier {
             settings: settings.verify.clone(),
             secret,
@@ -162,6 +178,7 @@ impl App {
             verify,
             webhooks: settings.webhooks.clone(),
             webhook_dispatcher: Arc::clone(&webhooks),
+            quality,
         });
         Ok(App {
             listener,
@@ -202,6 +219,7 @@ impl App {
             replays: Arc::clone(&self.state.replays),
             waiters: Arc::clone(&self.state.waiters),
             webhooks: Arc::clone(&self.webhooks),
+            quality: Arc::clone(&self.state.quality),
         })
     }
 
@@ -255,6 +273,8 @@ impl App {
         let upkeep = Arc::clone(self.state.deliverer.metrics()).run_upkeep(stop.clone());
         let upkeep_task = tokio::spawn(upkeep);
         let webhooks_task = tokio::spawn(Arc::clone(&self.webhooks).run(stop.clone()));
+        // Routes' orders follow measured quality, off the send path.
+        let quality_task = tokio::spawn(Arc::clone(&self.state.quality).run(stop.clone()));
         // Verifications run out on the scheduler's beat.
         let expiry_task = tokio::spawn(
             crate::verify::expiry::Expirer::new(
@@ -336,6 +356,7 @@ impl App {
         let _ = purge_task.await;
         let _ = upkeep_task.await;
         let _ = webhooks_task.await;
+        let _ = quality_task.await;
         let _ = expiry_task.await;
         let _ = fallback_task.await;
         let _ = orphans_task.await;

@@ -144,6 +144,9 @@ pub const ROUTES: &[(&str, &str, Scope)] = &[
     ("GET", "/admin/tenants/{name}/keys", Scope::Admin),
     ("DELETE", "/admin/keys/{id}", Scope::Admin),
     ("GET", "/admin/audit", Scope::Admin),
+    ("GET", "/routes", Scope::Admin),
+    ("PUT", "/routes/{prefix}/pin", Scope::Admin),
+    ("DELETE", "/routes/{prefix}/pin", Scope::Admin),
 ];
 
 /// The scope a request to `path` (the matched route) with `method` needs;

@@ -393,6 +393,36 @@ pub struct ConfigArgs {
     /// How long an instance uses its copy of the shared circuits before reading them again (a duration).
     #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_CIRCUIT_REFRESH", global = true)]
     pub circuit_refresh: Option<String>,
+    /// Routes whose order follows measured quality: on (default; only routes of two or more providers change) or off.
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY", global = true)]
+    pub route_quality: Option<String>,
+    /// Quality is measured over the messages of this window (a duration; 15m).
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY_WINDOW", global = true)]
+    pub route_quality_window: Option<String>,
+    /// A message still without a delivery report this long after it was sent is slow (a duration; 5m).
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY_SLOW_AFTER", global = true)]
+    pub route_quality_slow_after: Option<String>,
+    /// Least time between two changes of a route's order (a duration; 10m).
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY_COOLDOWN", global = true)]
+    pub route_quality_cooldown: Option<String>,
+    /// Messages a provider needs in the window before it is judged (50).
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY_MIN_SAMPLES", global = true)]
+    pub route_quality_min_samples: Option<String>,
+    /// How often quality is measured and orders decided (a duration; 30s, at most 30s).
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY_EVERY", global = true)]
+    pub route_quality_every: Option<String>,
+    /// Share of slow messages that moves a provider down (15%).
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY_SLOW_SHARE", global = true)]
+    pub route_quality_slow_share: Option<String>,
+    /// How far a delivery rate or code conversion may fall below the route's best other provider (10%).
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY_GAP", global = true)]
+    pub route_quality_gap: Option<String>,
+    /// Share of new messages each provider that is not first still starts, to stay measured (5%).
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY_FLOOR", global = true)]
+    pub route_quality_floor: Option<String>,
+    /// With prices: of providers within this share of the best delivery rate, the cheaper per delivered message goes first (off).
+    #[arg(help_heading = PROVIDERS, long, env = "SENDONCE_ROUTE_QUALITY_PREFER_CHEAPER", global = true)]
+    pub route_quality_prefer_cheaper: Option<String>,
     /// Each adapter's own variables (`src/provider/`: its `Var`s).
     #[command(flatten)]
     pub adapters: AdapterArgs,

@@ -12,6 +12,7 @@ mod error;
 mod limits;
 pub mod parse;
 mod provider;
+pub mod quality;
 mod retention;
 mod server;
 mod verify;

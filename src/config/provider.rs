@@ -39,6 +39,8 @@ pub struct ProviderSettings {
     pub receipts: ReceiptRoutes,
     /// When a provider's circuit opens, and for how long.
     pub circuit: CircuitPolicy,
+    /// Route orders that follow measured quality (`SENDONCE_ROUTE_QUALITY*`).
+    pub quality: super::quality::QualitySettings,
     /// Upper bound of connecting to the provider (the upper bound of a whole
     /// call is `delivery.provider_timeout`).
     pub connect_timeout: Duration,
@@ -57,6 +59,7 @@ impl Default for ProviderSettings {
             inbound: Vec::new(),
             receipts: ReceiptRoutes::default(),
             circuit: CircuitPolicy::default(),
+            quality: super::quality::QualitySettings::default(),
             connect_timeout: Duration::from_secs(3),
             secrets: crate::provider::Secrets::default(),
         }
@@ -176,7 +179,9 @@ impl ProviderSettings {
         let inbound = registry::inbound_routes(vars)?;
         let receipts = ReceiptRoutes::configure(vars, &ctx)?;
         let circuit = circuit(a, &d.circuit)?;
+        let quality = super::quality::QualitySettings::from_args(a, &d.quality)?;
         Ok(Self {
+            quality,
             kind,
             fallbacks,
             routes,

@@ -35,6 +35,7 @@ fn message(status: Status) -> MessageRecord {
         validity_seconds: None,
         provider: "http".into(),
         route: None,
+        route_order: None,
         provider_message_id: None,
         attempts: 1,
         maybe_sent: false,

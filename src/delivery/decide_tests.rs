@@ -311,6 +311,7 @@ fn a_resumed_message_reconciles_from_its_current_attempt() {
             validity_seconds: None,
             provider: "http".into(),
             route: None,
+            route_order: None,
             sender: None,
             created_at: PREVIOUS_START,
             expires_at: None,

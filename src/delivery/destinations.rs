@@ -124,6 +124,11 @@ impl Routes {
             .find(|r| r.prefix == "*" || number.starts_with(&r.prefix))
     }
 
+    /// Every route, longest prefix first, the default last.
+    pub fn entries(&self) -> &[Route] {
+        &self.entries
+    }
+
     /// The route with exactly this prefix (a message's stored route).
     pub fn get(&self, prefix: &str) -> Option<&Route> {
         self.entries.iter().find(|r| r.prefix == prefix)

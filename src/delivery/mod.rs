@@ -29,11 +29,14 @@ pub mod destinations;
 pub mod fair;
 pub mod fallback;
 pub mod hub;
+pub mod orders;
 pub mod orphans;
 pub mod purge;
+pub mod quality;
 mod reconcile;
 pub mod retry;
 pub mod route;
+pub mod route_quality;
 mod routing;
 pub mod scheduler;
 
@@ -140,6 +143,9 @@ struct CallSide {
     /// charged at that one's price; set once by `App::build` (until then
     /// a move keeps the cost).
     prices: std::sync::OnceLock<Arc<crate::spend::Prices>>,
+    /// The routes' orders as quality or a pin set them (issue 43); set
+    /// once by `App::build` (until then every route its configured order).
+    orders: std::sync::OnceLock<Arc<orders::RouteOrders>>,
     /// Provider calls that may be in flight (see [`Deliverer::shutdown`]).
     in_flight: std::sync::Mutex<Calls>,
 }
@@ -209,6 +215,7 @@ impl Deliverer {
                 sealed: std::sync::OnceLock::new(),
                 secrets: std::sync::OnceLock::new(),
                 prices: std::sync::OnceLock::new(),
+                orders: std::sync::OnceLock::new(),
                 in_flight: std::sync::Mutex::default(),
             },
             slots: Slots {
@@ -239,6 +246,21 @@ impl Deliverer {
     /// Prices a message that moves on to another provider with `prices`.
     pub fn price_with(&self, prices: Arc<crate::spend::Prices>) {
         let _ = self.calls.prices.set(prices);
+    }
+
+    /// Orders routes by `orders` (quality's shifts, operators' pins).
+    pub fn order_routes_with(&self, orders: Arc<orders::RouteOrders>) {
+        let _ = self.calls.orders.set(orders);
+    }
+
+    /// The routes' orders, when routes are ordered (`App::build`).
+    pub fn route_orders(&self) -> Option<&Arc<orders::RouteOrders>> {
+        self.calls.orders.get()
+    }
+
+    /// The routes by destination, if configured.
+    pub fn routes(&self) -> Option<&destinations::Routes> {
+        self.calls.routes.as_ref()
     }
 
     /// What `msg` costs when sent through `provider`, if it has a cost
@@ -319,26 +341,44 @@ impl Deliverer {
                 provider: first.name().to_string(),
                 sender: first.sender(from),
                 route: None,
+                order: None,
             });
         }
-        let (route, first) = match &self.calls.routes {
+        let (route, first, order) = match &self.calls.routes {
             None => (
                 None,
                 self.calls.providers.iter().find(|p| p.channel() == SMS)?,
+                None,
             ),
             Some(routes) => {
                 let r = routes.lookup(to)?;
-                let first = r
-                    .providers
-                    .first()
-                    .and_then(|n| self.provider_named_ref(n))?;
-                (Some(r.prefix.clone()), first)
+                match self.calls.orders.get() {
+                    // The route's order now: quality's, a pin's, and the
+                    // measuring floor's turn (issue 43).
+                    Some(orders) if r.providers.len() >= 2 => {
+                        let order = orders.for_new(r);
+                        let first = order.first().and_then(|n| self.provider_named_ref(n))?;
+                        (
+                            Some(r.prefix.clone()),
+                            first,
+                            orders::stored_form(r, &order),
+                        )
+                    }
+                    _ => {
+                        let first = r
+                            .providers
+                            .first()
+                            .and_then(|n| self.provider_named_ref(n))?;
+                        (Some(r.prefix.clone()), first, None)
+                    }
+                }
             }
         };
         Some(crate::domain::Via {
             provider: first.name().to_string(),
             sender: first.sender(from),
             route,
+            order,
         })
     }
 
@@ -348,6 +388,7 @@ impl Deliverer {
             provider: crate::provider::testmode::NAME.to_string(),
             sender: None,
             route: None,
+            order: None,
         }
     }
 
@@ -368,6 +409,7 @@ impl Deliverer {
             provider: adapter.name.to_string(),
             sender: None,
             route: None,
+            order: None,
         })
     }
 
@@ -449,14 +491,29 @@ impl Deliverer {
             .as_deref()
             .and_then(|p| routes.get(p))
             .or_else(|| routes.lookup(msg.to.as_str()));
-        match route {
-            Some(r) => r
-                .providers
-                .iter()
+        let Some(r) = route else {
+            return of_channel();
+        };
+        // The order it was created with, when not the configured one (a
+        // quality shift, the measuring floor, a pin): only the route's
+        // providers, each once.
+        if let Some(order) = msg.route_order.as_deref() {
+            let named: Vec<&str> = quality::effective(
+                &r.providers,
+                Some(&order.split(',').map(str::to_string).collect::<Vec<_>>()),
+            )
+            .into_iter()
+            .filter_map(|n| r.providers.iter().copied().find(|p| *p == n))
+            .collect();
+            return named
+                .into_iter()
                 .filter_map(|n| self.provider_named_ref(n))
-                .collect(),
-            None => of_channel(),
+                .collect();
         }
+        r.providers
+            .iter()
+            .filter_map(|n| self.provider_named_ref(n))
+            .collect()
     }
 
     /// The configured providers' names, in order.

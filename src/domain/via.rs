@@ -10,4 +10,7 @@ pub struct Via {
     pub sender: Option<String>,
     /// The route (`SENDONCE_ROUTES` prefix) the number took, if routed.
     pub route: Option<String>,
+    /// The providers the message takes, in order, when not its route's
+    /// configured order (issue 43): stored with it, its failover follows it.
+    pub order: Option<String>,
 }

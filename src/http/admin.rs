@@ -51,7 +51,7 @@ impl From<AdminError> for ApiError {
     }
 }
 
-fn actor(auth: &TenantAuth) -> Actor {
+pub(crate) fn actor(auth: &TenantAuth) -> Actor {
     Actor {
         via: "api",
         key_id: Some(auth.key_id),

@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod opt_outs;
 pub mod page;
 pub mod receipts;
+pub mod routes;
 pub mod server;
 pub mod verifications;
 pub mod webhooks;
@@ -69,6 +70,8 @@ pub struct AppState {
     pub webhooks: crate::config::WebhookSettings,
     /// This instance's webhook deliveries (told when an endpoint is created).
     pub webhook_dispatcher: Arc<crate::webhooks::Dispatcher>,
+    /// Routes' quality and order (`GET /routes`, pins).
+    pub quality: Arc<crate::delivery::route_quality::RouteQuality>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -89,6 +92,7 @@ pub fn router_with(state: SharedState, pages: Router<SharedState>, serve_metrics
         .merge(verifications::router())
         .merge(webhooks::router())
         .merge(admin::router())
+        .merge(routes::router())
         .merge(health::router(serve_metrics))
         .merge(pages);
     if serve_metrics {

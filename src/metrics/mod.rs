@@ -51,6 +51,9 @@ const VERIFY: &str = "sendonce_verify_events_total";
 const DB_CONNECTS: &str = "sendonce_db_connections_opened_total";
 const DB_SWITCHES: &str = "sendonce_db_host_switches_total";
 const SPEND: &str = "sendonce_spend_cap_events_total";
+const ROUTE_QUALITY: &str = "sendonce_route_quality";
+const ROUTE_POSITION: &str = "sendonce_route_provider_position";
+const ROUTE_CHANGES: &str = "sendonce_route_order_changes_total";
 
 /// The reasons of [`Metrics::delivery_interrupted`], in its counters' order.
 const INTERRUPTIONS: [&str; 3] = ["lease_lost", "store_down", "stopped"];
@@ -87,6 +90,10 @@ pub struct Metrics {
     circuits: Handles<(), Gauge>,
     verify: Handles<&'static str, Counter>,
     spend: Handles<&'static str, Counter>,
+    /// By measure, then `route provider`.
+    route_quality: Handles<&'static str, Gauge>,
+    route_position: Handles<(), Gauge>,
+    route_changes: Handles<(), Counter>,
     /// The store's coalesced writes, when the store batches (Postgres).
     batch_sizes: OnceLock<Arc<BatchSizes>>,
 }
@@ -327,6 +334,9 @@ impl Metrics {
             batch_sizes: OnceLock::new(),
             verify: Handles::new(),
             spend: Handles::new(),
+            route_quality: Handles::new(),
+            route_position: Handles::new(),
+            route_changes: Handles::new(),
         };
         // The series a dashboard looks for first exist from the start, at 0.
         for outcome in ["created", "replayed"] {
@@ -513,6 +523,82 @@ impl Metrics {
                 )
             })
             .set(value);
+    }
+
+    /// A route's provider as last measured (issue 43): one gauge per
+    /// measure (`delivery_rate`, `slow_share`, `conversion`,
+    /// `delivery_seconds_p50`, `delivery_seconds_p90`, `messages`); a
+    /// measure without samples is not set.
+    pub fn route_quality(
+        &self,
+        route: &str,
+        provider: &str,
+        m: &crate::delivery::quality::Measured,
+    ) {
+        let values = [
+            ("messages", Some(f64::from(m.messages))),
+            ("delivery_rate", m.delivery_rate()),
+            ("slow_share", m.slow_share()),
+            ("conversion", m.conversion()),
+            (
+                "delivery_seconds_p50",
+                m.delivery_seconds(0.5).map(f64::from),
+            ),
+            (
+                "delivery_seconds_p90",
+                m.delivery_seconds(0.9).map(f64::from),
+            ),
+        ];
+        let label = format!("{route}\u{0}{provider}");
+        for (measure, value) in values {
+            let Some(value) = value else { continue };
+            self.route_quality
+                .get(measure, &label, || {
+                    self.recorder.register_gauge(
+                        &Key::from_parts(
+                            ROUTE_QUALITY,
+                            vec![
+                                Label::new("route", route.to_owned()),
+                                Label::new("provider", provider.to_owned()),
+                                Label::from_static_parts("measure", measure),
+                            ],
+                        ),
+                        &META,
+                    )
+                })
+                .set(value);
+        }
+    }
+
+    /// A provider's place on a route's current order (1: first).
+    pub fn route_position(&self, route: &str, provider: &str, position: usize) {
+        let label = format!("{route}\u{0}{provider}");
+        self.route_position
+            .get((), &label, || {
+                self.recorder.register_gauge(
+                    &Key::from_parts(
+                        ROUTE_POSITION,
+                        vec![
+                            Label::new("route", route.to_owned()),
+                            Label::new("provider", provider.to_owned()),
+                        ],
+                    ),
+                    &META,
+                )
+            })
+            .set(position as f64);
+    }
+
+    /// A route's order changed by quality (this instance wrote it).
+    pub fn route_order_change(&self, route: &str) {
+        self.route_changes
+            .get((), route, || {
+                self.recorder.register_counter(
+                    &Key::from_parts(ROUTE_CHANGES, vec![Label::new("route", route.to_owned())]),
+                    &META,
+                )
+            })
+            .increment(1);
     }
 
     /// A circuit change this instance wrote (logged; the gauge follows).

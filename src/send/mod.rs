@@ -375,6 +375,7 @@ impl Sends {
             validity_seconds: request.validity_seconds,
             provider: p.via.provider,
             route: p.via.route,
+            route_order: p.via.order,
             sender: p.via.sender,
             created_at: p.now,
             expires_at: request

@@ -25,6 +25,7 @@ pub mod console;
 pub mod error;
 pub mod fallbacks;
 pub mod postgres;
+pub mod quality;
 pub mod routing;
 pub(crate) mod row;
 pub(crate) mod shared;
@@ -46,6 +47,7 @@ pub use fallbacks::{
     FallbackDue, FallbackState, FallbackStore, FellBack, NewFallback, Steps, fallback_of, step_row,
 };
 pub use postgres::PgStore;
+pub use quality::{QualityStore, QualityWindow, RouteOrder};
 pub use routing::{Circuit, CircuitState, MessageEvent, MoveOn, RoutingStore};
 pub use spend::{Charged, SpendItem, SpendStore, SpendSummary};
 pub use sqlite::SqliteStore;
@@ -100,6 +102,7 @@ pub trait Store:
     + SpendStore
     + ChannelStore
     + FallbackStore
+    + QualityStore
     + Send
     + Sync
     + 'static
@@ -121,6 +124,7 @@ impl<T> Store for T where
         + SpendStore
         + ChannelStore
         + FallbackStore
+        + QualityStore
         + Send
         + Sync
         + 'static

@@ -29,7 +29,7 @@ macro_rules! message_columns {
     () => {
         "m.id, m.tenant_id, m.idempotency_key, m.fingerprint, \
         m.status, m.to_number, m.from_sender, m.body, m.segments, m.encoding, m.metadata, \
-        m.validity_seconds, m.provider, m.route, m.provider_message_id, m.attempts, m.maybe_sent, m.error, \
+        m.validity_seconds, m.provider, m.route, m.route_order, m.provider_message_id, m.attempts, m.maybe_sent, m.error, \
         m.response_code, m.response_body, m.lease_token, m.lease_owner, m.lease_expires_at, \
         m.next_attempt_at, m.created_at, m.updated_at, m.sent_at, m.delivery_status_at, \
         m.expires_at, m.deadline_at, m.send_at, m.cost_micros, m.cost_currency, m.prepared_token, \
@@ -145,6 +145,7 @@ pub struct MessageRow {
     validity_seconds: Option<i32>,
     provider: String,
     route: Option<String>,
+    route_order: Option<String>,
     provider_message_id: Option<String>,
     attempts: i32,
     maybe_sent: bool,
@@ -208,6 +209,7 @@ impl From<MessageRow> for MessageRecord {
             validity_seconds: r.validity_seconds,
             provider: r.provider,
             route: r.route,
+            route_order: r.route_order,
             provider_message_id: r.provider_message_id,
             attempts: count(r.attempts),
             maybe_sent: r.maybe_sent,

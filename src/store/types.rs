@@ -33,6 +33,9 @@ pub struct NewMessage {
     pub provider: String,
     /// The route its number took (`SENDONCE_ROUTES`' prefix), if routed.
     pub route: Option<String>,
+    /// The providers it takes, in order, when not its route's configured
+    /// order (joined by `,`; issue 43): where it started, then its failover.
+    pub route_order: Option<String>,
     /// Who its first attempt sends as ([`crate::provider::Provider::sender`]),
     /// recorded with that attempt when the insert starts it.
     pub sender: Option<String>,
@@ -157,6 +160,9 @@ pub struct MessageRecord {
     pub provider: String,
     /// The route its number took (`SENDONCE_ROUTES`' prefix), if routed.
     pub route: Option<String>,
+    /// The providers it takes, in order, when not its route's configured
+    /// order (joined by `,`; issue 43): where it started, then its failover.
+    pub route_order: Option<String>,
     pub provider_message_id: Option<String>,
     pub attempts: u32,
     /// Some attempt ended without a clear answer: the provider may have sent.
@@ -221,6 +227,7 @@ impl MessageRecord {
             validity_seconds: m.validity_seconds,
             provider: m.provider.clone(),
             route: m.route.clone(),
+            route_order: m.route_order.clone(),
             provider_message_id: None,
             attempts: 1,
             maybe_sent: false,
@@ -277,6 +284,7 @@ impl MessageRecord {
             validity_seconds: m.validity_seconds,
             provider: m.provider.clone(),
             route: m.route.clone(),
+            route_order: m.route_order.clone(),
             provider_message_id: None,
             attempts: 0,
             maybe_sent: false,

@@ -175,6 +175,7 @@ fn build(
         validity_seconds: Some(i32::try_from(remaining).unwrap_or(i32::MAX)),
         provider: via.provider.clone(),
         route: via.route.clone(),
+        route_order: via.order.clone(),
         sender: via.sender.clone(),
         created_at: now,
         expires_at: Some(v.expires_at),

@@ -35,6 +35,7 @@ fn message(tenant_id: Uuid, i: usize) -> NewMessage {
         validity_seconds: None,
         provider: "http".into(),
         route: None,
+        route_order: None,
         sender: None,
         created_at: T0,
         expires_at: None,

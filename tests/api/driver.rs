@@ -59,6 +59,7 @@ fn message(tenant_id: Uuid, key: &str) -> NewMessage {
         validity_seconds: None,
         provider: "a".into(),
         route: None,
+        route_order: None,
         sender: None,
         created_at: T0,
         expires_at: None,

@@ -86,6 +86,7 @@ mod pooler;
 mod process;
 mod promise;
 mod receipts;
+mod route_quality;
 mod routes;
 mod scrubbing;
 mod sealed;

@@ -453,6 +453,7 @@ fn new_message(tenant_id: Uuid, key: &str) -> NewMessage {
         validity_seconds: None,
         provider: "twilio".into(),
         route: None,
+        route_order: None,
         sender: None,
         created_at: T0,
         expires_at: None,

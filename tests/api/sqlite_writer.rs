@@ -33,6 +33,7 @@ fn message(tenant_id: uuid::Uuid, key: &str, n: u32) -> NewMessage {
         validity_seconds: None,
         provider: "http".into(),
         route: None,
+        route_order: None,
         sender: None,
         created_at: now,
         expires_at: None,

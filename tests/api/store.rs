@@ -42,6 +42,7 @@ fn message(tenant_id: Uuid, key: &str) -> NewMessage {
         validity_seconds: None,
         provider: "http".into(),
         route: None,
+        route_order: None,
         sender: None,
         created_at: T0,
         expires_at: None,

@@ -18,7 +18,7 @@ pub const ACCOUNT: &str = "AC0123456789abcdef0123456789abcdef";
 pub const AUTH_TOKEN: &str = "twilio-test-auth-token";
 pub const DEFAULT_FROM: &str = "+14155550000";
 
-fn settings(base_url: &str, status_callback: Option<String>) -> TwilioSettings {
+pub(crate) fn settings(base_url: &str, status_callback: Option<String>) -> TwilioSettings {
     TwilioSettings {
         base_url: base_url.to_string(),
         account_sid: ACCOUNT.into(),

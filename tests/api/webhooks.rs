@@ -778,6 +778,7 @@ async fn a_burst_of_final_writes_writes_one_event_each(backend: Backend) {
             validity_seconds: None,
             provider: "http".into(),
             route: None,
+            route_order: None,
             sender: None,
             created_at: now,
             expires_at: None,

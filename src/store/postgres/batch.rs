@@ -229,6 +229,7 @@ async fn claim_statement(
     let mut route = Vec::with_capacity(n);
     let mut cost = Vec::with_capacity(n);
     let mut currency = Vec::with_capacity(n);
+    let mut route_order = Vec::with_capacity(n);
     for (m, lease) in rows {
         id.push(m.id.0);
         tenant.push(m.tenant_id);
@@ -256,6 +257,7 @@ async fn claim_statement(
         let (c, cur) = m.cost_columns();
         cost.push(c);
         currency.push(cur);
+        route_order.push(m.route_order.as_deref());
     }
     let answers: Vec<PgRow> = sqlx::query(
         "WITH input AS ( \
@@ -263,23 +265,24 @@ async fn claim_statement(
                 $6::text[], $7::text[], $8::int4[], $9::text[], $10::text[], $11::int4[], \
                 $12::text[], $13::uuid[], $14::text[], $15::int8[], $16::timestamptz[], \
                 $17::timestamptz[], $18::timestamptz[], $19::text[], $20::text[], $21::int8[], \
-                $22::text[]) \
+                $22::text[], $23::text[]) \
             WITH ORDINALITY \
             AS t(id, tenant_id, idempotency_key, fingerprint, to_number, from_sender, body, \
                 segments, encoding, metadata, validity_seconds, provider, lease_token, \
                 lease_owner, lease_ttl, created_at, expires_at, deadline_at, sender, route, \
-                cost_micros, cost_currency, ord)), \
+                cost_micros, cost_currency, route_order, ord)), \
          ins AS ( \
             INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, \
                 validity_seconds, provider, attempts, lease_token, lease_owner, \
                 lease_expires_at, created_at, updated_at, expires_at, deadline_at, route, \
-                cost_micros, cost_currency) \
+                cost_micros, cost_currency, route_order) \
             SELECT id, tenant_id, idempotency_key, fingerprint, 'processing', to_number, \
                 from_sender, body, segments, encoding, metadata::jsonb, validity_seconds, \
                 provider, 1, lease_token, lease_owner, \
                 now() + lease_ttl * interval '1 microsecond', created_at, \
-                created_at, expires_at, deadline_at, route, cost_micros, cost_currency \
+                created_at, expires_at, deadline_at, route, cost_micros, cost_currency, \
+                route_order \
             FROM input ORDER BY ord \
             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
             RETURNING id, lease_owner, created_at, lease_expires_at), \
@@ -322,6 +325,7 @@ async fn claim_statement(
     .bind(&route)
     .bind(&cost)
     .bind(&currency)
+    .bind(&route_order)
     .fetch_all(pool)
     .await?;
     if answers.len() != n {

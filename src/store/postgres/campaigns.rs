@@ -81,6 +81,7 @@ impl PgStore {
         let mut route = Vec::with_capacity(n);
         let mut cost = Vec::with_capacity(n);
         let mut currency = Vec::with_capacity(n);
+        let mut route_order = Vec::with_capacity(n);
         for q in rows {
             let m = &q.message;
             id.push(m.id.0);
@@ -108,6 +109,7 @@ impl PgStore {
             let (c, cur) = m.cost_columns();
             cost.push(c);
             currency.push(cur);
+            route_order.push(m.route_order.as_deref());
         }
         let answers: Vec<PgRow> = sqlx::query(
             "WITH input AS ( \
@@ -115,21 +117,21 @@ impl PgStore {
                     $5::text[], $6::text[], $7::text[], $8::text[], $9::int4[], $10::text[], \
                     $11::text[], $12::int4[], $13::text[], $14::timestamptz[], \
                     $15::timestamptz[], $16::timestamptz[], $17::timestamptz[], \
-                    $18::timestamptz[], $19::text[], $20::int8[], $21::text[]) WITH ORDINALITY \
+                    $18::timestamptz[], $19::text[], $20::int8[], $21::text[], $22::text[]) WITH ORDINALITY \
                 AS t(id, tenant_id, idempotency_key, fingerprint, status, to_number, \
                     from_sender, body, segments, encoding, metadata, validity_seconds, \
                     provider, due, send_at, created_at, expires_at, deadline_at, route, \
-                    cost_micros, cost_currency, ord)), \
+                    cost_micros, cost_currency, route_order, ord)), \
              ins AS ( \
                 INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                     to_number, from_sender, body, segments, encoding, metadata, \
                     validity_seconds, provider, attempts, next_attempt_at, send_at, \
                     created_at, updated_at, expires_at, deadline_at, route, cost_micros, \
-                    cost_currency) \
+                    cost_currency, route_order) \
                 SELECT id, tenant_id, idempotency_key, fingerprint, status, to_number, \
                     from_sender, body, segments, encoding, metadata::jsonb, validity_seconds, \
                     provider, 0, due, send_at, created_at, created_at, expires_at, deadline_at, \
-                    route, cost_micros, cost_currency \
+                    route, cost_micros, cost_currency, route_order \
                 FROM input ORDER BY idempotency_key \
                 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                 RETURNING id) \
@@ -162,6 +164,7 @@ impl PgStore {
         .bind(&route)
         .bind(&cost)
         .bind(&currency)
+        .bind(&route_order)
         .fetch_all(&self.pool)
         .await?;
         if answers.len() != n {

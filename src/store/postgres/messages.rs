@@ -52,10 +52,10 @@ impl PgStore {
                         to_number, from_sender, body, segments, encoding, metadata, \
                         validity_seconds, provider, attempts, lease_token, lease_owner, \
                         lease_expires_at, created_at, updated_at, expires_at, deadline_at, route, \
-                        cost_micros, cost_currency) \
+                        cost_micros, cost_currency, route_order) \
                     VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $8, $9, $10, $11, $12, 1, \
                         $13, $14, now() + $15 * interval '1 microsecond', $16, $16, $17, $18, $20, \
-                        $21, $22) \
+                        $21, $22, $23) \
                     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                     RETURNING id, lease_expires_at), \
                  att AS ( \
@@ -96,6 +96,7 @@ impl PgStore {
             .bind(&m.route)
             .bind(m.cost_columns().0)
             .bind(m.cost_columns().1)
+            .bind(&m.route_order)
             .fetch_optional(&self.pool)
             .await?;
             if let Some(row) = row {
@@ -148,9 +149,9 @@ impl PgStore {
                         to_number, from_sender, body, segments, encoding, metadata, \
                         validity_seconds, provider, attempts, next_attempt_at, send_at, \
                         created_at, updated_at, expires_at, deadline_at, route, cost_micros, \
-                        cost_currency) \
+                        cost_currency, route_order) \
                     VALUES ($1, $2, $3, $4, 'scheduled', $5, $6, $7, $8, $9, $10, $11, $12, 0, \
-                        $13, $14, $15, $15, $16, $17, $18, $19, $20) \
+                        $13, $14, $15, $15, $16, $17, $18, $19, $20, $21) \
                     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
                     RETURNING id) \
                  SELECT true AS created, ins.id, NULL::bytea AS fingerprint, \
@@ -185,6 +186,7 @@ impl PgStore {
             .bind(&m.route)
             .bind(m.cost_columns().0)
             .bind(m.cost_columns().1)
+            .bind(&m.route_order)
             .fetch_optional(&self.pool)
             .await?;
             if let Some(row) = row {

@@ -38,6 +38,7 @@ pub(crate) mod fallbacks;
 pub(crate) mod maintenance;
 pub(crate) mod messages;
 pub(crate) mod opt_outs;
+pub(crate) mod quality;
 pub(crate) mod receipts;
 pub(crate) mod routing;
 pub(crate) mod spend;

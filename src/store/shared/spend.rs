@@ -68,13 +68,13 @@ per_backend! {
             to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
             provider, attempts, lease_token, lease_owner, lease_expires_at, next_attempt_at, \
             send_at, created_at, updated_at, expires_at, deadline_at, route, cost_micros, \
-            cost_currency) \
+            cost_currency, route_order) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
             CASE WHEN $15 IS NULL THEN NULL ELSE ",
         db_now!(),
         " + $17",
         us!(),
-        " END, $18, $19, $20, $20, $21, $22, $23, $24, $25) \
+        " END, $18, $19, $20, $20, $21, $22, $23, $24, $25, $26) \
          ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
          RETURNING lease_expires_at, EXISTS (SELECT 1 FROM opt_outs o \
             WHERE o.tenant_id = messages.tenant_id AND o.number IN (messages.to_number, \
@@ -287,6 +287,7 @@ per_backend! {
             .bind(&m.route)
             .bind(cost)
             .bind(currency)
+            .bind(&m.route_order)
             .fetch_optional(&mut *c)
             .await?;
         let Some((lease_expires_at, opted_out)) = inserted else {

@@ -165,13 +165,13 @@ per_backend! {
             to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
             provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
             updated_at, expires_at, deadline_at, route, verification_id, cost_micros, \
-            cost_currency) \
+            cost_currency, route_order) \
          VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, \
             $14, ",
         db_now!(),
         " + $15",
         us!(),
-        ", $16, $16, $17, $18, $19, $20, $21, $22) RETURNING lease_expires_at"
+        ", $16, $16, $17, $18, $19, $20, $21, $22, $23) RETURNING lease_expires_at"
     );
 
     /// Up to `$2` pending verifications past their expiry at `$1`, marked
@@ -223,6 +223,7 @@ per_backend! {
             .bind(verification_id)
             .bind(cost)
             .bind(currency)
+            .bind(&m.route_order)
             .fetch_one(&mut *c)
             .await?;
         if let Some(charge) = &m.cost {

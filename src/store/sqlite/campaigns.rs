@@ -22,8 +22,8 @@ async fn schedule(
         "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
                 provider, attempts, next_attempt_at, send_at, created_at, updated_at, \
-                expires_at, deadline_at, route, cost_micros, cost_currency) \
-             VALUES (?, ?, ?, ?, 'scheduled', ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+                expires_at, deadline_at, route, cost_micros, cost_currency, route_order) \
+             VALUES (?, ?, ?, ?, 'scheduled', ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id",
     )
     .bind(m.id.0)
@@ -47,6 +47,7 @@ async fn schedule(
     .bind(&m.route)
     .bind(m.cost_columns().0)
     .bind(m.cost_columns().1)
+    .bind(&m.route_order)
     .fetch_optional(&mut *c)
     .await?;
     if inserted.is_some() {
@@ -77,8 +78,8 @@ async fn insert_rows(c: &mut SqliteConnection, items: &[Queued]) -> Result<Vec<C
             "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                     to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
                     provider, attempts, next_attempt_at, send_at, created_at, updated_at, \
-                    expires_at, deadline_at, route, cost_micros, cost_currency) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+                    expires_at, deadline_at, route, cost_micros, cost_currency, route_order) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
                  ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id",
         )
         .bind(m.id.0)
@@ -103,6 +104,7 @@ async fn insert_rows(c: &mut SqliteConnection, items: &[Queued]) -> Result<Vec<C
         .bind(&m.route)
         .bind(m.cost_columns().0)
         .bind(m.cost_columns().1)
+        .bind(&m.route_order)
         .fetch_optional(&mut *c)
         .await?;
         if inserted.is_some() {

@@ -52,10 +52,11 @@ async fn insert(
         "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
                 to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
                 provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
-                updated_at, expires_at, deadline_at, route, cost_micros, cost_currency) \
+                updated_at, expires_at, deadline_at, route, cost_micros, cost_currency, \
+                route_order) \
              VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ",
         db_now!(),
-        " + ?, ?, ?, ?, ?, ?, ?, ?) \
+        " + ?, ?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
              RETURNING lease_expires_at, \
                 EXISTS (SELECT 1 FROM opt_outs o \
@@ -83,6 +84,7 @@ async fn insert(
     .bind(&m.route)
     .bind(m.cost_columns().0)
     .bind(m.cost_columns().1)
+    .bind(&m.route_order)
     .fetch_optional(&mut *c)
     .await?;
     if let Some((lease_expires_at, opted_out)) = inserted {

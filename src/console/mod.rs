@@ -38,6 +38,7 @@ mod decide_hooks;
 mod decide_tests;
 mod entry;
 mod pages;
+mod routes_page;
 mod session;
 
 use session::*;
@@ -81,6 +82,7 @@ pub fn router(state: SharedState) -> Router<SharedState> {
         .route("/opt-outs", get(opt_outs).post(add_opt_out))
         .route("/opt-outs/remove", post(remove_opt_out))
         .route("/outbox", get(outbox))
+        .route("/routes", get(routes))
         .route("/console.css", get(stylesheet))
         .fallback(|| async { PageError::NotFound })
         .method_not_allowed_fallback(|| async { PageError::MethodNotAllowed })
@@ -432,6 +434,23 @@ async fn overview(
         .await?;
     let spend = state.store.spend_summary(session.tenant_id, now).await?;
     Ok(Html(pages::overview(&session, &counts, &spend, now).into_string()).into_response())
+}
+
+/// The routes page: admin keys only (routes are the installation's).
+async fn routes(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+) -> Result<Response, PageError> {
+    let Some(session) = current(&state, &headers).await? else {
+        return Ok(to_login());
+    };
+    if !session.scopes.contains(crate::scopes::Scope::Admin) || session.test {
+        return Err(PageError::Forbidden(
+            "The routes page needs a key with the admin scope: routes are the installation's, not one tenant's.",
+        ));
+    }
+    let report = state.quality.report().await?;
+    Ok(Html(routes_page::routes(&session, &report).into_string()).into_response())
 }
 
 /// Messages the outbox page shows.

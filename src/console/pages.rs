@@ -11,7 +11,7 @@ use super::decide::{self, Entry, Zone, human, when, when_in};
 
 /// A time in the session's zone, its UTC time on hover (`title`) and in
 /// `datetime`; in UTC alone when the tenant has no home country.
-fn at(t: OffsetDateTime, zone: Zone) -> Markup {
+pub(super) fn at(t: OffsetDateTime, zone: Zone) -> Markup {
     let utc = t
         .to_offset(time::UtcOffset::UTC)
         .format(&time::format_description::well_known::Rfc3339)
@@ -30,7 +30,7 @@ use crate::store::{
     VerificationRecord,
 };
 
-fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
+pub(super) fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -52,6 +52,9 @@ fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
                             a href="/console/search" { "Find a message" }
                             a href="/console/opt-outs" { "Opt-outs" }
                             a href="/console/outbox" { "Outbox" }
+                            @if s.scopes.contains(crate::scopes::Scope::Admin) {
+                                a href="/console/routes" { "Routes" }
+                            }
                         }
                         form method="post" action="/console/logout" {
                             input type="hidden" name="csrf" value=(s.csrf);

@@ -382,6 +382,22 @@ impl Deliverer {
         })
     }
 
+    /// Whether a new message to `to` would have somewhere to start
+    /// ([`Self::first_route`] without taking a new message's turn of the
+    /// route's measuring floor).
+    pub fn has_route(&self, to: &str) -> bool {
+        let channel = channel_of(to);
+        let of_channel = || self.calls.providers.iter().any(|p| p.channel() == channel);
+        match &self.calls.routes {
+            Some(routes) if channel == SMS => routes.lookup(to).is_some_and(|r| {
+                r.providers
+                    .iter()
+                    .any(|n| self.provider_named_ref(n).is_some())
+            }),
+            _ => of_channel(),
+        }
+    }
+
     /// Where a test key's message starts, and stays: test mode's provider.
     pub fn test_route() -> crate::domain::Via {
         crate::domain::Via {

@@ -216,6 +216,27 @@ async fn a_provider_that_stops_reporting_moves_down_and_comes_back(backend: Back
     assert_eq!(shift["target"], "route +966");
     assert_eq!(shift["detail"]["to"], json!(["twilio", "http"]));
 
+    // The console's routes page says the same, for an admin key only.
+    let mut browser = crate::console::Browser::new(&p.app);
+    browser.sign_in(&p.admin).await;
+    let page = browser.get("/console/routes").await;
+    assert_eq!(page.status, 200);
+    let html = String::from_utf8_lossy(&page.bytes).to_string();
+    assert!(html.contains("Route +966"), "{html}");
+    assert!(html.contains("twilio → http"), "{html}");
+    assert!(
+        html.contains("shifted by quality; configured: http → twilio"),
+        "{html}"
+    );
+    assert!(
+        html.contains("had no delivery report 5m after they were sent"),
+        "{html}"
+    );
+    assert!(html.contains("<svg"), "{html}");
+    let mut reader = crate::console::Browser::new(&p.app);
+    reader.sign_in(&p.app.api_key).await;
+    assert_eq!(reader.get("/console/routes").await.status, 403);
+
     // Within the cooldown nothing changes, whatever is measured.
     p.http.set_receipts(reported(&p.app));
     send_many(&p.app, 40, 80).await;
@@ -382,7 +403,94 @@ async fn a_pin_holds_and_two_instances_agree(backend: Backend) {
     );
 }
 
+/// The code sent to `to` at either mock, once it is there, and where.
+async fn code_to(p: &Pair, to: &str) -> (String, &'static str) {
+    eventually(&format!("a code to {to}"), || async {
+        for (name, mock) in [("twilio", &p.app.mock), ("http", &p.http)] {
+            let found = mock.calls().into_iter().find_map(|c| {
+                let b = &c.body;
+                let dest = b["to"].as_str().or(b["To"].as_str())?;
+                let text = b["body"].as_str().or(b["Body"].as_str())?;
+                (dest == to).then(|| {
+                    text.chars()
+                        .filter(char::is_ascii_digit)
+                        .collect::<String>()
+                })
+            });
+            if let Some(code) = found {
+                return Some((code, name));
+            }
+        }
+        None
+    })
+    .await
+}
+
+async fn codes_entered_less_move_a_provider_down(backend: Backend) {
+    let clock = Clock::manual(time::OffsetDateTime::now_utc());
+    let p = spawn_pair(backend, clock.clone(), None, None, None).await;
+    p.http.set_receipts(reported(&p.app));
+    let mut entered = std::collections::HashMap::<&str, (u32, u32)>::new();
+    for i in 0..60 {
+        let to = number(i);
+        let a = answer(
+            p.app
+                .request(Method::POST, "/verifications")
+                .bearer_auth(&p.app.api_key)
+                .header("Idempotency-Key", format!("v-{i}"))
+                .json(&json!({ "to": to }))
+                .send()
+                .await
+                .expect("start"),
+        )
+        .await;
+        assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.bytes));
+        let id = a.json()["id"].as_str().expect("id").to_string();
+        let (code, via) = code_to(&p, &to).await;
+        let e = entered.entry(via).or_default();
+        e.0 += 1;
+        // Every code sent through Twilio is entered; one in three of
+        // http's.
+        if via == "twilio" || e.0 % 3 == 0 {
+            e.1 += 1;
+            let c = answer(
+                p.app
+                    .request(Method::POST, &format!("/verifications/{id}/check"))
+                    .bearer_auth(&p.app.api_key)
+                    .json(&json!({ "code": code }))
+                    .send()
+                    .await
+                    .expect("check"),
+            )
+            .await;
+            assert_eq!(c.json()["status"], "approved", "{}", c.json());
+        }
+    }
+    // One in four started on Twilio (the floor).
+    assert_eq!(entered["twilio"].0, 15, "{entered:?}");
+    assert_eq!(entered["http"].0, 45, "{entered:?}");
+    p.app.handle.quality.evaluate().await.expect("evaluate");
+    let r = route_view(&p.app, &p.admin).await;
+    assert_eq!(order(&r), ["twilio", "http"], "{r}");
+    let http = &r["providers"][1]["quality"];
+    assert_eq!(http["codes"], 45, "{r}");
+    assert_eq!(http["approved"], 15, "{r}");
+    assert_eq!(r["providers"][0]["quality"]["conversion"], 1.0, "{r}");
+    let reason = r["reason"].as_str().unwrap_or_default();
+    assert_eq!(
+        reason, "http moved down: 33% of its 45 codes were entered, twilio's 100%",
+        "{r}"
+    );
+    // One code per verification, each created once.
+    for i in 0..60 {
+        let to = number(i);
+        let made = p.app.mock.created_to(&to) + p.http.created_to(&to);
+        assert_eq!(made, 1, "{to}");
+    }
+}
+
 on_both_backends!(
     a_provider_that_stops_reporting_moves_down_and_comes_back,
     a_pin_holds_and_two_instances_agree,
+    codes_entered_less_move_a_provider_down,
 );

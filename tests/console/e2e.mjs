@@ -150,6 +150,7 @@ try {
     ['arabic-search-by-number', `${BASE}/console/search?q=${encodeURIComponent(number)}`],
     ['arabic-search-by-key', `${BASE}/console/search?q=${encodeURIComponent('E2E-')}`],
     ['arabic-overview', `${BASE}/console/overview`],
+    ['routes', `${BASE}/console/routes`],
   ];
   for (const width of [390, 1280]) {
     await page.setViewportSize({ width, height: 844 });

@@ -72,7 +72,7 @@ fn bar(m: &Measured, slow_after_secs: u64, label: &str) -> Markup {
     let mut x = 0u32;
     let mut rects = Vec::new();
     for (_, n, colour) in parts {
-        let w = if total == 0 { 0 } else { n * width / total };
+        let w = (n * width).checked_div(total).unwrap_or(0);
         if w > 0 {
             rects.push((x, w, colour));
         }

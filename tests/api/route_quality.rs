@@ -451,7 +451,7 @@ async fn codes_entered_less_move_a_provider_down(backend: Backend) {
         e.0 += 1;
         // Every code sent through Twilio is entered; one in three of
         // http's.
-        if via == "twilio" || e.0 % 3 == 0 {
+        if via == "twilio" || e.0.is_multiple_of(3) {
             e.1 += 1;
             let c = answer(
                 p.app

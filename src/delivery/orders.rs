@@ -112,3 +112,98 @@ pub fn stored_form(route: &Route, order: &[String]) -> Option<String> {
         && order.iter().zip(&route.providers).all(|(a, b)| a == b);
     (!same).then(|| order.join(","))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes() -> Routes {
+        Routes::parse("+966=a,b; *=a", |n| {
+            ["a", "b"].into_iter().find(|k| *k == n)
+        })
+        .expect("routes")
+    }
+
+    fn stored(providers: &[&str], pinned: bool) -> RouteOrder {
+        RouteOrder {
+            prefix: "+966".into(),
+            providers: providers.iter().map(|s| s.to_string()).collect(),
+            pinned,
+            reason: String::new(),
+            changed_at: time::OffsetDateTime::UNIX_EPOCH,
+            version: 1,
+        }
+    }
+
+    /// Where 20 new messages on `+966` start: (on a, on b).
+    fn firsts(o: &RouteOrders, r: &Route) -> (usize, usize) {
+        let v: Vec<String> = (0..20).map(|_| o.for_new(r)[0].clone()).collect();
+        (
+            v.iter().filter(|p| *p == "a").count(),
+            v.iter().filter(|p| *p == "b").count(),
+        )
+    }
+
+    /// (quality on, stored order, where 20 new messages start, the
+    /// current order shown).
+    #[test]
+    fn new_messages_follow_the_table() {
+        let routes = routes();
+        let r = routes.get("+966").expect("route").clone();
+        type Case = (bool, Option<RouteOrder>, (usize, usize), Vec<&'static str>);
+        let cases: Vec<Case> = vec![
+            // On, never shifted: the configured order, b its floor (1 in 20).
+            (true, None, (19, 1), vec!["a", "b"]),
+            // On, shifted: b first, a its floor.
+            (
+                true,
+                Some(stored(&["b", "a"], false)),
+                (1, 19),
+                vec!["b", "a"],
+            ),
+            // On, pinned: exactly the pin, no floor.
+            (
+                true,
+                Some(stored(&["b", "a"], true)),
+                (0, 20),
+                vec!["b", "a"],
+            ),
+            // Off: the configured order, no floor, a shift ignored...
+            (false, None, (20, 0), vec!["a", "b"]),
+            (
+                false,
+                Some(stored(&["b", "a"], false)),
+                (20, 0),
+                vec!["a", "b"],
+            ),
+            // ...but a pin still holds.
+            (
+                false,
+                Some(stored(&["b", "a"], true)),
+                (0, 20),
+                vec!["b", "a"],
+            ),
+        ];
+        for (on, order, want, current) in cases {
+            let o = RouteOrders::new(Some(&routes), on, 0.05);
+            o.replace(order.clone().into_iter().collect());
+            assert_eq!(firsts(&o, &r), want, "on {on}, {order:?}");
+            assert_eq!(o.current(&r), current, "on {on}, {order:?}");
+        }
+        // A route of one provider takes no turn and is never reordered.
+        let o = RouteOrders::new(Some(&routes), true, 0.05);
+        let one = routes.get("*").expect("default").clone();
+        assert!((0..40).all(|_| o.for_new(&one) == ["a"]));
+    }
+
+    #[test]
+    fn only_a_changed_order_is_stored_with_the_message() {
+        let routes = routes();
+        let r = routes.get("+966").expect("route");
+        assert_eq!(stored_form(r, &["a".into(), "b".into()]), None);
+        assert_eq!(
+            stored_form(r, &["b".into(), "a".into()]),
+            Some("b,a".into())
+        );
+    }
+}

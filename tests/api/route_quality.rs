@@ -403,6 +403,41 @@ async fn a_pin_holds_and_two_instances_agree(backend: Backend) {
     );
 }
 
+async fn a_provider_delivering_half_moves_down(backend: Backend) {
+    let clock = Clock::manual(time::OffsetDateTime::now_utc());
+    let p = spawn_pair(backend, clock.clone(), None, None, None).await;
+    // http reports its first half delivered, its second half undelivered.
+    p.http.set_receipts(reported(&p.app));
+    send_many(&p.app, 0, 20).await;
+    p.http.set_receipts(ReceiptConfig {
+        final_status: Some("undelivered".into()),
+        ..reported(&p.app)
+    });
+    send_many(&p.app, 20, 40).await;
+    assert_eq!(p.http.created(), 30);
+    assert_eq!(p.app.mock.created(), 10);
+    eventually("every receipt in", || async {
+        (p.app
+            .db
+            .count("SELECT count(*) FROM messages WHERE status IN ('delivered', 'undelivered')")
+            .await
+            == 40)
+            .then_some(())
+    })
+    .await;
+    // Nothing judged slow (every report came at once): the delivery rate
+    // alone moves it, with no clock moved.
+    p.app.handle.quality.evaluate().await.expect("evaluate");
+    let r = route_view(&p.app, &p.admin).await;
+    assert_eq!(order(&r), ["twilio", "http"], "{r}");
+    assert_eq!(
+        r["reason"], "http moved down: it delivered 50% of 30 reported messages, twilio 100%",
+        "{r}"
+    );
+    assert_eq!(r["providers"][1]["quality"]["undelivered"], 15, "{r}");
+    each_once(&p, 0, 40);
+}
+
 /// The code sent to `to` at either mock, once it is there, and where.
 async fn code_to(p: &Pair, to: &str) -> (String, &'static str) {
     eventually(&format!("a code to {to}"), || async {
@@ -493,4 +528,5 @@ on_both_backends!(
     a_provider_that_stops_reporting_moves_down_and_comes_back,
     a_pin_holds_and_two_instances_agree,
     codes_entered_less_move_a_provider_down,
+    a_provider_delivering_half_moves_down,
 );

@@ -179,7 +179,7 @@ impl ProviderSettings {
         let inbound = registry::inbound_routes(vars)?;
         let receipts = ReceiptRoutes::configure(vars, &ctx)?;
         let circuit = circuit(a, &d.circuit)?;
-        let quality = super::quality::QualitySettings::from_args(a, &d.quality)?;
+        let quality = super::quality::from_args(a, &d.quality)?;
         Ok(Self {
             quality,
             kind,

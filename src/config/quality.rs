@@ -3,33 +3,11 @@
 
 use std::time::Duration;
 
+pub use crate::delivery::quality::QualitySettings;
 use crate::delivery::quality::Thresholds;
 
 use super::parse::{given, number_or};
 use super::{ConfigArgs, ConfigError};
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct QualitySettings {
-    /// `SENDONCE_ROUTE_QUALITY`: on by default; it changes only routes of
-    /// two or more providers.
-    pub on: bool,
-    /// Messages created this long ago at most are measured (15m).
-    pub window: Duration,
-    /// How often each instance measures and decides (30s, at most 30s).
-    pub every: Duration,
-    pub thresholds: Thresholds,
-}
-
-impl Default for QualitySettings {
-    fn default() -> Self {
-        Self {
-            on: true,
-            window: Duration::from_secs(15 * 60),
-            every: Duration::from_secs(30),
-            thresholds: Thresholds::default(),
-        }
-    }
-}
 
 fn duration(var: &'static str, v: &Option<String>, d: Duration) -> Result<Duration, ConfigError> {
     let Some(v) = given(v) else { return Ok(d) };
@@ -65,92 +43,94 @@ fn percent(
     Ok(n / 100.0)
 }
 
-impl QualitySettings {
-    pub(super) fn from_args(a: &ConfigArgs, d: &Self) -> Result<Self, ConfigError> {
-        let on = match given(&a.route_quality).map(|v| v.trim().to_ascii_lowercase()) {
-            None => d.on,
-            Some(v) if v == "on" => true,
-            Some(v) if v == "off" => false,
-            Some(_) => {
-                return Err(ConfigError::invalid(
-                    "SENDONCE_ROUTE_QUALITY",
-                    "must be on or off",
-                ));
-            }
-        };
-        let t = &d.thresholds;
-        let every = duration(
+/// Reads the `SENDONCE_ROUTE_QUALITY*` settings over the defaults `d`.
+pub(super) fn from_args(
+    a: &ConfigArgs,
+    d: &QualitySettings,
+) -> Result<QualitySettings, ConfigError> {
+    let on = match given(&a.route_quality).map(|v| v.trim().to_ascii_lowercase()) {
+        None => d.on,
+        Some(v) if v == "on" => true,
+        Some(v) if v == "off" => false,
+        Some(_) => {
+            return Err(ConfigError::invalid(
+                "SENDONCE_ROUTE_QUALITY",
+                "must be on or off",
+            ));
+        }
+    };
+    let t = &d.thresholds;
+    let every = duration(
+        "SENDONCE_ROUTE_QUALITY_EVERY",
+        &a.route_quality_every,
+        d.every,
+    )?;
+    if every > Duration::from_secs(30) {
+        return Err(ConfigError::invalid(
             "SENDONCE_ROUTE_QUALITY_EVERY",
-            &a.route_quality_every,
-            d.every,
-        )?;
-        if every > Duration::from_secs(30) {
-            return Err(ConfigError::invalid(
-                "SENDONCE_ROUTE_QUALITY_EVERY",
-                "must be at most 30s: quality is evaluated at least every 30 seconds",
-            ));
-        }
-        let prefer_cheaper = match given(&a.route_quality_prefer_cheaper) {
-            None => t.prefer_cheaper,
-            Some(v) if v.trim().eq_ignore_ascii_case("off") => None,
-            Some(_) => Some(percent(
-                "SENDONCE_ROUTE_QUALITY_PREFER_CHEAPER",
-                &a.route_quality_prefer_cheaper,
-                0.0,
-                0.0..=50.0,
-            )?),
-        };
-        let min_samples: u32 = number_or(
-            "SENDONCE_ROUTE_QUALITY_MIN_SAMPLES",
-            &a.route_quality_min_samples,
-            t.min_samples,
-        )?;
-        if min_samples == 0 {
-            return Err(ConfigError::invalid(
-                "SENDONCE_ROUTE_QUALITY_MIN_SAMPLES",
-                "must be at least 1",
-            ));
-        }
-        Ok(Self {
-            on,
-            window: duration(
-                "SENDONCE_ROUTE_QUALITY_WINDOW",
-                &a.route_quality_window,
-                d.window,
-            )?,
-            every,
-            thresholds: Thresholds {
-                slow_share: percent(
-                    "SENDONCE_ROUTE_QUALITY_SLOW_SHARE",
-                    &a.route_quality_slow_share,
-                    t.slow_share,
-                    1.0..=100.0,
-                )?,
-                slow_after: duration(
-                    "SENDONCE_ROUTE_QUALITY_SLOW_AFTER",
-                    &a.route_quality_slow_after,
-                    t.slow_after,
-                )?,
-                gap: percent(
-                    "SENDONCE_ROUTE_QUALITY_GAP",
-                    &a.route_quality_gap,
-                    t.gap,
-                    1.0..=100.0,
-                )?,
-                min_samples,
-                cooldown: duration(
-                    "SENDONCE_ROUTE_QUALITY_COOLDOWN",
-                    &a.route_quality_cooldown,
-                    t.cooldown,
-                )?,
-                floor: percent(
-                    "SENDONCE_ROUTE_QUALITY_FLOOR",
-                    &a.route_quality_floor,
-                    t.floor,
-                    1.0..=50.0,
-                )?,
-                prefer_cheaper,
-            },
-        })
+            "must be at most 30s: quality is evaluated at least every 30 seconds",
+        ));
     }
+    let prefer_cheaper = match given(&a.route_quality_prefer_cheaper) {
+        None => t.prefer_cheaper,
+        Some(v) if v.trim().eq_ignore_ascii_case("off") => None,
+        Some(_) => Some(percent(
+            "SENDONCE_ROUTE_QUALITY_PREFER_CHEAPER",
+            &a.route_quality_prefer_cheaper,
+            0.0,
+            0.0..=50.0,
+        )?),
+    };
+    let min_samples: u32 = number_or(
+        "SENDONCE_ROUTE_QUALITY_MIN_SAMPLES",
+        &a.route_quality_min_samples,
+        t.min_samples,
+    )?;
+    if min_samples == 0 {
+        return Err(ConfigError::invalid(
+            "SENDONCE_ROUTE_QUALITY_MIN_SAMPLES",
+            "must be at least 1",
+        ));
+    }
+    Ok(QualitySettings {
+        on,
+        window: duration(
+            "SENDONCE_ROUTE_QUALITY_WINDOW",
+            &a.route_quality_window,
+            d.window,
+        )?,
+        every,
+        thresholds: Thresholds {
+            slow_share: percent(
+                "SENDONCE_ROUTE_QUALITY_SLOW_SHARE",
+                &a.route_quality_slow_share,
+                t.slow_share,
+                1.0..=100.0,
+            )?,
+            slow_after: duration(
+                "SENDONCE_ROUTE_QUALITY_SLOW_AFTER",
+                &a.route_quality_slow_after,
+                t.slow_after,
+            )?,
+            gap: percent(
+                "SENDONCE_ROUTE_QUALITY_GAP",
+                &a.route_quality_gap,
+                t.gap,
+                1.0..=100.0,
+            )?,
+            min_samples,
+            cooldown: duration(
+                "SENDONCE_ROUTE_QUALITY_COOLDOWN",
+                &a.route_quality_cooldown,
+                t.cooldown,
+            )?,
+            floor: percent(
+                "SENDONCE_ROUTE_QUALITY_FLOOR",
+                &a.route_quality_floor,
+                t.floor,
+                1.0..=50.0,
+            )?,
+            prefer_cheaper,
+        },
+    })
 }

@@ -34,9 +34,7 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
-/// Upper edges of the delivery-time buckets, in seconds: a percentile is
-/// read as the edge of the bucket it falls in.
-pub const BUCKETS: [u32; 11] = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800];
+pub use crate::domain::quality::{BUCKETS, Measured};
 
 /// When a provider counts as bad, and how often an order may change.
 #[derive(Clone, Debug, PartialEq)]
@@ -77,83 +75,28 @@ impl Default for Thresholds {
     }
 }
 
-/// One provider on one route over the window, as the database counts it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Measured {
-    /// The route's prefix (`*` the default); empty for a channel of its own.
-    pub route: String,
-    pub provider: String,
-    /// Messages created in the window that ended on this provider.
-    pub messages: u32,
-    /// Of those, handed to the provider (accepted).
-    pub sent: u32,
-    pub delivered: u32,
-    pub undelivered: u32,
-    /// Ended `failed` (refused before anything was sent) or `unknown`.
-    pub failed: u32,
-    pub unknown: u32,
-    /// Sent at least `slow_after` ago: old enough to say whether slow.
-    pub judged: u32,
-    /// Of the judged, those without a final receipt `slow_after` after
-    /// they were sent.
-    pub slow: u32,
-    /// Delivered within each of [`BUCKETS`] (cumulative).
-    pub within: [u32; BUCKETS.len()],
-    /// Verification codes sent through it, and of those the ones whose
-    /// verification was approved with this as its last code sent.
-    pub codes: u32,
-    pub approved: u32,
-    /// What its sent messages cost (micros), when priced.
-    pub cost_micros: i64,
-    pub currency: Option<String>,
+/// Route orders that follow quality (`SENDONCE_ROUTE_QUALITY*`): whether,
+/// over which window, how often, and the thresholds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QualitySettings {
+    /// On by default; it changes only routes of two or more providers.
+    pub on: bool,
+    /// Messages created this long ago at most are measured (15m).
+    pub window: Duration,
+    /// How often each instance measures and decides (30s, at most 30s).
+    pub every: Duration,
+    pub thresholds: Thresholds,
 }
 
-impl Measured {
-    /// Delivered / final receipts; `None` without any.
-    pub fn delivery_rate(&self) -> Option<f64> {
-        ratio(self.delivered, self.delivered + self.undelivered)
-    }
-
-    /// Slow / judged; `None` with none judged.
-    pub fn slow_share(&self) -> Option<f64> {
-        ratio(self.slow, self.judged)
-    }
-
-    /// Approved / codes sent; `None` without codes.
-    pub fn conversion(&self) -> Option<f64> {
-        ratio(self.approved, self.codes)
-    }
-
-    /// The upper edge (seconds) of the bucket the `q` quantile of the
-    /// delivered messages' time to delivery falls in; `None` without
-    /// deliveries, or past the last bucket.
-    pub fn delivery_seconds(&self, q: f64) -> Option<u32> {
-        if self.delivered == 0 {
-            return None;
+impl Default for QualitySettings {
+    fn default() -> Self {
+        Self {
+            on: true,
+            window: Duration::from_secs(15 * 60),
+            every: Duration::from_secs(30),
+            thresholds: Thresholds::default(),
         }
-        let need = (f64::from(self.delivered) * q).ceil();
-        BUCKETS
-            .iter()
-            .zip(self.within)
-            .find(|(_, n)| f64::from(*n) >= need)
-            .map(|(edge, _)| *edge)
     }
-
-    /// Cost per delivered message (micros); `None` unpriced or none delivered.
-    pub fn cost_per_delivered(&self) -> Option<i64> {
-        (self.currency.is_some() && self.delivered > 0)
-            .then(|| self.cost_micros / i64::from(self.delivered))
-    }
-
-    /// Cost per approved code (micros).
-    pub fn cost_per_approved(&self) -> Option<i64> {
-        (self.currency.is_some() && self.approved > 0)
-            .then(|| self.cost_micros / i64::from(self.approved))
-    }
-}
-
-fn ratio(n: u32, of: u32) -> Option<f64> {
-    (of > 0).then(|| f64::from(n) / f64::from(of))
 }
 
 /// What the measurements say of one provider on its route.

@@ -13,10 +13,10 @@ use uuid::Uuid;
 use super::Deliverer;
 use super::destinations::Route;
 use super::orders::RouteOrders;
+use super::quality::QualitySettings;
 use super::quality::{self, Current, Measured, Verdict};
 use crate::admin::{Actor, AuditEntry};
 use crate::clock::Clock;
-use crate::config::quality::QualitySettings;
 use crate::store::{QualityWindow, RouteOrder, Store, StoreError};
 
 /// One provider of a route, as reported.

@@ -12,6 +12,7 @@ pub mod opt_out;
 pub mod phone;
 #[cfg(test)]
 mod proptests;
+pub mod quality;
 pub mod quiet;
 pub mod recipient;
 pub mod request;

@@ -533,7 +533,7 @@ impl Metrics {
         &self,
         route: &str,
         provider: &str,
-        m: &crate::delivery::quality::Measured,
+        m: &crate::domain::quality::Measured,
     ) {
         let values = [
             ("messages", Some(f64::from(m.messages))),

@@ -7,7 +7,7 @@ use time::OffsetDateTime;
 
 use super::StoreError;
 use crate::admin::AuditEntry;
-use crate::delivery::quality::Measured;
+use crate::domain::quality::Measured;
 
 /// A route's stored order.
 #[derive(Clone, Debug, PartialEq, Eq)]

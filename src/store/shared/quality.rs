@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use super::per_backend;
 use crate::admin::AuditEntry;
-use crate::delivery::quality::{BUCKETS, Measured};
+use crate::domain::quality::{BUCKETS, Measured};
 use crate::store::StoreError;
 use crate::store::quality::{QualityStore, QualityWindow, RouteOrder};
 use crate::store::time::{DbTime, db};

@@ -302,6 +302,21 @@ impl Metrics {
             None,
             text("Each provider's circuit breaker: 0 closed, 1 half-open, 2 open"),
         );
+        recorder.describe_gauge(
+            KeyName::from_const_str(ROUTE_QUALITY),
+            None,
+            text("A route's provider as last measured over the quality window, by measure"),
+        );
+        recorder.describe_gauge(
+            KeyName::from_const_str(ROUTE_POSITION),
+            None,
+            text("A provider's place in its route's current order (1: where new messages start)"),
+        );
+        recorder.describe_counter(
+            KeyName::from_const_str(ROUTE_CHANGES),
+            None,
+            text("Route orders this instance changed by measured quality"),
+        );
         let counter = |name: &'static str| recorder.register_counter(&Key::from_name(name), &META);
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &META);
         let metrics = Metrics {
@@ -529,12 +544,7 @@ impl Metrics {
     /// measure (`delivery_rate`, `slow_share`, `conversion`,
     /// `delivery_seconds_p50`, `delivery_seconds_p90`, `messages`); a
     /// measure without samples is not set.
-    pub fn route_quality(
-        &self,
-        route: &str,
-        provider: &str,
-        m: &crate::domain::quality::Measured,
-    ) {
+    pub fn route_quality(&self, route: &str, provider: &str, m: &crate::domain::quality::Measured) {
         let values = [
             ("messages", Some(f64::from(m.messages))),
             ("delivery_rate", m.delivery_rate()),

@@ -64,6 +64,15 @@ fn the_documented_table_is_what_is_exported() {
     m.verify_event("start", Some("US"));
     m.verify_event("start", Some("not a country"));
     m.set_db_connections(3, 1);
+    let measured = crate::domain::quality::Measured {
+        messages: 40,
+        delivered: 30,
+        undelivered: 10,
+        ..Default::default()
+    };
+    m.route_quality("+966", "twilio", &measured);
+    m.route_position("+966", "twilio", 2);
+    m.route_order_change("+966");
     let text = m.render(0, Some(Duration::ZERO));
     let exported: std::collections::BTreeSet<&str> = text
         .lines()
@@ -77,7 +86,23 @@ fn the_documented_table_is_what_is_exported() {
         .filter_map(|l| l.split('`').next())
         .filter(|name| name.starts_with("sendonce_"))
         .collect();
-    assert_eq!(exported.len(), 18, "{text}");
+    assert_eq!(exported.len(), 21, "{text}");
+    assert!(
+        text.contains(
+            "sendonce_route_quality{route=\"+966\",provider=\"twilio\",measure=\"delivery_rate\"} 0.75"
+        ),
+        "{text}"
+    );
+    // A measure without samples is not set.
+    assert!(!text.contains("measure=\"slow_share\""), "{text}");
+    assert!(
+        text.contains("sendonce_route_provider_position{route=\"+966\",provider=\"twilio\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sendonce_route_order_changes_total{route=\"+966\"} 1"),
+        "{text}"
+    );
     assert!(
         text.contains("sendonce_provider_circuit_state{provider=\"twilio\"} 2"),
         "{text}"

@@ -79,7 +79,7 @@ fn bar(m: &Measured, slow_after_secs: u64, label: &str) -> Markup {
         x += w;
     }
     html! {
-        svg.chart xmlns="http://www.w3.org/2000/svg" role="img" width=(width) height="20"
+        svg.minibar xmlns="http://www.w3.org/2000/svg" role="img" width="120" height="18" preserveAspectRatio="none"
             viewBox={"0 0 " (width) " 20"} {
             title { (label) ": " (words) }
             @if total == 0 {

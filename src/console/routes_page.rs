@@ -79,7 +79,7 @@ fn bar(m: &Measured, slow_after_secs: u64, label: &str) -> Markup {
         x += w;
     }
     html! {
-        svg.minibar xmlns="http://www.w3.org/2000/svg" role="img" width="120" height="18" preserveAspectRatio="none"
+        svg.minibar xmlns="http://www.w3.org/2000/svg" role="img" width="80" height="18" preserveAspectRatio="none"
             viewBox={"0 0 " (width) " 20"} {
             title { (label) ": " (words) }
             @if total == 0 {
@@ -125,13 +125,13 @@ fn route(r: &RouteReport, slow_after_secs: u64, zone: Zone) -> Markup {
                         th scope="col" { "Provider" }
                         th scope="col" { "Verdict" }
                         th scope="col" { "Delivered" }
-                        th scope="col" { "Time to delivery (p50 / p90)" }
+                        th scope="col" { "Delivery time p50 / p90" }
                         th scope="col" { "Slow" }
                         th scope="col" { "Messages" }
                         th scope="col" { "Failed / unknown" }
                         th scope="col" { "Codes entered" }
                         th scope="col" { "Cost per delivered" }
-                        th scope="col" { "What became of them" }
+                        th scope="col" { "Outcome" }
                     } }
                     tbody {
                         @for p in &r.providers {

@@ -129,7 +129,8 @@ impl RouteQuality {
     pub async fn evaluate(&self) -> Result<Vec<RouteOrder>, StoreError> {
         let stored = self.store.route_orders().await?;
         self.orders.replace(stored.clone());
-        if !self.settings.on {
+        // Nothing to decide: no aggregate over the window at all.
+        if !self.settings.on || !self.routes().iter().any(|r| r.providers.len() >= 2) {
             return Ok(Vec::new());
         }
         let now = self.clock.now();

@@ -9,7 +9,6 @@ COPY src ./src
 COPY bench ./bench
 COPY testkit ./testkit
 COPY migrations ./migrations
-COPY vendor ./vendor
 RUN cargo build --release --locked -p sendonce --bin sendonce
 
 FROM build AS build-mock

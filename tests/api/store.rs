@@ -424,3 +424,39 @@ on_both_backends!(
     a_live_lease_is_safe_from_a_skewed_claimer,
     an_expired_lease_is_taken_over_whatever_the_claimers_clock,
 );
+
+/// A transaction whose `BEGIN` is cancelled in flight (a client that went
+/// away, a timeout) must not leave its pooled connection inside that
+/// transaction: sqlx 0.9.0 did (transact-rs/sqlx#4393, fixed in 0.9.1 by
+/// #4394), and the quality benchmark saw it once: every later statement
+/// on that connection failed with "current transaction is aborted", at
+/// every call site, until the instance was stopped.
+#[tokio::test]
+async fn a_cancelled_begin_leaves_no_transaction_behind() {
+    let url = fresh_database().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("pool");
+    sqlx::query("SELECT 1").execute(&pool).await.expect("warm");
+    let mut cancelled = 0;
+    // Cancelled after 0 to 3 ms: some of them while BEGIN's answer is on
+    // its way.
+    for i in 0..300u64 {
+        if tokio::time::timeout(Duration::from_micros(i * 10), pool.begin())
+            .await
+            .is_err()
+        {
+            cancelled += 1;
+        }
+        // Whatever the next borrower runs is its own: an error of its
+        // own, then a statement that must work.
+        let _ = sqlx::query("SELECT 1/0").execute(&pool).await;
+        sqlx::query("SELECT 1")
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("after {cancelled} cancelled BEGINs: {e}"));
+    }
+    assert!(cancelled > 0, "no BEGIN was cancelled");
+}

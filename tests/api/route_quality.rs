@@ -438,6 +438,43 @@ async fn a_provider_delivering_half_moves_down(backend: Backend) {
     each_once(&p, 0, 40);
 }
 
+async fn a_provider_delivering_after_six_minutes_moves_down(backend: Backend) {
+    let clock = Clock::manual(time::OffsetDateTime::now_utc());
+    let p = spawn_pair(backend, clock.clone(), None, None, None).await;
+    // http reports nothing at once...
+    send_many(&p.app, 0, 40).await;
+    assert_eq!(p.http.created(), 30);
+    // ...and every delivery six minutes later, as its reports arrive.
+    clock.advance(Duration::from_secs(6 * 60));
+    for i in 0..30 {
+        let a = answer(
+            p.app
+                .request(Method::POST, "/providers/http/status")
+                .header("X-Receipt-Secret", SECRET)
+                .json(&json!({
+                    "id": format!("prov_{}", i + 1),
+                    "status": "delivered",
+                    "event_id": format!("late-{i}"),
+                }))
+                .send()
+                .await
+                .expect("receipt"),
+        )
+        .await;
+        assert!(a.status < 300, "{}", String::from_utf8_lossy(&a.bytes));
+    }
+    p.app.handle.quality.evaluate().await.expect("evaluate");
+    let r = route_view(&p.app, &p.admin).await;
+    let http = &r["providers"][1]["quality"];
+    // Every one delivered, every one late: slow, and p50 past 5 minutes.
+    assert_eq!(http["delivered"], 30, "{r}");
+    assert_eq!(http["delivery_rate"], 1.0, "{r}");
+    assert_eq!(http["slow"], 30, "{r}");
+    assert_eq!(http["delivery_seconds"]["p50"], 600, "{r}");
+    assert_eq!(order(&r), ["twilio", "http"], "{r}");
+    each_once(&p, 0, 40);
+}
+
 /// The code sent to `to` at either mock, once it is there, and where.
 async fn code_to(p: &Pair, to: &str) -> (String, &'static str) {
     eventually(&format!("a code to {to}"), || async {
@@ -529,4 +566,5 @@ on_both_backends!(
     a_pin_holds_and_two_instances_agree,
     codes_entered_less_move_a_provider_down,
     a_provider_delivering_half_moves_down,
+    a_provider_delivering_after_six_minutes_moves_down,
 );

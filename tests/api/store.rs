@@ -434,7 +434,7 @@ on_both_backends!(
 #[tokio::test]
 async fn a_cancelled_begin_leaves_no_transaction_behind() {
     use std::future::Future;
-    use std::task::{Context, Poll, Waker};
+    use std::task::{Context, Waker};
 
     let url = fresh_database().await;
     // As the service's pool: no round trip before a connection is handed

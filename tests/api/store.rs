@@ -434,12 +434,11 @@ on_both_backends!(
 #[tokio::test]
 async fn a_cancelled_begin_leaves_no_transaction_behind() {
     use std::future::Future;
-    use std::task::{Context, Waker};
+    use std::task::Poll;
 
     let url = fresh_database().await;
     // As the service's pool: no round trip before a connection is handed
-    // out, so the first poll of `begin` sends BEGIN and waits for its
-    // answer.
+    // out.
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .test_before_acquire(false)
@@ -448,16 +447,25 @@ async fn a_cancelled_begin_leaves_no_transaction_behind() {
         .expect("pool");
     sqlx::query("SELECT 1").execute(&pool).await.expect("warm");
     let mut cancelled = 0;
-    for _ in 0..20 {
-        {
-            let mut begin = Box::pin(pool.begin());
-            // One poll, without a waker to go on: BEGIN is on its way (or,
-            // rarely, already answered), and the future is dropped there.
-            let mut cx = Context::from_waker(Waker::noop());
-            if begin.as_mut().poll(&mut cx).is_pending() {
-                cancelled += 1;
+    // Dropped after 1, 2, ... 12 polls (a yield between them), three
+    // times over: some of them while BEGIN's answer is on its way.
+    for i in 0..36 {
+        let polls = i % 12 + 1;
+        let mut begin = Box::pin(pool.begin());
+        let mut done = false;
+        for _ in 0..polls {
+            let ready =
+                std::future::poll_fn(|cx| Poll::Ready(begin.as_mut().poll(cx).is_ready())).await;
+            if ready {
+                done = true;
+                break;
             }
+            tokio::task::yield_now().await;
         }
+        if !done {
+            cancelled += 1;
+        }
+        drop(begin);
         // Whatever the next borrower runs is its own: an error of its
         // own, then a statement that must work.
         let _ = sqlx::query("SELECT 1/0").execute(&pool).await;

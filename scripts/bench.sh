@@ -14,7 +14,11 @@
 #                                    without python3 and redis-server, or with
 #                                    BENCH_PEER=0); then the two pgbench floors;
 #                                    prints the tables and the targets (about
-#                                    2 min after the build)
+#                                    2 min after the build); before all that,
+#                                    sendonce on SQLite against its naive
+#                                    SQLite floor (sqlite_bench; BENCH_SQLITE=0
+#                                    skips it), whose figures join the opening
+#                                    table
 #   scripts/bench.sh --smoke         a few seconds on a debug build: checks
 #                                    correctness only (no errors, replays
 #                                    byte-identical, one send per burst, no
@@ -54,7 +58,7 @@ flag=()
 
 cargo build "${flag[@]}" -p sendonce --bin sendonce
 cargo build "${flag[@]}" -p testkit --bin mock-provider
-cargo build "${flag[@]}" -p sendonce-bench --bin loadgen
+cargo build "${flag[@]}" -p sendonce-bench --bin loadgen --bin sqlite_bench
 
 peer=()
 if [ "$smoke" = 0 ] && [ "${BENCH_PEER:-1}" = 1 ]; then
@@ -70,7 +74,16 @@ if [ "$smoke" = 0 ] && [ "${BENCH_PEER:-1}" = 1 ]; then
         echo "bench: python3 or redis-server missing: the FastAPI + Redis peer is skipped" >&2
     fi
 fi
-"target/$profile/loadgen" ${peer[@]+"${peer[@]}"} ${args[@]+"${args[@]}"}
+# sendonce on SQLite against its own naive floor first: its figures join
+# the opening table the load generator prints (BENCH_SQLITE=0 skips it).
+sqlite=()
+if [ "$smoke" = 0 ] && [ "${BENCH_SQLITE:-1}" = 1 ]; then
+    report=target/bench-sqlite.json
+    rm -f "$report"
+    "target/$profile/sqlite_bench" --report "$report"
+    sqlite=(--sqlite-report "$report")
+fi
+"target/$profile/loadgen" ${peer[@]+"${peer[@]}"} ${sqlite[@]+"${sqlite[@]}"} ${args[@]+"${args[@]}"}
 
 if [ "$chaos" = 1 ]; then
     # shellcheck disable=SC2086

@@ -108,3 +108,18 @@ pub async fn kill(child: &mut Child) {
     let _ = child.start_kill();
     let _ = child.wait().await;
 }
+
+/// Stops `child` with SIGTERM (a graceful stop: a process under a profiler
+/// writes its profile), waiting up to `grace` before a SIGKILL.
+pub async fn terminate(child: &mut Child, grace: Duration) {
+    if let Some(pid) = child.id() {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await;
+        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+            return;
+        }
+    }
+    kill(child).await;
+}

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use sendonce_bench::procs::{self, free_port};
+use sendonce_bench::stats::process_cpu;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tokio::process::Command;
@@ -47,6 +48,10 @@ struct Args {
     /// Extra `NAME=VALUE` settings for sendonce.
     #[arg(long = "service-env")]
     service_env: Vec<String>,
+    /// Also write the figures `loadgen --sqlite-report` puts in the
+    /// benchmark's opening table here, as JSON.
+    #[arg(long)]
+    report: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -83,15 +88,15 @@ async fn run(args: &Args) -> Result<(), String> {
     println!("|---|---:|---:|---:|---:|---:|");
     println!(
         "| naive SQLite floor, 1 message per transaction pair | {} | {:.0} | | | |",
-        floor1.0, floor1.1
+        floor1.messages, floor1.per_second
     );
     println!(
         "| the same, `wal_autocheckpoint=0` (no checkpoints) | {} | {:.0} | | | |",
-        floor_nockpt.0, floor_nockpt.1
+        floor_nockpt.messages, floor_nockpt.per_second
     );
     println!(
         "| naive SQLite floor, {} messages per transaction | {} | {:.0} | | | |",
-        args.batch, floor_n.0, floor_n.1
+        args.batch, floor_n.messages, floor_n.per_second
     );
     for (name, r) in [
         ("sendonce unique sends", &unique),
@@ -108,23 +113,54 @@ async fn run(args: &Args) -> Result<(), String> {
         );
     }
     println!();
+    let per_send = |d: Duration| d.as_micros() as f64 / unique.requests.max(1) as f64;
     println!(
         "unique / floor: {:.2}; replay / unique: {:.2}; unique p99 {:.1} ms",
-        unique.per_second / floor1.1,
+        unique.per_second / floor1.per_second,
         replay.per_second / unique.per_second,
         unique.hist.value_at_quantile(0.99) as f64 / 1000.0
     );
+    println!(
+        "CPU per unique send: service {:.0} µs, mock {:.0}, load generator {:.0}; \
+         per floor message {:.0} µs (one process)",
+        per_send(unique.cpu.service),
+        per_send(unique.cpu.mock),
+        per_send(unique.cpu.driver),
+        floor1.cpu.as_micros() as f64 / floor1.messages.max(1) as f64
+    );
+    if let Some(path) = &args.report {
+        let report = serde_json::json!({
+            "floor_per_second": floor1.per_second,
+            "floor_cpu_us": floor1.cpu.as_micros() as f64 / floor1.messages.max(1) as f64,
+            "unique_per_second": unique.per_second,
+            "unique_p99_ms": unique.hist.value_at_quantile(0.99) as f64 / 1000.0,
+            "service_cpu_us": per_send(unique.cpu.service),
+            "mock_cpu_us": per_send(unique.cpu.mock),
+            "driver_cpu_us": per_send(unique.cpu.driver),
+            "replay_per_second": replay.per_second,
+        });
+        std::fs::write(path, report.to_string())
+            .map_err(|e| format!("write {}: {e}", path.display()))?;
+    }
     Ok(())
 }
 
+/// What one floor measured.
+struct Floor {
+    messages: u64,
+    per_second: f64,
+    /// This process's CPU while it ran (it runs nothing else then).
+    cpu: Duration,
+}
+
 /// The naive floor: `per_txn` messages per insert transaction and per update
-/// transaction. Returns (messages, messages per second).
+/// transaction.
 async fn floor(
     path: &Path,
     per_txn: u64,
     time: Duration,
     autocheckpoint: u32,
-) -> Result<(u64, f64), String> {
+) -> Result<Floor, String> {
     let _ = std::fs::remove_file(path);
     let mut c: SqliteConnection =
         SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
@@ -147,6 +183,7 @@ async fn floor(
     .await
     .map_err(e)?;
     let tenant = uuid::Uuid::new_v4();
+    let cpu_before = process_cpu(std::process::id());
     let started = Instant::now();
     let mut n = 0u64;
     while started.elapsed() < time {
@@ -178,13 +215,44 @@ async fn floor(
         tx.commit().await.map_err(e)?;
         n += per_txn;
     }
-    Ok((n, n as f64 / started.elapsed().as_secs_f64()))
+    Ok(Floor {
+        messages: n,
+        per_second: n as f64 / started.elapsed().as_secs_f64(),
+        cpu: process_cpu(std::process::id()).saturating_sub(cpu_before),
+    })
 }
 
 struct Measured {
     requests: u64,
     per_second: f64,
     hist: Histogram<u64>,
+    cpu: Cpu,
+}
+
+/// CPU of each process during a measurement.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    service: Duration,
+    mock: Duration,
+    driver: Duration,
+}
+
+impl Cpu {
+    fn take(service: Option<u32>, mock: Option<u32>) -> Self {
+        Self {
+            service: service.map(process_cpu).unwrap_or_default(),
+            mock: mock.map(process_cpu).unwrap_or_default(),
+            driver: process_cpu(std::process::id()),
+        }
+    }
+
+    fn since(&self, start: &Cpu) -> Cpu {
+        Cpu {
+            service: self.service.saturating_sub(start.service),
+            mock: self.mock.saturating_sub(start.mock),
+            driver: self.driver.saturating_sub(start.driver),
+        }
+    }
 }
 
 async fn service(
@@ -238,6 +306,7 @@ async fn service(
         base,
         api_key,
         next: AtomicU64::new(0),
+        pids: (child.id(), mock.id()),
     });
     // Warm-up, then unique sends.
     load(
@@ -263,6 +332,8 @@ struct Target {
     base: String,
     api_key: String,
     next: AtomicU64,
+    /// sendonce's and the mock's process ids, for their CPU.
+    pids: (Option<u32>, Option<u32>),
 }
 
 impl Target {
@@ -310,6 +381,7 @@ async fn load(
     let hist = Arc::new(Mutex::new(
         Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?,
     ));
+    let cpu_before = Cpu::take(target.pids.0, target.pids.1);
     let started = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..c {
@@ -344,6 +416,7 @@ async fn load(
         requests += t.await.map_err(|e| e.to_string())??;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = Cpu::take(target.pids.0, target.pids.1).since(&cpu_before);
     let hist = Arc::try_unwrap(hist)
         .map_err(|_| "histogram still shared".to_string())?
         .into_inner();
@@ -351,5 +424,6 @@ async fn load(
         requests,
         per_second: requests as f64 / elapsed,
         hist,
+        cpu,
     })
 }

@@ -656,8 +656,12 @@ impl Deliverer {
             };
             // Out of the queue: sending, or stopped.
             drop(ticket);
+            // Boxed: a delivery's future, with every provider's call in
+            // it, is large, and tokio moves a task's future by value when
+            // it spawns and finishes it (a ninth of a send's instructions
+            // were those copies: BENCHMARKS.md, "Instructions per send").
             let _ = tracing::Instrument::instrument(
-                this.deliver(msg, lease, start, permit, &registration),
+                Box::pin(this.deliver(msg, lease, start, permit, &registration)),
                 span,
             )
             .await;

@@ -52,6 +52,11 @@ struct Args {
     /// benchmark's opening table here, as JSON.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// sendonce runs under callgrind (scripts/profile.sh --sqlite): skip the
+    /// floors, zero its counts before the unique sends and dump them after
+    /// (`callgrind_control`), so the dump holds those sends alone.
+    #[arg(long)]
+    callgrind: bool,
 }
 
 #[tokio::main]
@@ -77,6 +82,11 @@ async fn run(args: &Args) -> Result<(), String> {
         args.seconds,
         dir.display()
     );
+    if args.callgrind {
+        let (unique, _) = service(args, &bin_dir, &dir, seconds).await?;
+        println!("unique sends under callgrind: {}", unique.requests);
+        return Ok(());
+    }
     let floor1 = floor(&dir.join("floor-1.db"), 1, seconds, 1000).await?;
     let floor_n = floor(&dir.join("floor-n.db"), args.batch, seconds, 1000).await?;
     // The same pattern with automatic checkpoints off: what they cost.
@@ -316,7 +326,23 @@ async fn service(
         Kind::Unique,
     )
     .await?;
+    let pid = child.id().map(|p| p.to_string()).unwrap_or_default();
+    if args.callgrind {
+        callgrind_control("-z", &pid).await?;
+    }
     let unique = load(&target, args.concurrency, time, Kind::Unique).await?;
+    if args.callgrind {
+        callgrind_control("-d", &pid).await?;
+        procs::terminate(&mut child, Duration::from_secs(120)).await;
+        procs::kill(&mut mock).await;
+        let none = Measured {
+            requests: 0,
+            per_second: 0.0,
+            hist: Histogram::new(3).map_err(|e| e.to_string())?,
+            cpu: Cpu::default(),
+        };
+        return Ok((unique, none));
+    }
     // 1,000 completed keys, then replays of them.
     for i in 0..1000u64 {
         target.post(&format!("replay-{i}"), i, false).await?;
@@ -325,6 +351,22 @@ async fn service(
     procs::kill(&mut child).await;
     procs::kill(&mut mock).await;
     Ok((unique, replay))
+}
+
+/// `callgrind_control OPTION PID`: zero (`-z`) or dump (`-d`) the counts of
+/// the callgrind running as `pid`.
+async fn callgrind_control(option: &str, pid: &str) -> Result<(), String> {
+    let status = Command::new("callgrind_control")
+        .args([option, pid])
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .map_err(|e| format!("callgrind_control: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("callgrind_control {option} {pid}: {status}"))
+    }
 }
 
 struct Target {

@@ -49,6 +49,9 @@ exec valgrind --tool=callgrind --callgrind-out-file="\$PROFILE_OUT" "$real" "\$@
 EOF
 chmod +x "$out/bin/sendonce"
 
+# Under callgrind a send takes 50 to 100 times as long: the service waits up
+# to 30 s for its final answer before it would answer 202.
+wait=(--service-env SENDONCE_SYNC_WAIT=30s --service-env SENDONCE_MAX_WAIT=30s)
 total() { awk '/^(summary|totals):/ { print $2; exit }' "$1"; }
 top() {
     echo
@@ -60,7 +63,7 @@ top() {
 }
 if [ "$sqlite" = 1 ]; then
     PROFILE_OUT="$out/callgrind.sqlite" target/release/sqlite_bench --bin-dir "$out/bin" \
-        --callgrind --seconds 60 > "$out/sqlite_bench.log" 2>&1 || {
+        --callgrind --seconds 60 "${wait[@]}" > "$out/sqlite_bench.log" 2>&1 || {
         echo "profile: sqlite_bench failed (see $out/sqlite_bench.log)" >&2
         tail -20 "$out/sqlite_bench.log" >&2
         exit 1
@@ -77,7 +80,7 @@ fi
 for n in "$n1" "$n2"; do
     PROFILE_OUT="$out/callgrind.$n" target/release/loadgen --bin-dir "$out/bin" \
         --mixes unique --requests "$n" --warmup-secs 0 --no-floor --no-simulated \
-        --high-concurrency 0 > "$out/loadgen.$n.log" 2>&1 || {
+        --high-concurrency 0 "${wait[@]}" > "$out/loadgen.$n.log" 2>&1 || {
         echo "profile: the load generator failed (see $out/loadgen.$n.log)" >&2
         tail -20 "$out/loadgen.$n.log" >&2
         exit 1

@@ -107,6 +107,8 @@ pub enum BatchKind {
     Finish = 1,
     /// Looks for receipts that overtook a final write (a read).
     Look = 2,
+    /// SQLite: the writer's jobs per group commit (one transaction).
+    Group = 3,
 }
 
 /// Upper bounds of the batch size buckets (rows per statement).
@@ -119,7 +121,7 @@ const BATCH_BUCKETS: [u64; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
 /// statements (and commits) that kind took.
 #[derive(Debug, Default)]
 pub struct BatchSizes {
-    kinds: [BatchHistogram; 3],
+    kinds: [BatchHistogram; 4],
 }
 
 #[derive(Debug, Default)]
@@ -156,10 +158,13 @@ impl BatchSizes {
     fn render(&self, out: &mut String) {
         let _ = writeln!(
             out,
-            "# HELP {BATCH_SIZE} Rows per coalesced store statement, by kind (claim, finish, receipt_look)"
+            "# HELP {BATCH_SIZE} Rows per coalesced store statement, by kind (claim, finish, receipt_look; Postgres), and jobs per group commit (group; SQLite)"
         );
         let _ = writeln!(out, "# TYPE {BATCH_SIZE} histogram");
-        for (kind, h) in ["claim", "finish", "receipt_look"].iter().zip(&self.kinds) {
+        for (kind, h) in ["claim", "finish", "receipt_look", "group"]
+            .iter()
+            .zip(&self.kinds)
+        {
             let mut cumulative = 0;
             for (i, n) in h.buckets.iter().enumerate() {
                 cumulative += n.load(Ordering::Relaxed);

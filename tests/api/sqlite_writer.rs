@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sendonce::domain::{Encoding, IdempotencyKey, MessageId, Phone};
-use sendonce::store::{Lease, NewMessage, NewReceipt, Store, StoreError};
+use sendonce::domain::{AttemptOutcome, Encoding, IdempotencyKey, MessageId, Phone, Status};
+use sendonce::store::{
+    AttemptResult, Finish, Lease, NewMessage, NewReceipt, Store, StoreError, StoredResponse,
+};
 use testkit::mock_provider::MockProvider;
 use time::OffsetDateTime;
 
@@ -66,6 +68,90 @@ async fn a_failing_write_fails_alone_in_its_group() {
     assert_eq!((ok, conflicts), (30, 10), "{results:?}");
     let tenants = store.list_tenants().await.unwrap();
     assert_eq!(tenants.len(), 30, "every successful write committed");
+}
+
+/// Final writes handed to the writer at once, ten of which take a provider
+/// message id another one took (a unique violation in the last of the three
+/// statements of a final write): each of those fails alone, and the
+/// attempt's close and the outbox row its query wrote before the failure
+/// are undone with it; the other thirty commit whole.
+#[tokio::test]
+async fn a_final_write_that_fails_is_undone_whole_and_alone() {
+    let url = fresh_database_on(Backend::Sqlite).await;
+    let (store, _) = open_store(&url, Duration::from_secs(5));
+    let key = sendonce::apikey::generate();
+    let tenant = store.create_tenant("t", &key.stored).await.unwrap();
+    let lease = Lease::new("w", Duration::from_secs(60));
+    let mut ids = Vec::new();
+    for i in 0..40u32 {
+        let m = message(tenant, &format!("FIN-{i}"), i);
+        store.insert_message(&m, &lease).await.unwrap();
+        ids.push(m.id);
+    }
+    let now = OffsetDateTime::now_utc();
+    let results = crate::delivery::futures_join_all(ids.iter().enumerate().map(|(i, id)| {
+        let store = Arc::clone(&store);
+        let finish = Finish {
+            id: *id,
+            lease_token: lease.token,
+            status: Status::Sent,
+            provider_message_id: Some(format!("pm-{}", i % 30)),
+            error: None,
+            sent_at: Some(now),
+            updated_at: now,
+            response: StoredResponse {
+                status_code: 201,
+                body: format!("m{i}").into_bytes(),
+            },
+            attempt: Some(AttemptResult {
+                number: 1,
+                outcome: AttemptOutcome::Sent,
+                http_status: Some(200),
+                provider_code: None,
+                error: None,
+                provider_message_id: Some(format!("pm-{}", i % 30)),
+                finished_at: now,
+            }),
+            opt_out: None,
+        };
+        async move { store.finish(&finish).await }
+    }))
+    .await;
+    let failed: Vec<usize> = (0..40).filter(|&i| results[i].is_err()).collect();
+    assert_eq!(failed.len(), 10, "{results:?}");
+    assert!(
+        failed
+            .iter()
+            .all(|&i| matches!(results[i], Err(StoreError::Conflict { .. }))),
+        "{results:?}"
+    );
+    let events = store.webhook_events_after(tenant, None, 100).await.unwrap();
+    let mut written: Vec<String> = events
+        .iter()
+        .map(|e| String::from_utf8_lossy(&e.data).into_owned())
+        .collect();
+    written.sort();
+    let mut committed: Vec<String> = (0..40)
+        .filter(|i| !failed.contains(i))
+        .map(|i| format!("m{i}"))
+        .collect();
+    committed.sort();
+    assert_eq!(written, committed, "one event per committed final write");
+    for (i, id) in ids.iter().enumerate() {
+        let state = store.state_by_id(*id).await.unwrap().unwrap();
+        let attempts = store.attempts(*id).await.unwrap();
+        assert_eq!(attempts.len(), 1);
+        if failed.contains(&i) {
+            assert_eq!(state.status, Status::Processing, "message {i}");
+            assert_eq!(
+                attempts[0].outcome, None,
+                "message {i}'s attempt stays open"
+            );
+        } else {
+            assert_eq!(state.status, Status::Sent, "message {i}");
+            assert_eq!(attempts[0].outcome.as_deref(), Some("sent"), "message {i}");
+        }
+    }
 }
 
 /// Sends, claims, receipts, lease releases and the purge all at once on one

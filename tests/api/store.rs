@@ -5,11 +5,12 @@ use std::collections::{BTreeMap, HashSet};
 use std::error::Error as _;
 use std::time::Duration;
 
-use sendonce::domain::{Encoding, IdempotencyKey, MessageId, Phone, Status};
+use sendonce::domain::{AttemptOutcome, Encoding, IdempotencyKey, MessageId, Phone, Status};
 use sendonce::store::postgres::PoolSettings;
 use sendonce::store::time::DbTime;
 use sendonce::store::{
-    Claim, Finish, Lease, NewMessage, PgStore, SqliteStore, Store, StoreError, StoredResponse,
+    AttemptResult, Claim, Finish, Lease, NewMessage, PgStore, SqliteStore, Store, StoreError,
+    StoredResponse,
 };
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -136,10 +137,22 @@ async fn finishing_writes_are_fenced_on_the_lease(backend: Backend) {
         "stale start"
     );
     assert!(!a.renew_lease(m.id, &old).await.unwrap(), "stale renewal");
-    assert!(
-        !a.finish(&finish(old.token, "stale")).await.unwrap(),
-        "stale finish"
-    );
+    // A stale finish that closes the attempt it made: the fence keeps the
+    // attempt open (the new owner's start records it as lost) and writes no
+    // event.
+    let stale = Finish {
+        attempt: Some(AttemptResult {
+            number: 1,
+            outcome: AttemptOutcome::Sent,
+            http_status: Some(200),
+            provider_code: None,
+            error: None,
+            provider_message_id: Some("stale".into()),
+            finished_at: later,
+        }),
+        ..finish(old.token, "stale")
+    };
+    assert!(!a.finish(&stale).await.unwrap(), "stale finish");
     assert_eq!(
         a.start_attempt(m.id, &new, later, None).await.unwrap(),
         Some(2)
@@ -155,6 +168,15 @@ async fn finishing_writes_are_fenced_on_the_lease(backend: Backend) {
     let history = a.attempts(m.id).await.unwrap();
     assert_eq!(history.len(), 2);
     assert_eq!(history[0].outcome.as_deref(), Some("lost"));
+    // One final write, one event: the fenced-out finishes wrote none.
+    let events = a.webhook_events_after(tenant, None, 10).await.unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .map(|e| (e.event_type.as_str(), e.data.as_slice()))
+            .collect::<Vec<_>>(),
+        [("message.sent", b"fresh".as_slice())]
+    );
 }
 
 async fn purge_keeps_what_is_still_processing(backend: Backend) {

@@ -1676,10 +1676,12 @@ fn print_opening(
         let f = |k: &str| s.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
         let ratio = f("unique_per_second") / f("floor_per_second").max(1.0);
         println!(
-            "| SQLite unique / its naive floor (WAL, synchronous=FULL, 2 transactions per message) | {:.0} / {:.0} = **{ratio:.2}×** (p99 {:.1} ms) | ≥ 1.0× | {} | sendonce {:.0} + mock {:.0} + load generator {:.0} µs; floor: {:.0} µs (one process) |",
+            "| SQLite unique / its naive floor (WAL, synchronous=FULL, 2 transactions per message) | {:.0} / {:.0} = **{ratio:.2}×** (p99 {:.1} ms, {:.1} jobs per group commit, {:.2} commits per send) | ≥ 1.0× | {} | sendonce {:.0} + mock {:.0} + load generator {:.0} µs; floor: {:.0} µs (one process) |",
             f("unique_per_second"),
             f("floor_per_second"),
             f("unique_p99_ms"),
+            f("jobs_per_commit"),
+            f("commits_per_send"),
             verdict(ratio >= 1.0),
             f("service_cpu_us"),
             f("mock_cpu_us"),

@@ -138,6 +138,15 @@ async fn run(args: &Args) -> Result<(), String> {
         per_send(unique.cpu.driver),
         floor1.cpu.as_micros() as f64 / floor1.messages.max(1) as f64
     );
+    let g = unique.groups;
+    println!(
+        "group commits during the unique sends: {} for {} jobs ({:.1} jobs per commit, \
+         {:.2} commits per send)",
+        g.commits,
+        g.jobs,
+        g.jobs as f64 / g.commits.max(1) as f64,
+        g.commits as f64 / unique.requests.max(1) as f64
+    );
     if let Some(path) = &args.report {
         let report = serde_json::json!({
             "floor_per_second": floor1.per_second,
@@ -148,6 +157,8 @@ async fn run(args: &Args) -> Result<(), String> {
             "mock_cpu_us": per_send(unique.cpu.mock),
             "driver_cpu_us": per_send(unique.cpu.driver),
             "replay_per_second": replay.per_second,
+            "jobs_per_commit": g.jobs as f64 / g.commits.max(1) as f64,
+            "commits_per_send": g.commits as f64 / unique.requests.max(1) as f64,
         });
         std::fs::write(path, report.to_string())
             .map_err(|e| format!("write {}: {e}", path.display()))?;
@@ -237,6 +248,46 @@ struct Measured {
     per_second: f64,
     hist: Histogram<u64>,
     cpu: Cpu,
+    /// The writer's group commits and the jobs they carried (`/metrics`).
+    groups: Groups,
+}
+
+/// The writer's group commits and their jobs, from the service's
+/// `sendonce_store_batch_size{kind="group"}`.
+#[derive(Clone, Copy, Default)]
+struct Groups {
+    commits: u64,
+    jobs: u64,
+}
+
+impl Groups {
+    async fn read(target: &Target) -> Result<Groups, String> {
+        let text = target
+            .client
+            .get(format!("{}/metrics", target.base))
+            .send()
+            .await
+            .map_err(|e| format!("/metrics: {e}"))?
+            .text()
+            .await
+            .map_err(|e| format!("/metrics: {e}"))?;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .ok_or_else(|| format!("/metrics has no {name}"))
+        };
+        Ok(Groups {
+            commits: value("sendonce_store_batch_size_count{kind=\"group\"}")?,
+            jobs: value("sendonce_store_batch_size_sum{kind=\"group\"}")?,
+        })
+    }
+
+    fn since(&self, start: &Groups) -> Groups {
+        Groups {
+            commits: self.commits.saturating_sub(start.commits),
+            jobs: self.jobs.saturating_sub(start.jobs),
+        }
+    }
 }
 
 /// CPU of each process during a measurement.
@@ -330,7 +381,9 @@ async fn service(
     if args.callgrind {
         callgrind_control("-z", &pid).await?;
     }
-    let unique = load(&target, args.concurrency, time, Kind::Unique).await?;
+    let before = Groups::read(&target).await?;
+    let mut unique = load(&target, args.concurrency, time, Kind::Unique).await?;
+    unique.groups = Groups::read(&target).await?.since(&before);
     if args.callgrind {
         callgrind_control("-d", &pid).await?;
         procs::terminate(&mut child, Duration::from_secs(120)).await;
@@ -340,6 +393,7 @@ async fn service(
             per_second: 0.0,
             hist: Histogram::new(3).map_err(|e| e.to_string())?,
             cpu: Cpu::default(),
+            groups: Groups::default(),
         };
         return Ok((unique, none));
     }
@@ -467,5 +521,6 @@ async fn load(
         per_second: requests as f64 / elapsed,
         hist,
         cpu,
+        groups: Groups::default(),
     })
 }

@@ -86,4 +86,8 @@ impl MaintenanceStore for SqliteStore {
     async fn oldest_processing(&self) -> Result<Option<OffsetDateTime>, StoreError> {
         self.oldest_processing_at().await
     }
+
+    fn batch_sizes(&self) -> Option<std::sync::Arc<crate::metrics::BatchSizes>> {
+        Some(std::sync::Arc::clone(&self.sizes))
+    }
 }

@@ -9,6 +9,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::SqliteStore;
+use super::writer::{Headed, Savepoint, headed};
 use crate::domain::{AttemptOutcome, MessageId};
 use crate::store::row::{KeyStateRow, MessageRow, key_state_columns, message_columns};
 use crate::store::time::{DbTime, db, micros};
@@ -41,63 +42,64 @@ async fn close_attempt(
     Ok(())
 }
 
+/// A claim in one round trip to SQLite's worker thread: the job's savepoint
+/// ([`headed!`]), the message's insert (the opt-out check comes back with
+/// it) and its first attempt's open go as one query. The attempt is written
+/// only where the message is there under its new id, that is, where this
+/// insert took the key; the two share the job's savepoint, so neither stands
+/// without the other. Parameters are numbered: sqlx binds `?N` by its number
+/// in every statement of the query.
+const CLAIM: Headed = headed!(concat!(
+    "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
+            to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
+            provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
+            updated_at, expires_at, deadline_at, route, cost_micros, cost_currency, \
+            route_order) \
+         VALUES (?1, ?2, ?3, ?4, 'processing', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 1, ?13, \
+            ?14, ",
+    db_now!(),
+    " + ?15, ?16, ?16, ?17, ?18, ?19, ?20, ?21, ?22) \
+         ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
+         RETURNING lease_expires_at, \
+            EXISTS (SELECT 1 FROM opt_outs o \
+                    WHERE o.tenant_id = messages.tenant_id AND o.number = messages.to_number); \
+     INSERT INTO attempts (message_id, number, lease_owner, started_at, sender) \
+         SELECT ?1, 1, ?14, ?16, ?23 WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?1)",
+));
+
 async fn insert(
     c: &mut SqliteConnection,
+    savepoint: Savepoint,
     m: &NewMessage,
     lease: &Lease,
 ) -> Result<Claim, StoreError> {
-    // The opt-out check comes back with the insert (one round trip to
-    // SQLite's worker thread fewer).
-    let inserted: Option<(DbTime, bool)> = sqlx::query_as(concat!(
-        "INSERT INTO messages (id, tenant_id, idempotency_key, fingerprint, status, \
-                to_number, from_sender, body, segments, encoding, metadata, validity_seconds, \
-                provider, attempts, lease_token, lease_owner, lease_expires_at, created_at, \
-                updated_at, expires_at, deadline_at, route, cost_micros, cost_currency, \
-                route_order) \
-             VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ",
-        db_now!(),
-        " + ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING \
-             RETURNING lease_expires_at, \
-                EXISTS (SELECT 1 FROM opt_outs o \
-                        WHERE o.tenant_id = messages.tenant_id AND o.number = messages.to_number)",
-    ))
-    .bind(m.id.0)
-    .bind(m.tenant_id)
-    .bind(&m.idempotency_key)
-    .bind(&m.fingerprint)
-    .bind(&m.to)
-    .bind(&m.from)
-    .bind(&m.body)
-    .bind(i64::from(m.segments))
-    .bind(m.encoding)
-    .bind(Json(&m.metadata))
-    .bind(m.validity_seconds)
-    .bind(&m.provider)
-    .bind(lease.token)
-    .bind(&lease.owner)
-    .bind(micros(lease.ttl))
-    .bind(db(m.created_at))
-    .bind(db(m.created_at))
-    .bind(m.expires_at.map(db))
-    .bind(db(m.deadline_at))
-    .bind(&m.route)
-    .bind(m.cost_columns().0)
-    .bind(m.cost_columns().1)
-    .bind(&m.route_order)
-    .fetch_optional(&mut *c)
-    .await?;
-    if let Some((lease_expires_at, opted_out)) = inserted {
-        sqlx::query(
-            "INSERT INTO attempts (message_id, number, lease_owner, started_at, sender) \
-                 VALUES (?, 1, ?, ?, ?)",
-        )
+    let inserted: Vec<(DbTime, bool)> = sqlx::query_as(savepoint.head(&CLAIM))
         .bind(m.id.0)
+        .bind(m.tenant_id)
+        .bind(&m.idempotency_key)
+        .bind(&m.fingerprint)
+        .bind(&m.to)
+        .bind(&m.from)
+        .bind(&m.body)
+        .bind(i64::from(m.segments))
+        .bind(m.encoding)
+        .bind(Json(&m.metadata))
+        .bind(m.validity_seconds)
+        .bind(&m.provider)
+        .bind(lease.token)
         .bind(&lease.owner)
+        .bind(micros(lease.ttl))
         .bind(db(m.created_at))
+        .bind(m.expires_at.map(db))
+        .bind(db(m.deadline_at))
+        .bind(&m.route)
+        .bind(m.cost_columns().0)
+        .bind(m.cost_columns().1)
+        .bind(&m.route_order)
         .bind(&m.sender)
-        .execute(&mut *c)
+        .fetch_all(&mut *c)
         .await?;
+    if let Some((lease_expires_at, opted_out)) = inserted.into_iter().next() {
         return Ok(Claim::Created(Box::new(MessageRecord::claimed(
             m,
             lease,
@@ -186,35 +188,65 @@ async fn renew_lease(
     Ok(done.rows_affected() == 1)
 }
 
-async fn finish(c: &mut SqliteConnection, f: &Finish) -> Result<bool, StoreError> {
-    // Every statement is a round trip to SQLite's worker thread: the tenant
-    // the event needs comes back with the write.
-    let tenant_id: Option<Uuid> = sqlx::query_scalar(
-        "UPDATE messages SET status = ?, provider_message_id = ?, error = ?, sent_at = ?, \
-            updated_at = ?, finalized_at = ?, response_code = ?, response_body = ?, \
-            lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, \
-            next_attempt_at = NULL \
-         WHERE id = ? AND lease_token = ? AND status = 'processing' \
-         RETURNING tenant_id",
-    )
-    .bind(f.status)
-    .bind(&f.provider_message_id)
-    .bind(f.error.as_ref().map(Json))
-    .bind(f.sent_at.map(db))
-    .bind(db(f.updated_at))
-    .bind(db(f.updated_at))
-    .bind(i64::from(f.response.status_code))
-    .bind(&f.response.body)
-    .bind(f.id.0)
-    .bind(f.lease_token)
-    .fetch_optional(&mut *c)
-    .await?;
-    let Some(tenant_id) = tenant_id else {
+/// A final write in one round trip to SQLite's worker thread: the job's
+/// savepoint ([`headed!`]), the attempt's close, the outbox row and the
+/// final write go as one query, each statement fenced on the lease. The
+/// message's row is the fence and only the last statement changes it, so
+/// the three see the same answer: all three write, or none does (and the
+/// job's savepoint undoes the first two if the last fails). The attempt's
+/// number is NULL when there is no attempt to close, and `number = NULL`
+/// matches no row.
+const FINISH: Headed = headed!(
+    "UPDATE attempts SET finished_at = ?1, outcome = ?2, http_status = ?3, \
+        provider_code = ?4, error = ?5, provider_message_id = ?6 \
+     WHERE message_id = ?7 AND number = ?8 AND finished_at IS NULL \
+        AND EXISTS (SELECT 1 FROM messages \
+                    WHERE id = ?7 AND lease_token = ?9 AND status = 'processing'); \
+     INSERT INTO webhook_events (id, tenant_id, type, message_id, data, created_at) \
+        SELECT ?10, tenant_id, ?11, id, ?12, ?13 FROM messages \
+        WHERE id = ?7 AND lease_token = ?9 AND status = 'processing'; \
+     UPDATE messages SET status = ?14, provider_message_id = ?15, error = ?16, \
+        sent_at = ?17, updated_at = ?13, finalized_at = ?13, response_code = ?18, \
+        response_body = ?12, lease_token = NULL, lease_owner = NULL, \
+        lease_expires_at = NULL, next_attempt_at = NULL \
+     WHERE id = ?7 AND lease_token = ?9 AND status = 'processing' \
+     RETURNING tenant_id"
+);
+
+async fn finish(
+    c: &mut SqliteConnection,
+    savepoint: Savepoint,
+    f: &Finish,
+) -> Result<bool, StoreError> {
+    let (number, a) = match &f.attempt {
+        Some(a) => (Some(i64::from(a.number)), Some(a)),
+        None => (None, None),
+    };
+    let tenant_id: Vec<Uuid> = sqlx::query_scalar(savepoint.head(&FINISH))
+        .bind(a.map(|a| db(a.finished_at)))
+        .bind(a.map(|a| a.outcome))
+        .bind(a.and_then(|a| a.http_status).map(i64::from))
+        .bind(a.and_then(|a| a.provider_code.as_deref()))
+        .bind(a.and_then(|a| a.error.as_deref()))
+        .bind(a.and_then(|a| a.provider_message_id.as_deref()))
+        .bind(f.id.0)
+        .bind(number)
+        .bind(f.lease_token)
+        // The outbox row (its deliveries: the trigger `webhook_events_fan_out`).
+        .bind(Uuid::now_v7())
+        .bind(format!("message.{}", f.status.as_str()))
+        .bind(&f.response.body)
+        .bind(db(f.updated_at))
+        .bind(f.status)
+        .bind(&f.provider_message_id)
+        .bind(f.error.as_ref().map(Json))
+        .bind(f.sent_at.map(db))
+        .bind(i64::from(f.response.status_code))
+        .fetch_all(&mut *c)
+        .await?;
+    let Some(tenant_id) = tenant_id.into_iter().next() else {
         return Ok(false);
     };
-    if let Some(a) = &f.attempt {
-        close_attempt(c, f.id, a).await?;
-    }
     if let Some(address) = &f.opt_out {
         sqlx::query(
             "INSERT INTO opt_outs (tenant_id, number, source, created_at) \
@@ -227,16 +259,6 @@ async fn finish(c: &mut SqliteConnection, f: &Finish) -> Result<bool, StoreError
         .execute(&mut *c)
         .await?;
     }
-    // The outbox row, in the same transaction as the final write.
-    super::webhooks::enqueue_event(
-        c,
-        tenant_id,
-        &format!("message.{}", f.status.as_str()),
-        Some(f.id.0),
-        &f.response.body,
-        f.updated_at,
-    )
-    .await?;
     Ok(true)
 }
 
@@ -335,7 +357,7 @@ impl MessageStore for SqliteStore {
             return Ok(Claim::Existing(state));
         }
         let (m, lease) = (m.clone(), lease.clone());
-        self.write(move |c| Box::pin(async move { insert(c, &m, &lease).await }))
+        self.write_headed(move |c, sp| Box::pin(async move { insert(c, sp, &m, &lease).await }))
             .await
     }
 
@@ -388,7 +410,7 @@ impl MessageStore for SqliteStore {
     #[tracing::instrument(name = "store.finish", level = "debug", skip_all, fields(message_id = %f.id, status = f.status.as_str()))]
     async fn finish(&self, f: &Finish) -> Result<bool, StoreError> {
         let f = f.clone();
-        self.write(move |c| Box::pin(async move { finish(c, &f).await }))
+        self.write_headed(move |c, sp| Box::pin(async move { finish(c, sp, &f).await }))
             .await
     }
 

@@ -23,6 +23,7 @@ use sqlx::{ConnectOptions, SqliteConnection, SqlitePool};
 use tokio::sync::{OnceCell, mpsc};
 
 use super::{SqlxResultExt, StoreError};
+use crate::metrics::BatchSizes;
 
 /// The database's clock in the time columns' format (microseconds since the
 /// epoch), for lease expiry. SQLite has no server: this is the operating
@@ -55,6 +56,8 @@ pub struct SqliteStore {
     write_options: SqliteConnectOptions,
     /// The writer's queue, started with the first write.
     writer: Arc<OnceCell<mpsc::Sender<writer::Job>>>,
+    /// Jobs per group commit (`/metrics`).
+    sizes: Arc<BatchSizes>,
 }
 
 impl SqliteStore {
@@ -85,6 +88,7 @@ impl SqliteStore {
             pool,
             write_options,
             writer: Arc::default(),
+            sizes: Arc::default(),
         })
     }
 
@@ -103,12 +107,35 @@ impl SqliteStore {
             + Send
             + 'static,
     {
+        self.write_headed(move |c, savepoint| {
+            Box::pin(async move {
+                savepoint.open(c).await?;
+                f(c).await
+            })
+        })
+        .await
+    }
+
+    /// [`write`](Self::write) for a write whose first query carries its
+    /// savepoint's statements (one round trip fewer): `f` must run
+    /// `savepoint.head(&QUERY)` before anything else, as the first query it
+    /// sends, `QUERY` made with [`writer::headed!`].
+    pub(crate) async fn write_headed<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(
+                &'c mut SqliteConnection,
+                writer::Savepoint,
+            ) -> writer::BoxFuture<'c, Result<T, StoreError>>
+            + Send
+            + 'static,
+    {
         let queue = self
             .writer
             .get_or_try_init(|| async {
                 let conn = self.write_options.connect().await.store_err()?;
                 let (tx, rx) = mpsc::channel(writer::QUEUE);
-                writer::start(conn, rx)?;
+                writer::start(conn, rx, Arc::clone(&self.sizes))?;
                 Ok::<_, StoreError>(tx)
             })
             .await?;

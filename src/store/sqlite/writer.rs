@@ -12,6 +12,17 @@
 //! If the commit itself fails, every caller of the group gets an error, and
 //! nothing of the group is acknowledged.
 //!
+//! Every statement is a round trip to SQLite's worker thread (two thread
+//! wake-ups), so the statements that end one job's savepoint and open the
+//! next one's are not a round trip of their own: they are the [`Savepoint`]
+//! a job is handed, and the job runs them at the head of its first query
+//! (the hot writes, a claim and a final write, are then one round trip each)
+//! or alone before it ([`Savepoint::open`], every other write). The names
+//! alternate (`a`, `b`), so a failed job's `ROLLBACK TO` names the savepoint
+//! its own head opened and no other: if the head did not run to its end,
+//! that rollback fails and the whole group is rolled back, never a job
+//! whose caller will be told it committed.
+//!
 //! WAL checkpoints run here too, on the writer's schedule, between groups
 //! (automatic checkpoints are off on this connection, so no commit of a
 //! request pays for one).
@@ -20,9 +31,12 @@ use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 
+use std::sync::Arc;
+
 use sqlx::{Connection, SqliteConnection};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::metrics::{BatchKind, BatchSizes};
 use crate::store::StoreError;
 
 /// The most jobs one group commit takes.
@@ -39,19 +53,100 @@ pub(super) type BoxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 type Reply = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
 
 /// One caller's write: runs on the writer's connection inside the group's
-/// transaction and says whether it succeeded (its savepoint is kept) and how
-/// to answer its caller after the commit.
-pub(super) type Job =
-    Box<dyn for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, (bool, Reply)> + Send>;
+/// transaction, starting with its [`Savepoint`]'s statements, and says
+/// whether it succeeded (its savepoint is kept) and how to answer its caller
+/// after the commit.
+pub(super) type Job = Box<
+    dyn for<'c> FnOnce(&'c mut SqliteConnection, Savepoint) -> BoxFuture<'c, (bool, Reply)> + Send,
+>;
 
 /// A job's answer, typed by its caller ([`super::SqliteStore::write`]).
 pub(super) type Answer = oneshot::Receiver<Result<Box<dyn Any + Send>, StoreError>>;
 
-/// Wraps a caller's write as a [`Job`] and the receiver of its answer.
+/// The savepoint names, alternating from one job to the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Name {
+    A,
+    B,
+}
+
+impl Name {
+    fn other(self) -> Name {
+        match self {
+            Name::A => Name::B,
+            Name::B => Name::A,
+        }
+    }
+}
+
+/// The statements a job runs before its own: they end the previous job's
+/// savepoint, if one is open, and open this job's. A job must run them
+/// first, whatever it does next: alone ([`open`](Self::open)) or at the
+/// head of its first query ([`head`](Self::head)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Savepoint {
+    /// The previous job's savepoint, still open (its job succeeded).
+    release: Option<Name>,
+    /// This job's.
+    open: Name,
+}
+
+impl Savepoint {
+    /// Which of the four forms of a query ([`headed!`]) is this one's.
+    fn index(self) -> usize {
+        match (self.release, self.open) {
+            (None, Name::A) => 0,
+            (None, Name::B) => 1,
+            (Some(_), Name::B) => 2,
+            (Some(_), Name::A) => 3,
+        }
+    }
+
+    /// The statements alone.
+    fn sql(self) -> &'static str {
+        [
+            "SAVEPOINT a",
+            "SAVEPOINT b",
+            "RELEASE a; SAVEPOINT b",
+            "RELEASE b; SAVEPOINT a",
+        ][self.index()]
+    }
+
+    /// Runs the statements alone: one round trip.
+    pub(crate) async fn open(self, conn: &mut SqliteConnection) -> Result<(), StoreError> {
+        exec_many(conn, self.sql()).await
+    }
+
+    /// The form of `query` that starts with these statements.
+    pub(crate) fn head(self, query: &Headed) -> &'static str {
+        query.0[self.index()]
+    }
+}
+
+/// A query in four forms, one per [`Savepoint`]: see [`headed!`].
+pub(crate) struct Headed(pub(crate) [&'static str; 4]);
+
+/// The four forms of a query (a string literal or a macro that expands to
+/// one) a job runs first, each headed by one [`Savepoint`]'s statements in
+/// [`Savepoint::index`]'s order.
+macro_rules! headed {
+    ($($sql:tt)+) => {
+        $crate::store::sqlite::writer::Headed([
+            concat!("SAVEPOINT a; ", $($sql)+),
+            concat!("SAVEPOINT b; ", $($sql)+),
+            concat!("RELEASE a; SAVEPOINT b; ", $($sql)+),
+            concat!("RELEASE b; SAVEPOINT a; ", $($sql)+),
+        ])
+    };
+}
+pub(super) use headed;
+
+/// Wraps a caller's write as a [`Job`] and the receiver of its answer. `f`
+/// runs the savepoint's statements itself, first ([`Savepoint`]).
 pub(super) fn job<T, F>(f: F) -> (Job, Answer)
 where
     T: Send + 'static,
-    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
+    F: for<'c> FnOnce(&'c mut SqliteConnection, Savepoint) -> BoxFuture<'c, Result<T, StoreError>>
         + Send
         + 'static,
 {
@@ -59,9 +154,9 @@ where
     // The job runs on the writer's task but belongs to its caller's span, so
     // its statements are logged where the caller's work is.
     let span = tracing::Span::current();
-    let job: Job = Box::new(move |conn| {
+    let job: Job = Box::new(move |conn, savepoint| {
         Box::pin(async move {
-            let result = tracing::Instrument::instrument(f(conn), span).await;
+            let result = tracing::Instrument::instrument(f(conn, savepoint), span).await;
             let ok = result.is_ok();
             let reply: Reply = Box::new(move |commit| {
                 let answer = match commit {
@@ -90,20 +185,28 @@ fn group_failed(e: &StoreError) -> StoreError {
 /// a group is a run of round trips to SQLite's worker thread, and each time
 /// the writer is woken it must not wait in the request runtime's queue
 /// behind the requests' tasks. It ends when every sender is gone.
-pub(super) fn start(conn: SqliteConnection, jobs: mpsc::Receiver<Job>) -> Result<(), StoreError> {
+pub(super) fn start(
+    conn: SqliteConnection,
+    jobs: mpsc::Receiver<Job>,
+    sizes: Arc<BatchSizes>,
+) -> Result<(), StoreError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| StoreError::Unavailable(sqlx::Error::Io(e)))?;
     std::thread::Builder::new()
         .name("sqlite-writer".into())
-        .spawn(move || runtime.block_on(run(conn, jobs)))
+        .spawn(move || runtime.block_on(run(conn, jobs, &sizes)))
         .map_err(|e| StoreError::Unavailable(sqlx::Error::Io(e)))?;
     Ok(())
 }
 
 /// The writer's loop: runs until every sender is gone.
-pub(super) async fn run(mut conn: SqliteConnection, mut jobs: mpsc::Receiver<Job>) {
+pub(super) async fn run(
+    mut conn: SqliteConnection,
+    mut jobs: mpsc::Receiver<Job>,
+    sizes: &BatchSizes,
+) {
     let mut group: Vec<Job> = Vec::with_capacity(MAX_GROUP);
     let mut since_checkpoint = 0u32;
     loop {
@@ -129,6 +232,7 @@ pub(super) async fn run(mut conn: SqliteConnection, mut jobs: mpsc::Receiver<Job
                 Err(_) => break,
             }
         }
+        sizes.record(BatchKind::Group, group.len());
         commit_group(&mut conn, &mut group).await;
         since_checkpoint += 1;
         if since_checkpoint >= 4 * CHECKPOINT_EVERY {
@@ -156,11 +260,11 @@ async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), Stor
 }
 
 /// Runs several statements (no parameters) in one round trip; stops at the
-/// first that fails.
+/// first that fails. A prepared query, not `raw_sql`: the worker keeps it
+/// parsed, where `raw_sql` parsed the savepoint statements again for every
+/// job (4% of a send's instructions on SQLite, BENCHMARKS.md).
 async fn exec_many(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), StoreError> {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(sql).execute(&mut *conn).await?;
     Ok(())
 }
 
@@ -168,10 +272,9 @@ async fn exec_many(conn: &mut SqliteConnection, sql: &'static str) -> Result<(),
 /// Jobs not answered (the transaction could not start, or a savepoint
 /// failed) are dropped, which their callers see as the writer failing.
 ///
-/// Every statement is a round trip to SQLite's worker thread (two thread
-/// wake-ups), so the end of one job's savepoint and the start of the next
-/// one's go as one batch of statements, and so do the last job's end and
-/// the commit.
+/// Each job opens its savepoint at the head of its own statements (and ends
+/// the previous job's there too); a job that fails is rolled back to its
+/// savepoint at once, and the last job's savepoint ends with the commit.
 async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
     if let Err(e) = exec(conn, "BEGIN IMMEDIATE").await {
         tracing::warn!(error = %e, jobs = group.len(), "could not start a group commit");
@@ -180,24 +283,35 @@ async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(group.len());
     let mut broken: Option<StoreError> = None;
-    // How the previous job's savepoint ends: `None` before the first job.
-    let mut previous: Option<bool> = None;
+    // The savepoint left open by the previous job (it succeeded).
+    let mut kept: Option<Name> = None;
+    let mut next = Name::A;
     for job in group.drain(..) {
         if broken.is_some() {
             continue;
         }
-        let start = match previous {
-            None => "SAVEPOINT job",
-            Some(true) => "RELEASE job; SAVEPOINT job",
-            Some(false) => "ROLLBACK TO job; RELEASE job; SAVEPOINT job",
+        let savepoint = Savepoint {
+            release: kept,
+            open: next,
         };
-        if let Err(e) = exec_many(conn, start).await {
-            broken = Some(e);
+        let (ok, reply) = job(conn, savepoint).await;
+        replies.push(reply);
+        next = next.other();
+        if ok {
+            kept = Some(savepoint.open);
             continue;
         }
-        let (ok, reply) = job(conn).await;
-        replies.push(reply);
-        previous = Some(ok);
+        kept = None;
+        // Undo the job's writes, and only its: its head opened this name
+        // and no savepoint of that name is open otherwise, so if the head
+        // did not run, this fails and the group is rolled back.
+        let undo = match savepoint.open {
+            Name::A => "ROLLBACK TO a; RELEASE a",
+            Name::B => "ROLLBACK TO b; RELEASE b",
+        };
+        if let Err(e) = exec_many(conn, undo).await {
+            broken = Some(e);
+        }
     }
     let outcome = match broken {
         Some(e) => {
@@ -205,10 +319,10 @@ async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
             Err(e)
         }
         None => {
-            let end = match previous {
+            let end = match kept {
                 None => "COMMIT",
-                Some(true) => "RELEASE job; COMMIT",
-                Some(false) => "ROLLBACK TO job; RELEASE job; COMMIT",
+                Some(Name::A) => "RELEASE a; COMMIT",
+                Some(Name::B) => "RELEASE b; COMMIT",
             };
             match exec_many(conn, end).await {
                 Ok(()) => Ok(()),
@@ -225,5 +339,42 @@ async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
     }
     for reply in replies {
         reply(outcome.as_ref().map(|_| ()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every savepoint's statements, and the form of a headed query it
+    /// picks, name the same savepoints.
+    #[test]
+    fn a_headed_query_starts_with_its_savepoints_statements() {
+        let query = headed!("SELECT 1");
+        for release in [None, Some(Name::A), Some(Name::B)] {
+            for open in [Name::A, Name::B] {
+                if release == Some(open) {
+                    continue;
+                }
+                let savepoint = Savepoint { release, open };
+                assert_eq!(
+                    savepoint.head(&query),
+                    format!("{}; SELECT 1", savepoint.sql()),
+                    "{savepoint:?}"
+                );
+                let opened = match open {
+                    Name::A => "SAVEPOINT a",
+                    Name::B => "SAVEPOINT b",
+                };
+                assert!(savepoint.sql().ends_with(opened), "{savepoint:?}");
+                if let Some(r) = release {
+                    let released = match r {
+                        Name::A => "RELEASE a;",
+                        Name::B => "RELEASE b;",
+                    };
+                    assert!(savepoint.sql().starts_with(released), "{savepoint:?}");
+                }
+            }
+        }
     }
 }

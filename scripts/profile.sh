@@ -56,10 +56,10 @@ total() { awk '/^(summary|totals):/ { print $2; exit }' "$1"; }
 top() {
     echo
     echo "heaviest functions (inclusive):"
-    callgrind_annotate --inclusive=yes "$1" 2>/dev/null | sed -n '/^Ir/,$p' | head -45
+    callgrind_annotate --inclusive=yes "$1" 2>/dev/null | sed -n '/^Ir/,$p' | head -45 || true
     echo
     echo "heaviest functions (self):"
-    callgrind_annotate "$1" 2>/dev/null | sed -n '/^Ir/,$p' | head -45
+    callgrind_annotate "$1" 2>/dev/null | sed -n '/^Ir/,$p' | head -45 || true
 }
 if [ "$sqlite" = 1 ]; then
     PROFILE_OUT="$out/callgrind.sqlite" target/release/sqlite_bench --bin-dir "$out/bin" \

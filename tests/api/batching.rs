@@ -302,16 +302,13 @@ fn series(text: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} in\n{text}"))
 }
 
-/// Concurrent sends over HTTP share claiming and final statements (the batch
-/// size histogram shows it), and every caller gets its own message back.
-#[tokio::test]
-async fn concurrent_sends_form_batches_and_each_gets_its_own_answer() {
-    let app = spawn_app().await;
-    let n = 64;
+/// Sends `n` messages at once over HTTP with keys `PREFIX-i`, checks every
+/// caller got its own message back, sent once at the mock, and returns the
+/// service's `/metrics` text.
+async fn send_at_once(app: &TestApp, prefix: &str, n: u64) -> String {
     let answers = futures_join_all((0..n).map(|i| {
-        let key = format!("CONC-{i}");
+        let key = format!("{prefix}-{i}");
         let to = format!("+1415555{i:04}");
-        let app = &app;
         async move {
             let a = app.post(&key, &sms(&to, &format!("hello {i}"))).await;
             (key, to, a)
@@ -332,7 +329,16 @@ async fn concurrent_sends_form_batches_and_each_gets_its_own_answer() {
         assert_eq!(app.mock.deliveries_for(body["id"].as_str().unwrap()), 1);
     }
     let text = app.get("/metrics").await;
-    let text = String::from_utf8_lossy(&text.bytes);
+    String::from_utf8_lossy(&text.bytes).into_owned()
+}
+
+/// Concurrent sends over HTTP share claiming and final statements (the batch
+/// size histogram shows it), and every caller gets its own message back.
+#[tokio::test]
+async fn concurrent_sends_form_batches_and_each_gets_its_own_answer() {
+    let app = spawn_app().await;
+    let n = 64;
+    let text = send_at_once(&app, "CONC", n).await;
     let claims = series(&text, "sendonce_store_batch_size_count{kind=\"claim\"}");
     let claimed = series(&text, "sendonce_store_batch_size_sum{kind=\"claim\"}");
     let finishes = series(&text, "sendonce_store_batch_size_count{kind=\"finish\"}");
@@ -364,30 +370,7 @@ async fn concurrent_sends_form_batches_and_each_gets_its_own_answer() {
 async fn concurrent_sends_on_sqlite_share_group_commits() {
     let app = spawn_app_on(Backend::Sqlite).await;
     let n = 64;
-    let answers = futures_join_all((0..n).map(|i| {
-        let key = format!("GRP-{i}");
-        let to = format!("+1415555{i:04}");
-        let app = &app;
-        async move {
-            let a = app.post(&key, &sms(&to, &format!("hello {i}"))).await;
-            (key, a)
-        }
-    }))
-    .await;
-    for (key, a) in &answers {
-        assert_eq!(
-            a.status,
-            201,
-            "{key}: {}",
-            String::from_utf8_lossy(&a.bytes)
-        );
-        let body = a.json();
-        assert_eq!(body["idempotency_key"], key.as_str());
-        assert_eq!(body["status"], "sent");
-        assert_eq!(app.mock.deliveries_for(body["id"].as_str().unwrap()), 1);
-    }
-    let text = app.get("/metrics").await;
-    let text = String::from_utf8_lossy(&text.bytes);
+    let text = send_at_once(&app, "GRP", n).await;
     let commits = series(&text, "sendonce_store_batch_size_count{kind=\"group\"}");
     let jobs = series(&text, "sendonce_store_batch_size_sum{kind=\"group\"}");
     // A claim and a final write for each send, and whatever else the

@@ -85,8 +85,9 @@ impl Name {
 /// head of its first query ([`head`](Self::head)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Savepoint {
-    /// The previous job's savepoint, still open (its job succeeded).
-    release: Option<Name>,
+    /// The previous job succeeded and its savepoint, the other name, is
+    /// still open.
+    release: bool,
     /// This job's.
     open: Name,
 }
@@ -95,10 +96,10 @@ impl Savepoint {
     /// Which of the four forms of a query ([`headed!`]) is this one's.
     fn index(self) -> usize {
         match (self.release, self.open) {
-            (None, Name::A) => 0,
-            (None, Name::B) => 1,
-            (Some(_), Name::B) => 2,
-            (Some(_), Name::A) => 3,
+            (false, Name::A) => 0,
+            (false, Name::B) => 1,
+            (true, Name::B) => 2,
+            (true, Name::A) => 3,
         }
     }
 
@@ -283,8 +284,8 @@ async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(group.len());
     let mut broken: Option<StoreError> = None;
-    // The savepoint left open by the previous job (it succeeded).
-    let mut kept: Option<Name> = None;
+    // The previous job succeeded: its savepoint, `next.other()`, is open.
+    let mut kept = false;
     let mut next = Name::A;
     for job in group.drain(..) {
         if broken.is_some() {
@@ -297,11 +298,10 @@ async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
         let (ok, reply) = job(conn, savepoint).await;
         replies.push(reply);
         next = next.other();
+        kept = ok;
         if ok {
-            kept = Some(savepoint.open);
             continue;
         }
-        kept = None;
         // Undo the job's writes, and only its: its head opened this name
         // and no savepoint of that name is open otherwise, so if the head
         // did not run, this fails and the group is rolled back.
@@ -319,10 +319,11 @@ async fn commit_group(conn: &mut SqliteConnection, group: &mut Vec<Job>) {
             Err(e)
         }
         None => {
-            let end = match kept {
-                None => "COMMIT",
-                Some(Name::A) => "RELEASE a; COMMIT",
-                Some(Name::B) => "RELEASE b; COMMIT",
+            // The last job's name is `next.other()`.
+            let end = match (kept, next) {
+                (false, _) => "COMMIT",
+                (true, Name::B) => "RELEASE a; COMMIT",
+                (true, Name::A) => "RELEASE b; COMMIT",
             };
             match exec_many(conn, end).await {
                 Ok(()) => Ok(()),
@@ -351,11 +352,8 @@ mod tests {
     #[test]
     fn a_headed_query_starts_with_its_savepoints_statements() {
         let query = headed!("SELECT 1");
-        for release in [None, Some(Name::A), Some(Name::B)] {
+        for release in [false, true] {
             for open in [Name::A, Name::B] {
-                if release == Some(open) {
-                    continue;
-                }
                 let savepoint = Savepoint { release, open };
                 assert_eq!(
                     savepoint.head(&query),
@@ -367,8 +365,8 @@ mod tests {
                     Name::B => "SAVEPOINT b",
                 };
                 assert!(savepoint.sql().ends_with(opened), "{savepoint:?}");
-                if let Some(r) = release {
-                    let released = match r {
+                if release {
+                    let released = match open.other() {
                         Name::A => "RELEASE a;",
                         Name::B => "RELEASE b;",
                     };
